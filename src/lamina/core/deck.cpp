@@ -1,0 +1,564 @@
+#include "lamina/core/deck.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "lamina/core/error.hpp"
+#include "lamina/core/format.hpp"
+
+namespace lamina {
+
+const char* data_format_name(DataFormat f) {
+  switch (f) {
+    case DataFormat::text: return "text";
+    case DataFormat::megatron: return "megatron";
+    case DataFormat::llmc: return "llmc";
+    case DataFormat::synthetic: return "synthetic";
+  }
+  return "?";
+}
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+bool parse_bytes(const std::string& text, std::int64_t& bytes) {
+  std::string s;
+  for (const char c : text) {
+    if (!std::isspace(static_cast<unsigned char>(c))) s += c;
+  }
+  if (s.empty()) return false;
+  std::size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(s, &pos);
+  } catch (...) {
+    return false;
+  }
+  std::string unit = s.substr(pos);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
+  static const std::map<std::string, double> units = {
+      {"", 1.0},         {"b", 1.0},           {"k", 1e3},          {"kb", 1e3},  {"kib", 1024.0},
+      {"m", 1e6},        {"mb", 1e6},          {"mib", 1048576.0},  {"g", 1e9},   {"gb", 1e9},
+      {"gib", 1073741824.0}, {"t", 1e12},      {"tb", 1e12},        {"tib", 1099511627776.0}};
+  const auto it = units.find(unit);
+  if (it == units.end() || !(value >= 0) || !std::isfinite(value)) return false;
+  const double b = value * it->second;
+  if (b > 9.2e18) return false;
+  bytes = static_cast<std::int64_t>(std::llround(b));
+  return true;
+}
+
+namespace {
+
+std::string closest(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_d = std::numeric_limits<std::size_t>::max();
+  for (const auto& c : candidates) {
+    std::size_t d = edit_distance(word, c);
+    // "lr_rate" -> "lr": a candidate that is a prefix or a part of the word is a strong hint.
+    if (word.find(c) != std::string::npos || c.find(word) != std::string::npos) d = std::min<std::size_t>(d, 1);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  const std::size_t limit = std::max<std::size_t>(2, word.size() / 2);
+  return best_d <= limit ? best : std::string();
+}
+
+std::string describe_node(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string (\"" + *n.value<std::string>() + "\")";
+    case toml::node_type::integer: return "an integer (" + std::to_string(*n.value<std::int64_t>()) + ")";
+    case toml::node_type::floating_point: return strprintf("a float (%g)", *n.value<double>());
+    case toml::node_type::boolean: return std::string("a boolean (") + (*n.value<bool>() ? "true" : "false") + ")";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "a date/time";
+  }
+}
+
+struct Section {
+  std::string name;
+  std::vector<std::string> keys;
+};
+
+// The schema: every section and key the deck accepts, for unknown-key suggestions.
+const std::vector<Section>& schema() {
+  static const std::vector<Section> s = {
+      {"model", {"layers", "d_model", "heads", "seq_len", "vocab_size", "init_std"}},
+      {"data", {"format", "path", "batch_size", "micro_batch_size", "shuffle"}},
+      {"train", {"steps", "seed", "precision", "skip_nonfinite"}},
+      {"optimizer",
+       {"lr", "min_lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "warmup_steps", "decay_steps",
+        "schedule", "subgroup_size", "decay_biases_and_norms"}},
+      {"parallel", {"dp", "tp", "pp", "zero", "schedule", "virtual_stages", "layered"}},
+      {"memory", {"device_budget", "host_budget", "activations", "params", "optimizer"}},
+      {"checkpoint", {"dir", "every", "keep", "resume", "save_final"}},
+      {"output", {"dir", "log_every", "peak_tflops"}},
+  };
+  return s;
+}
+
+std::vector<std::string> section_names() {
+  std::vector<std::string> out;
+  for (const auto& s : schema()) out.push_back(s.name);
+  return out;
+}
+
+// Reads one deck: typed getters record the resolved value of every key and collect
+// every problem (not just the first) as "file:line:col: message".
+class DeckReader {
+ public:
+  DeckReader(toml::table& root, std::string file, std::map<std::string, std::string> set_origins)
+      : root_(root), file_(std::move(file)), set_origins_(std::move(set_origins)) {}
+
+  void check_structure() {
+    for (auto&& [k, node] : root_) {
+      const std::string key(k.str());
+      const auto names = section_names();
+      if (std::find(names.begin(), names.end(), key) == names.end()) {
+        std::string hint = closest(key, names);
+        error(where_node(node, key), "unknown section '" + key + "'" +
+                                          (hint.empty() ? " (sections: " + join(names) + ")"
+                                                        : " (did you mean '" + hint + "'?)"));
+      } else if (!node.is_table()) {
+        error(where_node(node, key), "'" + key + "' must be a table ([" + key + "]), got " + describe_node(node));
+      }
+    }
+    for (const auto& sec : schema()) {
+      const toml::table* t = root_[sec.name].as_table();
+      if (t == nullptr) continue;
+      for (auto&& [k, node] : *t) {
+        const std::string key(k.str());
+        if (std::find(sec.keys.begin(), sec.keys.end(), key) != sec.keys.end()) continue;
+        std::string hint = closest(key, sec.keys);
+        std::string other;
+        for (const auto& s2 : schema()) {
+          if (s2.name != sec.name && std::find(s2.keys.begin(), s2.keys.end(), key) != s2.keys.end()) other = s2.name;
+        }
+        std::string msg = "unknown key '" + key + "' in " + sec.name;
+        if (!hint.empty()) {
+          msg += " (did you mean '" + hint + "'?)";
+        } else if (!other.empty()) {
+          msg += " (it belongs in [" + other + "])";
+        } else {
+          msg += " (keys: " + join(sec.keys) + ")";
+        }
+        error(where_node(node, sec.name + "." + key), msg);
+      }
+    }
+  }
+
+  const toml::node* find(const std::string& sec, const std::string& key) const {
+    const toml::table* t = root_[sec].as_table();
+    return t == nullptr ? nullptr : t->get(key);
+  }
+
+  // Location of a key's value: the deck position, or the --set argument that gave it.
+  std::string where(const std::string& sec, const std::string& key) const {
+    const toml::node* n = find(sec, key);
+    if (n != nullptr) return where_node(*n, sec + "." + key);
+    const toml::table* t = root_[sec].as_table();
+    if (t != nullptr && t->source().begin.line > 0) {
+      return strprintf("%s:%u:%u", file_.c_str(), t->source().begin.line, t->source().begin.column);
+    }
+    return file_;
+  }
+
+  void error(const std::string& where, const std::string& msg) { errors_.push_back(where + ": " + msg); }
+  void error_at(const std::string& sec, const std::string& key, const std::string& msg) {
+    error(where(sec, key), sec + "." + key + ": " + msg);
+  }
+  const std::vector<std::string>& errors() const { return errors_; }
+
+  std::int64_t integer(const std::string& sec, const std::string& key, std::int64_t def, std::int64_t lo,
+                       std::int64_t hi, bool required = false) {
+    const toml::node* n = find(sec, key);
+    std::int64_t v = def;
+    if (n == nullptr) {
+      if (required) missing(sec, key, "an integer");
+    } else if (!n->is_integer()) {
+      wrong_type(sec, key, *n, "an integer");
+    } else {
+      v = *n->value<std::int64_t>();
+      if (v < lo || v > hi) {
+        std::string range = hi == std::numeric_limits<std::int64_t>::max()
+                                ? strprintf("must be >= %lld", static_cast<long long>(lo))
+                                : strprintf("must be in [%lld, %lld]", static_cast<long long>(lo), static_cast<long long>(hi));
+        error_at(sec, key, strprintf("%lld is out of range: ", static_cast<long long>(v)) + range);
+        v = def;
+      }
+    }
+    resolved(sec).insert_or_assign(key, v);
+    return v;
+  }
+
+  // A float in [lo, hi] (or (lo, hi] when lo_open). Integers are accepted.
+  double real(const std::string& sec, const std::string& key, double def, double lo, double hi, bool lo_open = false,
+              bool required = false) {
+    const toml::node* n = find(sec, key);
+    double v = def;
+    if (n == nullptr) {
+      if (required) missing(sec, key, "a number");
+    } else if (!n->is_number()) {
+      wrong_type(sec, key, *n, "a number");
+    } else {
+      v = *n->value<double>();
+      const bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi;
+      if (!ok) {
+        std::string range = std::isinf(hi) ? strprintf("must be %s %g", lo_open ? ">" : ">=", lo)
+                                           : strprintf("must be in %s%g, %g]", lo_open ? "(" : "[", lo, hi);
+        error_at(sec, key, strprintf("%g is out of range: ", v) + range);
+        v = def;
+      }
+    }
+    resolved(sec).insert_or_assign(key, v);
+    return v;
+  }
+
+  bool boolean(const std::string& sec, const std::string& key, bool def) {
+    const toml::node* n = find(sec, key);
+    bool v = def;
+    if (n != nullptr) {
+      if (!n->is_boolean()) {
+        wrong_type(sec, key, *n, "a boolean (true or false)");
+      } else {
+        v = *n->value<bool>();
+      }
+    }
+    resolved(sec).insert_or_assign(key, v);
+    return v;
+  }
+
+  std::string string(const std::string& sec, const std::string& key, const std::string& def) {
+    const toml::node* n = find(sec, key);
+    std::string v = def;
+    if (n != nullptr) {
+      if (!n->is_string()) {
+        wrong_type(sec, key, *n, "a string");
+      } else {
+        v = *n->value<std::string>();
+      }
+    }
+    resolved(sec).insert_or_assign(key, v);
+    return v;
+  }
+
+  std::string choice(const std::string& sec, const std::string& key, const std::string& def,
+                     const std::vector<std::string>& allowed) {
+    std::string v = string(sec, key, def);
+    if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+      std::string hint = closest(v, allowed);
+      error_at(sec, key, "'" + v + "' is not one of " + join(allowed, true) +
+                             (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
+      v = def;
+      resolved(sec).insert_or_assign(key, v);
+    }
+    return v;
+  }
+
+  // A string or an array of strings.
+  std::vector<std::string> strings(const std::string& sec, const std::string& key, bool required) {
+    const toml::node* n = find(sec, key);
+    std::vector<std::string> v;
+    if (n == nullptr) {
+      if (required) missing(sec, key, "a string or an array of strings");
+    } else if (n->is_string()) {
+      v.push_back(*n->value<std::string>());
+    } else if (const toml::array* a = n->as_array()) {
+      for (const auto& e : *a) {
+        if (!e.is_string()) {
+          wrong_type(sec, key, e, "a string or an array of strings");
+          return v;
+        }
+        v.push_back(*e.value<std::string>());
+      }
+      if (v.empty()) error_at(sec, key, "the array is empty");
+    } else {
+      wrong_type(sec, key, *n, "a string or an array of strings");
+    }
+    toml::array out;
+    for (const auto& s : v) out.push_back(s);
+    resolved(sec).insert_or_assign(key, std::move(out));
+    return v;
+  }
+
+  // Bytes: an integer or a string such as "12GiB".
+  std::int64_t bytes(const std::string& sec, const std::string& key, std::int64_t def) {
+    const toml::node* n = find(sec, key);
+    std::int64_t v = def;
+    if (n != nullptr) {
+      if (n->is_integer() && *n->value<std::int64_t>() >= 0) {
+        v = *n->value<std::int64_t>();
+      } else if (n->is_string() && parse_bytes(*n->value<std::string>(), v)) {
+      } else {
+        wrong_type(sec, key, *n, "a byte count (an integer >= 0 or a string such as \"12GiB\")");
+        v = def;
+      }
+    }
+    resolved(sec).insert_or_assign(key, v);
+    return v;
+  }
+
+  std::string resolved_toml() {
+    std::ostringstream os;
+    for (const auto& sec : schema()) {
+      auto it = resolved_.find(sec.name);
+      if (it == resolved_.end()) continue;
+      os << "[" << sec.name << "]\n";
+      for (const auto& key : sec.keys) {
+        const toml::node* n = it->second.get(key);
+        if (n == nullptr) continue;
+        toml::table one;
+        one.insert(key, *n);
+        os << toml::toml_formatter(one) << "\n";
+      }
+      os << "\n";
+    }
+    return os.str();
+  }
+
+ private:
+  toml::table& resolved(const std::string& sec) { return resolved_[sec]; }
+
+  std::string where_node(const toml::node& n, const std::string& keypath) const {
+    const auto it = set_origins_.find(keypath);
+    if (it != set_origins_.end()) return "--set " + it->second;
+    const auto& src = n.source();
+    if (src.begin.line == 0) return file_;
+    return strprintf("%s:%u:%u", file_.c_str(), src.begin.line, src.begin.column);
+  }
+
+  void missing(const std::string& sec, const std::string& key, const std::string& what) {
+    error(where(sec, key), "missing required key " + sec + "." + key + " (" + what + ")");
+  }
+
+  void wrong_type(const std::string& sec, const std::string& key, const toml::node& n, const std::string& want) {
+    error(where_node(n, sec + "." + key), sec + "." + key + " must be " + want + ", got " + describe_node(n));
+  }
+
+  static std::string join(const std::vector<std::string>& v, bool quote = false) {
+    std::string out;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i) out += ", ";
+      out += quote ? "'" + v[i] + "'" : v[i];
+    }
+    return out;
+  }
+
+  toml::table& root_;
+  std::string file_;
+  std::map<std::string, std::string> set_origins_;
+  std::vector<std::string> errors_;
+  std::map<std::string, toml::table> resolved_;
+};
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t");
+  const auto e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+// Applies "section.key=value" overrides. The value is read as a TOML value when it
+// parses as one (numbers, booleans, quoted strings, arrays) and as a bare string otherwise.
+std::map<std::string, std::string> apply_overrides(toml::table& root, const std::vector<std::string>& overrides,
+                                                   std::vector<std::string>& errors) {
+  std::map<std::string, std::string> origins;
+  for (const auto& ov : overrides) {
+    const auto eq = ov.find('=');
+    const std::string path = trim(eq == std::string::npos ? ov : ov.substr(0, eq));
+    const auto dot = path.find('.');
+    if (eq == std::string::npos || dot == std::string::npos || path.find('.', dot + 1) != std::string::npos ||
+        dot == 0 || dot + 1 == path.size()) {
+      errors.push_back("--set " + ov + ": expected section.key=value (for example --set optimizer.lr=1e-3)");
+      continue;
+    }
+    const std::string sec = path.substr(0, dot), key = path.substr(dot + 1);
+    const std::string text = trim(ov.substr(eq + 1));
+    toml::table parsed;
+    try {
+      parsed = toml::parse("v = " + text);
+    } catch (const toml::parse_error&) {
+      parsed = toml::table{{"v", text}};
+    }
+    if (root[sec] && !root[sec].is_table()) {
+      errors.push_back("--set " + ov + ": '" + sec + "' is not a table in the deck");
+      continue;
+    }
+    if (!root[sec]) root.insert(sec, toml::table{});
+    root[sec].as_table()->insert_or_assign(key, *parsed.get("v"));
+    origins[path] = ov;
+  }
+  return origins;
+}
+
+Deck read(toml::table& root, const std::string& file, const std::vector<std::string>& overrides) {
+  std::vector<std::string> override_errors;
+  auto origins = apply_overrides(root, overrides, override_errors);
+  DeckReader r(root, file, origins);
+  r.check_structure();
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  Deck d;
+  d.source = file;
+
+  auto& m = d.model;
+  m.layers = r.integer("model", "layers", 0, 1, 100000, true);
+  m.d_model = r.integer("model", "d_model", 0, 1, 1 << 20, true);
+  m.heads = r.integer("model", "heads", 0, 1, 1 << 16, true);
+  m.seq_len = r.integer("model", "seq_len", 0, 1, 1 << 24, true);
+
+  auto& dc = d.data;
+  const std::string fmt = r.choice("data", "format", "text", {"text", "megatron", "llmc", "synthetic"});
+  dc.format = fmt == "megatron" ? DataFormat::megatron
+              : fmt == "llmc"   ? DataFormat::llmc
+              : fmt == "synthetic" ? DataFormat::synthetic
+                                   : DataFormat::text;
+  const bool byte_vocab = dc.format == DataFormat::text;
+  m.vocab_size = r.integer("model", "vocab_size", byte_vocab ? 256 : 0, 2, 1 << 30, !byte_vocab);
+  m.init_std = r.real("model", "init_std", 0.02, 0.0, kInf, true);
+  dc.paths = r.strings("data", "path", dc.format != DataFormat::synthetic);
+  dc.batch_size = r.integer("data", "batch_size", 0, 1, kMax, true);
+  dc.micro_batch_size = r.integer("data", "micro_batch_size", dc.batch_size, 1, kMax);
+  dc.shuffle = r.boolean("data", "shuffle", true);
+
+  auto& t = d.train;
+  t.steps = r.integer("train", "steps", 0, 1, kMax, true);
+  t.seed = static_cast<std::uint64_t>(r.integer("train", "seed", 1234, 0, kMax));
+  r.choice("train", "precision", "fp32", {"fp32"});
+  t.precision = Precision::fp32;
+  t.skip_nonfinite = r.boolean("train", "skip_nonfinite", false);
+
+  auto& o = d.optimizer;
+  o.lr = r.real("optimizer", "lr", 3e-4, 0.0, kInf, true);
+  o.min_lr = r.real("optimizer", "min_lr", 0.1 * o.lr, 0.0, kInf);
+  o.weight_decay = r.real("optimizer", "weight_decay", 0.1, 0.0, kInf);
+  o.beta1 = r.real("optimizer", "beta1", 0.9, 0.0, 1.0);
+  o.beta2 = r.real("optimizer", "beta2", 0.95, 0.0, 1.0);
+  o.eps = r.real("optimizer", "eps", 1e-8, 0.0, kInf, true);
+  o.grad_clip = r.real("optimizer", "grad_clip", 1.0, 0.0, kInf);
+  o.warmup_steps = r.integer("optimizer", "warmup_steps", 0, 0, kMax);
+  o.decay_steps = r.integer("optimizer", "decay_steps", 0, 0, kMax);
+  o.schedule = r.choice("optimizer", "schedule", "cosine", {"constant", "cosine"}) == "constant" ? LrSchedule::constant
+                                                                                               : LrSchedule::cosine;
+  o.subgroup_size = r.integer("optimizer", "subgroup_size", 1 << 22, 1, kMax);
+  o.decay_biases_and_norms = r.boolean("optimizer", "decay_biases_and_norms", false);
+
+  auto& p = d.parallel;
+  p.dp = r.integer("parallel", "dp", 1, 1, 1 << 20);
+  p.tp = r.integer("parallel", "tp", 1, 1, 1 << 12);
+  p.pp = r.integer("parallel", "pp", 1, 1, 1 << 12);
+  p.zero = r.integer("parallel", "zero", 0, 0, 3);
+  p.schedule = r.choice("parallel", "schedule", "1f1b", {"gpipe", "1f1b", "interleaved", "modular"});
+  p.virtual_stages = r.integer("parallel", "virtual_stages", 1, 1, 1 << 12);
+  p.layered = r.boolean("parallel", "layered", false);
+
+  auto& mem = d.memory;
+  mem.device_budget = r.bytes("memory", "device_budget", 0);
+  mem.host_budget = r.bytes("memory", "host_budget", 0);
+  mem.activations = r.choice("memory", "activations", "keep", {"keep"});
+  mem.params = r.choice("memory", "params", "device", {"device"});
+  mem.optimizer = r.choice("memory", "optimizer", "device", {"device"});
+
+  auto& out = d.output;
+  std::string stem = file;
+  if (const auto slash = stem.find_last_of('/'); slash != std::string::npos) stem = stem.substr(slash + 1);
+  if (const auto dot = stem.find_last_of('.'); dot != std::string::npos && dot > 0) stem = stem.substr(0, dot);
+  if (stem.empty() || stem[0] == '<') stem = "run";
+  out.dir = r.string("output", "dir", "runs/" + stem);
+  out.log_every = r.integer("output", "log_every", 1, 1, kMax);
+  out.peak_tflops = r.real("output", "peak_tflops", 0.0, 0.0, kInf);
+
+  auto& c = d.checkpoint;
+  c.dir = r.string("checkpoint", "dir", out.dir + "/checkpoints");
+  c.every = r.integer("checkpoint", "every", 0, 0, kMax);
+  c.keep = r.integer("checkpoint", "keep", 3, 1, kMax);
+  c.resume = r.string("checkpoint", "resume", "");
+  c.save_final = r.boolean("checkpoint", "save_final", true);
+
+  // Consistency between keys; each error points at the key most likely to be wrong.
+  if (m.heads > 0 && m.d_model > 0 && m.d_model % m.heads != 0) {
+    r.error_at("model", "heads", strprintf("d_model (%lld) must be divisible by heads (%lld); try heads = %lld",
+                                           static_cast<long long>(m.d_model), static_cast<long long>(m.heads),
+                                           static_cast<long long>(std::max<std::int64_t>(1, m.d_model / 64))));
+  }
+  if (byte_vocab && m.vocab_size > 0 && m.vocab_size < 256) {
+    r.error_at("model", "vocab_size",
+               strprintf("%lld is smaller than 256, the byte vocabulary of data.format = 'text'",
+                         static_cast<long long>(m.vocab_size)));
+  }
+  const std::int64_t per_step = dc.micro_batch_size * p.dp;
+  if (dc.batch_size > 0 && dc.micro_batch_size > 0 && dc.batch_size % per_step != 0) {
+    r.error_at("data", "batch_size",
+               strprintf("%lld is not a multiple of micro_batch_size x parallel.dp = %lld x %lld",
+                         static_cast<long long>(dc.batch_size), static_cast<long long>(dc.micro_batch_size),
+                         static_cast<long long>(p.dp)));
+  }
+  if (o.min_lr > o.lr) {
+    r.error_at("optimizer", "min_lr", strprintf("%g exceeds optimizer.lr (%g)", o.min_lr, o.lr));
+  }
+  if (o.warmup_steps > t.steps && t.steps > 0) {
+    r.error_at("optimizer", "warmup_steps",
+               strprintf("%lld exceeds train.steps (%lld)", static_cast<long long>(o.warmup_steps),
+                         static_cast<long long>(t.steps)));
+  }
+  if (p.schedule == "interleaved" && p.virtual_stages < 2 && p.pp > 1) {
+    r.error_at("parallel", "virtual_stages", "the interleaved schedule needs virtual_stages >= 2");
+  }
+  if (c.resume != "" && c.resume != "latest" && c.resume.size() < 4) {
+    r.error_at("checkpoint", "resume", "'" + c.resume + "' must be \"latest\" or a checkpoint file path");
+  }
+
+  std::vector<std::string> errors = override_errors;
+  errors.insert(errors.end(), r.errors().begin(), r.errors().end());
+  if (!errors.empty()) {
+    std::string msg = errors.size() == 1 ? "" : strprintf("%zu problems in the deck:\n", errors.size());
+    for (std::size_t i = 0; i < errors.size(); ++i) msg += (i ? "\n" : "") + errors[i];
+    throw InputError(msg);
+  }
+  d.resolved_toml = r.resolved_toml();
+  return d;
+}
+
+}  // namespace
+
+Deck parse_deck(const std::string& text, const std::string& source_name, const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source_name);
+  } catch (const toml::parse_error& e) {
+    const auto& src = e.source();
+    throw InputError(strprintf("%s:%u:%u: TOML syntax error: %s", source_name.c_str(), src.begin.line,
+                               src.begin.column, std::string(e.description()).c_str()));
+  }
+  return read(root, source_name, overrides);
+}
+
+Deck load_deck(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open the deck file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_deck(ss.str(), path, overrides);
+}
+
+}  // namespace lamina

@@ -1,0 +1,113 @@
+#pragma once
+// The input deck: one typed struct per TOML section, validated once at start-up.
+// Hot code receives these structs (or objects built from them), never the TOML.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lamina {
+
+struct ModelConfig {
+  std::int64_t layers = 0;
+  std::int64_t d_model = 0;
+  std::int64_t heads = 0;
+  std::int64_t seq_len = 0;  // context length = size of the position table
+  std::int64_t vocab_size = 0;
+  double init_std = 0.02;
+};
+
+enum class DataFormat { text, megatron, llmc, synthetic };
+const char* data_format_name(DataFormat f);
+
+struct DataConfig {
+  DataFormat format = DataFormat::text;
+  std::vector<std::string> paths;  // text/llmc: files; megatron: prefixes (P -> P.bin, P.idx)
+  std::int64_t batch_size = 0;        // global sequences per optimizer step
+  std::int64_t micro_batch_size = 0;  // sequences per forward/backward pass on one rank
+  bool shuffle = true;
+};
+
+enum class Precision { fp32, bf16 };
+
+struct TrainConfig {
+  std::int64_t steps = 0;
+  std::uint64_t seed = 1234;
+  Precision precision = Precision::fp32;
+  bool skip_nonfinite = false;  // skip steps with non-finite loss/gradients instead of stopping
+};
+
+enum class LrSchedule { constant, cosine };
+
+struct OptimizerConfig {
+  double lr = 3e-4;
+  double min_lr = 0.0;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // global-norm clipping threshold; 0 disables
+  std::int64_t warmup_steps = 0;
+  std::int64_t decay_steps = 0;  // cosine: steps from the end of warm-up to min_lr (0: until train.steps)
+  LrSchedule schedule = LrSchedule::cosine;
+  std::int64_t subgroup_size = 1 << 22;  // elements per optimizer-state subgroup
+  bool decay_biases_and_norms = false;   // PyTorch's AdamW default decays every tensor
+};
+
+struct ParallelConfig {
+  std::int64_t dp = 1;
+  std::int64_t tp = 1;
+  std::int64_t pp = 1;
+  std::int64_t zero = 0;
+  std::string schedule = "1f1b";
+  std::int64_t virtual_stages = 1;
+  bool layered = false;
+};
+
+struct MemoryConfig {
+  std::int64_t device_budget = 0;  // bytes; 0 = no budget
+  std::int64_t host_budget = 0;
+  std::string activations = "keep";
+  std::string params = "device";
+  std::string optimizer = "device";
+};
+
+struct CheckpointConfig {
+  std::string dir;            // default: <output.dir>/checkpoints
+  std::int64_t every = 0;     // steps between checkpoints; 0: only at the end
+  std::int64_t keep = 3;      // newest checkpoints kept on disk
+  std::string resume;         // "", "latest" or a checkpoint file
+  bool save_final = true;
+};
+
+struct OutputConfig {
+  std::string dir;  // default: runs/<deck file stem>
+  std::int64_t log_every = 1;
+  double peak_tflops = 0.0;  // per rank, for MFU; 0: measure a GEMM at start-up
+};
+
+struct Deck {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimizerConfig optimizer;
+  ParallelConfig parallel;
+  MemoryConfig memory;
+  CheckpointConfig checkpoint;
+  OutputConfig output;
+  std::string source;         // the deck file (or "<string>")
+  std::string resolved_toml;  // every key with its resolved value, as TOML
+};
+
+// Parses and validates a deck file. `overrides` are "section.key=value" strings (--set).
+// Throws InputError listing every problem found, each as file:line:col: message.
+Deck load_deck(const std::string& path, const std::vector<std::string>& overrides = {});
+Deck parse_deck(const std::string& text, const std::string& source_name,
+                const std::vector<std::string>& overrides = {});
+
+// Parses "12GiB", "512MB", "1e9" or a plain integer into bytes; returns false when malformed.
+bool parse_bytes(const std::string& text, std::int64_t& bytes);
+
+// Edit distance, for "did you mean" suggestions.
+std::size_t edit_distance(const std::string& a, const std::string& b);
+
+}  // namespace lamina

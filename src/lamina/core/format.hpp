@@ -1,0 +1,20 @@
+#pragma once
+// printf-style formatting into std::string (the project avoids an extra dependency for it).
+#include <cstdarg>
+#include <cstdint>
+#include <string>
+
+namespace lamina {
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 1, 2)))
+#endif
+std::string strprintf(const char* fmt, ...);
+
+// "1.50 GiB", "512 B": for humans; machine-readable output keeps raw bytes.
+std::string human_bytes(double bytes);
+
+// "1.2k", "3.4M", "7.0G": parameter and token counts for humans.
+std::string human_count(double n);
+
+}  // namespace lamina

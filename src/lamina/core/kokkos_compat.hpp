@@ -1,0 +1,41 @@
+#pragma once
+// Spellings that differ between Kokkos 3.4 (Debian) and Kokkos 4.x/5.x (spack).
+// See docs/kokkos-portability.md; everything version-dependent lives here.
+#include <Kokkos_Core.hpp>
+
+#ifndef KOKKOS_VERSION_GREATER_EQUAL
+#define KOKKOS_VERSION_GREATER_EQUAL(M, m, p) (KOKKOS_VERSION >= ((M)*10000 + (m)*100 + (p)))
+#endif
+
+namespace lamina::math {
+
+// Math functions moved from Kokkos::Experimental to Kokkos in 3.7.
+#if KOKKOS_VERSION >= 30700
+using Kokkos::exp;
+using Kokkos::fabs;
+using Kokkos::isfinite;
+using Kokkos::log;
+using Kokkos::pow;
+using Kokkos::sqrt;
+using Kokkos::tanh;
+#else
+using Kokkos::Experimental::exp;
+using Kokkos::Experimental::fabs;
+using Kokkos::Experimental::isfinite;
+using Kokkos::Experimental::log;
+using Kokkos::Experimental::pow;
+using Kokkos::Experimental::sqrt;
+using Kokkos::Experimental::tanh;
+#endif
+
+// Kokkos 3.4 has no Kokkos::min/max.
+template <class T>
+KOKKOS_FORCEINLINE_FUNCTION T max(T a, T b) {
+  return a < b ? b : a;
+}
+template <class T>
+KOKKOS_FORCEINLINE_FUNCTION T min(T a, T b) {
+  return b < a ? b : a;
+}
+
+}  // namespace lamina::math

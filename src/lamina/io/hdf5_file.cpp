@@ -1,0 +1,210 @@
+#include "lamina/io/hdf5_file.hpp"
+
+#include <unistd.h>
+
+#include "lamina/core/error.hpp"
+#include "lamina/core/format.hpp"
+
+namespace lamina::h5 {
+
+namespace {
+
+// HDF5 prints its error stack by default; lamina reports errors itself, with context.
+void quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+Id file_access(MPI_Comm comm) {
+  Id fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
+  // Metadata operations collective, as the HDF Group recommends for parallel files.
+  H5Pset_all_coll_metadata_ops(fapl, true);
+  H5Pset_coll_metadata_write(fapl, true);
+  return fapl;
+}
+
+template <class T>
+void read_impl(hid_t file, const std::string& path, const std::string& name, hid_t memtype, T* out,
+               const std::vector<std::int64_t>& offset, const std::vector<std::int64_t>& count) {
+  Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!ds.valid()) throw InputError(path + ": dataset '" + name + "' is missing");
+  Id space(H5Dget_space(ds), H5Sclose);
+  Id mem;
+  if (!offset.empty()) {
+    std::vector<hsize_t> off(offset.begin(), offset.end()), cnt(count.begin(), count.end());
+    H5Sselect_hyperslab(space, H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr);
+    mem = Id(H5Screate_simple(static_cast<int>(cnt.size()), cnt.data(), nullptr), H5Sclose);
+  } else {
+    mem = Id(H5Scopy(space), H5Sclose);
+  }
+  Id xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  if (H5Dread(ds, memtype, mem, space, xfer, out) < 0) {
+    throw InputError(path + ": cannot read dataset '" + name + "' (truncated or corrupt file?)");
+  }
+}
+
+Id open_attr(hid_t file, const std::string& path, const std::string& name) {
+  if (H5Aexists(file, name.c_str()) <= 0) throw InputError(path + ": attribute '" + name + "' is missing");
+  return Id(H5Aopen(file, name.c_str(), H5P_DEFAULT), H5Aclose);
+}
+
+}  // namespace
+
+Id& Id::operator=(Id&& o) noexcept {
+  if (this != &o) {
+    reset();
+    id_ = o.id_;
+    close_ = o.close_;
+    o.id_ = -1;
+  }
+  return *this;
+}
+
+void Id::reset() {
+  if (id_ >= 0 && close_ != nullptr) close_(id_);
+  id_ = -1;
+}
+
+Id open_read(const std::string& path, MPI_Comm comm) {
+  quiet();
+  if (::access(path.c_str(), R_OK) != 0) throw InputError(path + ": no such file (or not readable)");
+  if (H5Fis_hdf5(path.c_str()) <= 0) {
+    throw InputError(path + ": not an HDF5 file (truncated, or written by something else)");
+  }
+  Id fapl = file_access(comm);
+  Id f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose);
+  if (!f.valid()) throw InputError(path + ": cannot open as HDF5 (truncated or corrupt file?)");
+  return f;
+}
+
+Id create(const std::string& path, MPI_Comm comm) {
+  quiet();
+  Id fapl = file_access(comm);
+  Id f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
+  if (!f.valid()) throw RunError(path + ": cannot create the file (directory missing or not writable?)");
+  return f;
+}
+
+void close(Id& file, const std::string& path) {
+  if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) throw RunError(path + ": flushing the file failed (disk full?)");
+  file.reset();
+}
+
+bool exists(hid_t file, const std::string& name) {
+  std::size_t pos = 0;
+  while (true) {
+    pos = name.find('/', pos + 1);
+    const std::string prefix = name.substr(0, pos);
+    if (H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    if (pos == std::string::npos) return true;
+  }
+}
+
+std::vector<std::int64_t> shape(hid_t file, const std::string& path, const std::string& name) {
+  if (!exists(file, name)) throw InputError(path + ": dataset '" + name + "' is missing");
+  Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!ds.valid()) throw InputError(path + ": '" + name + "' is not a dataset");
+  Id space(H5Dget_space(ds), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank > 0 ? rank : 0));
+  if (rank > 0) H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  return std::vector<std::int64_t>(dims.begin(), dims.end());
+}
+
+void read(hid_t file, const std::string& path, const std::string& name, float* out,
+          const std::vector<std::int64_t>& offset, const std::vector<std::int64_t>& count) {
+  read_impl(file, path, name, H5T_NATIVE_FLOAT, out, offset, count);
+}
+void read(hid_t file, const std::string& path, const std::string& name, double* out,
+          const std::vector<std::int64_t>& offset, const std::vector<std::int64_t>& count) {
+  read_impl(file, path, name, H5T_NATIVE_DOUBLE, out, offset, count);
+}
+void read(hid_t file, const std::string& path, const std::string& name, std::int32_t* out,
+          const std::vector<std::int64_t>& offset, const std::vector<std::int64_t>& count) {
+  read_impl(file, path, name, H5T_NATIVE_INT32, out, offset, count);
+}
+
+void write_floats(hid_t file, const std::string& name, const std::vector<std::int64_t>& global_shape,
+                  const float* data, const std::vector<std::int64_t>& offset, const std::vector<std::int64_t>& count) {
+  std::vector<hsize_t> dims(global_shape.begin(), global_shape.end());
+  Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+  Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl, 1);
+  Id ds(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, space, lcpl, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+  if (!ds.valid()) throw RunError("cannot create dataset '" + name + "' in the checkpoint");
+  std::vector<hsize_t> off(offset.begin(), offset.end()), cnt(count.begin(), count.end());
+  hsize_t n = 1;
+  for (const auto c : cnt) n *= c;
+  Id mem(H5Screate_simple(static_cast<int>(cnt.size()), cnt.data(), nullptr), H5Sclose);
+  if (n == 0) {
+    H5Sselect_none(space);
+    H5Sselect_none(mem);
+  } else {
+    H5Sselect_hyperslab(space, H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr);
+  }
+  Id xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  H5Pset_dxpl_mpio(xfer, H5FD_MPIO_COLLECTIVE);
+  if (H5Dwrite(ds, H5T_NATIVE_FLOAT, mem, space, xfer, data) < 0) {
+    throw RunError("writing dataset '" + name + "' of the checkpoint failed (disk full?)");
+  }
+}
+
+bool has_attr(hid_t file, const std::string& name) { return H5Aexists(file, name.c_str()) > 0; }
+
+std::int64_t attr_int(hid_t file, const std::string& path, const std::string& name) {
+  Id a = open_attr(file, path, name);
+  long long v = 0;
+  if (H5Aread(a, H5T_NATIVE_LLONG, &v) < 0) throw InputError(path + ": attribute '" + name + "' is not an integer");
+  return v;
+}
+
+double attr_double(hid_t file, const std::string& path, const std::string& name) {
+  Id a = open_attr(file, path, name);
+  double v = 0;
+  if (H5Aread(a, H5T_NATIVE_DOUBLE, &v) < 0) throw InputError(path + ": attribute '" + name + "' is not a number");
+  return v;
+}
+
+std::string attr_string(hid_t file, const std::string& path, const std::string& name) {
+  Id a = open_attr(file, path, name);
+  Id type(H5Aget_type(a), H5Tclose);
+  if (H5Tget_class(type) != H5T_STRING) throw InputError(path + ": attribute '" + name + "' is not a string");
+  if (H5Tis_variable_str(type) > 0) {
+    Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mem, H5T_VARIABLE);
+    char* s = nullptr;
+    if (H5Aread(a, mem, &s) < 0 || s == nullptr) throw InputError(path + ": cannot read attribute '" + name + "'");
+    std::string out(s);
+    H5free_memory(s);
+    return out;
+  }
+  const std::size_t n = H5Tget_size(type);
+  std::string out(n, '\0');
+  Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(mem, n);
+  if (H5Aread(a, mem, out.data()) < 0) throw InputError(path + ": cannot read attribute '" + name + "'");
+  while (!out.empty() && out.back() == '\0') out.pop_back();
+  return out;
+}
+
+void set_attr(hid_t file, const std::string& name, std::int64_t value) {
+  Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  Id a(H5Acreate2(file, name.c_str(), H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  const long long v = value;
+  H5Awrite(a, H5T_NATIVE_LLONG, &v);
+}
+
+void set_attr(hid_t file, const std::string& name, double value) {
+  Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  Id a(H5Acreate2(file, name.c_str(), H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  H5Awrite(a, H5T_NATIVE_DOUBLE, &value);
+}
+
+void set_attr(hid_t file, const std::string& name, const std::string& value) {
+  Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  Id type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type, value.size() + 1);
+  H5Tset_strpad(type, H5T_STR_NULLTERM);
+  Id a(H5Acreate2(file, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  H5Awrite(a, type, value.c_str());
+}
+
+}  // namespace lamina::h5

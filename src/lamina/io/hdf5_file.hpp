@@ -1,0 +1,64 @@
+#pragma once
+// Thin RAII wrappers over HDF5's C API for what lamina stores: float/double/int32
+// datasets in global shapes, read and written as hyperslabs, and scalar attributes.
+// Files are opened through the MPI-IO driver on a communicator, so every rank of a job
+// reads and writes its own slab of the same file (all metadata calls are collective).
+#include <hdf5.h>
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lamina::h5 {
+
+class Id {
+ public:
+  Id() = default;
+  Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  Id(const Id&) = delete;
+  Id& operator=(const Id&) = delete;
+  Id(Id&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
+  Id& operator=(Id&& o) noexcept;
+  ~Id() { reset(); }
+  void reset();
+  hid_t get() const { return id_; }
+  operator hid_t() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+
+ private:
+  hid_t id_ = -1;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+// Opening a file that is missing, truncated or not HDF5 throws InputError naming it.
+Id open_read(const std::string& path, MPI_Comm comm);
+Id create(const std::string& path, MPI_Comm comm);
+void close(Id& file, const std::string& path);  // flushes; a failure is a RunError
+
+bool exists(hid_t file, const std::string& name);  // also checks intermediate groups
+std::vector<std::int64_t> shape(hid_t file, const std::string& path, const std::string& name);
+
+// Hyperslab [offset, offset + count) of a dataset, converted to the memory type.
+// Empty offset/count: the whole dataset.
+void read(hid_t file, const std::string& path, const std::string& name, float* out,
+          const std::vector<std::int64_t>& offset = {}, const std::vector<std::int64_t>& count = {});
+void read(hid_t file, const std::string& path, const std::string& name, double* out,
+          const std::vector<std::int64_t>& offset = {}, const std::vector<std::int64_t>& count = {});
+void read(hid_t file, const std::string& path, const std::string& name, std::int32_t* out,
+          const std::vector<std::int64_t>& offset = {}, const std::vector<std::int64_t>& count = {});
+
+// Creates a float32 dataset of the global shape (collective) and writes this rank's
+// slab (count all zero: writes nothing but takes part in the collective write).
+void write_floats(hid_t file, const std::string& name, const std::vector<std::int64_t>& global_shape,
+                  const float* data, const std::vector<std::int64_t>& offset, const std::vector<std::int64_t>& count);
+
+bool has_attr(hid_t file, const std::string& name);
+std::int64_t attr_int(hid_t file, const std::string& path, const std::string& name);
+double attr_double(hid_t file, const std::string& path, const std::string& name);
+std::string attr_string(hid_t file, const std::string& path, const std::string& name);
+void set_attr(hid_t file, const std::string& name, std::int64_t value);
+void set_attr(hid_t file, const std::string& name, double value);
+void set_attr(hid_t file, const std::string& name, const std::string& value);
+
+}  // namespace lamina::h5

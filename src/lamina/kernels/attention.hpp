@@ -1,0 +1,132 @@
+#pragma once
+// Causal multi-head self-attention core (between the QKV and output projections):
+//   for each sequence b and head h:  P = softmax(mask(q k^T / sqrt(hd))),  y = P v
+// qkv columns are [q | k | v], each head a contiguous slice of hd columns (GPT-2).
+// The products run as batched GEMMs over the B*NH (sequence, head) pairs.
+#include "lamina/kernels/gemm.hpp"
+
+namespace lamina {
+
+namespace detail {
+
+// Scatter (B*T, 3C) columns into per-head (B*NH, T, hd) q, k, v, or gather back (to_rows).
+template <class Exec>
+void permute_heads(const Exec& exec, const char* label, const Mat<Exec>& rows, const Mats<Exec>& q,
+                   const Mats<Exec>& k, const Mats<Exec>& v, std::int64_t NH, bool to_rows) {
+  const std::int64_t BNH = static_cast<std::int64_t>(q.extent(0));
+  const std::int64_t T = static_cast<std::int64_t>(q.extent(1));
+  const std::int64_t hd = static_cast<std::int64_t>(q.extent(2));
+  const std::int64_t C = NH * hd;
+  Kokkos::parallel_for(
+      label, Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {BNH * T, hd}),
+      KOKKOS_LAMBDA(std::int64_t r, std::int64_t d) {
+        const std::int64_t bh = r / T, t = r % T;
+        const std::int64_t b = bh / NH, h = bh % NH;
+        const std::int64_t row = b * T + t, col = h * hd + d;
+        if (to_rows) {
+          rows(row, col) = q(bh, t, d);
+          rows(row, C + col) = k(bh, t, d);
+          rows(row, 2 * C + col) = v(bh, t, d);
+        } else {
+          q(bh, t, d) = rows(row, col);
+          k(bh, t, d) = rows(row, C + col);
+          v(bh, t, d) = rows(row, 2 * C + col);
+        }
+      });
+}
+
+// (B*T, C) rows <-> (B*NH, T, hd) heads for a single tensor.
+template <class Exec>
+void split_heads(const Exec& exec, const char* label, const Mat<Exec>& rows, const Mats<Exec>& heads,
+                 std::int64_t NH, bool to_rows) {
+  const std::int64_t BNH = static_cast<std::int64_t>(heads.extent(0));
+  const std::int64_t T = static_cast<std::int64_t>(heads.extent(1));
+  const std::int64_t hd = static_cast<std::int64_t>(heads.extent(2));
+  Kokkos::parallel_for(
+      label, Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {BNH * T, hd}),
+      KOKKOS_LAMBDA(std::int64_t r, std::int64_t d) {
+        const std::int64_t bh = r / T, t = r % T;
+        const std::int64_t row = (bh / NH) * T + t, col = (bh % NH) * hd + d;
+        if (to_rows) {
+          rows(row, col) = heads(bh, t, d);
+        } else {
+          heads(bh, t, d) = rows(row, col);
+        }
+      });
+}
+
+}  // namespace detail
+
+// out: (B*T, C) attention output before the projection
+// q, k, v: (B*NH, T, hd) saved for backward; att: (B*NH, T, T) probabilities, saved
+// y: (B*NH, T, hd) workspace; qkv: (B*T, 3C) output of the QKV projection
+template <class Exec>
+void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>& q, const Mats<Exec>& k,
+                       const Mats<Exec>& v, const Mats<Exec>& att, const Mats<Exec>& y, const Mat<Exec>& qkv,
+                       std::int64_t NH) {
+  using member = typename Teams<Exec>::member_type;
+  const std::int64_t BNH = static_cast<std::int64_t>(q.extent(0));
+  const std::int64_t T = static_cast<std::int64_t>(q.extent(1));
+  const std::int64_t hd = static_cast<std::int64_t>(q.extent(2));
+  const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
+  detail::permute_heads(exec, "lamina::attention_forward_split", qkv, q, k, v, NH, false);
+  batched_gemm<Exec>(exec, "N", "T", scale, q, k, 0.0f, att);
+  Kokkos::parallel_for(
+      "lamina::attention_forward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO), KOKKOS_LAMBDA(const member& team) {
+        const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
+        float mx = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, t + 1), [&](std::int64_t j, float& m) { m = math::max(m, att(bh, t, j)); },
+            Kokkos::Max<float>(mx));
+        float sum = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, t + 1),
+            [&](std::int64_t j, float& s) {
+              const float e = math::exp(att(bh, t, j) - mx);
+              att(bh, t, j) = e;
+              s += e;
+            },
+            sum);
+        const float inv = 1.0f / sum;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, T),
+                             [&](std::int64_t j) { att(bh, t, j) = j <= t ? att(bh, t, j) * inv : 0.0f; });
+      });
+  batched_gemm<Exec>(exec, "N", "N", 1.0f, att, v, 0.0f, y);
+  detail::split_heads(exec, "lamina::attention_forward_merge", out, y, NH, true);
+}
+
+// dqkv: (B*T, 3C) overwritten; dout: (B*T, C)
+// dq, dk, dv, dy: (B*NH, T, hd) workspace; datt: (B*NH, T, T) workspace
+// q, k, v, att: as saved by attention_forward
+template <class Exec>
+void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& dq, const Mats<Exec>& dk,
+                        const Mats<Exec>& dv, const Mats<Exec>& datt, const Mats<Exec>& dy, const Mat<Exec>& dout,
+                        const Mats<Exec>& q, const Mats<Exec>& k, const Mats<Exec>& v, const Mats<Exec>& att,
+                        std::int64_t NH) {
+  using member = typename Teams<Exec>::member_type;
+  const std::int64_t BNH = static_cast<std::int64_t>(q.extent(0));
+  const std::int64_t T = static_cast<std::int64_t>(q.extent(1));
+  const std::int64_t hd = static_cast<std::int64_t>(q.extent(2));
+  const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
+  detail::split_heads(exec, "lamina::attention_backward_split", dout, dy, NH, false);
+  batched_gemm<Exec>(exec, "N", "T", 1.0f, dy, v, 0.0f, datt);   // dP = dy v^T
+  batched_gemm<Exec>(exec, "T", "N", 1.0f, att, dy, 0.0f, dv);   // dv = P^T dy
+  // Softmax backward, row by row: dS = P * (dP - sum_j P dP); masked entries are zero.
+  Kokkos::parallel_for(
+      "lamina::attention_backward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const member& team) {
+        const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
+        float dot = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, t + 1), [&](std::int64_t j, float& s) { s += att(bh, t, j) * datt(bh, t, j); },
+            dot);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, T), [&](std::int64_t j) {
+          datt(bh, t, j) = j <= t ? att(bh, t, j) * (datt(bh, t, j) - dot) : 0.0f;
+        });
+      });
+  batched_gemm<Exec>(exec, "N", "N", scale, datt, k, 0.0f, dq);  // dq = scale dS k
+  batched_gemm<Exec>(exec, "T", "N", scale, datt, q, 0.0f, dk);  // dk = scale dS^T q
+  detail::permute_heads(exec, "lamina::attention_backward_merge", dqkv, dq, dk, dv, NH, true);
+}
+
+}  // namespace lamina

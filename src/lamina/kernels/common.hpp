@@ -1,0 +1,68 @@
+#pragma once
+// Shared vocabulary of the kernels.
+//
+// Dimension glossary
+//   B   sequences in a micro-batch        T   sequence length (positions)
+//   C   model width (d_model)             NH  attention heads, hd = C / NH
+//   V   vocabulary size                   L   transformer blocks
+//   N   rows of a 2-D activation, N = B*T
+//   dp, tp, pp: data-, tensor- and pipeline-parallel group sizes (never seen by a kernel)
+//
+// Gradient contract (every op in this directory)
+//   - forward(exec, out..., cache..., inp..., params..., sizes) writes its outputs and the
+//     cache that backward needs (mean, rstd, softmax probabilities): outputs first.
+//   - backward(exec, dinp..., dparams..., dout..., inp/cache/params..., sizes):
+//     parameter gradients ACCUMULATE (+=), so micro-batches and tied weights add up;
+//     activation gradients OVERWRITE.
+//   - All matrices are row-major (Kokkos::LayoutRight), like PyTorch and HuggingFace;
+//     linear weights are HuggingFace Conv1D (in, out): y = x @ W + b.
+//   - Launches are labelled "lamina::<op>" and run on the given execution-space
+//     instance; nothing fences: whoever reads a result on the host fences.
+//   - Reductions run in a fixed order (no atomics) so that results are bitwise
+//     reproducible run to run, which bit-identical restarts rely on.
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+
+#include "lamina/core/kokkos_compat.hpp"
+
+namespace lamina {
+
+template <class Exec>
+using Mat = Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space>;
+template <class Exec>
+using ConstMat = Kokkos::View<const float**, Kokkos::LayoutRight, typename Exec::memory_space>;
+template <class Exec>
+using Vec = Kokkos::View<float*, Kokkos::LayoutRight, typename Exec::memory_space>;
+template <class Exec>
+using ConstVec = Kokkos::View<const float*, Kokkos::LayoutRight, typename Exec::memory_space>;
+// A batch of matrices, (batch, rows, cols).
+template <class Exec>
+using Mats = Kokkos::View<float***, Kokkos::LayoutRight, typename Exec::memory_space>;
+template <class Exec>
+using ConstMats = Kokkos::View<const float***, Kokkos::LayoutRight, typename Exec::memory_space>;
+template <class Exec>
+using Tokens = Kokkos::View<const std::int32_t*, Kokkos::LayoutRight, typename Exec::memory_space>;
+
+template <class Exec>
+using Range = Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>;
+template <class Exec>
+using Teams = Kokkos::TeamPolicy<Exec>;
+
+// Unmanaged shaped views over raw storage (a slice of a flat buffer).
+template <class Exec>
+Mat<Exec> as_mat(float* data, std::int64_t rows, std::int64_t cols) {
+  return Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space,
+                      Kokkos::MemoryTraits<Kokkos::Unmanaged>>(data, rows, cols);
+}
+template <class Exec>
+Vec<Exec> as_vec(float* data, std::int64_t n) {
+  return Kokkos::View<float*, Kokkos::LayoutRight, typename Exec::memory_space,
+                      Kokkos::MemoryTraits<Kokkos::Unmanaged>>(data, n);
+}
+template <class Exec>
+Mats<Exec> as_mats(float* data, std::int64_t batch, std::int64_t rows, std::int64_t cols) {
+  return Kokkos::View<float***, Kokkos::LayoutRight, typename Exec::memory_space,
+                      Kokkos::MemoryTraits<Kokkos::Unmanaged>>(data, batch, rows, cols);
+}
+
+}  // namespace lamina

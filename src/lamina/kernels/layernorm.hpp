@@ -1,0 +1,79 @@
+#pragma once
+// LayerNorm over the last dimension (eps 1e-5, as GPT-2 and PyTorch):
+//   out = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps), biased variance.
+#include "lamina/kernels/gemm.hpp"
+
+namespace lamina {
+
+constexpr float kLayerNormEps = 1e-5f;
+
+// out: (N, C); mean, rstd: (N), saved for backward; inp: (N, C); weight, bias: (C)
+template <class Exec>
+void layernorm_forward(const Exec& exec, const Mat<Exec>& out, const Vec<Exec>& mean, const Vec<Exec>& rstd,
+                       const ConstMat<Exec>& inp, const ConstVec<Exec>& weight, const ConstVec<Exec>& bias) {
+  using member = typename Teams<Exec>::member_type;
+  const std::int64_t N = static_cast<std::int64_t>(inp.extent(0));
+  const std::int64_t C = static_cast<std::int64_t>(inp.extent(1));
+  Kokkos::parallel_for(
+      "lamina::layernorm_forward", Teams<Exec>(exec, N, Kokkos::AUTO), KOKKOS_LAMBDA(const member& team) {
+        const std::int64_t i = team.league_rank();
+        float sum = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, C), [&](std::int64_t c, float& s) { s += inp(i, c); }, sum);
+        const float m = sum / C;
+        float sq = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, C),
+            [&](std::int64_t c, float& s) {
+              const float d = inp(i, c) - m;
+              s += d * d;
+            },
+            sq);
+        const float r = 1.0f / math::sqrt(sq / C + kLayerNormEps);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C),
+                             [&](std::int64_t c) { out(i, c) = (inp(i, c) - m) * r * weight(c) + bias(c); });
+        Kokkos::single(Kokkos::PerTeam(team), [&]() {
+          mean(i) = m;
+          rstd(i) = r;
+        });
+      });
+}
+
+// dinp: (N, C) = dskip + d(layernorm)/d(inp)^T dout. The residual stream's gradient
+// (dskip) joins here; dinp may alias dskip, and an empty dskip means zero.
+// dweight, dbias: (C) +=.
+// scratch: (N, C) workspace; ones: (>=N) ones, for the column sums.
+template <class Exec>
+void layernorm_backward(const Exec& exec, const Mat<Exec>& dinp, const Vec<Exec>& dweight, const Vec<Exec>& dbias,
+                        const ConstMat<Exec>& dout, const ConstMat<Exec>& dskip, const ConstMat<Exec>& inp,
+                        const ConstVec<Exec>& weight, const ConstVec<Exec>& mean, const ConstVec<Exec>& rstd,
+                        const Mat<Exec>& scratch, const ConstVec<Exec>& ones) {
+  using member = typename Teams<Exec>::member_type;
+  const std::int64_t N = static_cast<std::int64_t>(inp.extent(0));
+  const std::int64_t C = static_cast<std::int64_t>(inp.extent(1));
+  const bool has_skip = dskip.data() != nullptr;
+  Kokkos::parallel_for(
+      "lamina::layernorm_backward", Teams<Exec>(exec, N, Kokkos::AUTO), KOKKOS_LAMBDA(const member& team) {
+        const std::int64_t i = team.league_rank();
+        const float m = mean(i), r = rstd(i);
+        // dnorm = dout * weight; dinp = r * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
+        float s1 = 0.0f, s2 = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, C),
+            [&](std::int64_t c, float& a) { a += dout(i, c) * weight(c); }, s1);
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, C),
+            [&](std::int64_t c, float& a) { a += dout(i, c) * weight(c) * (inp(i, c) - m) * r; }, s2);
+        s1 /= C;
+        s2 /= C;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C), [&](std::int64_t c) {
+          const float xhat = (inp(i, c) - m) * r;
+          scratch(i, c) = dout(i, c) * xhat;
+          dinp(i, c) = (has_skip ? dskip(i, c) : 0.0f) + r * (dout(i, c) * weight(c) - s1 - xhat * s2);
+        });
+      });
+  add_column_sums(exec, dweight, scratch, ones);
+  add_column_sums(exec, dbias, dout, ones);
+}
+
+}  // namespace lamina

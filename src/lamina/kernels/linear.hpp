@@ -1,0 +1,48 @@
+#pragma once
+// Dense layers. linear: y = x @ W + b with W in HuggingFace Conv1D layout (in, out).
+// tied head: logits = x @ E^T with E the (V, C) token embedding (no bias).
+#include "lamina/kernels/gemm.hpp"
+
+namespace lamina {
+
+// out: (N, OC); inp: (N, IC); weight: (IC, OC); bias: (OC)
+template <class Exec>
+void linear_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>& inp, const ConstMat<Exec>& weight,
+                    const ConstVec<Exec>& bias) {
+  const std::int64_t N = static_cast<std::int64_t>(out.extent(0));
+  const std::int64_t OC = static_cast<std::int64_t>(out.extent(1));
+  // Broadcasting the bias first lets the product accumulate onto it (beta = 1) instead
+  // of a second pass over the output.
+  Kokkos::parallel_for(
+      "lamina::linear_forward_bias",
+      Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {N, OC}),
+      KOKKOS_LAMBDA(std::int64_t i, std::int64_t j) { out(i, j) = bias(j); });
+  gemm(exec, "N", "N", 1.0f, inp, weight, 1.0f, out);
+}
+
+// dinp: (N, IC) overwritten; dweight: (IC, OC) +=; dbias: (OC) +=; ones: (>=N) ones
+template <class Exec>
+void linear_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
+                     const ConstMat<Exec>& dout, const ConstMat<Exec>& inp, const ConstMat<Exec>& weight,
+                     const ConstVec<Exec>& ones) {
+  gemm(exec, "N", "T", 1.0f, dout, weight, 0.0f, dinp);
+  gemm(exec, "T", "N", 1.0f, inp, dout, 1.0f, dweight);
+  add_column_sums(exec, dbias, dout, ones);
+}
+
+// logits: (N, V); inp: (N, C); embedding: (V, C)
+template <class Exec>
+void tied_head_forward(const Exec& exec, const Mat<Exec>& logits, const ConstMat<Exec>& inp,
+                       const ConstMat<Exec>& embedding) {
+  gemm(exec, "N", "T", 1.0f, inp, embedding, 0.0f, logits);
+}
+
+// dinp: (N, C) overwritten; dembedding: (V, C) +=; dlogits: (N, V)
+template <class Exec>
+void tied_head_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dembedding,
+                        const ConstMat<Exec>& dlogits, const ConstMat<Exec>& inp, const ConstMat<Exec>& embedding) {
+  gemm(exec, "N", "N", 1.0f, dlogits, embedding, 0.0f, dinp);
+  gemm(exec, "T", "N", 1.0f, dlogits, inp, 1.0f, dembedding);
+}
+
+}  // namespace lamina

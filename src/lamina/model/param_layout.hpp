@@ -1,0 +1,62 @@
+#pragma once
+// Where every parameter lives: per-layer flat buffers (DESIGN.md idea 2), tensor names
+// and global shapes as in HuggingFace GPT-2, the dimension tensor parallelism splits,
+// and the optimizer-state subgroups. Checkpoints, the optimizer and (later) sharding
+// all read this one description.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lamina/core/deck.hpp"
+
+namespace lamina {
+
+enum class InitKind { normal, scaled_normal, zeros, ones };
+
+struct TensorSpec {
+  std::string name;                 // "wte", "h.3.attn.c_attn.weight", ...
+  std::vector<std::int64_t> shape;  // global shape, row-major
+  int tp_split_dim = -1;            // dimension split over tensor-parallel ranks; -1: replicated
+  int tp_blocks = 1;                // the split dimension holds this many blocks split separately ([q|k|v]: 3)
+  bool is_matrix = false;           // matrices and embeddings decay; biases and norm gains only on request
+  InitKind init = InitKind::zeros;
+  std::int64_t offset = 0;          // first element in the layer's flat buffer
+
+  std::int64_t numel() const;
+};
+
+// One flat buffer: the embedding, one transformer block, or the final norm.
+struct LayerSpec {
+  std::string name;  // "embedding", "h.0", ..., "ln_f"
+  std::vector<TensorSpec> tensors;
+  std::int64_t numel = 0;
+  std::int64_t matrix_numel = 0;  // matrices first: elements [0, matrix_numel) are matrices
+};
+
+// A contiguous slice of one layer's flat buffer: the unit of optimizer placement.
+struct Subgroup {
+  int layer = 0;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+};
+
+class ParamLayout {
+ public:
+  // GPT-2: layer 0 = embedding (wte, wpe), layers 1..L = blocks h.0..h.{L-1}, layer L+1 = ln_f.
+  static ParamLayout gpt2(const ModelConfig& model);
+
+  const std::vector<LayerSpec>& layers() const { return layers_; }
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  int block_layer(std::int64_t block) const { return static_cast<int>(block) + 1; }
+  int final_layer() const { return num_layers() - 1; }
+  std::int64_t total_numel() const;
+  // Returns false when no tensor has this name.
+  bool find(const std::string& name, int& layer, const TensorSpec*& spec) const;
+  // Each layer's buffer cut into slices of at most `subgroup_size` elements.
+  std::vector<Subgroup> subgroups(std::int64_t subgroup_size) const;
+
+ private:
+  std::vector<LayerSpec> layers_;
+};
+
+}  // namespace lamina

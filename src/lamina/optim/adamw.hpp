@@ -1,0 +1,74 @@
+#pragma once
+// AdamW (Loshchilov & Hutter, decoupled weight decay) with bias correction, in exactly
+// PyTorch's order of operations (torch.optim.AdamW, single-tensor path), so that one
+// step reproduces torch to float rounding. One kernel for every execution space: the
+// same code updates optimizer-state subgroups on the host and on a device.
+#include "lamina/kernels/common.hpp"
+
+namespace lamina {
+
+// Scalars of one optimizer step, shared by all subgroups.
+struct AdamWStep {
+  float lr = 0.0f;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float bias_correction1 = 1.0f;       // 1 - beta1^t
+  float bias_correction2_sqrt = 1.0f;  // sqrt(1 - beta2^t)
+  float grad_scale = 1.0f;             // global-norm clipping coefficient
+
+  static AdamWStep make(double lr, double beta1, double beta2, double eps, std::int64_t t, double grad_scale);
+};
+
+inline AdamWStep AdamWStep::make(double lr, double beta1, double beta2, double eps, std::int64_t t,
+                                 double grad_scale) {
+  AdamWStep s;
+  s.lr = static_cast<float>(lr);
+  s.beta1 = static_cast<float>(beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.eps = static_cast<float>(eps);
+  s.bias_correction1 = static_cast<float>(1.0 - std::pow(beta1, static_cast<double>(t)));
+  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, static_cast<double>(t))));
+  s.grad_scale = static_cast<float>(grad_scale);
+  return s;
+}
+
+// params, m, v: (n) updated in place; grads: (n). All four are slices of the same range.
+template <class Exec>
+void adamw_update(const Exec& exec, const Vec<Exec>& params, const Vec<Exec>& m, const Vec<Exec>& v,
+                  const ConstVec<Exec>& grads, const AdamWStep& s, float weight_decay) {
+  const float decay = 1.0f - s.lr * weight_decay;
+  const float one_minus_b1 = 1.0f - s.beta1, one_minus_b2 = 1.0f - s.beta2;
+  const float step_size = s.lr / s.bias_correction1;
+  const float bc2_sqrt = s.bias_correction2_sqrt, eps = s.eps, b1 = s.beta1, b2 = s.beta2;
+  const float gs = s.grad_scale;
+  Kokkos::parallel_for(
+      "lamina::adamw_update", Range<Exec>(exec, 0, static_cast<std::int64_t>(params.extent(0))),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        const float g = grads(i) * gs;
+        const float mi = m(i) + one_minus_b1 * (g - m(i));  // torch: exp_avg.lerp_(grad, 1 - beta1)
+        const float vi = b2 * v(i) + one_minus_b2 * g * g;
+        const float denom = math::sqrt(vi) / bc2_sqrt + eps;
+        params(i) = params(i) * decay - step_size * (mi / denom);
+        m(i) = mi;
+        v(i) = vi;
+      });
+}
+
+// Updates elements [begin, end) of one layer's flat buffers. Elements below
+// `matrix_end` are matrices (always decayed); the rest are biases and norm gains,
+// decayed only when `decay_vectors`.
+template <class Exec>
+void adamw_update_range(const Exec& exec, const Vec<Exec>& params, const Vec<Exec>& m, const Vec<Exec>& v,
+                        const ConstVec<Exec>& grads, std::int64_t begin, std::int64_t end, std::int64_t matrix_end,
+                        const AdamWStep& s, float weight_decay, bool decay_vectors) {
+  auto run = [&](std::int64_t b, std::int64_t e, float wd) {
+    if (b >= e) return;
+    const auto r = std::make_pair(b, e);
+    adamw_update(exec, Vec<Exec>(Kokkos::subview(params, r)), Vec<Exec>(Kokkos::subview(m, r)),
+                 Vec<Exec>(Kokkos::subview(v, r)), ConstVec<Exec>(Kokkos::subview(grads, r)), s, wd);
+  };
+  const std::int64_t split = std::min(std::max(matrix_end, begin), end);
+  run(begin, split, weight_decay);
+  run(split, end, decay_vectors ? weight_decay : 0.0f);
+}
+
+}  // namespace lamina

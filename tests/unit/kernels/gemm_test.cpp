@@ -1,0 +1,47 @@
+#include "lamina/kernels/gemm.hpp"
+
+#include "test_util.hpp"
+
+namespace lamina::test {
+namespace {
+
+template <class Exec>
+class GemmTest : public ::testing::Test {};
+TYPED_TEST_SUITE(GemmTest, ExecSpaces);
+
+TYPED_TEST(GemmTest, BatchedProductsMatchDoubleReference) {
+  using Exec = TypeParam;
+  const int batch = 3, m = 4, k = 5, n = 6;
+  const auto a = random_vector(batch * m * k, 71), b = random_vector(batch * n * k, 72), c0 = random_vector(batch * m * n, 73);
+  auto da = to_device<Exec>(a), db = to_device<Exec>(b), dc = to_device<Exec>(c0);
+  // C = 0.5 * A B^T + 2 C
+  batched_gemm<Exec>(Exec(), "N", "T", 0.5f, as_mats<Exec>(da.data(), batch, m, k), as_mats<Exec>(db.data(), batch, n, k),
+                     2.0f, as_mats<Exec>(dc.data(), batch, m, n));
+  std::vector<double> want(batch * m * n);
+  for (int p = 0; p < batch; ++p) {
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < n; ++j) {
+        double s = 0;
+        for (int l = 0; l < k; ++l) s += a[(p * m + i) * k + l] * b[(p * n + j) * k + l];
+        want[(p * m + i) * n + j] = 0.5 * s + 2.0 * c0[(p * m + i) * n + j];
+      }
+    }
+  }
+  EXPECT_LT(rel_error(to_host(dc), want), 1e-6);
+}
+
+TYPED_TEST(GemmTest, ColumnSumsAccumulate) {
+  using Exec = TypeParam;
+  const int rows = 9, cols = 4;
+  const auto mv = random_vector(rows * cols, 74);
+  auto dm = to_device<Exec>(mv), ones = to_device<Exec>(std::vector<double>(rows + 3, 1.0));
+  auto dst = to_device<Exec>(std::vector<double>(cols, 1.0));
+  add_column_sums(Exec(), dst, as_mat<Exec>(dm.data(), rows, cols), ones);
+  std::vector<double> want(cols, 1.0);
+  for (int i = 0; i < rows; ++i)
+    for (int c = 0; c < cols; ++c) want[c] += mv[i * cols + c];
+  EXPECT_LT(rel_error(to_host(dst), want), 1e-6);
+}
+
+}  // namespace
+}  // namespace lamina::test

@@ -1,0 +1,106 @@
+#include "lamina/kernels/layernorm.hpp"
+
+#include "fd_check.hpp"
+
+namespace lamina::test {
+namespace {
+
+struct LnRef {
+  std::vector<double> out, mean, rstd, dinp, dw, db;
+};
+
+// Naive double-precision LayerNorm forward and backward.
+LnRef layernorm_reference(const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& b,
+                          const std::vector<double>& dout, int N, int C) {
+  LnRef r;
+  r.out.resize(N * C);
+  r.dinp.resize(N * C);
+  r.dw.assign(C, 0.0);
+  r.db.assign(C, 0.0);
+  for (int i = 0; i < N; ++i) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += x[i * C + c] / C;
+    for (int c = 0; c < C; ++c) v += (x[i * C + c] - m) * (x[i * C + c] - m) / C;
+    const double rs = 1.0 / std::sqrt(v + 1e-5);
+    r.mean.push_back(m);
+    r.rstd.push_back(rs);
+    double s1 = 0, s2 = 0;
+    for (int c = 0; c < C; ++c) {
+      const double xh = (x[i * C + c] - m) * rs;
+      r.out[i * C + c] = xh * w[c] + b[c];
+      r.dw[c] += dout[i * C + c] * xh;
+      r.db[c] += dout[i * C + c];
+      s1 += dout[i * C + c] * w[c] / C;
+      s2 += dout[i * C + c] * w[c] * xh / C;
+    }
+    for (int c = 0; c < C; ++c) {
+      const double xh = (x[i * C + c] - m) * rs;
+      r.dinp[i * C + c] = rs * (dout[i * C + c] * w[c] - s1 - xh * s2);
+    }
+  }
+  return r;
+}
+
+template <class Exec>
+class LayerNormTest : public ::testing::Test {};
+TYPED_TEST_SUITE(LayerNormTest, ExecSpaces);
+
+TYPED_TEST(LayerNormTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifferences) {
+  using Exec = TypeParam;
+  const int N = 6, C = 16;
+  const auto x = random_vector(N * C, 1, -2, 2), w = random_vector(C, 2, 0.5, 1.5), b = random_vector(C, 3);
+  const auto dout = random_vector(N * C, 4), skip = random_vector(N * C, 5);
+  const LnRef ref = layernorm_reference(x, w, b, dout, N, C);
+
+  auto run_forward = [&](const std::vector<double>& xv, const std::vector<double>& wv, const std::vector<double>& bv,
+                         Vec<Exec>& out, Vec<Exec>& mean, Vec<Exec>& rstd) {
+    auto dx = to_device<Exec>(xv), dw = to_device<Exec>(wv), db = to_device<Exec>(bv);
+    out = Vec<Exec>("out", N * C);
+    mean = Vec<Exec>("mean", N);
+    rstd = Vec<Exec>("rstd", N);
+    layernorm_forward(Exec(), as_mat<Exec>(out.data(), N, C), mean, rstd, as_mat<Exec>(dx.data(), N, C), dw, db);
+    Kokkos::fence();
+  };
+  Vec<Exec> out, mean, rstd;
+  run_forward(x, w, b, out, mean, rstd);
+  EXPECT_LT(rel_error(to_host(out), ref.out), 1e-6);
+  EXPECT_LT(rel_error(to_host(mean), ref.mean), 1e-6);
+  EXPECT_LT(rel_error(to_host(rstd), ref.rstd), 1e-6);
+
+  auto ddin = Vec<Exec>("dinp", N * C), dwv = Vec<Exec>("dw", C), dbv = Vec<Exec>("db", C);
+  auto scratch = Vec<Exec>("scratch", N * C), ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  auto dskip = to_device<Exec>(skip), ddout = to_device<Exec>(dout), dx = to_device<Exec>(x), dwt = to_device<Exec>(w);
+  // Gradients accumulate into dweight/dbias: start from a known value.
+  Kokkos::deep_copy(dwv, 0.5f);
+  Kokkos::deep_copy(dbv, -0.25f);
+  layernorm_backward(Exec(), as_mat<Exec>(ddin.data(), N, C), dwv, dbv, as_mat<Exec>(ddout.data(), N, C),
+                     as_mat<Exec>(dskip.data(), N, C), as_mat<Exec>(dx.data(), N, C), dwt, mean, rstd,
+                     as_mat<Exec>(scratch.data(), N, C), ones);
+  std::vector<double> want_dinp = ref.dinp, want_dw = ref.dw, want_db = ref.db;
+  for (int i = 0; i < N * C; ++i) want_dinp[i] += skip[i];
+  for (int c = 0; c < C; ++c) {
+    want_dw[c] += 0.5;
+    want_db[c] -= 0.25;
+  }
+  EXPECT_LT(rel_error(to_host(ddin), want_dinp), 1e-5);
+  EXPECT_LT(rel_error(to_host(dwv), want_dw), 1e-5);
+  EXPECT_LT(rel_error(to_host(dbv), want_db), 1e-5);
+
+  // Finite differences of f = <out, dout> against the kernel's own gradients (no skip).
+  auto f = [&](const std::vector<double>& xv, const std::vector<double>& wv, const std::vector<double>& bv) {
+    Vec<Exec> o, m, r;
+    run_forward(xv, wv, bv, o, m, r);
+    return dot(to_host(o), dout);
+  };
+  Kokkos::deep_copy(dwv, 0.0f);
+  Kokkos::deep_copy(dbv, 0.0f);
+  layernorm_backward(Exec(), as_mat<Exec>(ddin.data(), N, C), dwv, dbv, as_mat<Exec>(ddout.data(), N, C),
+                     ConstMat<Exec>(), as_mat<Exec>(dx.data(), N, C), dwt, mean, rstd,
+                     as_mat<Exec>(scratch.data(), N, C), ones);
+  expect_fd_matches([&](const std::vector<double>& v) { return f(v, w, b); }, x, to_host(ddin), "dinp");
+  expect_fd_matches([&](const std::vector<double>& v) { return f(x, v, b); }, w, to_host(dwv), "dweight");
+  expect_fd_matches([&](const std::vector<double>& v) { return f(x, w, v); }, b, to_host(dbv), "dbias");
+}
+
+}  // namespace
+}  // namespace lamina::test

@@ -1,0 +1,101 @@
+#include "lamina/kernels/linear.hpp"
+
+#include "fd_check.hpp"
+
+namespace lamina::test {
+namespace {
+
+template <class Exec>
+class LinearTest : public ::testing::Test {};
+TYPED_TEST_SUITE(LinearTest, ExecSpaces);
+
+TYPED_TEST(LinearTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifferences) {
+  using Exec = TypeParam;
+  const int N = 7, IC = 6, OC = 9;
+  const auto x = random_vector(N * IC, 21), w = random_vector(IC * OC, 22), b = random_vector(OC, 23);
+  const auto dout = random_vector(N * OC, 24);
+  auto run = [&](const std::vector<double>& xv, const std::vector<double>& wv, const std::vector<double>& bv) {
+    auto dx = to_device<Exec>(xv), dw = to_device<Exec>(wv), db = to_device<Exec>(bv);
+    Vec<Exec> out("out", N * OC);
+    linear_forward(Exec(), as_mat<Exec>(out.data(), N, OC), as_mat<Exec>(dx.data(), N, IC),
+                   as_mat<Exec>(dw.data(), IC, OC), db);
+    return to_host(out);
+  };
+  std::vector<double> want(N * OC), want_dx(N * IC, 0.0), want_dw(IC * OC, 0.0), want_db(OC, 0.0);
+  for (int i = 0; i < N; ++i) {
+    for (int o = 0; o < OC; ++o) {
+      double s = b[o];
+      for (int k = 0; k < IC; ++k) {
+        s += x[i * IC + k] * w[k * OC + o];
+        want_dx[i * IC + k] += dout[i * OC + o] * w[k * OC + o];
+        want_dw[k * OC + o] += x[i * IC + k] * dout[i * OC + o];
+      }
+      want[i * OC + o] = s;
+      want_db[o] += dout[i * OC + o];
+    }
+  }
+  EXPECT_LT(rel_error(run(x, w, b), want), 1e-6);
+
+  auto dx = to_device<Exec>(x), dw = to_device<Exec>(w), ddout = to_device<Exec>(dout);
+  auto ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  Vec<Exec> gx("gx", N * IC), gw("gw", IC * OC), gb("gb", OC);
+  linear_backward(Exec(), as_mat<Exec>(gx.data(), N, IC), as_mat<Exec>(gw.data(), IC, OC), gb,
+                  as_mat<Exec>(ddout.data(), N, OC), as_mat<Exec>(dx.data(), N, IC), as_mat<Exec>(dw.data(), IC, OC),
+                  ones);
+  EXPECT_LT(rel_error(to_host(gx), want_dx), 1e-6);
+  EXPECT_LT(rel_error(to_host(gw), want_dw), 1e-6);
+  EXPECT_LT(rel_error(to_host(gb), want_db), 1e-6);
+  // Parameter gradients accumulate: a second backward doubles them, dinp is overwritten.
+  linear_backward(Exec(), as_mat<Exec>(gx.data(), N, IC), as_mat<Exec>(gw.data(), IC, OC), gb,
+                  as_mat<Exec>(ddout.data(), N, OC), as_mat<Exec>(dx.data(), N, IC), as_mat<Exec>(dw.data(), IC, OC),
+                  ones);
+  auto twice = [](std::vector<double> v) {
+    for (auto& e : v) e *= 2;
+    return v;
+  };
+  EXPECT_LT(rel_error(to_host(gx), want_dx), 1e-6);
+  EXPECT_LT(rel_error(to_host(gw), twice(want_dw)), 1e-6);
+  EXPECT_LT(rel_error(to_host(gb), twice(want_db)), 1e-6);
+
+  auto f = [&](const std::vector<double>& xv, const std::vector<double>& wv, const std::vector<double>& bv) {
+    return dot(run(xv, wv, bv), dout);
+  };
+  expect_fd_matches([&](const std::vector<double>& v) { return f(v, w, b); }, x, want_dx, "dinp");
+  expect_fd_matches([&](const std::vector<double>& v) { return f(x, v, b); }, w, want_dw, "dweight");
+  expect_fd_matches([&](const std::vector<double>& v) { return f(x, w, v); }, b, want_db, "dbias");
+}
+
+TYPED_TEST(LinearTest, TiedHeadMatchesDoubleReferenceAndFiniteDifferences) {
+  using Exec = TypeParam;
+  const int N = 5, C = 6, V = 11;
+  const auto x = random_vector(N * C, 31), e = random_vector(V * C, 32), dout = random_vector(N * V, 33);
+  auto run = [&](const std::vector<double>& xv, const std::vector<double>& ev) {
+    auto dx = to_device<Exec>(xv), de = to_device<Exec>(ev);
+    Vec<Exec> out("logits", N * V);
+    tied_head_forward(Exec(), as_mat<Exec>(out.data(), N, V), as_mat<Exec>(dx.data(), N, C),
+                      as_mat<Exec>(de.data(), V, C));
+    return to_host(out);
+  };
+  std::vector<double> want(N * V, 0.0), want_dx(N * C, 0.0), want_de(V * C, 0.0);
+  for (int i = 0; i < N; ++i) {
+    for (int v = 0; v < V; ++v) {
+      for (int c = 0; c < C; ++c) {
+        want[i * V + v] += x[i * C + c] * e[v * C + c];
+        want_dx[i * C + c] += dout[i * V + v] * e[v * C + c];
+        want_de[v * C + c] += dout[i * V + v] * x[i * C + c];
+      }
+    }
+  }
+  EXPECT_LT(rel_error(run(x, e), want), 1e-6);
+  auto dx = to_device<Exec>(x), de = to_device<Exec>(e), dd = to_device<Exec>(dout);
+  Vec<Exec> gx("gx", N * C), ge("ge", V * C);
+  tied_head_backward(Exec(), as_mat<Exec>(gx.data(), N, C), as_mat<Exec>(ge.data(), V, C),
+                     as_mat<Exec>(dd.data(), N, V), as_mat<Exec>(dx.data(), N, C), as_mat<Exec>(de.data(), V, C));
+  EXPECT_LT(rel_error(to_host(gx), want_dx), 1e-6);
+  EXPECT_LT(rel_error(to_host(ge), want_de), 1e-6);
+  expect_fd_matches([&](const std::vector<double>& v) { return dot(run(v, e), dout); }, x, want_dx, "dinp");
+  expect_fd_matches([&](const std::vector<double>& v) { return dot(run(x, v), dout); }, e, want_de, "dembedding");
+}
+
+}  // namespace
+}  // namespace lamina::test

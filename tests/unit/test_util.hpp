@@ -1,0 +1,79 @@
+#pragma once
+// Helpers shared by the unit tests: random data, host <-> device copies, error norms,
+// and the list of execution spaces every kernel test is instantiated for.
+#include <gtest/gtest.h>
+
+#include <Kokkos_Core.hpp>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "lamina/kernels/common.hpp"
+
+namespace lamina::test {
+
+// Every enabled execution space: the default one, plus the host one when it differs.
+#if defined(KOKKOS_ENABLE_SERIAL) && !defined(KOKKOS_ENABLE_OPENMP) && !defined(KOKKOS_ENABLE_CUDA) && \
+    !defined(KOKKOS_ENABLE_HIP) && !defined(KOKKOS_ENABLE_SYCL)
+using ExecSpaces = ::testing::Types<Kokkos::Serial>;
+#else
+using ExecSpaces = ::testing::Types<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>;
+#endif
+
+inline std::vector<double> random_vector(std::size_t n, std::uint32_t seed, double lo = -1.0, double hi = 1.0) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> d(lo, hi);
+  std::vector<double> v(n);
+  for (auto& x : v) x = static_cast<float>(d(gen));  // representable in float exactly
+  return v;
+}
+
+template <class Exec>
+Kokkos::View<float*, Kokkos::LayoutRight, typename Exec::memory_space> to_device(const std::vector<double>& v,
+                                                                                 const char* label = "test") {
+  Kokkos::View<float*, Kokkos::LayoutRight, typename Exec::memory_space> d(std::string(label), v.size());
+  auto h = Kokkos::create_mirror_view(d);
+  for (std::size_t i = 0; i < v.size(); ++i) h(i) = static_cast<float>(v[i]);
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+
+template <class View>
+std::vector<double> to_host(const View& d) {
+  Kokkos::fence();
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), d);
+  std::vector<double> v(h.size());
+  const auto* p = h.data();
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(p[i]);
+  return v;
+}
+
+// ||a - b|| / ||b||
+inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Central finite difference of f at x along coordinate i.
+template <class F>
+double finite_difference(F&& f, std::vector<double> x, std::size_t i, double h) {
+  const double x0 = x[i];
+  x[i] = x0 + h;
+  const double fp = f(x);
+  x[i] = x0 - h;
+  const double fm = f(x);
+  return (fp - fm) / (2 * h);
+}
+
+}  // namespace lamina::test
