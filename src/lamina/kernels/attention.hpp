@@ -129,4 +129,22 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
   detail::permute_heads(exec, "lamina::attention_backward_merge", dqkv, dq, dk, dv, NH, true);
 }
 
+// Gradient of the fused QKV bias, dbias: (3C) +=, from dqkv: (N, 3C).
+// The k part is exactly zero: adding b_k to every key adds the same q . b_k to all scores
+// of a query row, and softmax is shift-invariant. A float column sum would instead
+// return rounding noise (~1e-11), which Adam's g / (|g| + eps) turns into steps of a
+// sizeable fraction of lr, so the k part is not accumulated at all.
+// sums: (3C) workspace; ones: (>=N) ones
+template <class Exec>
+void qkv_bias_backward(const Exec& exec, const Vec<Exec>& dbias, const ConstMat<Exec>& dqkv, const Vec<Exec>& sums,
+                       const ConstVec<Exec>& ones) {
+  const std::int64_t C3 = static_cast<std::int64_t>(dqkv.extent(1)), C = C3 / 3;
+  Kokkos::deep_copy(exec, sums, 0.0f);
+  add_column_sums(exec, sums, dqkv, ones);
+  Kokkos::parallel_for(
+      "lamina::qkv_bias_backward", Range<Exec>(exec, 0, C3), KOKKOS_LAMBDA(std::int64_t j) {
+        if (j < C || j >= 2 * C) dbias(j) += sums(j);
+      });
+}
+
 }  // namespace lamina

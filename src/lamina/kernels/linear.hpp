@@ -20,14 +20,15 @@ void linear_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>
   gemm(exec, "N", "N", 1.0f, inp, weight, 1.0f, out);
 }
 
-// dinp: (N, IC) overwritten; dweight: (IC, OC) +=; dbias: (OC) +=; ones: (>=N) ones
+// dinp: (N, IC) overwritten; dweight: (IC, OC) +=; dbias: (OC) +=, or empty when the
+// caller reduces the bias gradient itself; ones: (>=N) ones
 template <class Exec>
 void linear_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
                      const ConstMat<Exec>& dout, const ConstMat<Exec>& inp, const ConstMat<Exec>& weight,
                      const ConstVec<Exec>& ones) {
   gemm(exec, "N", "T", 1.0f, dout, weight, 0.0f, dinp);
   gemm(exec, "T", "N", 1.0f, inp, dout, 1.0f, dweight);
-  add_column_sums(exec, dbias, dout, ones);
+  if (dbias.data() != nullptr) add_column_sums(exec, dbias, dout, ones);
 }
 
 // logits: (N, V); inp: (N, C); embedding: (V, C)

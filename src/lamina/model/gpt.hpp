@@ -22,9 +22,13 @@
 namespace lamina {
 
 namespace detail {
-template <class Exec>
-Vec<Exec> flat(const Mat<Exec>& m) {
-  return as_vec<Exec>(m.data(), static_cast<std::int64_t>(m.size()));
+// A matrix seen as a flat vector (elementwise ops do not care about shape).
+template <class V>
+Kokkos::View<float*, Kokkos::LayoutRight, typename V::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> flat(
+    const V& m) {
+  using Flat =
+      Kokkos::View<float*, Kokkos::LayoutRight, typename V::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  return Flat(m.data(), m.size());
 }
 }  // namespace detail
 
@@ -87,7 +91,8 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockTe
   linear_backward(exec, ws.datty, g.proj_w, g.proj_b, ws.dres, s.atty, w.proj_w, ws.ones);
   attention_backward(exec, ws.dqkv, ws.dq, ws.dk, ws.dv, ws.datt, ws.dy, ws.datty, s.q, s.k, s.v, s.att,
                      a.dims().NH);
-  linear_backward(exec, ws.dln, g.qkv_w, g.qkv_b, ws.dqkv, s.ln1, w.qkv_w, ws.ones);
+  linear_backward(exec, ws.dln, g.qkv_w, Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w, ws.ones);
+  qkv_bias_backward(exec, g.qkv_b, ws.dqkv, ws.qkv_bias_sums, ws.ones);
   layernorm_backward(exec, ws.dres, g.ln1_w, g.ln1_b, ws.dln, ws.dres, x, w.ln1_w, s.ln1_mean, s.ln1_rstd,
                      ws.scratch, ws.ones);
   Kokkos::Profiling::popRegion();

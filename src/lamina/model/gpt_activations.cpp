@@ -12,8 +12,8 @@ ActivationSizes activation_sizes(const Dims& d) {
   s.block = 16 * N * C + 4 * N + att;
   s.head = N * C + 2 * N + N * d.V + 2 * N;
   const std::int64_t forward = 6 * N * C;
-  // dres, dln, datty, scratch: 4 NC; dfch 4 NC; dqkv 3 NC; dq, dk, dv, dy: 4 NC
-  const std::int64_t backward = 15 * N * C + att;
+  // dres, dln, datty, scratch: 4 NC; dfch 4 NC; dqkv 3 NC; dq, dk, dv, dy: 4 NC; 3C bias sums
+  const std::int64_t backward = 15 * N * C + att + 3 * C;
   s.workspace = std::max(forward, backward);
   s.ones = N;
   s.tokens = 2 * N;

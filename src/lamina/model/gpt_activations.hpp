@@ -69,6 +69,7 @@ struct Workspace {
   Mats<Exec> datt;            // (B*NH, T, T)
   Mat<Exec> datty;            // (N, C)
   Mat<Exec> scratch;          // (N, C)
+  Vec<Exec> qkv_bias_sums;    // (3C)
   Vec<Exec> ones;             // (N)
 };
 
@@ -139,6 +140,7 @@ class GptActivations {
       ws.datt = as_mats<Exec>(p += N * C, BNH, T, T);
       ws.datty = as_mat<Exec>(p += BNH * T * T, N, C);
       ws.scratch = as_mat<Exec>(p += N * C, N, C);
+      ws.qkv_bias_sums = as_vec<Exec>(p += N * C, 3 * C);
     }
     ones_buf_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::ones", s.ones);
     Kokkos::deep_copy(ones_buf_.view(), 1.0f);

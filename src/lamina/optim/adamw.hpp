@@ -38,7 +38,7 @@ void adamw_update(const Exec& exec, const Vec<Exec>& params, const Vec<Exec>& m,
   const float decay = 1.0f - s.lr * weight_decay;
   const float one_minus_b1 = 1.0f - s.beta1, one_minus_b2 = 1.0f - s.beta2;
   const float step_size = s.lr / s.bias_correction1;
-  const float bc2_sqrt = s.bias_correction2_sqrt, eps = s.eps, b1 = s.beta1, b2 = s.beta2;
+  const float bc2_sqrt = s.bias_correction2_sqrt, eps = s.eps, b2 = s.beta2;
   const float gs = s.grad_scale;
   Kokkos::parallel_for(
       "lamina::adamw_update", Range<Exec>(exec, 0, static_cast<std::int64_t>(params.extent(0))),

@@ -87,5 +87,24 @@ TYPED_TEST(AttentionTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiffere
   expect_fd_matches([&](const std::vector<double>& in) { return dot(run(in), dout); }, qkv, got, "dqkv", 30);
 }
 
+TYPED_TEST(AttentionTest, QkvBiasGradientSumsQAndVAndLeavesKExactlyZero) {
+  using Exec = TypeParam;
+  const int B = 2, T = 5, C = 8, NH = 2, N = B * T;
+  const auto qkv = random_vector(N * 3 * C, 43, -1.5, 1.5), dout = random_vector(N * C, 44);
+  std::vector<double> out, dqkv;
+  attention_reference(qkv, dout, B, T, C, NH, out, dqkv);
+  std::vector<double> want(3 * C, 0.25);
+  for (int i = 0; i < N; ++i)
+    for (int j = 0; j < 3 * C; ++j) want[j] += dqkv[i * 3 * C + j];
+  for (int j = C; j < 2 * C; ++j) EXPECT_NEAR(want[j], 0.25, 1e-12) << "k bias gradient is not zero in the reference";
+  auto dd = to_device<Exec>(dqkv), ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  auto dbias = to_device<Exec>(std::vector<double>(3 * C, 0.25));
+  Vec<Exec> sums("sums", 3 * C);
+  qkv_bias_backward(Exec(), dbias, as_mat<Exec>(dd.data(), N, 3 * C), sums, ones);
+  const auto got = to_host(dbias);
+  EXPECT_LT(rel_error(got, want), 1e-6);
+  for (int j = C; j < 2 * C; ++j) EXPECT_EQ(got[j], 0.25);
+}
+
 }  // namespace
 }  // namespace lamina::test

@@ -1,0 +1,24 @@
+#pragma once
+// `lamina verify`: one forward/backward and one AdamW step on a PyTorch reference file
+// (shared/reference/FORMAT.md), compared tensor by tensor.
+#include <string>
+#include <vector>
+
+namespace lamina {
+
+struct VerifyItem {
+  std::string what;  // "loss", "grad/<name>", "updated/<name>"
+  double rel_error = 0.0;
+};
+
+struct VerifyReport {
+  std::string path;
+  double loss = 0.0, reference_loss = 0.0;
+  std::vector<VerifyItem> items;
+  double max_rel_error() const;
+};
+
+// Throws InputError for a missing or malformed file.
+VerifyReport verify_reference(const std::string& path);
+
+}  // namespace lamina
