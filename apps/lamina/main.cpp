@@ -1,1 +1,152 @@
-int main() { return 0; }
+// The `lamina` command. Thin: parses the command line, brings up MPI and Kokkos, calls
+// into the library, and turns exceptions into messages and exit codes
+// (0 success, 1 internal error, 2 bad input, 3 the run failed).
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <Kokkos_Core.hpp>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "lamina/core/deck.hpp"
+#include "lamina/core/error.hpp"
+#include "lamina/core/format.hpp"
+#include "lamina/core/log.hpp"
+#include "lamina/train/bench.hpp"
+#include "lamina/train/trainer.hpp"
+#include "lamina/train/verify.hpp"
+
+namespace {
+
+struct Options {
+  std::string deck, reference;
+  std::vector<std::string> sets;
+  bool check = false, verbose = false, quiet = false;
+  double tolerance = 1e-4;
+  int steps = 10, warmup = 2, reps = 20;
+  std::int64_t params = 1 << 24;
+};
+
+std::string build_info() {
+  return lamina::strprintf("lamina %s, Kokkos %d.%d.%d (%s), %s", LAMINA_VERSION, KOKKOS_VERSION / 10000,
+                           KOKKOS_VERSION / 100 % 100, KOKKOS_VERSION % 100,
+                           Kokkos::DefaultExecutionSpace::name(), LAMINA_BUILD_INFO);
+}
+
+int run_verify(const Options& o, const lamina::Log& log) {
+  const lamina::VerifyReport r = lamina::verify_reference(o.reference);
+  log.info(lamina::strprintf("verify %s: loss %.8f, reference %.8f", r.path.c_str(), r.loss, r.reference_loss));
+  int bad = 0;
+  for (const auto& item : r.items) {
+    const bool ok = item.rel_error <= o.tolerance;
+    bad += ok ? 0 : 1;
+    if (!ok || o.verbose) {
+      log.info(lamina::strprintf("  %-44s rel. error %.3e%s", item.what.c_str(), item.rel_error, ok ? "" : "  FAIL"));
+    }
+  }
+  log.info(lamina::strprintf("%zu quantities compared, max relative error %.3e (tolerance %.1e): %s", r.items.size(),
+                             r.max_rel_error(), o.tolerance, bad ? "FAIL" : "PASS"));
+  if (bad) {
+    throw lamina::RunError(lamina::strprintf("%d of %zu quantities exceed the tolerance %.1e", bad, r.items.size(),
+                                             o.tolerance));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Kokkos' own options (--kokkos-...) go to Kokkos, the rest to the command-line parser.
+  std::vector<char*> kokkos_args = {argv[0]}, app_args;
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0 && std::string(argv[i]).rfind("--kokkos-", 0) == 0) {
+      kokkos_args.push_back(argv[i]);
+    } else {
+      app_args.push_back(argv[i]);
+    }
+  }
+
+  Options o;
+  CLI::App app{"lamina: GPT training on Kokkos, from one laptop core to many GPUs.\n"
+               "Exit codes: 0 success, 1 internal error, 2 bad input (deck, data, reference, checkpoint), "
+               "3 the run failed (non-finite loss, tolerance exceeded, a rank died)."};
+  app.set_version_flag("--version", build_info());
+  app.require_subcommand(1);
+  app.add_flag("-v,--verbose", o.verbose, "print debug output");
+  app.add_flag("-q,--quiet", o.quiet, "print warnings and errors only");
+
+  auto* train = app.add_subcommand("train", "train the model a deck describes");
+  train->add_option("deck", o.deck, "input deck (TOML)")->required();
+  train->add_option("--set", o.sets, "override a deck key: --set section.key=value (repeatable)");
+  train->add_flag("--check", o.check, "validate the deck, print it resolved with the memory estimate, and exit");
+
+  auto* verify = app.add_subcommand("verify", "check one training step against a PyTorch reference file");
+  verify->add_option("--reference", o.reference, "reference file (HDF5, see shared/reference/FORMAT.md)")->required();
+  verify->add_option("--tolerance", o.tolerance, "largest relative error accepted (default 1e-4)");
+
+  auto* bench = app.add_subcommand("bench", "benchmarks; the last line printed is one JSON object");
+  bench->require_subcommand(1);
+  auto* bench_step = bench->add_subcommand("step", "training steps of a deck's model on synthetic tokens");
+  bench_step->add_option("deck", o.deck, "input deck (TOML)")->required();
+  bench_step->add_option("--set", o.sets, "override a deck key (repeatable)");
+  bench_step->add_option("--steps", o.steps, "timed steps (default 10)")->check(CLI::PositiveNumber);
+  bench_step->add_option("--warmup", o.warmup, "untimed steps first (default 2)")->check(CLI::NonNegativeNumber);
+  auto* bench_adam = bench->add_subcommand("adam", "the AdamW kernel against a stream triad");
+  bench_adam->add_option("--params", o.params, "parameters to update (default 16777216)")->check(CLI::PositiveNumber);
+  bench_adam->add_option("--reps", o.reps, "timed repetitions (default 20)")->check(CLI::PositiveNumber);
+  auto* bench_machine = bench->add_subcommand("machine", "GEMM rate and memory bandwidth of this machine");
+
+  try {
+    app.parse(static_cast<int>(app_args.size()), app_args.data());
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : static_cast<int>(lamina::ExitCode::bad_input);
+  }
+
+  MPI_Init(&argc, &argv);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  lamina::Log log(rank, o.verbose ? lamina::Log::Level::debug
+                        : o.quiet ? lamina::Log::Level::warn
+                                  : lamina::Log::Level::info);
+  int kargc = static_cast<int>(kokkos_args.size());
+  int code = 0;
+  Kokkos::initialize(kargc, kokkos_args.data());
+  try {
+    if (train->parsed()) {
+      const lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
+      if (o.check) {
+        lamina::check_deck(deck, log);
+      } else {
+        log.info(build_info() + lamina::strprintf(", %d rank(s)", world));
+        lamina::run_training(deck, log, MPI_COMM_WORLD);
+      }
+    } else if (verify->parsed()) {
+      code = run_verify(o, log);
+    } else if (bench_step->parsed()) {
+      const lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
+      const auto j = lamina::bench_step(deck, o.steps, o.warmup, log);
+      if (rank == 0) std::printf("%s\n", j.str().c_str());
+    } else if (bench_adam->parsed()) {
+      const auto j = lamina::bench_adam(o.params, o.reps, log);
+      if (rank == 0) std::printf("%s\n", j.str().c_str());
+    } else if (bench_machine->parsed()) {
+      const auto j = lamina::bench_machine(log);
+      if (rank == 0) std::printf("%s\n", j.str().c_str());
+    }
+  } catch (const lamina::Error& e) {
+    log.error(e.what());
+    code = static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    log.error(std::string("internal error: ") + e.what());
+    code = static_cast<int>(lamina::ExitCode::internal);
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (code != 0 && world > 1) MPI_Abort(MPI_COMM_WORLD, code);  // take the other ranks down with this one
+  Kokkos::finalize();
+  MPI_Finalize();
+  return code;
+}

@@ -3,7 +3,9 @@
 //   for each sequence b and head h:  P = softmax(mask(q k^T / sqrt(hd))),  y = P v
 // qkv columns are [q | k | v], each head a contiguous slice of hd columns (GPT-2).
 // The products run as batched GEMMs over the B*NH (sequence, head) pairs.
+#include "lamina/kernels/fast_math.hpp"
 #include "lamina/kernels/gemm.hpp"
+#include "lamina/kernels/reduction.hpp"
 
 namespace lamina {
 
@@ -74,20 +76,11 @@ void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>&
   Kokkos::parallel_for(
       "lamina::attention_forward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO), KOKKOS_LAMBDA(const member& team) {
         const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
-        float mx = 0.0f;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, t + 1), [&](std::int64_t j, float& m) { m = math::max(m, att(bh, t, j)); },
-            Kokkos::Max<float>(mx));
-        float sum = 0.0f;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, t + 1),
-            [&](std::int64_t j, float& s) {
-              const float e = math::exp(att(bh, t, j) - mx);
-              att(bh, t, j) = e;
-              s += e;
-            },
-            sum);
-        const float inv = 1.0f / sum;
+        const float mx = team_max(team, t + 1, [&](std::int64_t j) { return att(bh, t, j); });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t + 1),
+                             [&](std::int64_t j) { att(bh, t, j) = fast_exp(att(bh, t, j) - mx); });
+        team.team_barrier();
+        const float inv = 1.0f / team_sum(team, t + 1, [&](std::int64_t j) { return att(bh, t, j); });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, T),
                              [&](std::int64_t j) { att(bh, t, j) = j <= t ? att(bh, t, j) * inv : 0.0f; });
       });
@@ -116,10 +109,7 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
       "lamina::attention_backward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
       KOKKOS_LAMBDA(const member& team) {
         const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
-        float dot = 0.0f;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, t + 1), [&](std::int64_t j, float& s) { s += att(bh, t, j) * datt(bh, t, j); },
-            dot);
+        const float dot = team_sum(team, t + 1, [&](std::int64_t j) { return att(bh, t, j) * datt(bh, t, j); });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, T), [&](std::int64_t j) {
           datt(bh, t, j) = j <= t ? att(bh, t, j) * (datt(bh, t, j) - dot) : 0.0f;
         });

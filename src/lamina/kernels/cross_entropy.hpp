@@ -1,7 +1,8 @@
 #pragma once
 // Softmax cross-entropy over the vocabulary, per position:
 //   loss_i = logsumexp(logits_i) - logits_i[target_i]
-#include "lamina/kernels/common.hpp"
+#include "lamina/kernels/fast_math.hpp"
+#include "lamina/kernels/reduction.hpp"
 
 namespace lamina {
 
@@ -16,14 +17,8 @@ void cross_entropy_forward(const Exec& exec, const Vec<Exec>& losses, const Vec<
   Kokkos::parallel_for(
       "lamina::cross_entropy_forward", Teams<Exec>(exec, N, Kokkos::AUTO), KOKKOS_LAMBDA(const member& team) {
         const std::int64_t i = team.league_rank();
-        float mx = 0.0f;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, V), [&](std::int64_t j, float& m) { m = math::max(m, logits(i, j)); },
-            Kokkos::Max<float>(mx));
-        float sum = 0.0f;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, V), [&](std::int64_t j, float& s) { s += math::exp(logits(i, j) - mx); },
-            sum);
+        const float mx = team_max(team, V, [&](std::int64_t j) { return logits(i, j); });
+        const float sum = team_sum(team, V, [&](std::int64_t j) { return fast_exp(logits(i, j) - mx); });
         Kokkos::single(Kokkos::PerTeam(team), [&]() {
           const float l = mx + math::log(sum);
           lse(i) = l;
@@ -47,7 +42,7 @@ void cross_entropy_backward(const Exec& exec, const Mat<Exec>& dlogits, const Co
         const float l = lse(i);
         const std::int64_t y = targets(i);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](std::int64_t j) {
-          dlogits(i, j) = scale * (math::exp(logits(i, j) - l) - (j == y ? 1.0f : 0.0f));
+          dlogits(i, j) = scale * (fast_exp(logits(i, j) - l) - (j == y ? 1.0f : 0.0f));
         });
       });
 }

@@ -2,6 +2,7 @@
 // LayerNorm over the last dimension (eps 1e-5, as GPT-2 and PyTorch):
 //   out = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps), biased variance.
 #include "lamina/kernels/gemm.hpp"
+#include "lamina/kernels/reduction.hpp"
 
 namespace lamina {
 
@@ -17,18 +18,11 @@ void layernorm_forward(const Exec& exec, const Mat<Exec>& out, const Vec<Exec>& 
   Kokkos::parallel_for(
       "lamina::layernorm_forward", Teams<Exec>(exec, N, Kokkos::AUTO), KOKKOS_LAMBDA(const member& team) {
         const std::int64_t i = team.league_rank();
-        float sum = 0.0f;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, C), [&](std::int64_t c, float& s) { s += inp(i, c); }, sum);
-        const float m = sum / C;
-        float sq = 0.0f;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, C),
-            [&](std::int64_t c, float& s) {
-              const float d = inp(i, c) - m;
-              s += d * d;
-            },
-            sq);
+        const float m = team_sum(team, C, [&](std::int64_t c) { return inp(i, c); }) / C;
+        const float sq = team_sum(team, C, [&](std::int64_t c) {
+          const float d = inp(i, c) - m;
+          return d * d;
+        });
         const float r = 1.0f / math::sqrt(sq / C + kLayerNormEps);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C),
                              [&](std::int64_t c) { out(i, c) = (inp(i, c) - m) * r * weight(c) + bias(c); });
@@ -57,15 +51,9 @@ void layernorm_backward(const Exec& exec, const Mat<Exec>& dinp, const Vec<Exec>
         const std::int64_t i = team.league_rank();
         const float m = mean(i), r = rstd(i);
         // dnorm = dout * weight; dinp = r * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
-        float s1 = 0.0f, s2 = 0.0f;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, C),
-            [&](std::int64_t c, float& a) { a += dout(i, c) * weight(c); }, s1);
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, C),
-            [&](std::int64_t c, float& a) { a += dout(i, c) * weight(c) * (inp(i, c) - m) * r; }, s2);
-        s1 /= C;
-        s2 /= C;
+        const float s1 = team_sum(team, C, [&](std::int64_t c) { return dout(i, c) * weight(c); }) / C;
+        const float s2 =
+            team_sum(team, C, [&](std::int64_t c) { return dout(i, c) * weight(c) * (inp(i, c) - m) * r; }) / C;
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C), [&](std::int64_t c) {
           const float xhat = (inp(i, c) - m) * r;
           scratch(i, c) = dout(i, c) * xhat;

@@ -70,16 +70,16 @@ class Engine {
   // Forward and backward on the loaded micro-batch; gradients accumulate. Returns the
   // sum of the per-position losses.
   double forward_backward(float loss_scale) {
-    gpt_forward(exec_, w_, acts_);
-    const double loss_sum = sum_losses(exec_, acts_);
-    gpt_backward(exec_, g_, w_, acts_, loss_scale);
-    return loss_sum;
+    forward();
+    const double sum = loss_sum();
+    backward(loss_scale);
+    return sum;
   }
 
-  double forward_only() {
-    gpt_forward(exec_, w_, acts_);
-    return sum_losses(exec_, acts_);
-  }
+  void forward() { gpt_forward(exec_, w_, acts_); }
+  // Sum of the per-position losses of the last forward pass (fences).
+  double loss_sum() const { return sum_losses(exec_, acts_); }
+  void backward(float loss_scale) { gpt_backward(exec_, g_, w_, acts_, loss_scale); }
 
   double grad_norm() const { return global_grad_norm(exec_, grads_); }
 

@@ -1,0 +1,68 @@
+#pragma once
+// Reductions in a fixed order (bitwise reproducible) that vectorize on the host: each
+// step of the reduction consumes eight elements with independent partial results, so a
+// host thread runs SIMD lanes instead of one long dependency chain, and a GPU team
+// spreads the blocks of eight over its threads.
+#include "lamina/kernels/common.hpp"
+
+namespace lamina {
+
+// Sum of f(j) for j in [0, n) over the threads of a team.
+template <class Member, class F>
+KOKKOS_INLINE_FUNCTION float team_sum(const Member& team, std::int64_t n, const F& f) {
+  const std::int64_t blocks = n / 8;
+  float body = 0.0f, tail = 0.0f;
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(team, blocks),
+      [&](std::int64_t b, float& s) {
+        float t[8];
+        for (int k = 0; k < 8; ++k) t[k] = f(8 * b + k);
+        s += ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+      },
+      body);
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(team, 8 * blocks, n), [&](std::int64_t j, float& s) { s += f(j); }, tail);
+  return body + tail;
+}
+
+// Maximum of f(j) for j in [0, n), n >= 1.
+template <class Member, class F>
+KOKKOS_INLINE_FUNCTION float team_max(const Member& team, std::int64_t n, const F& f) {
+  const std::int64_t blocks = n / 8;
+  float body = f(0), tail = f(0);
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(team, blocks),
+      [&](std::int64_t b, float& m) {
+        float t[8];
+        for (int k = 0; k < 8; ++k) t[k] = f(8 * b + k);
+        const float a = math::max(math::max(t[0], t[1]), math::max(t[2], t[3]));
+        const float c = math::max(math::max(t[4], t[5]), math::max(t[6], t[7]));
+        m = math::max(m, math::max(a, c));
+      },
+      Kokkos::Max<float>(body));
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(team, 8 * blocks, n), [&](std::int64_t j, float& m) { m = math::max(m, f(j)); },
+      Kokkos::Max<float>(tail));
+  return n >= 8 ? math::max(body, n > 8 * blocks ? tail : body) : tail;
+}
+
+// Sum of squares of x over the whole execution space, accumulated in double.
+template <class Exec>
+double sum_of_squares(const Exec& exec, const ConstVec<Exec>& x) {
+  const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), blocks = n / 8;
+  double body = 0.0, tail = 0.0;
+  Kokkos::parallel_reduce(
+      "lamina::sum_of_squares", Range<Exec>(exec, 0, blocks),
+      KOKKOS_LAMBDA(std::int64_t b, double& s) {
+        float t[8];
+        for (int k = 0; k < 8; ++k) t[k] = x(8 * b + k) * x(8 * b + k);
+        s += static_cast<double>(((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7])));
+      },
+      body);
+  Kokkos::parallel_reduce(
+      "lamina::sum_of_squares_tail", Range<Exec>(exec, 8 * blocks, n),
+      KOKKOS_LAMBDA(std::int64_t j, double& s) { s += static_cast<double>(x(j) * x(j)); }, tail);
+  return body + tail;
+}
+
+}  // namespace lamina

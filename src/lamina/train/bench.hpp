@@ -1,0 +1,20 @@
+#pragma once
+// `lamina bench`: benchmarks whose last output line is one JSON object.
+#include <cstdint>
+#include <string>
+
+#include "lamina/core/deck.hpp"
+#include "lamina/core/json.hpp"
+#include "lamina/core/log.hpp"
+
+namespace lamina {
+
+// Training steps of the deck's model on synthetic tokens: step time, tokens/s, TFLOP/s
+// and the fraction of the GEMM rate measured in the same run.
+JsonObject bench_step(const Deck& deck, int steps, int warmup, const Log& log);
+// The AdamW kernel over `params` parameters, against a stream triad in the same space.
+JsonObject bench_adam(std::int64_t params, int reps, const Log& log);
+// GEMM rate and memory bandwidth of the default execution space.
+JsonObject bench_machine(const Log& log);
+
+}  // namespace lamina

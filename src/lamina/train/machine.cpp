@@ -1,0 +1,60 @@
+#include "lamina/train/machine.hpp"
+
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "lamina/kernels/gemm.hpp"
+
+namespace lamina {
+
+namespace {
+
+using Exec = Kokkos::DefaultExecutionSpace;
+
+Measurement summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v.back(), v[v.size() / 2]};
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Measurement measure_gemm_gflops(std::int64_t n, int reps) {
+  Mat<Exec> a("lamina::bench_a", n, n), b("lamina::bench_b", n, n), c("lamina::bench_c", n, n);
+  Kokkos::deep_copy(a, 0.5f);
+  Kokkos::deep_copy(b, 0.25f);
+  const Exec exec;
+  gemm(exec, "N", "N", 1.0f, a, b, 0.0f, c);  // warm-up: thread pools, page faults
+  exec.fence();
+  std::vector<double> rates;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    gemm(exec, "N", "N", 1.0f, a, b, 0.0f, c);
+    exec.fence();
+    rates.push_back(2.0 * static_cast<double>(n) * n * n / seconds_since(t0) / 1e9);
+  }
+  return summarize(rates);
+}
+
+Measurement measure_triad_gbytes(std::int64_t n, int reps) {
+  Vec<Exec> a("lamina::triad_a", n), b("lamina::triad_b", n), c("lamina::triad_c", n);
+  Kokkos::deep_copy(b, 1.0f);
+  Kokkos::deep_copy(c, 2.0f);
+  const Exec exec;
+  std::vector<double> rates;
+  for (int r = 0; r <= reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Kokkos::parallel_for(
+        "lamina::stream_triad", Range<Exec>(exec, 0, n), KOKKOS_LAMBDA(std::int64_t i) { a(i) = b(i) + 3.0f * c(i); });
+    exec.fence();
+    if (r > 0) rates.push_back(12.0 * static_cast<double>(n) / seconds_since(t0) / 1e9);
+  }
+  return summarize(rates);
+}
+
+}  // namespace lamina

@@ -1,0 +1,18 @@
+#pragma once
+// Measured capabilities of this machine in the default execution space: what MFU and
+// the benchmarks' efficiency fractions are relative to.
+#include <cstdint>
+
+namespace lamina {
+
+struct Measurement {
+  double best = 0.0;    // best of the repetitions
+  double median = 0.0;  // median of the repetitions
+};
+
+// float GEMM C = A B on n x n matrices through KokkosBlas, in GFLOP/s.
+Measurement measure_gemm_gflops(std::int64_t n, int reps);
+// STREAM triad a = b + s c on float arrays of n elements, in GB/s (12 bytes per element).
+Measurement measure_triad_gbytes(std::int64_t n, int reps);
+
+}  // namespace lamina

@@ -1,0 +1,25 @@
+#pragma once
+// Bytes a run will allocate, per memory space and category, predicted from the deck
+// with the same size formulas the allocations use (model/gpt_activations.hpp).
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "lamina/core/deck.hpp"
+
+namespace lamina {
+
+struct MemoryEstimate {
+  // space -> category -> bytes
+  std::map<std::string, std::map<std::string, std::int64_t>> bytes;
+  std::int64_t total(const std::string& space) const;
+};
+
+MemoryEstimate estimate_memory(const Deck& deck);
+
+// Throws InputError when a budget in deck.memory is exceeded, naming what does not fit.
+void check_memory_budget(const Deck& deck, const MemoryEstimate& estimate);
+
+std::string format_memory_estimate(const MemoryEstimate& estimate);
+
+}  // namespace lamina
