@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Side-by-side training-step benchmark: PyTorch (shared/reference/torch_gpt.py, Debian's
+# python3-torch, 2 threads) out of the box and with its environment tuned, against
+# `lamina bench step inputs/bench-torch.toml`, same model (6 layers, d 384, 6 heads,
+# seq 256, batch 4, vocab 8192: 91.8 GFLOP/step), same OPENBLAS_* environment, in rounds
+# so that background load affects all three alike. Prints each median and the ratios.
+#   perf/compare_torch.sh [build-dir] [rounds]
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$here/build}
+rounds=${2:-2}
+torch_py=${TORCH_GPT:-$here/../shared/reference/torch_gpt.py}
+args=(--layers 6 --d-model 384 --heads 6 --seq 256 --batch 4 --vocab 8192 --threads 2 --steps 10 --warmup 3)
+tuned=(env MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 OMP_WAIT_POLICY=PASSIVE OPENBLAS_THREAD_TIMEOUT=4)
+field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['$1'])"; }
+for r in $(seq "$rounds"); do
+  t_plain=$(/usr/bin/python3 "$torch_py" "${args[@]}" | field ms_per_step_median)
+  t_tuned=$("${tuned[@]}" /usr/bin/python3 "$torch_py" "${args[@]}" | field ms_per_step_median)
+  l_json=$("$build/apps/lamina/lamina" bench step "$here/inputs/bench-torch.toml" --steps 10 --warmup 2 | tail -1)
+  l_ms=$(echo "$l_json" | field step_ms_median)
+  l_frac=$(echo "$l_json" | field gemm_fraction)
+  python3 - "$r" "$t_plain" "$t_tuned" "$l_ms" "$l_frac" <<'PY'
+import sys
+r, plain, tuned, lam, frac = sys.argv[1], *map(float, sys.argv[2:])
+print(f"round {r}: torch {plain:.0f} ms, torch tuned {tuned:.0f} ms, lamina {lam:.0f} ms | "
+      f"lamina/torch {lam/plain:.3f}, lamina/tuned {lam/tuned:.3f}, lamina GEMM fraction {frac:.3f}")
+PY
+done
