@@ -137,7 +137,7 @@ class DeckReader {
       const auto names = section_names();
       if (std::find(names.begin(), names.end(), key) == names.end()) {
         std::string hint = closest(key, names);
-        error(where_node(node, key), "unknown section '" + key + "'" +
+        error(where_key(k, key), "unknown section '" + key + "'" +
                                           (hint.empty() ? " (sections: " + join(names) + ")"
                                                         : " (did you mean '" + hint + "'?)"));
       } else if (!node.is_table()) {
@@ -163,7 +163,7 @@ class DeckReader {
         } else {
           msg += " (keys: " + join(sec.keys) + ")";
         }
-        error(where_node(node, sec.name + "." + key), msg);
+        error(where_key(k, sec.name + "." + key), msg);
       }
     }
   }
@@ -348,6 +348,14 @@ class DeckReader {
     return strprintf("%s:%u:%u", file_.c_str(), src.begin.line, src.begin.column);
   }
 
+  // Position of a key itself (for unknown keys), or the --set argument that added it.
+  std::string where_key(const toml::key& k, const std::string& keypath) const {
+    const auto it = set_origins_.find(keypath);
+    if (it != set_origins_.end()) return "--set " + it->second;
+    if (k.source().begin.line == 0) return file_;
+    return strprintf("%s:%u:%u", file_.c_str(), k.source().begin.line, k.source().begin.column);
+  }
+
   void missing(const std::string& sec, const std::string& key, const std::string& what) {
     error(where(sec, key), "missing required key " + sec + "." + key + " (" + what + ")");
   }
@@ -437,8 +445,19 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   m.vocab_size = r.integer("model", "vocab_size", byte_vocab ? 256 : 0, 2, 1 << 30, !byte_vocab);
   m.init_std = r.real("model", "init_std", 0.02, 0.0, kInf, true);
   dc.paths = r.strings("data", "path", dc.format != DataFormat::synthetic);
+  auto& p = d.parallel;
+  p.dp = r.integer("parallel", "dp", 1, 1, 1 << 20);
+  p.tp = r.integer("parallel", "tp", 1, 1, 1 << 12);
+  p.pp = r.integer("parallel", "pp", 1, 1, 1 << 12);
+  p.zero = r.integer("parallel", "zero", 0, 0, 3);
+  p.schedule = r.choice("parallel", "schedule", "1f1b", {"gpipe", "1f1b", "interleaved", "modular"});
+  p.virtual_stages = r.integer("parallel", "virtual_stages", 1, 1, 1 << 12);
+  p.layered = r.boolean("parallel", "layered", false);
+
   dc.batch_size = r.integer("data", "batch_size", 0, 1, kMax, true);
-  dc.micro_batch_size = r.integer("data", "micro_batch_size", dc.batch_size, 1, kMax);
+  // Default: one micro-batch per data-parallel rank (no gradient accumulation).
+  dc.micro_batch_size =
+      r.integer("data", "micro_batch_size", std::max<std::int64_t>(1, dc.batch_size / p.dp), 1, kMax);
   dc.shuffle = r.boolean("data", "shuffle", true);
 
   auto& t = d.train;
@@ -462,15 +481,6 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
                                                                                                : LrSchedule::cosine;
   o.subgroup_size = r.integer("optimizer", "subgroup_size", 1 << 22, 1, kMax);
   o.decay_biases_and_norms = r.boolean("optimizer", "decay_biases_and_norms", false);
-
-  auto& p = d.parallel;
-  p.dp = r.integer("parallel", "dp", 1, 1, 1 << 20);
-  p.tp = r.integer("parallel", "tp", 1, 1, 1 << 12);
-  p.pp = r.integer("parallel", "pp", 1, 1, 1 << 12);
-  p.zero = r.integer("parallel", "zero", 0, 0, 3);
-  p.schedule = r.choice("parallel", "schedule", "1f1b", {"gpipe", "1f1b", "interleaved", "modular"});
-  p.virtual_stages = r.integer("parallel", "virtual_stages", 1, 1, 1 << 12);
-  p.layered = r.boolean("parallel", "layered", false);
 
   auto& mem = d.memory;
   mem.device_budget = r.bytes("memory", "device_budget", 0);

@@ -1,0 +1,141 @@
+// The `lamina` command end to end: help, exit codes, error messages, JSON last lines.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace lamina::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  Result r;
+  const std::string cmd = std::string(LAMINA_BINARY) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  char buf[4096];
+  while (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) r.out += buf;
+  const int status = p == nullptr ? -1 : ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string last_line(const std::string& s) {
+  const auto end = s.find_last_not_of('\n');
+  const auto start = s.rfind('\n', end);
+  return s.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::temp_directory_path() / ("lamina_cli_" + std::to_string(::getpid()))).string();
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string file(const std::string& name, const std::string& text) const {
+    const std::string p = dir_ + "/" + name;
+    std::ofstream(p) << text;
+    return p;
+  }
+  std::string dir_;
+};
+
+TEST_F(Cli, HelpAndVersion) {
+  const Result h = run("--help");
+  EXPECT_EQ(h.code, 0);
+  for (const char* s : {"train", "verify", "bench", "Exit codes"}) EXPECT_NE(h.out.find(s), std::string::npos) << s;
+  const Result t = run("train --help");
+  EXPECT_EQ(t.code, 0);
+  EXPECT_NE(t.out.find("--set"), std::string::npos);
+  EXPECT_NE(t.out.find("--check"), std::string::npos);
+  EXPECT_EQ(run("bench step --help").code, 0);
+  EXPECT_NE(run("--version").out.find("Kokkos"), std::string::npos);
+}
+
+TEST_F(Cli, BadCommandLineIsExitCode2) {
+  EXPECT_EQ(run("").code, 2);
+  EXPECT_EQ(run("frobnicate").code, 2);
+  EXPECT_EQ(run("train").code, 2);
+}
+
+TEST_F(Cli, DeckTypoIsExitCode2WithLocationAndHint) {
+  const std::string deck = file("typo.toml", "[model]\nlayers = 2\nd_model = 32\nheads = 2\nseq_len = 8\nvocab_size = 64\n"
+                                             "[data]\nformat = \"synthetic\"\nbatch_size = 2\n[train]\nsteps = 1\n"
+                                             "[optimizer]\nlr_rate = 1e-3\n");
+  const Result r = run("train " + deck);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find(deck + ":13:1: unknown key 'lr_rate' in optimizer (did you mean 'lr'?)"), std::string::npos)
+      << r.out;
+}
+
+TEST_F(Cli, CheckPrintsResolvedDeckAndMemoryEstimate) {
+  const std::string deck = file("ok.toml", "[model]\nlayers = 2\nd_model = 32\nheads = 2\nseq_len = 8\nvocab_size = 64\n"
+                                           "[data]\nformat = \"synthetic\"\nbatch_size = 2\n[train]\nsteps = 1\n");
+  const Result r = run("train " + deck + " --check --set optimizer.lr=0.01");
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"[optimizer]", "lr = 0.01", "memory estimate", "parameters", "deck OK"}) {
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << " in " << r.out;
+  }
+}
+
+TEST_F(Cli, MissingDataFileIsExitCode2) {
+  const std::string deck = file("nodata.toml", "[model]\nlayers = 1\nd_model = 32\nheads = 2\nseq_len = 8\n"
+                                               "[data]\npath = \"/nonexistent/corpus.txt\"\nbatch_size = 2\n"
+                                               "[train]\nsteps = 1\n");
+  const Result r = run("train " + deck + " --set output.dir=" + dir_ + "/out");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("/nonexistent/corpus.txt: cannot open"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, NonFiniteLossIsExitCode3NamingTheStep) {
+  const std::string deck = file("nan.toml", "[model]\nlayers = 1\nd_model = 32\nheads = 2\nseq_len = 8\nvocab_size = 64\n"
+                                            "[data]\nformat = \"synthetic\"\nbatch_size = 2\n[train]\nsteps = 5\n"
+                                            "[optimizer]\nlr = 1e30\ngrad_clip = 0\nmin_lr = 0\n");
+  const Result r = run("train " + deck + " --set output.dir=" + dir_ + "/nan --set output.peak_tflops=1");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("error: step 2: the loss is not finite"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, VerifyMalformedReferenceIsExitCode2) {
+  const Result r = run("verify --reference " + file("bad.h5", "not hdf5"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("not an HDF5 file"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, MultiRankLayoutOnOneRankIsExitCode2) {
+  const std::string deck = file("dp.toml", "[model]\nlayers = 1\nd_model = 32\nheads = 2\nseq_len = 8\nvocab_size = 64\n"
+                                           "[data]\nformat = \"synthetic\"\nbatch_size = 4\n[train]\nsteps = 1\n"
+                                           "[parallel]\ndp = 2\n");
+  const Result r = run("train " + deck + " --set output.dir=" + dir_ + "/dp");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("mpirun -np 2"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, BenchPrintsOneJsonObjectLast) {
+  const Result a = run("bench adam --params 100000 --reps 3");
+  EXPECT_EQ(a.code, 0) << a.out;
+  const std::string j = last_line(a.out);
+  EXPECT_EQ(j.front(), '{');
+  for (const char* k : {"\"params\": 100000", "\"ms_median\"", "\"gbytes_per_s\"", "\"bandwidth_fraction\""}) {
+    EXPECT_NE(j.find(k), std::string::npos) << k << " in " << j;
+  }
+  const std::string deck = file("b.toml", "[model]\nlayers = 1\nd_model = 32\nheads = 2\nseq_len = 8\nvocab_size = 64\n"
+                                          "[data]\nformat = \"synthetic\"\nbatch_size = 2\n[train]\nsteps = 1\n");
+  const Result s = run("bench step " + deck + " --steps 2 --warmup 1");
+  EXPECT_EQ(s.code, 0) << s.out;
+  for (const char* k : {"\"step_ms_median\"", "\"tokens_per_s\"", "\"tflops\"", "\"gemm_fraction\""}) {
+    EXPECT_NE(last_line(s.out).find(k), std::string::npos) << k;
+  }
+}
+
+}  // namespace
+}  // namespace lamina::test

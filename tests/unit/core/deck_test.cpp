@@ -1,0 +1,174 @@
+#include "lamina/core/deck.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "lamina/core/error.hpp"
+
+namespace lamina::test {
+namespace {
+
+const char* kGood = R"(
+[model]
+layers = 2
+d_model = 64
+heads = 4
+seq_len = 32
+
+[data]
+format = "text"
+path = "corpus.txt"
+batch_size = 8
+micro_batch_size = 4
+
+[train]
+steps = 100
+
+[optimizer]
+lr = 1e-3
+)";
+
+// The message of the InputError that parsing `text` (with overrides) throws.
+std::string error_of(const std::string& text, const std::vector<std::string>& sets = {}) {
+  try {
+    parse_deck(text, "deck.toml", sets);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string with(const std::string& from, const std::string& to) {
+  std::string s = kGood;
+  const auto pos = s.find(from);
+  EXPECT_NE(pos, std::string::npos) << from;
+  return s.replace(pos, from.size(), to);
+}
+
+TEST(Deck, GoodDeckResolvesDefaults) {
+  const Deck d = parse_deck(kGood, "runs/my-deck.toml");
+  EXPECT_EQ(d.model.layers, 2);
+  EXPECT_EQ(d.model.vocab_size, 256);  // byte vocabulary for text data
+  EXPECT_EQ(d.data.micro_batch_size, 4);
+  EXPECT_EQ(d.data.paths, std::vector<std::string>{"corpus.txt"});
+  EXPECT_DOUBLE_EQ(d.optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(d.optimizer.min_lr, 1e-4);
+  EXPECT_EQ(d.output.dir, "runs/my-deck");
+  EXPECT_EQ(d.checkpoint.dir, "runs/my-deck/checkpoints");
+  EXPECT_NE(d.resolved_toml.find("lr = 0.001"), std::string::npos) << d.resolved_toml;
+  EXPECT_NE(d.resolved_toml.find("[parallel]"), std::string::npos);
+  // The resolved deck is itself a valid deck that resolves to the same thing.
+  EXPECT_EQ(parse_deck(d.resolved_toml, "resolved.toml").resolved_toml, d.resolved_toml);
+}
+
+TEST(Deck, SetOverridesAnyKeyWithTypedValues) {
+  const Deck d = parse_deck(kGood, "deck.toml",
+                            {"optimizer.lr=3e-4", "data.shuffle=false", "output.dir=elsewhere", "memory.host_budget=2GiB",
+                             "checkpoint.resume = latest", "data.path=[\"a\", \"b\"]"});
+  EXPECT_DOUBLE_EQ(d.optimizer.lr, 3e-4);
+  EXPECT_FALSE(d.data.shuffle);
+  EXPECT_EQ(d.output.dir, "elsewhere");
+  EXPECT_EQ(d.memory.host_budget, 2LL << 30);
+  EXPECT_EQ(d.checkpoint.resume, "latest");
+  EXPECT_EQ(d.data.paths.size(), 2u);
+}
+
+TEST(Deck, ParsesByteSizes) {
+  std::int64_t b = 0;
+  EXPECT_TRUE(parse_bytes("12GiB", b));
+  EXPECT_EQ(b, 12LL << 30);
+  EXPECT_TRUE(parse_bytes("1.5 kB", b));
+  EXPECT_EQ(b, 1500);
+  EXPECT_TRUE(parse_bytes("4096", b));
+  EXPECT_EQ(b, 4096);
+  EXPECT_FALSE(parse_bytes("12 parsecs", b));
+  EXPECT_FALSE(parse_bytes("-1GB", b));
+  EXPECT_FALSE(parse_bytes("", b));
+}
+
+struct BadDeck {
+  const char* name;
+  std::string text;
+  std::vector<std::string> sets;
+  std::vector<std::string> expect;  // substrings of the message
+};
+
+void PrintTo(const BadDeck& b, std::ostream* os) { *os << b.name; }
+
+class BadDecks : public ::testing::TestWithParam<BadDeck> {};
+
+TEST_P(BadDecks, AreRejectedWithLocationAndHint) {
+  const BadDeck& b = GetParam();
+  const std::string msg = error_of(b.text, b.sets);
+  for (const auto& e : b.expect) EXPECT_NE(msg.find(e), std::string::npos) << "expected '" << e << "' in:\n" << msg;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Deck, BadDecks,
+    ::testing::Values(
+        BadDeck{"typo_in_key", with("lr = 1e-3", "lr_rate = 1e-3"), {},
+                {"deck.toml:18:1: unknown key 'lr_rate' in optimizer (did you mean 'lr'?)"}},
+        BadDeck{"typo_in_section", with("[optimizer]", "[optimiser]"), {},
+                {"deck.toml:17:2: unknown section 'optimiser' (did you mean 'optimizer'?)"}},
+        BadDeck{"key_in_wrong_section", with("steps = 100", "steps = 100\nlr = 0.1"), {},
+                {"deck.toml:16:1: unknown key 'lr' in train (it belongs in [optimizer])"}},
+        BadDeck{"string_for_integer", with("layers = 2", "layers = \"two\""), {},
+                {"deck.toml:3:10: model.layers must be an integer, got a string (\"two\")"}},
+        BadDeck{"float_for_integer", with("layers = 2", "layers = 2.5"), {},
+                {"deck.toml:3:10: model.layers must be an integer, got a float (2.5)"}},
+        BadDeck{"zero_layers", with("layers = 2", "layers = 0"), {},
+                {"deck.toml:3:10: model.layers: 0 is out of range: must be in [1, 100000]"}},
+        BadDeck{"negative_lr", with("lr = 1e-3", "lr = -1e-3"), {}, {"optimizer.lr: -0.001 is out of range: must be > 0"}},
+        BadDeck{"beta_above_one", with("lr = 1e-3", "lr = 1e-3\nbeta2 = 1.5"), {},
+                {"deck.toml:19:9: optimizer.beta2: 1.5 is out of range: must be in [0, 1]"}},
+        BadDeck{"heads_do_not_divide", with("heads = 4", "heads = 5"), {},
+                {"deck.toml:5:9: model.heads: d_model (64) must be divisible by heads (5)"}},
+        BadDeck{"missing_required", with("steps = 100", ""), {}, {"missing required key train.steps (an integer)"}},
+        BadDeck{"micro_batch_does_not_divide", with("micro_batch_size = 4", "micro_batch_size = 3"), {},
+                {"data.batch_size: 8 is not a multiple of micro_batch_size x parallel.dp = 3 x 1"}},
+        BadDeck{"unknown_format", with("format = \"text\"", "format = \"parquet\""), {},
+                {"data.format: 'parquet' is not one of 'text', 'megatron', 'llmc', 'synthetic'"}},
+        BadDeck{"choice_typo_gets_hint", with("lr = 1e-3", "lr = 1e-3\nschedule = \"cosin\""), {},
+                {"'cosin' is not one of 'constant', 'cosine' (did you mean 'cosine'?)"}},
+        BadDeck{"small_vocab_for_bytes", with("seq_len = 32", "seq_len = 32\nvocab_size = 100"), {},
+                {"model.vocab_size: 100 is smaller than 256, the byte vocabulary"}},
+        BadDeck{"bad_budget", with("lr = 1e-3", "lr = 1e-3\n[memory]\ndevice_budget = \"lots\""), {},
+                {"memory.device_budget must be a byte count"}},
+        BadDeck{"warmup_longer_than_run", with("lr = 1e-3", "lr = 1e-3\nwarmup_steps = 500"), {},
+                {"optimizer.warmup_steps: 500 exceeds train.steps (100)"}},
+        BadDeck{"min_lr_above_lr", with("lr = 1e-3", "lr = 1e-3\nmin_lr = 1e-2"), {},
+                {"optimizer.min_lr: 0.01 exceeds optimizer.lr (0.001)"}},
+        BadDeck{"section_not_a_table", with("[model]\nlayers = 2\nd_model = 64\nheads = 4\nseq_len = 32\n", "model = 3\n"), {},
+                {"deck.toml:2:9: 'model' must be a table ([model]), got an integer (3)"}},
+        BadDeck{"toml_syntax_error", with("layers = 2", "layers = = 2"), {}, {"deck.toml:3:", "TOML syntax error"}},
+        BadDeck{"set_unknown_key", kGood, {"optimizer.lr_rate=1"},
+                {"--set optimizer.lr_rate=1: unknown key 'lr_rate' in optimizer (did you mean 'lr'?)"}},
+        BadDeck{"set_wrong_type", kGood, {"model.layers=many"},
+                {"--set model.layers=many: model.layers must be an integer, got a string (\"many\")"}},
+        BadDeck{"set_malformed", kGood, {"lr=1"}, {"--set lr=1: expected section.key=value"}},
+        BadDeck{"several_errors_at_once", with("heads = 4", "heads = 5\nlayerz = 3"), {},
+                {"2 problems in the deck", "unknown key 'layerz' in model (did you mean 'layers'?)",
+                 "must be divisible by heads"}},
+        BadDeck{"zero_bad_stage", kGood + std::string("\n[parallel]\nzero = 4\n"), {},
+                {"parallel.zero: 4 is out of range: must be in [0, 3]"}},
+        BadDeck{"empty_path_list", with("path = \"corpus.txt\"", "path = []"), {}, {"data.path: the array is empty"}}),
+    [](const ::testing::TestParamInfo<BadDeck>& info) { return std::string(info.param.name); });
+
+TEST(Deck, MissingFileIsAnInputError) {
+  try {
+    load_deck("/nonexistent/deck.toml");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/deck.toml: cannot open"), std::string::npos);
+  }
+}
+
+TEST(Deck, EditDistance) {
+  EXPECT_EQ(edit_distance("lr", "lr"), 0u);
+  EXPECT_EQ(edit_distance("optimiser", "optimizer"), 1u);
+  EXPECT_EQ(edit_distance("", "abc"), 3u);
+}
+
+}  // namespace
+}  // namespace lamina::test

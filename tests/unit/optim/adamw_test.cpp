@@ -1,0 +1,88 @@
+#include "lamina/optim/adamw.hpp"
+
+#include <gtest/gtest.h>
+
+#include "lamina/optim/grad_norm.hpp"
+#include "test_util.hpp"
+
+namespace lamina::test {
+namespace {
+
+// torch.optim.AdamW, one element, in double.
+struct ScalarAdamW {
+  double p, m = 0, v = 0;
+  void step(double g, double lr, double b1, double b2, double eps, double wd, int t) {
+    p *= 1 - lr * wd;
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+    p -= lr / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + eps);
+  }
+};
+
+template <class Exec>
+class AdamWTest : public ::testing::Test {};
+TYPED_TEST_SUITE(AdamWTest, ExecSpaces);
+
+TYPED_TEST(AdamWTest, MatchesScalarReferenceOverSeveralSteps) {
+  using Exec = TypeParam;
+  const int n = 1000;
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, clip = 0.5;
+  auto p0 = random_vector(n, 81);
+  auto dp = to_device<Exec>(p0);
+  Vec<Exec> m("m", n), v("v", n);
+  std::vector<ScalarAdamW> ref;
+  for (double x : p0) ref.push_back({x});
+  for (int t = 1; t <= 5; ++t) {
+    const auto g = random_vector(n, 100 + t, -2, 2);
+    auto dg = to_device<Exec>(g);
+    adamw_update(Exec(), dp, m, v, dg, AdamWStep::make(lr, b1, b2, eps, t, clip), static_cast<float>(wd));
+    for (int i = 0; i < n; ++i) ref[i].step(g[i] * clip, lr, b1, b2, eps, wd, t);
+  }
+  std::vector<double> want(n), want_m(n), want_v(n);
+  for (int i = 0; i < n; ++i) {
+    want[i] = ref[i].p;
+    want_m[i] = ref[i].m;
+    want_v[i] = ref[i].v;
+  }
+  EXPECT_LT(rel_error(to_host(dp), want), 1e-6);
+  EXPECT_LT(rel_error(to_host(m), want_m), 1e-6);
+  EXPECT_LT(rel_error(to_host(v), want_v), 1e-6);
+}
+
+TYPED_TEST(AdamWTest, RangeDecaysMatricesAndOptionallyVectors) {
+  using Exec = TypeParam;
+  // Zero gradients isolate the decay: p -> p (1 - lr wd) where decayed, unchanged elsewhere.
+  const int n = 10;
+  for (const bool decay_vectors : {false, true}) {
+    auto p = to_device<Exec>(std::vector<double>(n, 1.0));
+    auto g = to_device<Exec>(std::vector<double>(n, 0.0));
+    Vec<Exec> m("m", n), v("v", n);
+    adamw_update_range(Exec(), p, m, v, g, 2, 8, 5, AdamWStep::make(0.5, 0.9, 0.95, 1e-8, 1, 1.0), 0.1f,
+                       decay_vectors);
+    const auto got = to_host(p);
+    for (int i = 0; i < n; ++i) {
+      const bool decayed = i >= 2 && i < 8 && (i < 5 || decay_vectors);
+      EXPECT_FLOAT_EQ(got[i], decayed ? 0.95f : 1.0f) << i << " decay_vectors=" << decay_vectors;
+    }
+  }
+}
+
+TYPED_TEST(AdamWTest, SumOfSquaresMatchesDoubleSum) {
+  using Exec = TypeParam;
+  for (const int n : {1, 7, 8, 9, 1001}) {
+    const auto x = random_vector(n, 90 + n);
+    double want = 0;
+    for (double e : x) want += e * e;
+    EXPECT_NEAR(sum_of_squares(Exec(), ConstVec<Exec>(to_device<Exec>(x))), want, 1e-6 * want) << n;
+  }
+}
+
+TEST(GradClip, CoefficientOnlyShrinks) {
+  EXPECT_DOUBLE_EQ(clip_coefficient(0.5, 1.0), 1.0);
+  EXPECT_NEAR(clip_coefficient(4.0, 1.0), 0.25, 1e-6);
+  EXPECT_DOUBLE_EQ(clip_coefficient(4.0, 0.0), 1.0);  // disabled
+}
+
+}  // namespace
+}  // namespace lamina::test

@@ -1,0 +1,180 @@
+#include "lamina/train/trainer.hpp"
+
+#include <gtest/gtest.h>
+#include <hdf5.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "lamina/core/error.hpp"
+#include "lamina/io/checkpoint.hpp"
+#include "lamina/io/hdf5_file.hpp"
+#include "lamina/train/memory_estimate.hpp"
+
+namespace lamina::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+class Training : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::temp_directory_path() / ("lamina_train_" + std::to_string(::getpid()))).string();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    // A small text corpus with structure to learn.
+    std::ofstream out(dir_ + "/corpus.txt");
+    for (int i = 0; i < 400; ++i) out << "the quick brown fox " << i % 7 << " jumps over the lazy dog\n";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Deck deck(const std::string& run, std::int64_t steps, std::vector<std::string> sets = {}) const {
+    const std::string text = R"(
+[model]
+layers = 2
+d_model = 32
+heads = 2
+seq_len = 16
+[data]
+format = "text"
+path = ")" + dir_ + R"(/corpus.txt"
+batch_size = 8
+micro_batch_size = 4
+[train]
+steps = 6
+seed = 11
+[optimizer]
+lr = 3e-3
+warmup_steps = 2
+subgroup_size = 1000
+)";
+    sets.push_back("train.steps=" + std::to_string(steps));
+    sets.push_back("output.dir=" + dir_ + "/" + run);
+    return parse_deck(text, "test.toml", sets);
+  }
+
+  static std::vector<std::string> metric_lines(const std::string& path) {
+    std::ifstream in(path);
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    return lines;
+  }
+  // The loss field of a metrics line, as written (so equal text means equal bits at %.9g).
+  static std::string loss_of(const std::string& line) {
+    const auto a = line.find("\"loss\": ") + 8;
+    return line.substr(a, line.find(',', a) - a);
+  }
+  static std::vector<float> dataset(const std::string& file, const std::string& name) {
+    h5::Id f = h5::open_read(file, MPI_COMM_SELF);
+    std::int64_t n = 1;
+    for (auto d : h5::shape(f, file, name)) n *= d;
+    std::vector<float> v(static_cast<std::size_t>(n));
+    h5::read(f, file, name, v.data());
+    return v;
+  }
+
+  Log quiet_{0, Log::Level::warn};
+  std::string dir_;
+};
+
+TEST_F(Training, ResumeContinuesBitIdentically) {
+  // Uninterrupted: 6 steps.
+  const TrainSummary full = run_training(deck("full", 6), quiet_, MPI_COMM_WORLD);
+  EXPECT_EQ(full.last_step, 6);
+  // Interrupted: 3 steps, then a restart from the latest checkpoint up to 6.
+  run_training(deck("split", 3), quiet_, MPI_COMM_WORLD);
+  const TrainSummary resumed = run_training(deck("split", 6, {"checkpoint.resume=latest"}), quiet_, MPI_COMM_WORLD);
+  EXPECT_EQ(resumed.first_step, 3);
+  EXPECT_EQ(resumed.last_step, 6);
+
+  const auto a = metric_lines(dir_ + "/full/metrics.jsonl"), b = metric_lines(dir_ + "/split/metrics.jsonl");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(loss_of(a[i]), loss_of(b[i])) << "step " << i + 1;
+  EXPECT_EQ(full.final_loss, resumed.final_loss);
+
+  const std::string fa = dir_ + "/full/checkpoints/step_00000006.h5", fb = dir_ + "/split/checkpoints/step_00000006.h5";
+  for (const char* name : {"model/wte", "model/h.1.mlp.c_fc.weight", "model/ln_f.bias", "optimizer/exp_avg/wpe",
+                           "optimizer/exp_avg_sq/h.0.attn.c_attn.weight"}) {
+    EXPECT_EQ(dataset(fa, name), dataset(fb, name)) << name;
+  }
+  EXPECT_EQ(read_checkpoint_meta(fa, MPI_COMM_SELF).samples_consumed, 48);
+}
+
+TEST_F(Training, ResumeAtTheEndDoesNothingAndWrongModelIsAnInputError) {
+  run_training(deck("done", 2), quiet_, MPI_COMM_WORLD);
+  const TrainSummary again = run_training(deck("done", 2, {"checkpoint.resume=latest"}), quiet_, MPI_COMM_WORLD);
+  EXPECT_EQ(again.first_step, 2);
+  EXPECT_EQ(again.last_step, 2);
+  try {
+    run_training(deck("done", 4, {"checkpoint.resume=latest", "model.d_model=64"}), quiet_, MPI_COMM_WORLD);
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("the checkpoint holds a model with layers=2 d_model=32"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(Training, MetricsHaveTheDocumentedFieldsAndMemoryMatchesTheEstimate) {
+  const Deck d = deck("metrics", 2, {"output.peak_tflops=1.0"});
+  run_training(d, quiet_, MPI_COMM_WORLD);
+  const auto lines = metric_lines(dir_ + "/metrics/metrics.jsonl");
+  ASSERT_EQ(lines.size(), 2u);
+  for (const char* field : {"\"step\": 2", "\"loss\": ", "\"lr\": ", "\"grad_norm\": ", "\"step_ms\": ",
+                            "\"tokens_per_s\": ", "\"tflops_per_rank\": ", "\"mfu\": ", "\"mem_peak_bytes\": {",
+                            "\"mem_peak_by_category\": {"}) {
+    EXPECT_NE(lines[1].find(field), std::string::npos) << field << " in " << lines[1];
+  }
+  // The tracked peak equals the analytic estimate byte for byte.
+  const MemoryEstimate e = estimate_memory(d);
+  const std::string space = e.bytes.begin()->first;
+  const std::string peak = "\"mem_peak_bytes\": {\"" + space + "\": " + std::to_string(e.total(space)) + "}";
+  EXPECT_NE(lines[1].find(peak), std::string::npos) << peak << " in " << lines[1];
+  EXPECT_TRUE(fs::exists(dir_ + "/metrics/deck.resolved.toml"));
+}
+
+TEST_F(Training, NonFiniteLossStopsWithRunErrorOrIsSkipped) {
+  const std::vector<std::string> explode = {"optimizer.lr=1e30", "optimizer.grad_clip=0", "optimizer.warmup_steps=0",
+                                            "optimizer.min_lr=0"};
+  try {
+    run_training(deck("nan", 4, explode), quiet_, MPI_COMM_WORLD);
+    FAIL() << "expected a RunError";
+  } catch (const RunError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not finite"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("step "), std::string::npos) << e.what();
+  }
+  auto sets = explode;
+  sets.push_back("train.skip_nonfinite=true");
+  const TrainSummary s = run_training(deck("skip", 4, sets), quiet_, MPI_COMM_WORLD);
+  EXPECT_EQ(s.last_step, 4);
+}
+
+TEST_F(Training, MemoryBudgetFailsFastNamingWhatDoesNotFit) {
+  try {
+    run_training(deck("budget", 2, {"memory.device_budget=16KiB"}), quiet_, MPI_COMM_WORLD);
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("memory.device_budget = 16.00 KiB, but the run needs"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("activations"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("data.micro_batch_size"), std::string::npos) << msg;
+  }
+  EXPECT_FALSE(fs::exists(dir_ + "/budget/metrics.jsonl"));
+}
+
+TEST_F(Training, DemoDeckLossFallsBelowTheUnigramEntropy) {
+  const Deck d = load_deck(std::string(LAMINA_SOURCE_DIR) + "/inputs/demo.toml",
+                           {"train.steps=100", "output.dir=" + dir_ + "/demo", "checkpoint.every=0",
+                            "checkpoint.save_final=false", "output.log_every=10"});
+  const TrainSummary s = run_training(d, quiet_, MPI_COMM_WORLD);
+  const auto lines = metric_lines(dir_ + "/demo/metrics.jsonl");
+  ASSERT_GE(lines.size(), 2u);
+  const double first = std::stod(loss_of(lines.front())), last = std::stod(loss_of(lines.back()));
+  EXPECT_GT(first, 5.0);  // ln 256 = 5.55 at initialisation
+  EXPECT_LT(last, 0.6 * first);
+  EXPECT_LT(s.final_loss, 3.0);  // the licenses' unigram entropy is 3.19 nats
+}
+
+}  // namespace
+}  // namespace lamina::test
