@@ -7,19 +7,32 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "lamina/kernels/common.hpp"
 
 namespace lamina::test {
 
-// Every enabled execution space: the default one, plus the host one when it differs.
-#if defined(KOKKOS_ENABLE_SERIAL) && !defined(KOKKOS_ENABLE_OPENMP) && !defined(KOKKOS_ENABLE_CUDA) && \
-    !defined(KOKKOS_ENABLE_HIP) && !defined(KOKKOS_ENABLE_SYCL)
-using ExecSpaces = ::testing::Types<Kokkos::Serial>;
+// Every enabled execution space, each once: the default one, the default host one, and
+// Serial when it is enabled beside another host backend.
+namespace detail {
+template <class List, class T>
+struct Append;
+template <class... Ts, class T>
+struct Append<::testing::Types<Ts...>, T> {
+  static constexpr bool present = (std::is_same<Ts, T>::value || ...);
+  using type = std::conditional_t<present, ::testing::Types<Ts...>, ::testing::Types<Ts..., T>>;
+};
+using WithHost = typename Append<::testing::Types<Kokkos::DefaultExecutionSpace>,
+                                 Kokkos::DefaultHostExecutionSpace>::type;
+#if defined(KOKKOS_ENABLE_SERIAL)
+using All = typename Append<WithHost, Kokkos::Serial>::type;
 #else
-using ExecSpaces = ::testing::Types<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>;
+using All = WithHost;
 #endif
+}  // namespace detail
+using ExecSpaces = detail::All;
 
 inline std::vector<double> random_vector(std::size_t n, std::uint32_t seed, double lo = -1.0, double hi = 1.0) {
   std::mt19937 gen(seed);

@@ -113,7 +113,7 @@ const std::vector<Section>& schema() {
       {"parallel", {"dp", "tp", "pp", "zero", "schedule", "virtual_stages", "layered"}},
       {"memory", {"device_budget", "host_budget", "activations", "params", "optimizer"}},
       {"checkpoint", {"dir", "every", "keep", "resume", "save_final"}},
-      {"output", {"dir", "log_every", "peak_tflops"}},
+      {"output", {"dir", "log_every", "peak_tflops", "sample_tokens", "sample_temperature"}},
   };
   return s;
 }
@@ -497,6 +497,8 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   out.dir = r.string("output", "dir", "runs/" + stem);
   out.log_every = r.integer("output", "log_every", 1, 1, kMax);
   out.peak_tflops = r.real("output", "peak_tflops", 0.0, 0.0, kInf);
+  out.sample_tokens = r.integer("output", "sample_tokens", 0, 0, 1 << 20);
+  out.sample_temperature = r.real("output", "sample_temperature", 0.8, 0.0, kInf, true);
 
   auto& c = d.checkpoint;
   c.dir = r.string("checkpoint", "dir", out.dir + "/checkpoints");
@@ -522,6 +524,9 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
                strprintf("%lld is not a multiple of micro_batch_size x parallel.dp = %lld x %lld",
                          static_cast<long long>(dc.batch_size), static_cast<long long>(dc.micro_batch_size),
                          static_cast<long long>(p.dp)));
+  }
+  if (out.sample_tokens > 0 && dc.format != DataFormat::text) {
+    r.error_at("output", "sample_tokens", "samples are printed as text, which needs data.format = 'text' (bytes)");
   }
   if (o.min_lr > o.lr) {
     r.error_at("optimizer", "min_lr", strprintf("%g exceeds optimizer.lr (%g)", o.min_lr, o.lr));

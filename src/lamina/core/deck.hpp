@@ -83,6 +83,8 @@ struct OutputConfig {
   std::string dir;  // default: runs/<deck file stem>
   std::int64_t log_every = 1;
   double peak_tflops = 0.0;  // per rank, for MFU; 0: measure a GEMM at start-up
+  std::int64_t sample_tokens = 0;  // text data: bytes of model output printed at the end
+  double sample_temperature = 0.8;
 };
 
 struct Deck {

@@ -1,5 +1,7 @@
 #include "lamina/io/token_dataset.hpp"
 
+#include <glob.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -252,11 +254,31 @@ std::unique_ptr<TokenDataset> open_megatron_dataset(const std::vector<std::strin
                 count_str(total).c_str()));
 }
 
+std::vector<std::string> expand_paths(const std::vector<std::string>& patterns) {
+  std::vector<std::string> out;
+  for (const auto& p : patterns) {
+    if (p.find_first_of("*?[") == std::string::npos) {
+      out.push_back(p);
+      continue;
+    }
+    glob_t g{};
+    const int rc = ::glob(p.c_str(), 0, nullptr, &g);
+    if (rc != 0) {
+      ::globfree(&g);
+      throw InputError("data.path: no file matches '" + p + "'");
+    }
+    for (std::size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);  // glob sorts
+    ::globfree(&g);
+  }
+  return out;
+}
+
 std::unique_ptr<TokenDataset> open_dataset(const DataConfig& data, std::int64_t vocab, std::uint64_t seed) {
+  const std::vector<std::string> paths = expand_paths(data.paths);
   switch (data.format) {
-    case DataFormat::text: return open_text_dataset(data.paths, vocab);
-    case DataFormat::llmc: return open_llmc_dataset(data.paths, vocab);
-    case DataFormat::megatron: return open_megatron_dataset(data.paths, vocab);
+    case DataFormat::text: return open_text_dataset(paths, vocab);
+    case DataFormat::llmc: return open_llmc_dataset(paths, vocab);
+    case DataFormat::megatron: return open_megatron_dataset(paths, vocab);
     case DataFormat::synthetic: return std::make_unique<SyntheticTokenDataset>(vocab, seed);
   }
   throw std::logic_error("unknown data format");

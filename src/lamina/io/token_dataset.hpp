@@ -68,7 +68,10 @@ std::unique_ptr<TokenDataset> open_text_dataset(const std::vector<std::string>& 
 std::unique_ptr<TokenDataset> open_llmc_dataset(const std::vector<std::string>& paths, std::int64_t vocab);
 // Megatron indexed datasets, one per prefix P (P.idx + P.bin).
 std::unique_ptr<TokenDataset> open_megatron_dataset(const std::vector<std::string>& prefixes, std::int64_t vocab);
-// Dispatches on data.format.
+// Expands shell patterns (fineweb_train_*.bin) in sorted order; a pattern that matches
+// nothing is an InputError. Plain paths pass through unchanged.
+std::vector<std::string> expand_paths(const std::vector<std::string>& patterns);
+// Dispatches on data.format, after expanding patterns in data.path.
 std::unique_ptr<TokenDataset> open_dataset(const DataConfig& data, std::int64_t vocab, std::uint64_t seed);
 
 // Unigram entropy in nats of the first `max_tokens` tokens: the loss of the best model

@@ -27,8 +27,15 @@ MemoryEstimate estimate_memory(const Deck& deck) {
   m[mem_category_name(MemCategory::parameters)] = 4 * params;
   m[mem_category_name(MemCategory::gradients)] = 4 * params;
   m[mem_category_name(MemCategory::optimizer_state)] = 8 * params;
-  m[mem_category_name(MemCategory::activations)] = 4 * (a.embed + deck.model.layers * a.block + a.head);
-  m[mem_category_name(MemCategory::workspace)] = 4 * (a.workspace + a.ones + a.tokens);
+  std::int64_t acts = a.embed + deck.model.layers * a.block + a.head;
+  std::int64_t ws = a.workspace + a.ones + a.tokens;
+  if (deck.output.sample_tokens > 0) {  // a one-sequence replica for the text sample at the end
+    const ActivationSizes s = activation_sizes(Dims::of(deck.model, 1));
+    acts += s.embed + deck.model.layers * s.block + s.head;
+    ws += s.workspace + s.ones + s.tokens;
+  }
+  m[mem_category_name(MemCategory::activations)] = 4 * acts;
+  m[mem_category_name(MemCategory::workspace)] = 4 * ws;
   return e;
 }
 

@@ -17,6 +17,7 @@
 #include "lamina/model/flops.hpp"
 #include "lamina/optim/lr_schedule.hpp"
 #include "lamina/train/engine.hpp"
+#include "lamina/train/generate.hpp"
 #include "lamina/train/machine.hpp"
 #include "lamina/train/memory_estimate.hpp"
 
@@ -193,6 +194,7 @@ class Trainer {
       if (periodic || (last && deck_.checkpoint.save_final)) save(engine, step + 1);
     }
     summary.mean_step_ms = total_ms / static_cast<double>(std::max<std::int64_t>(1, timed));
+    if (deck_.output.sample_tokens > 0) print_sample(engine, summary.last_step);
     const double wall = seconds_since(run_start);
     std::string mem;
     for (const auto& kv : tracker_.peak_by_space()) {
@@ -238,6 +240,21 @@ class Trainer {
       std::copy(window.begin(), window.end() - 1, inputs.begin() + s * T);
       std::copy(window.begin() + 1, window.end(), targets.begin() + s * T);
     }
+  }
+
+  // A prompt from the data (the next unseen window's first half) and the model's
+  // continuation, so that what a byte-level model has learnt can be read.
+  void print_sample(Engine<Exec>& engine, std::int64_t step) {
+    const std::int64_t T = deck_.model.seq_len;
+    std::vector<std::int32_t> prompt(static_cast<std::size_t>(T / 2));
+    dataset_->read(sampler_->window_start(samples_), T / 2, prompt.data());
+    const auto out = generate_tokens(engine, tracker_, deck_.model, prompt, deck_.output.sample_tokens,
+                                     deck_.output.sample_temperature, deck_.train.seed);
+    log_.info(strprintf("sample after step %lld (temperature %.2f): a prompt from the data, then >>> and %lld bytes "
+                        "the model wrote:\n%s>>>%s\n",
+                        static_cast<long long>(step), deck_.output.sample_temperature,
+                        static_cast<long long>(deck_.output.sample_tokens), bytes_to_text(prompt).c_str(),
+                        bytes_to_text(out).c_str()));
   }
 
   void measure_peak() {

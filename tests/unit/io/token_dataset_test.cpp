@@ -160,6 +160,15 @@ TEST_F(DataFiles, MegatronErrors) {
             std::string::npos);
 }
 
+TEST_F(DataFiles, PathPatternsExpandInSortedOrder) {
+  write("shard_1.bin", llmc({3}));
+  write("shard_0.bin", llmc({1, 2}));
+  const auto paths = expand_paths({path("shard_*.bin")});
+  ASSERT_EQ(paths.size(), 2u);
+  EXPECT_EQ(paths[0], path("shard_0.bin"));
+  EXPECT_NE(error_of([&] { expand_paths({path("none_*.bin")}); }).find("no file matches"), std::string::npos);
+}
+
 TEST_F(DataFiles, UnigramEntropy) {
   write("u.txt", {'a', 'a', 'b', 'b'});
   auto ds = open_text_dataset({path("u.txt")}, 256);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -27,6 +28,9 @@ std::vector<std::string> reference_files() {
 TEST(VerifyReference, EveryReferenceFileMatchesWithin1em4) {
   const auto files = reference_files();
   if (files.empty()) {
+    if (const char* req = std::getenv("LAMINA_REQUIRE_REFERENCE"); req != nullptr && std::string(req) == "1") {
+      FAIL() << "no ref_*.h5 in LAMINA_REFERENCE_DIR=" << LAMINA_REFERENCE_DIR << " and LAMINA_REQUIRE_REFERENCE=1";
+    }
     GTEST_SKIP() << "\n\n*** SKIPPED: no ref_*.h5 in LAMINA_REFERENCE_DIR=" << LAMINA_REFERENCE_DIR
                  << "\n*** The model is NOT checked against PyTorch. Configure with "
                     "-DLAMINA_REFERENCE_DIR=<dir with ref_*.h5>.\n\n";

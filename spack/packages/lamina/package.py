@@ -1,0 +1,109 @@
+# Spack recipe for lamina, for Spack 1.x and its builtin packages (spack/spack-packages, the
+# only home of the Kokkos 5 and CUDA 13 recipes). spack/ is a Package API v1 repository
+# (repo.yaml beside packages/), so `from spack.package import *` is the only import: Spack
+# puts the build-system classes (CMakePackage, CudaPackage, ROCmPackage) in v1 recipes' scope.
+
+from spack.package import *
+
+
+class Lamina(CMakePackage, CudaPackage, ROCmPackage):
+    """GPT training in C++ on Kokkos: one source for CPUs (OpenMP) and GPUs (CUDA, HIP),
+    with MPI, parallel-HDF5 checkpoints and TOML run decks."""
+
+    homepage = "https://github.com/lamina-hpc/lamina"
+    git = "https://github.com/lamina-hpc/lamina.git"
+
+    # No release tarballs yet. To build a local clone instead of fetching this branch, run
+    # `spack dev-build lamina@main` inside it (or `spack develop lamina@main` in an environment).
+    version("main", branch="main")
+
+    variant("openmp", default=True, description="Run host kernels on Kokkos' OpenMP backend")
+    variant("nccl", default=False, description="Build the NCCL communicator backend (CUDA only)")
+
+    conflicts("+nccl", when="~cuda", msg="NCCL is NVIDIA's library: it needs +cuda")
+    conflicts("+cuda", when="+rocm", msg="Kokkos builds one device backend: CUDA or ROCm")
+    # CudaPackage allows cuda_arch=none; Kokkos needs exactly one architecture to build for.
+    conflicts("cuda_arch=none", when="+cuda", msg="Name the GPU: cuda_arch=<one value>")
+
+    depends_on("c", type="build")  # project(lamina LANGUAGES C CXX)
+    depends_on("cxx", type="build")
+    depends_on("cmake@3.16:", type="build")
+
+    # Kokkos 4 builds as C++17 and Kokkos 5 as C++20; lamina's sources compile as both.
+    # Kokkos Kernels' recipe pins Kokkos to its own version, so the two stay in step.
+    depends_on("kokkos@4:5")
+    depends_on("kokkos-kernels@4:5")
+    depends_on("kokkos+openmp", when="+openmp")
+    depends_on("kokkos-kernels+execspace_openmp", when="+openmp")
+    depends_on("kokkos-kernels+execspace_serial", when="~openmp")
+
+    # All GEMMs go through KokkosBlas: on the host through Kokkos Kernels' BLAS TPL (OpenBLAS
+    # unless packages.yaml picks another provider). lamina also links that BLAS itself, to
+    # reach openblas_set_num_threads when the provider is OpenBLAS, hence the direct edge:
+    # one provider for both.
+    depends_on("kokkos-kernels+blas")
+    depends_on("blas")
+
+    with when("+cuda"):
+        # Kokkos' nvcc_wrapper is lamina's C++ compiler in CUDA builds (see cmake_args).
+        depends_on("kokkos+cuda+wrapper")
+        # Kokkos 5 always has device lambdas and no longer has this variant.
+        depends_on("kokkos+cuda_lambda", when="^kokkos@:4")
+        # Kokkos builds with CUDA 13 from 4.7.01 on (its recipe conflicts with it up to 4.7.0).
+        depends_on("kokkos@4.7.01:", when="^cuda@13:")
+        # cuBLAS for device GEMMs; pre-instantiate Kokkos Kernels for Cuda as its own CMake
+        # default would (spack's recipe turns the instantiation off unless asked).
+        depends_on("kokkos-kernels+cublas+execspace_cuda+memspace_cudaspace")
+        # Kokkos takes a single cuda_arch, so a lamina built for several has no solution.
+        for arch in CudaPackage.cuda_arch_values:
+            depends_on(f"kokkos cuda_arch={arch}", when=f"cuda_arch={arch}")
+            depends_on(f"nccl cuda_arch={arch}", when=f"+nccl cuda_arch={arch}")
+
+    with when("+rocm"):
+        depends_on("kokkos+rocm")
+        depends_on("kokkos-kernels+rocblas")
+        # Kokkos takes a single amdgpu_target, like cuda_arch above.
+        for target in ROCmPackage.amdgpu_targets:
+            depends_on(f"kokkos amdgpu_target={target}", when=f"amdgpu_target={target}")
+
+    depends_on("mpi")
+    # Checkpoints are written collectively: CMake stops unless HDF5_IS_PARALLEL. HDF5 2's
+    # CMake package reports MPI as HDF5_PROVIDES_PARALLEL instead, so stay on 1.x for now.
+    depends_on("hdf5@1.10:1+mpi")
+    depends_on("tomlplusplus@3:")
+    depends_on("cli11@2:")
+    depends_on("nccl", when="+nccl")
+    # Only for `spack install --test=root`, which also turns LAMINA_ENABLE_TESTS on.
+    depends_on("googletest@1.12:", type="test")
+
+    sanity_check_is_file = [join_path("bin", "lamina")]
+    sanity_check_is_dir = [join_path("share", "lamina", "inputs")]
+
+    def setup_build_environment(self, env: EnvironmentModifications) -> None:
+        # lamina's CMake looks for nccl.h and libnccl under $NCCL_HOME.
+        if self.spec.satisfies("+nccl"):
+            env.set("NCCL_HOME", self.spec["nccl"].prefix)
+
+    def cmake_args(self):
+        spec = self.spec
+        args = [
+            # Spack's compiler wrappers already add the flags for the spec's target;
+            # -march=native would tie the binary to the build host instead.
+            self.define("LAMINA_NATIVE_ARCH", False),
+            self.define_from_variant("LAMINA_ENABLE_NCCL", "nccl"),
+            self.define("LAMINA_ENABLE_TESTS", self.run_tests),
+            # Kokkos' C++ standard: 17 for Kokkos 4 by default, 20 for Kokkos 5.
+            self.define("CMAKE_CXX_STANDARD", spec["kokkos"].variants["cxxstd"].value),
+        ]
+
+        # Compile with the compiler Kokkos was configured for: nvcc_wrapper for CUDA (plain
+        # g++ cannot compile device lambdas), hipcc for HIP unless Kokkos used a clang that
+        # targets AMD GPUs itself.
+        if spec.satisfies("^kokkos+cuda"):
+            args.append(self.define("CMAKE_CXX_COMPILER", self["kokkos"].kokkos_cxx))
+        elif spec.satisfies("^kokkos+rocm") and not (
+            spec.satisfies("^kokkos %cxx=clang") or spec.satisfies("^kokkos %cxx=rocmcc")
+        ):
+            args.append(self.define("CMAKE_CXX_COMPILER", spec["hip"].hipcc))
+
+        return args

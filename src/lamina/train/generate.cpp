@@ -1,0 +1,53 @@
+#include "lamina/train/generate.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "lamina/core/random.hpp"
+
+namespace lamina {
+
+std::vector<std::int32_t> generate_tokens(Engine<Kokkos::DefaultExecutionSpace>& engine, MemoryTracker& tracker,
+                                          const ModelConfig& model, std::vector<std::int32_t> prompt,
+                                          std::int64_t count, double temperature, std::uint64_t seed) {
+  using Exec = Kokkos::DefaultExecutionSpace;
+  const std::int64_t T = model.seq_len, V = model.vocab_size;
+  GptActivations<Exec> acts(tracker, Dims::of(model, 1), model.layers);
+  auto inputs = Kokkos::create_mirror_view(acts.inputs);
+  const Exec exec = engine.exec();
+  std::vector<double> p(static_cast<std::size_t>(V));
+  std::vector<std::int32_t> out;
+  if (prompt.empty()) prompt.push_back(0);
+  for (std::int64_t n = 0; n < count; ++n) {
+    // The last T tokens; causal attention makes the zero padding after them irrelevant.
+    const std::int64_t len = std::min<std::int64_t>(T, static_cast<std::int64_t>(prompt.size()));
+    for (std::int64_t t = 0; t < T; ++t) inputs(t) = t < len ? prompt[prompt.size() - len + t] : 0;
+    Kokkos::deep_copy(exec, acts.inputs, inputs);
+    Kokkos::deep_copy(exec, acts.targets, 0);
+    gpt_forward(exec, engine.weights(), acts);
+    auto row = Kokkos::subview(acts.head.logits, len - 1, Kokkos::ALL);
+    auto logits = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), row);
+    double mx = -INFINITY, z = 0.0;
+    for (std::int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(logits(v)));
+    for (std::int64_t v = 0; v < V; ++v) z += p[v] = std::exp((logits(v) - mx) / temperature);
+    double u = uniform01(seed, static_cast<std::uint64_t>(n)) * z;
+    std::int32_t pick = static_cast<std::int32_t>(V - 1);
+    for (std::int64_t v = 0; v < V; ++v) {
+      if ((u -= p[v]) <= 0.0) {
+        pick = static_cast<std::int32_t>(v);
+        break;
+      }
+    }
+    prompt.push_back(pick);
+    out.push_back(pick);
+  }
+  return out;
+}
+
+std::string bytes_to_text(const std::vector<std::int32_t>& tokens) {
+  std::string s;
+  for (const auto t : tokens) s += (t == '\n' || (t >= 32 && t < 127)) ? static_cast<char>(t) : '?';
+  return s;
+}
+
+}  // namespace lamina

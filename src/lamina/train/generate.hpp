@@ -1,0 +1,22 @@
+#pragma once
+// Sampling text from a model: what a byte-level demo has learnt, shown as words.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lamina/core/memory_tracker.hpp"
+#include "lamina/train/engine.hpp"
+
+namespace lamina {
+
+// Continues `prompt` by `count` tokens drawn from softmax(logits / temperature), with
+// counter-based randomness from `seed` (the same call gives the same text). Uses its
+// own one-sequence activations, so the training buffers are left as they were.
+std::vector<std::int32_t> generate_tokens(Engine<Kokkos::DefaultExecutionSpace>& engine, MemoryTracker& tracker,
+                                          const ModelConfig& model, std::vector<std::int32_t> prompt,
+                                          std::int64_t count, double temperature, std::uint64_t seed);
+
+// Bytes as readable text: printable ASCII and newlines kept, anything else as '?'.
+std::string bytes_to_text(const std::vector<std::int32_t>& tokens);
+
+}  // namespace lamina
