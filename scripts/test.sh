@@ -15,9 +15,9 @@ cd "$LAMINA_BUILD_DIR"
 log=$LAMINA_BUILD_DIR/ctest.log
 status=0
 ctest --output-on-failure -j "$jobs" 2>&1 | tee "$log" || status=$?
-if grep -qiE "\*\*\*Skipped|SKIPPED" "$log"; then
+if grep -qE "\*\*\*Skipped|\[  SKIPPED \]" "$log"; then
   echo "lamina: some tests were SKIPPED:"
-  grep -iE "\*\*\*Skipped|SKIPPED" "$log" | head -20
+  grep -E "\*\*\*Skipped|\[  SKIPPED \]" "$log" | head -20
   [[ ${LAMINA_REQUIRE_REFERENCE:-0} == 1 ]] && status=1
 fi
 exit $status
