@@ -110,7 +110,9 @@ const std::vector<Section>& schema() {
       {"optimizer",
        {"lr", "min_lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "warmup_steps", "decay_steps",
         "schedule", "subgroup_size", "decay_biases_and_norms"}},
-      {"parallel", {"dp", "tp", "pp", "zero", "schedule", "virtual_stages", "layered"}},
+      {"parallel",
+       {"dp", "tp", "pp", "zero", "schedule", "virtual_stages", "layered", "cost_forward", "cost_backward",
+        "cost_p2p"}},
       {"memory", {"device_budget", "host_budget", "activations", "params", "optimizer"}},
       {"checkpoint", {"dir", "every", "keep", "resume", "save_final"}},
       {"output", {"dir", "log_every", "peak_tflops", "sample_tokens", "sample_temperature"}},
@@ -453,6 +455,9 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   p.schedule = r.choice("parallel", "schedule", "1f1b", {"gpipe", "1f1b", "interleaved", "modular"});
   p.virtual_stages = r.integer("parallel", "virtual_stages", 1, 1, 1 << 12);
   p.layered = r.boolean("parallel", "layered", false);
+  p.cost_forward = r.real("parallel", "cost_forward", 1.0, 0.0, kInf, true);
+  p.cost_backward = r.real("parallel", "cost_backward", 2.0, 0.0, kInf, true);
+  p.cost_p2p = r.real("parallel", "cost_p2p", 0.0, 0.0, kInf);
 
   dc.batch_size = r.integer("data", "batch_size", 0, 1, kMax, true);
   // Default: one micro-batch per data-parallel rank (no gradient accumulation).
@@ -538,6 +543,18 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   }
   if (p.schedule == "interleaved" && p.virtual_stages < 2 && p.pp > 1) {
     r.error_at("parallel", "virtual_stages", "the interleaved schedule needs virtual_stages >= 2");
+  }
+  if (p.tp > 1 && m.heads > 0 && m.heads % p.tp != 0) {
+    r.error_at("parallel", "tp", strprintf("model.heads = %lld must be divisible by tp = %lld (each rank takes whole "
+                                           "heads)",
+                                           static_cast<long long>(m.heads), static_cast<long long>(p.tp)));
+  }
+  if (p.tp > 1 && m.vocab_size > 0 && m.vocab_size % p.tp != 0) {
+    r.error_at("model", "vocab_size",
+               strprintf("%lld is not divisible by parallel.tp = %lld (the embedding is split by rows); pad it, "
+                         "e.g. to %lld",
+                         static_cast<long long>(m.vocab_size), static_cast<long long>(p.tp),
+                         static_cast<long long>((m.vocab_size + 128 * p.tp - 1) / (128 * p.tp) * 128 * p.tp)));
   }
   if (c.resume != "" && c.resume != "latest" && c.resume.size() < 4) {
     r.error_at("checkpoint", "resume", "'" + c.resume + "' must be \"latest\" or a checkpoint file path");

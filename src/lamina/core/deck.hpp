@@ -61,6 +61,9 @@ struct ParallelConfig {
   std::string schedule = "1f1b";
   std::int64_t virtual_stages = 1;
   bool layered = false;
+  // Virtual-clock prices (any unit): one block's forward and backward on a micro-batch,
+  // and one pipeline message. Bubble fractions are reported in this clock.
+  double cost_forward = 1.0, cost_backward = 2.0, cost_p2p = 0.0;
 };
 
 struct MemoryConfig {

@@ -56,53 +56,60 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return out;
 }
 
-std::string write_checkpoint(const std::string& dir, const CheckpointMeta& meta, const std::vector<TensorSlab>& slabs,
-                             std::int64_t keep, MPI_Comm comm) {
-  const int rank = rank_of(comm);
-  if (rank == 0) {
+CheckpointWriter::CheckpointWriter(const std::string& dir, std::int64_t step, MPI_Comm comm) : dir_(dir), comm_(comm) {
+  if (rank_of(comm) == 0) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw RunError(dir + ": cannot create the checkpoint directory: " + ec.message());
   }
   MPI_Barrier(comm);
-  const std::string final_path = dir + "/" + strprintf("step_%08lld.h5", static_cast<long long>(meta.step));
-  const std::string tmp_path = final_path + ".tmp";
-  {
-    h5::Id file = h5::create(tmp_path, comm);
-    h5::set_attr(file, "format", std::string(kFormat));
-    h5::set_attr(file, "step", meta.step);
-    h5::set_attr(file, "samples_consumed", meta.samples_consumed);
-    h5::set_attr(file, "optimizer_step", meta.optimizer_step);
-    h5::set_attr(file, "seed", static_cast<std::int64_t>(meta.seed));
-    h5::set_attr(file, "deck", meta.deck);
-    h5::set_attr(file, "layout", meta.layout);
-    h5::set_attr(file, "model", meta.model);
-    for (const auto& s : slabs) h5::write_floats(file, s.name, s.global_shape, s.data, s.offset, s.count);
-    h5::close(file, tmp_path);
+  final_path_ = dir + "/" + strprintf("step_%08lld.h5", static_cast<long long>(step));
+  tmp_path_ = final_path_ + ".tmp";
+  file_ = h5::create(tmp_path_, comm);
+}
+
+void CheckpointWriter::write(const TensorSlab& s) {
+  h5::write_slab(file_, s.name, s.global_shape, s.pieces, s.local_shape, s.data);
+  for (const auto& p : s.pieces) {
+    std::int64_t n = 4;
+    for (const auto c : p.count) n *= c;
+    bytes_ += n;
   }
-  MPI_Barrier(comm);
-  if (rank == 0) {
-    fsync_path(tmp_path);
-    if (std::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
-      throw RunError(tmp_path + ": cannot rename to " + final_path);
+}
+
+std::string CheckpointWriter::commit(const CheckpointMeta& meta, std::int64_t keep) {
+  h5::set_attr(file_, "format", std::string(kFormat));
+  h5::set_attr(file_, "step", meta.step);
+  h5::set_attr(file_, "samples_consumed", meta.samples_consumed);
+  h5::set_attr(file_, "optimizer_step", meta.optimizer_step);
+  h5::set_attr(file_, "seed", static_cast<std::int64_t>(meta.seed));
+  h5::set_attr(file_, "deck", meta.deck);
+  h5::set_attr(file_, "layout", meta.layout);
+  h5::set_attr(file_, "model", meta.model);
+  h5::close(file_, tmp_path_);
+  MPI_Barrier(comm_);
+  if (rank_of(comm_) == 0) {
+    fsync_path(tmp_path_);
+    if (std::rename(tmp_path_.c_str(), final_path_.c_str()) != 0) {
+      throw RunError(tmp_path_ + ": cannot rename to " + final_path_);
     }
-    const std::string latest = dir + "/latest", latest_tmp = latest + ".tmp";
+    const std::string latest = dir_ + "/latest", latest_tmp = latest + ".tmp";
     {
       std::ofstream out(latest_tmp, std::ios::trunc);
-      out << fs::path(final_path).filename().string() << "\n";
+      out << fs::path(final_path_).filename().string() << "\n";
       if (!out) throw RunError(latest_tmp + ": cannot write");
     }
     fsync_path(latest_tmp);
     if (std::rename(latest_tmp.c_str(), latest.c_str()) != 0) throw RunError(latest + ": cannot replace");
-    fsync_path(dir);
-    auto all = list_checkpoints(dir);
+    fsync_path(dir_);
+    auto all = list_checkpoints(dir_);
     for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < all.size(); ++i) {
       std::error_code ec;
       fs::remove(all[i], ec);
     }
   }
-  MPI_Barrier(comm);
-  return final_path;
+  MPI_Barrier(comm_);
+  return final_path_;
 }
 
 std::string resolve_checkpoint(const std::string& resume, const std::string& dir) {
@@ -122,32 +129,27 @@ std::string resolve_checkpoint(const std::string& resume, const std::string& dir
   return path;
 }
 
-CheckpointMeta read_checkpoint_meta(const std::string& path, MPI_Comm comm) {
-  h5::Id file = h5::open_read(path, comm);
-  if (!h5::has_attr(file, "format") || h5::attr_string(file, path, "format") != kFormat) {
+CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm) : path_(path) {
+  file_ = h5::open_read(path, comm);
+  if (!h5::has_attr(file_, "format") || h5::attr_string(file_, path, "format") != kFormat) {
     throw InputError(path + ": not a lamina checkpoint (attribute format != \"" + std::string(kFormat) + "\")");
   }
-  CheckpointMeta m;
-  m.step = h5::attr_int(file, path, "step");
-  m.samples_consumed = h5::attr_int(file, path, "samples_consumed");
-  m.optimizer_step = h5::attr_int(file, path, "optimizer_step");
-  m.seed = static_cast<std::uint64_t>(h5::attr_int(file, path, "seed"));
-  m.deck = h5::attr_string(file, path, "deck");
-  m.layout = h5::attr_string(file, path, "layout");
-  m.model = h5::attr_string(file, path, "model");
-  return m;
+  meta_.step = h5::attr_int(file_, path, "step");
+  meta_.samples_consumed = h5::attr_int(file_, path, "samples_consumed");
+  meta_.optimizer_step = h5::attr_int(file_, path, "optimizer_step");
+  meta_.seed = static_cast<std::uint64_t>(h5::attr_int(file_, path, "seed"));
+  meta_.deck = h5::attr_string(file_, path, "deck");
+  meta_.layout = h5::attr_string(file_, path, "layout");
+  meta_.model = h5::attr_string(file_, path, "model");
 }
 
-void read_checkpoint_tensors(const std::string& path, const std::vector<TensorSlab>& slabs, MPI_Comm comm) {
-  h5::Id file = h5::open_read(path, comm);
-  for (const auto& s : slabs) {
-    const auto shape = h5::shape(file, path, s.name);
-    if (shape != s.global_shape) {
-      throw InputError(path + ": tensor '" + s.name + "' has shape " + shape_str(shape) + ", the model needs " +
-                       shape_str(s.global_shape) + " (was it written by a different model configuration?)");
-    }
-    h5::read(file, path, s.name, s.data, s.offset, s.count);
+void CheckpointReader::read(const TensorSlab& s) {
+  const auto shape = h5::shape(file_, path_, s.name);
+  if (shape != s.global_shape) {
+    throw InputError(path_ + ": tensor '" + s.name + "' has shape " + shape_str(shape) + ", the model needs " +
+                     shape_str(s.global_shape) + " (was it written by a different model configuration?)");
   }
+  h5::read_slab(file_, path_, s.name, s.pieces, s.local_shape, s.data);
 }
 
 }  // namespace lamina

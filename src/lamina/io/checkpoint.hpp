@@ -1,23 +1,28 @@
 #pragma once
 // Checkpoints: one HDF5 file per saved step, `<dir>/step_<8 digits>.h5`, holding every
-// tensor in its global shape (each rank writes its hyperslab, so any layout can read any
-// slab back: resharding is a read pattern) plus the run's metadata. A file is written
-// as `<name>.tmp` and renamed when complete; `<dir>/latest` names the newest complete
-// file and is itself replaced atomically. Only the newest `keep` files are kept.
+// tensor in its global shape (each rank writes its pieces, so any process layout can read
+// any piece back: resharding is a read pattern) plus the run's metadata. A file is
+// written as `<name>.tmp` and renamed when complete; `<dir>/latest` names the newest
+// complete file and is itself replaced atomically. Only the newest `keep` files are kept.
+// Writing and reading are collective over the communicator: every rank goes through every
+// tensor in the same order, with or without a piece of its own.
 #include <mpi.h>
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
+#include "lamina/io/hdf5_file.hpp"
+
 namespace lamina {
 
-// One rank's part of one tensor, in host memory, row-major.
+// One tensor as this rank sees it: its pieces of the global tensor (none: the rank only
+// takes part) and a row-major host array of `local_shape` that they fill in order.
 struct TensorSlab {
-  std::string name;                        // dataset path, e.g. "model/h.0.attn.c_attn.weight"
+  std::string name;  // dataset path, e.g. "model/h.0.attn.c_attn.weight"
   std::vector<std::int64_t> global_shape;
-  std::vector<std::int64_t> offset, count; // this rank's hyperslab; count all zero: none
+  std::vector<h5::Hyperslab> pieces;
+  std::vector<std::int64_t> local_shape;
   float* data = nullptr;
 };
 
@@ -31,17 +36,40 @@ struct CheckpointMeta {
   std::string model;                  // "layers=.. d_model=.. heads=.. seq_len=.. vocab_size=.."
 };
 
-// Writes a checkpoint collectively over `comm`; returns the final path.
-std::string write_checkpoint(const std::string& dir, const CheckpointMeta& meta, const std::vector<TensorSlab>& slabs,
-                             std::int64_t keep, MPI_Comm comm);
+class CheckpointWriter {
+ public:
+  // Starts `<dir>/step_<step>.h5.tmp`, creating the directory.
+  CheckpointWriter(const std::string& dir, std::int64_t step, MPI_Comm comm);
+  void write(const TensorSlab& slab);
+  // Writes the metadata, closes, renames, points `latest` at it, drops old files; returns the path.
+  std::string commit(const CheckpointMeta& meta, std::int64_t keep);
+  std::int64_t bytes_written() const { return bytes_; }  // by this rank
+
+ private:
+  std::string dir_, final_path_, tmp_path_;
+  MPI_Comm comm_;
+  h5::Id file_;
+  std::int64_t bytes_ = 0;
+};
+
+class CheckpointReader {
+ public:
+  // Throws InputError for a missing, truncated or foreign file.
+  CheckpointReader(const std::string& path, MPI_Comm comm);
+  const CheckpointMeta& meta() const { return meta_; }
+  const std::string& path() const { return path_; }
+  // A missing tensor or a global shape that differs is an InputError.
+  void read(const TensorSlab& slab);
+
+ private:
+  std::string path_;
+  h5::Id file_;
+  CheckpointMeta meta_;
+};
 
 // Resolves checkpoint.resume: "latest" (the file `<dir>/latest` names) or a path.
 // Throws InputError when nothing usable is there.
 std::string resolve_checkpoint(const std::string& resume, const std::string& dir);
-
-CheckpointMeta read_checkpoint_meta(const std::string& path, MPI_Comm comm);
-// Reads each slab; a missing tensor or a global shape that differs is an InputError.
-void read_checkpoint_tensors(const std::string& path, const std::vector<TensorSlab>& slabs, MPI_Comm comm);
 
 // Checkpoint files in a directory, oldest first.
 std::vector<std::string> list_checkpoints(const std::string& dir);

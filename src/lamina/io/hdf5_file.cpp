@@ -122,28 +122,57 @@ void read(hid_t file, const std::string& path, const std::string& name, std::int
   read_impl(file, path, name, H5T_NATIVE_INT32, out, offset, count);
 }
 
-void write_floats(hid_t file, const std::string& name, const std::vector<std::int64_t>& global_shape,
-                  const float* data, const std::vector<std::int64_t>& offset, const std::vector<std::int64_t>& count) {
+namespace {
+
+// The union of the pieces in the file, and the whole local array in memory.
+void select(hid_t file_space, Id& mem_space, const std::vector<Hyperslab>& pieces,
+            const std::vector<std::int64_t>& local_shape) {
+  std::vector<hsize_t> local(local_shape.begin(), local_shape.end());
+  if (local.empty()) local.push_back(1);
+  mem_space = Id(H5Screate_simple(static_cast<int>(local.size()), local.data(), nullptr), H5Sclose);
+  if (pieces.empty()) {
+    H5Sselect_none(file_space);
+    H5Sselect_none(mem_space);
+    return;
+  }
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    std::vector<hsize_t> off(pieces[i].offset.begin(), pieces[i].offset.end());
+    std::vector<hsize_t> cnt(pieces[i].count.begin(), pieces[i].count.end());
+    H5Sselect_hyperslab(file_space, i == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, off.data(), nullptr, cnt.data(),
+                        nullptr);
+  }
+}
+
+}  // namespace
+
+void write_slab(hid_t file, const std::string& name, const std::vector<std::int64_t>& global_shape,
+                const std::vector<Hyperslab>& pieces, const std::vector<std::int64_t>& local_shape, const float* data) {
   std::vector<hsize_t> dims(global_shape.begin(), global_shape.end());
   Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
   Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl, 1);
   Id ds(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, space, lcpl, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
   if (!ds.valid()) throw RunError("cannot create dataset '" + name + "' in the checkpoint");
-  std::vector<hsize_t> off(offset.begin(), offset.end()), cnt(count.begin(), count.end());
-  hsize_t n = 1;
-  for (const auto c : cnt) n *= c;
-  Id mem(H5Screate_simple(static_cast<int>(cnt.size()), cnt.data(), nullptr), H5Sclose);
-  if (n == 0) {
-    H5Sselect_none(space);
-    H5Sselect_none(mem);
-  } else {
-    H5Sselect_hyperslab(space, H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr);
-  }
+  Id mem;
+  select(space, mem, pieces, local_shape);
   Id xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
   H5Pset_dxpl_mpio(xfer, H5FD_MPIO_COLLECTIVE);
   if (H5Dwrite(ds, H5T_NATIVE_FLOAT, mem, space, xfer, data) < 0) {
     throw RunError("writing dataset '" + name + "' of the checkpoint failed (disk full?)");
+  }
+}
+
+void read_slab(hid_t file, const std::string& path, const std::string& name, const std::vector<Hyperslab>& pieces,
+               const std::vector<std::int64_t>& local_shape, float* data) {
+  Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!ds.valid()) throw InputError(path + ": dataset '" + name + "' is missing");
+  Id space(H5Dget_space(ds), H5Sclose);
+  Id mem;
+  select(space, mem, pieces, local_shape);
+  Id xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  H5Pset_dxpl_mpio(xfer, H5FD_MPIO_COLLECTIVE);
+  if (H5Dread(ds, H5T_NATIVE_FLOAT, mem, space, xfer, data) < 0) {
+    throw InputError(path + ": cannot read dataset '" + name + "' (truncated or corrupt file?)");
   }
 }
 

@@ -48,10 +48,20 @@ void read(hid_t file, const std::string& path, const std::string& name, double* 
 void read(hid_t file, const std::string& path, const std::string& name, std::int32_t* out,
           const std::vector<std::int64_t>& offset = {}, const std::vector<std::int64_t>& count = {});
 
-// Creates a float32 dataset of the global shape (collective) and writes this rank's
-// slab (count all zero: writes nothing but takes part in the collective write).
-void write_floats(hid_t file, const std::string& name, const std::vector<std::int64_t>& global_shape,
-                  const float* data, const std::vector<std::int64_t>& offset, const std::vector<std::int64_t>& count);
+// Part of a dataset: a rectangle at `offset` of extent `count`.
+struct Hyperslab {
+  std::vector<std::int64_t> offset, count;
+};
+
+// Creates a float32 dataset of the global shape (collective: every rank, same order) and
+// writes this rank's pieces from `data`, a row-major array of `local_shape` that the
+// pieces, taken in row-major order of the file, fill exactly. No pieces: the rank takes
+// part without writing.
+void write_slab(hid_t file, const std::string& name, const std::vector<std::int64_t>& global_shape,
+                const std::vector<Hyperslab>& pieces, const std::vector<std::int64_t>& local_shape, const float* data);
+// The converse read (collective); `path` names the file in errors.
+void read_slab(hid_t file, const std::string& path, const std::string& name, const std::vector<Hyperslab>& pieces,
+               const std::vector<std::int64_t>& local_shape, float* data);
 
 bool has_attr(hid_t file, const std::string& name);
 std::int64_t attr_int(hid_t file, const std::string& path, const std::string& name);

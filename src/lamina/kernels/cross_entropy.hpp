@@ -1,29 +1,68 @@
 #pragma once
 // Softmax cross-entropy over the vocabulary, per position:
-//   loss_i = logsumexp(logits_i) - logits_i[target_i]
+//   loss_i = lse_i - logits_i[target_i],  lse_i = max_i + log(sum_j exp(logits_ij - max_i))
+// Written as row statistics so that the vocabulary can be split over tensor-parallel
+// ranks (Megatron's vocabulary-parallel cross-entropy): each rank computes them on its
+// shard of the logits, and the group combines them (max, then sums) before the loss.
 #include "lamina/kernels/fast_math.hpp"
 #include "lamina/kernels/reduction.hpp"
 
 namespace lamina {
 
-// losses: (N) per-position loss; lse: (N) log-sum-exp, saved for backward
-// logits: (N, V); targets: (N)
+// rowmax: (N) = max_j logits(i, j); logits: (N, V)
 template <class Exec>
-void cross_entropy_forward(const Exec& exec, const Vec<Exec>& losses, const Vec<Exec>& lse,
-                           const ConstMat<Exec>& logits, const Tokens<Exec>& targets) {
+void cross_entropy_row_max(const Exec& exec, const Vec<Exec>& rowmax, const ConstMat<Exec>& logits) {
   using member = typename Teams<Exec>::member_type;
   const std::int64_t N = static_cast<std::int64_t>(logits.extent(0));
   const std::int64_t V = static_cast<std::int64_t>(logits.extent(1));
   Kokkos::parallel_for(
-      "lamina::cross_entropy_forward", Teams<Exec>(exec, N, Kokkos::AUTO), KOKKOS_LAMBDA(const member& team) {
+      "lamina::cross_entropy_row_max", Teams<Exec>(exec, N, Kokkos::AUTO), KOKKOS_LAMBDA(const member& team) {
         const std::int64_t i = team.league_rank();
         const float mx = team_max(team, V, [&](std::int64_t j) { return logits(i, j); });
-        const float sum = team_sum(team, V, [&](std::int64_t j) { return fast_exp(logits(i, j) - mx); });
-        Kokkos::single(Kokkos::PerTeam(team), [&]() {
-          const float l = mx + math::log(sum);
-          lse(i) = l;
-          losses(i) = l - logits(i, targets(i));
-        });
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { rowmax(i) = mx; });
+      });
+}
+
+// sumexp: (N) = sum_j exp(logits(i, j) - rowmax(i)), with the group's row maximum
+template <class Exec>
+void cross_entropy_row_sumexp(const Exec& exec, const Vec<Exec>& sumexp, const ConstMat<Exec>& logits,
+                              const ConstVec<Exec>& rowmax) {
+  using member = typename Teams<Exec>::member_type;
+  const std::int64_t N = static_cast<std::int64_t>(logits.extent(0));
+  const std::int64_t V = static_cast<std::int64_t>(logits.extent(1));
+  Kokkos::parallel_for(
+      "lamina::cross_entropy_row_sumexp", Teams<Exec>(exec, N, Kokkos::AUTO), KOKKOS_LAMBDA(const member& team) {
+        const std::int64_t i = team.league_rank();
+        const float mx = rowmax(i);
+        const float s = team_sum(team, V, [&](std::int64_t j) { return fast_exp(logits(i, j) - mx); });
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { sumexp(i) = s; });
+      });
+}
+
+// target: (N) = logits(i, targets(i) - vocab_begin), or 0 when the target id is not in
+// this rank's columns [vocab_begin, vocab_begin + V)
+template <class Exec>
+void cross_entropy_target_logit(const Exec& exec, const Vec<Exec>& target, const ConstMat<Exec>& logits,
+                                const Tokens<Exec>& targets, std::int64_t vocab_begin) {
+  const std::int64_t N = static_cast<std::int64_t>(logits.extent(0));
+  const std::int64_t V = static_cast<std::int64_t>(logits.extent(1));
+  Kokkos::parallel_for(
+      "lamina::cross_entropy_target_logit", Range<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t j = targets(i) - vocab_begin;
+        target(i) = (j >= 0 && j < V) ? logits(i, j) : 0.0f;
+      });
+}
+
+// losses, lse: (N) from the combined statistics
+template <class Exec>
+void cross_entropy_forward(const Exec& exec, const Vec<Exec>& losses, const Vec<Exec>& lse,
+                           const ConstVec<Exec>& rowmax, const ConstVec<Exec>& sumexp, const ConstVec<Exec>& target) {
+  Kokkos::parallel_for(
+      "lamina::cross_entropy_forward", Range<Exec>(exec, 0, static_cast<std::int64_t>(losses.extent(0))),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        const float l = rowmax(i) + math::log(sumexp(i));
+        lse(i) = l;
+        losses(i) = l - target(i);
       });
 }
 
@@ -32,7 +71,8 @@ void cross_entropy_forward(const Exec& exec, const Vec<Exec>& losses, const Vec<
 // d(total loss)/d(loss_i), 1 / (number of positions) for a mean.
 template <class Exec>
 void cross_entropy_backward(const Exec& exec, const Mat<Exec>& dlogits, const ConstMat<Exec>& logits,
-                            const ConstVec<Exec>& lse, const Tokens<Exec>& targets, float scale) {
+                            const ConstVec<Exec>& lse, const Tokens<Exec>& targets, std::int64_t vocab_begin,
+                            float scale) {
   using member = typename Teams<Exec>::member_type;
   const std::int64_t N = static_cast<std::int64_t>(logits.extent(0));
   const std::int64_t V = static_cast<std::int64_t>(logits.extent(1));
@@ -40,7 +80,7 @@ void cross_entropy_backward(const Exec& exec, const Mat<Exec>& dlogits, const Co
       "lamina::cross_entropy_backward", Teams<Exec>(exec, N, Kokkos::AUTO), KOKKOS_LAMBDA(const member& team) {
         const std::int64_t i = team.league_rank();
         const float l = lse(i);
-        const std::int64_t y = targets(i);
+        const std::int64_t y = targets(i) - vocab_begin;
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](std::int64_t j) {
           dlogits(i, j) = scale * (fast_exp(logits(i, j) - l) - (j == y ? 1.0f : 0.0f));
         });

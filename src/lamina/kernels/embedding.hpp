@@ -1,36 +1,66 @@
 #pragma once
-// Token + position embedding (GPT-2 "encoder"): out[b,t,:] = wte[tok[b,t],:] + wpe[t,:].
+// Token and position embeddings (GPT-2 "encoder"): out[b,t,:] = wte[tok[b,t],:] + wpe[t,:].
+// The token table may be one vocabulary shard [vocab_begin, vocab_begin + V) of a larger
+// table (Megatron's vocabulary-parallel embedding): tokens outside it contribute zero,
+// and tensor parallelism sums the shards' outputs.
 #include "lamina/kernels/common.hpp"
 
 namespace lamina {
 
-// out: (B*T, C); tokens: (B*T); wte: (V, C); wpe: (>=T, C)
+// out: (B*T, C) overwritten; tokens: (B*T); wte: (V, C), rows for ids vocab_begin..
 template <class Exec>
-void embedding_forward(const Exec& exec, const Mat<Exec>& out, const Tokens<Exec>& tokens, const ConstMat<Exec>& wte,
-                       const ConstMat<Exec>& wpe, std::int64_t T) {
+void token_embedding_forward(const Exec& exec, const Mat<Exec>& out, const Tokens<Exec>& tokens,
+                             const ConstMat<Exec>& wte, std::int64_t vocab_begin) {
   const std::int64_t N = static_cast<std::int64_t>(out.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(out.extent(1));
+  const std::int64_t V = static_cast<std::int64_t>(wte.extent(0));
   Kokkos::parallel_for(
-      "lamina::embedding_forward", Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
-                                       exec, {0, 0}, {N, C}),
-      KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) { out(i, c) = wte(tokens(i), c) + wpe(i % T, c); });
+      "lamina::token_embedding_forward",
+      Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {N, C}),
+      KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) {
+        const std::int64_t row = tokens(i) - vocab_begin;
+        out(i, c) = (row >= 0 && row < V) ? wte(row, c) : 0.0f;
+      });
 }
 
-// dwte: (V, C) +=; dwpe: (>=T, C) +=; dout: (B*T, C).
+// dwte: (V, C) +=; dout: (B*T, C).
 // One thread per channel walks all rows in order: no atomics, so repeated tokens sum
 // in a fixed order and the result is bitwise reproducible.
 template <class Exec>
-void embedding_backward(const Exec& exec, const Mat<Exec>& dwte, const Mat<Exec>& dwpe, const ConstMat<Exec>& dout,
-                        const Tokens<Exec>& tokens, std::int64_t T) {
+void token_embedding_backward(const Exec& exec, const Mat<Exec>& dwte, const ConstMat<Exec>& dout,
+                              const Tokens<Exec>& tokens, std::int64_t vocab_begin) {
   const std::int64_t N = static_cast<std::int64_t>(dout.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(dout.extent(1));
+  const std::int64_t V = static_cast<std::int64_t>(dwte.extent(0));
   Kokkos::parallel_for(
-      "lamina::embedding_backward_wte", Range<Exec>(exec, 0, C), KOKKOS_LAMBDA(std::int64_t c) {
-        for (std::int64_t i = 0; i < N; ++i) dwte(tokens(i), c) += dout(i, c);
+      "lamina::token_embedding_backward", Range<Exec>(exec, 0, C), KOKKOS_LAMBDA(std::int64_t c) {
+        for (std::int64_t i = 0; i < N; ++i) {
+          const std::int64_t row = tokens(i) - vocab_begin;
+          if (row >= 0 && row < V) dwte(row, c) += dout(i, c);
+        }
       });
+}
+
+// out: (B*T, C) += wpe[t]; wpe: (>=T, C)
+template <class Exec>
+void position_embedding_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>& wpe, std::int64_t T) {
+  const std::int64_t N = static_cast<std::int64_t>(out.extent(0));
+  const std::int64_t C = static_cast<std::int64_t>(out.extent(1));
+  Kokkos::parallel_for(
+      "lamina::position_embedding_forward",
+      Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {N, C}),
+      KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) { out(i, c) += wpe(i % T, c); });
+}
+
+// dwpe: (>=T, C) +=, summed over the sequences of dout: (B*T, C)
+template <class Exec>
+void position_embedding_backward(const Exec& exec, const Mat<Exec>& dwpe, const ConstMat<Exec>& dout,
+                                 std::int64_t T) {
+  const std::int64_t N = static_cast<std::int64_t>(dout.extent(0));
+  const std::int64_t C = static_cast<std::int64_t>(dout.extent(1));
   const std::int64_t B = N / T;
   Kokkos::parallel_for(
-      "lamina::embedding_backward_wpe",
+      "lamina::position_embedding_backward",
       Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {T, C}),
       KOKKOS_LAMBDA(std::int64_t t, std::int64_t c) {
         float s = 0.0f;

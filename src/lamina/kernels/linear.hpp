@@ -5,12 +5,17 @@
 
 namespace lamina {
 
-// out: (N, OC); inp: (N, IC); weight: (IC, OC); bias: (OC)
+// out: (N, OC); inp: (N, IC); weight: (IC, OC); bias: (OC), or empty for none (a
+// row-parallel shard whose bias another rank adds)
 template <class Exec>
 void linear_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>& inp, const ConstMat<Exec>& weight,
                     const ConstVec<Exec>& bias) {
   const std::int64_t N = static_cast<std::int64_t>(out.extent(0));
   const std::int64_t OC = static_cast<std::int64_t>(out.extent(1));
+  if (bias.data() == nullptr) {
+    gemm(exec, "N", "N", 1.0f, inp, weight, 0.0f, out);
+    return;
+  }
   // Broadcasting the bias first lets the product accumulate onto it (beta = 1) instead
   // of a second pass over the output.
   Kokkos::parallel_for(

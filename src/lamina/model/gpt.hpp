@@ -1,7 +1,8 @@
 #pragma once
 // GPT-2 forward and backward, one piece per layer (embedding, block, head), so that
 // schedules can run any layer range on any micro-batch. Each piece is a Kokkos
-// profiling region; kernels are in lamina/kernels.
+// profiling region; kernels are in lamina/kernels. Shapes are this rank's
+// tensor-parallel shard; ShardCombine joins the shards where Megatron does.
 //
 //   x0 = wte[tokens] + wpe                      embedding
 //   x_{l+1} = block_l(x_l)                      l = 0..L-1, pre-LayerNorm:
@@ -18,10 +19,12 @@
 #include "lamina/kernels/residual.hpp"
 #include "lamina/model/gpt_activations.hpp"
 #include "lamina/model/gpt_tensors.hpp"
+#include "lamina/model/shard_combine.hpp"
 
 namespace lamina {
 
 namespace detail {
+
 // A matrix seen as a flat vector (elementwise ops do not care about shape).
 template <class V>
 Kokkos::View<float*, Kokkos::LayoutRight, typename V::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> flat(
@@ -30,120 +33,128 @@ Kokkos::View<float*, Kokkos::LayoutRight, typename V::memory_space, Kokkos::Memo
       Kokkos::View<float*, Kokkos::LayoutRight, typename V::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   return Flat(m.data(), m.size());
 }
+
+// Runs a combine step on a view once the kernels that wrote it are done.
+template <class Exec, class V>
+void combine(const Exec& exec, const std::function<void(float*, std::int64_t)>& op, const V& v) {
+  if (!op) return;
+  exec.fence();
+  op(v.data(), static_cast<std::int64_t>(v.size()));
+}
+
+template <class Exec>
+ConstVec<Exec> row_parallel_bias(const Vec<Exec>& bias, const ShardCombine& tp) {
+  return tp.rank == 0 ? ConstVec<Exec>(bias) : ConstVec<Exec>();
+}
+
 }  // namespace detail
 
+// a.input = wte[a.inputs] + wpe
 template <class Exec>
-void embed_forward(const Exec& exec, const GptTensors<Exec>& w, GptActivations<Exec>& a) {
+void embed_forward(const Exec& exec, const EmbeddingTensors<Exec>& w, LayerRangeActs<Exec>& a, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::embed_forward");
-  embedding_forward(exec, a.embed_out, a.inputs, w.wte, w.wpe, a.dims().T);
+  token_embedding_forward(exec, a.input, a.inputs, w.wte, a.dims().vocab_begin);
+  detail::combine(exec, tp.sum, a.input);
+  position_embedding_forward(exec, a.input, w.wpe, a.dims().T);
   Kokkos::Profiling::popRegion();
 }
 
-// dres: (N, C) gradient of the embedding output
+// Gradients of the tables from a.dres = d loss / d(embedding output).
 template <class Exec>
-void embed_backward(const Exec& exec, const GptTensors<Exec>& g, GptActivations<Exec>& a) {
+void embed_backward(const Exec& exec, const EmbeddingTensors<Exec>& g, LayerRangeActs<Exec>& a) {
   Kokkos::Profiling::pushRegion("lamina::embed_backward");
-  embedding_backward(exec, g.wte, g.wpe, a.ws.dres, a.inputs, a.dims().T);
+  token_embedding_backward(exec, g.wte, a.dres, a.inputs, a.dims().vocab_begin);
+  position_embedding_backward(exec, g.wpe, a.dres, a.dims().T);
   Kokkos::Profiling::popRegion();
 }
 
-// Block l of the stack: reads its input (embedding output or block l-1's output).
+// Transformer block l (global index, inside a's range): block_input(l) -> at(l).out.
 template <class Exec>
-const Mat<Exec>& block_input(const GptActivations<Exec>& a, std::int64_t l) {
-  return l == 0 ? a.embed_out : a.block[l - 1].out;
-}
-
-template <class Exec>
-void block_forward(const Exec& exec, const BlockTensors<Exec>& w, GptActivations<Exec>& a, std::int64_t l) {
+void block_forward(const Exec& exec, const BlockTensors<Exec>& w, LayerRangeActs<Exec>& a, std::int64_t l,
+                   const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_forward");
-  BlockActs<Exec>& s = a.block[l];
-  Workspace<Exec>& ws = a.ws;
-  const Mat<Exec>& x = block_input(a, l);
+  BlockActs<Exec>& s = a.at(l);
+  const Mat<Exec>& x = a.block_input(l);
   layernorm_forward(exec, s.ln1, s.ln1_mean, s.ln1_rstd, x, w.ln1_w, w.ln1_b);
   linear_forward(exec, ws.qkv, s.ln1, w.qkv_w, w.qkv_b);
   attention_forward(exec, s.atty, s.q, s.k, s.v, s.att, ws.y, ws.qkv, a.dims().NH);
-  linear_forward(exec, ws.attproj, s.atty, w.proj_w, w.proj_b);
+  linear_forward(exec, ws.attproj, s.atty, w.proj_w, detail::row_parallel_bias<Exec>(w.proj_b, tp));
+  detail::combine(exec, tp.sum, ws.attproj);
   residual_forward(exec, detail::flat(s.x2), detail::flat(x), detail::flat(ws.attproj));
   layernorm_forward(exec, s.ln2, s.ln2_mean, s.ln2_rstd, s.x2, w.ln2_w, w.ln2_b);
   linear_forward(exec, s.fch, s.ln2, w.fc_w, w.fc_b);
   gelu_forward(exec, detail::flat(s.fch_gelu), detail::flat(s.fch));
-  linear_forward(exec, ws.fcproj, s.fch_gelu, w.fcproj_w, w.fcproj_b);
+  linear_forward(exec, ws.fcproj, s.fch_gelu, w.fcproj_w, detail::row_parallel_bias<Exec>(w.fcproj_b, tp));
+  detail::combine(exec, tp.sum, ws.fcproj);
   residual_forward(exec, detail::flat(s.out), detail::flat(s.x2), detail::flat(ws.fcproj));
   Kokkos::Profiling::popRegion();
 }
 
-// On entry a.ws.dres holds d loss / d(block output); on exit d loss / d(block input).
+// On entry a.dres holds d loss / d(output of block l); on exit d loss / d(its input).
 // Parameter gradients accumulate into g.
 template <class Exec>
 void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockTensors<Exec>& w,
-                    GptActivations<Exec>& a, std::int64_t l) {
+                    LayerRangeActs<Exec>& a, std::int64_t l, const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_backward");
-  BlockActs<Exec>& s = a.block[l];
-  Workspace<Exec>& ws = a.ws;
-  const Mat<Exec>& x = block_input(a, l);
+  BlockActs<Exec>& s = a.at(l);
+  const Mat<Exec>& x = a.block_input(l);
+  const Mat<Exec>& dres = a.dres;
   // MLP branch: out = x2 + c_proj(gelu(c_fc(ln_2(x2))))
-  linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, ws.dres, s.fch_gelu, w.fcproj_w, ws.ones);
+  linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.ones);
   gelu_backward(exec, detail::flat(ws.dfch), detail::flat(s.fch), detail::flat(ws.dfch));
   linear_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.ln2, w.fc_w, ws.ones);
-  layernorm_backward(exec, ws.dres, g.ln2_w, g.ln2_b, ws.dln, ws.dres, s.x2, w.ln2_w, s.ln2_mean, s.ln2_rstd,
-                     ws.scratch, ws.ones);
+  detail::combine(exec, tp.sum, ws.dln);
+  layernorm_backward(exec, dres, g.ln2_w, g.ln2_b, ws.dln, dres, s.x2, w.ln2_w, s.ln2_mean, s.ln2_rstd, ws.scratch,
+                     ws.ones);
   // attention branch: x2 = x + c_proj(attn(c_attn(ln_1(x))))
-  linear_backward(exec, ws.datty, g.proj_w, g.proj_b, ws.dres, s.atty, w.proj_w, ws.ones);
+  linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.ones);
   attention_backward(exec, ws.dqkv, ws.dq, ws.dk, ws.dv, ws.datt, ws.dy, ws.datty, s.q, s.k, s.v, s.att,
                      a.dims().NH);
   linear_backward(exec, ws.dln, g.qkv_w, Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w, ws.ones);
   qkv_bias_backward(exec, g.qkv_b, ws.dqkv, ws.qkv_bias_sums, ws.ones);
-  layernorm_backward(exec, ws.dres, g.ln1_w, g.ln1_b, ws.dln, ws.dres, x, w.ln1_w, s.ln1_mean, s.ln1_rstd,
-                     ws.scratch, ws.ones);
+  detail::combine(exec, tp.sum, ws.dln);
+  layernorm_backward(exec, dres, g.ln1_w, g.ln1_b, ws.dln, dres, x, w.ln1_w, s.ln1_mean, s.ln1_rstd, ws.scratch,
+                     ws.ones);
   Kokkos::Profiling::popRegion();
 }
 
-// Final norm, tied LM head and per-position losses (a.head.losses).
+// Final norm, tied LM head and per-position losses (a.head.losses) of a.output().
 template <class Exec>
-void head_forward(const Exec& exec, const GptTensors<Exec>& w, GptActivations<Exec>& a) {
+void head_forward(const Exec& exec, const EmbeddingTensors<Exec>& e, const FinalNormTensors<Exec>& w,
+                  LayerRangeActs<Exec>& a, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::head_forward");
   HeadActs<Exec>& h = a.head;
-  const Mat<Exec>& x = block_input(a, static_cast<std::int64_t>(a.block.size()));
-  layernorm_forward(exec, h.lnf, h.lnf_mean, h.lnf_rstd, x, w.lnf_w, w.lnf_b);
-  tied_head_forward(exec, h.logits, h.lnf, w.wte);
-  cross_entropy_forward(exec, h.losses, h.lse, h.logits, a.targets);
+  layernorm_forward(exec, h.lnf, h.lnf_mean, h.lnf_rstd, a.output(), w.w, w.b);
+  tied_head_forward(exec, h.logits, h.lnf, e.wte);
+  cross_entropy_row_max(exec, h.rowmax, h.logits);
+  detail::combine(exec, tp.max, h.rowmax);
+  cross_entropy_row_sumexp(exec, h.sumexp, h.logits, h.rowmax);
+  cross_entropy_target_logit(exec, h.target, h.logits, a.targets, a.dims().vocab_begin);
+  detail::combine(exec, tp.sum, h.sumexp);
+  detail::combine(exec, tp.sum, h.target);
+  cross_entropy_forward(exec, h.losses, h.lse, h.rowmax, h.sumexp, h.target);
   Kokkos::Profiling::popRegion();
 }
 
 // loss_scale: d(objective)/d(loss_i), e.g. 1 / (positions in the global batch).
-// Leaves d objective / d(last block output) in a.ws.dres.
+// Leaves d objective / d(a.output()) in a.dres.
 template <class Exec>
-void head_backward(const Exec& exec, const GptTensors<Exec>& g, const GptTensors<Exec>& w, GptActivations<Exec>& a,
-                   float loss_scale) {
+void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const FinalNormTensors<Exec>& g,
+                   const EmbeddingTensors<Exec>& e, const FinalNormTensors<Exec>& w, LayerRangeActs<Exec>& a,
+                   const Workspace<Exec>& ws, float loss_scale, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::head_backward");
   HeadActs<Exec>& h = a.head;
-  const Mat<Exec>& x = block_input(a, static_cast<std::int64_t>(a.block.size()));
-  cross_entropy_backward(exec, h.logits, h.logits, h.lse, a.targets, loss_scale);
-  tied_head_backward(exec, a.ws.dln, g.wte, h.logits, h.lnf, w.wte);
-  layernorm_backward(exec, a.ws.dres, g.lnf_w, g.lnf_b, a.ws.dln, ConstMat<Exec>(), x, w.lnf_w, h.lnf_mean,
-                     h.lnf_rstd, a.ws.scratch, a.ws.ones);
+  cross_entropy_backward(exec, h.logits, h.logits, h.lse, a.targets, a.dims().vocab_begin, loss_scale);
+  tied_head_backward(exec, ws.dln, ge.wte, h.logits, h.lnf, e.wte);
+  detail::combine(exec, tp.sum, ws.dln);
+  layernorm_backward(exec, a.dres, g.w, g.b, ws.dln, ConstMat<Exec>(), a.output(), w.w, h.lnf_mean, h.lnf_rstd,
+                     ws.scratch, ws.ones);
   Kokkos::Profiling::popRegion();
 }
 
-// The whole model on the micro-batch in a.inputs / a.targets.
+// Sum of the per-position losses of the last forward pass, accumulated in double (fences).
 template <class Exec>
-void gpt_forward(const Exec& exec, const GptTensors<Exec>& w, GptActivations<Exec>& a) {
-  embed_forward(exec, w, a);
-  for (std::size_t l = 0; l < a.block.size(); ++l) block_forward(exec, w.blocks[l], a, static_cast<std::int64_t>(l));
-  head_forward(exec, w, a);
-}
-
-template <class Exec>
-void gpt_backward(const Exec& exec, const GptTensors<Exec>& g, const GptTensors<Exec>& w, GptActivations<Exec>& a,
-                  float loss_scale) {
-  head_backward(exec, g, w, a, loss_scale);
-  for (std::size_t l = a.block.size(); l-- > 0;) block_backward(exec, g.blocks[l], w.blocks[l], a, static_cast<std::int64_t>(l));
-  embed_backward(exec, g, a);
-}
-
-// Sum of the per-position losses of the last forward pass, accumulated in double.
-template <class Exec>
-double sum_losses(const Exec& exec, const GptActivations<Exec>& a) {
+double sum_losses(const Exec& exec, const LayerRangeActs<Exec>& a) {
   const Vec<Exec> losses = a.head.losses;
   double total = 0.0;
   Kokkos::parallel_reduce(

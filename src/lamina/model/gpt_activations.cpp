@@ -5,18 +5,21 @@
 namespace lamina {
 
 ActivationSizes activation_sizes(const Dims& d) {
-  const std::int64_t N = d.N(), C = d.C, att = d.B * d.NH * d.T * d.T;
+  const std::int64_t N = d.N(), C = d.C, A = d.A(), F = d.F, att = d.B * d.NH * d.T * d.T;
   ActivationSizes s;
   s.embed = N * C;
-  // ln1, q, k, v, atty, x2, ln2, out: 8 NC; fch, fch_gelu: 8 NC; 4 (mean, rstd) of N
-  s.block = 16 * N * C + 4 * N + att;
-  s.head = N * C + 2 * N + N * d.V + 2 * N;
-  const std::int64_t forward = 6 * N * C;
-  // dres, dln, datty, scratch: 4 NC; dfch 4 NC; dqkv 3 NC; dq, dk, dv, dy: 4 NC; 3C bias sums
-  const std::int64_t backward = 15 * N * C + att + 3 * C;
+  // ln1, x2, ln2, out: 4 NC; q, k, v, atty: 4 NA; fch, fch_gelu: 2 NF; 4 (mean, rstd) of N
+  s.block = 4 * N * C + 4 * N * A + 2 * N * F + 4 * N + att;
+  // lnf: NC; logits: NV; lnf mean/rstd, rowmax, sumexp, target, losses, lse: 7 N
+  s.head = N * C + N * d.V + 7 * N;
+  s.boundary = N * C;
+  s.tokens = 2 * N;
+  // qkv 3NA, y NA, attproj and fcproj 2 NC
+  const std::int64_t forward = 3 * N * A + N * A + 2 * N * C;
+  // dln, scratch: 2 NC; dfch NF; dqkv 3 NA; dq, dk, dv, dy, datty: 5 NA; 3A bias sums
+  const std::int64_t backward = 2 * N * C + N * F + 8 * N * A + att + 3 * A;
   s.workspace = std::max(forward, backward);
   s.ones = N;
-  s.tokens = 2 * N;
   return s;
 }
 

@@ -1,8 +1,10 @@
 #pragma once
-// What a GPT-2 forward pass keeps for backward (per block: one flat buffer, so a block's
-// activations can be dropped, recomputed or moved as a unit), and the scratch space that
-// one block at a time uses. Sizes come from activation_sizes(), which the memory
-// estimate shares, so predicted and allocated bytes cannot drift apart.
+// What a GPT-2 forward pass keeps for backward, and the scratch space one layer at a
+// time uses. The saved activations of a range of layers for one micro-batch are one flat
+// buffer (LayerRangeActs), so that a pipeline keeps one per micro-batch in flight and a
+// layer's activations can be dropped, recomputed or moved as a unit. Sizes come from
+// activation_sizes(), which the memory estimate shares, so predicted and allocated bytes
+// cannot drift apart. All shapes are this rank's tensor-parallel shard.
 #include <cstdint>
 #include <vector>
 
@@ -13,22 +15,36 @@
 namespace lamina {
 
 struct Dims {
-  std::int64_t B = 0, T = 0, C = 0, NH = 0, V = 0;
+  std::int64_t B = 0, T = 0, C = 0;  // micro-batch sequences, positions, model width
+  std::int64_t NH = 0, hd = 0;       // attention heads on this rank, head width
+  std::int64_t F = 0;                // MLP hidden width on this rank (4C / tp)
+  std::int64_t V = 0;                // vocabulary rows on this rank (V / tp)
+  std::int64_t vocab_begin = 0;      // first token id of this rank's vocabulary rows
   std::int64_t N() const { return B * T; }
-  std::int64_t hd() const { return C / NH; }
-  static Dims of(const ModelConfig& m, std::int64_t micro_batch) {
-    return {micro_batch, m.seq_len, m.d_model, m.heads, m.vocab_size};
+  std::int64_t A() const { return NH * hd; }  // attention width on this rank (C / tp)
+  static Dims of(const ModelConfig& m, std::int64_t micro_batch, int tp_size = 1, int tp_rank = 0) {
+    Dims d;
+    d.B = micro_batch;
+    d.T = m.seq_len;
+    d.C = m.d_model;
+    d.NH = m.heads / tp_size;
+    d.hd = m.d_model / m.heads;
+    d.F = 4 * m.d_model / tp_size;
+    d.V = m.vocab_size / tp_size;
+    d.vocab_begin = tp_rank * d.V;
+    return d;
   }
 };
 
-// Elements (floats unless noted) of each activation buffer of a micro-batch of B sequences.
+// Elements (floats unless noted) of the buffers of a micro-batch of B sequences.
 struct ActivationSizes {
   std::int64_t embed = 0;      // embedding output
   std::int64_t block = 0;      // saved by one transformer block
-  std::int64_t head = 0;       // final norm, logits, losses
-  std::int64_t workspace = 0;  // scratch shared by all blocks (forward and backward overlap)
-  std::int64_t ones = 0;       // a row of ones for column sums
+  std::int64_t head = 0;       // final norm, logits, loss statistics
+  std::int64_t boundary = 0;   // a layer range's received input, or its output gradient
   std::int64_t tokens = 0;     // int32 inputs + targets
+  std::int64_t workspace = 0;  // scratch shared by all layers (forward and backward overlap)
+  std::int64_t ones = 0;       // a row of ones for column sums
 };
 ActivationSizes activation_sizes(const Dims& d);
 
@@ -38,132 +54,164 @@ struct BlockActs {
   Vec<Exec> ln1_mean, ln1_rstd;  // (N)
   Mats<Exec> q, k, v;            // (B*NH, T, hd)
   Mats<Exec> att;                // (B*NH, T, T) softmax probabilities
-  Mat<Exec> atty;                // (N, C) attention output before projection
+  Mat<Exec> atty;                // (N, A) attention output before projection
   Mat<Exec> x2;                  // (N, C) residual after attention
   Mat<Exec> ln2;                 // (N, C)
   Vec<Exec> ln2_mean, ln2_rstd;  // (N)
-  Mat<Exec> fch, fch_gelu;       // (N, 4C)
+  Mat<Exec> fch, fch_gelu;       // (N, F)
   Mat<Exec> out;                 // (N, C) block output: residual after the MLP
 };
 
 template <class Exec>
 struct HeadActs {
-  Mat<Exec> lnf;                 // (N, C)
-  Vec<Exec> lnf_mean, lnf_rstd;  // (N)
-  Mat<Exec> logits;              // (N, V); holds dlogits during backward
-  Vec<Exec> losses, lse;         // (N)
+  Mat<Exec> lnf;                    // (N, C)
+  Vec<Exec> lnf_mean, lnf_rstd;     // (N)
+  Mat<Exec> logits;                 // (N, V); holds dlogits during backward
+  Vec<Exec> rowmax, sumexp, target; // (N) loss statistics, combined over tensor-parallel ranks
+  Vec<Exec> losses, lse;            // (N)
 };
 
 template <class Exec>
 struct Workspace {
   // forward
-  Mat<Exec> qkv;              // (N, 3C)
+  Mat<Exec> qkv;              // (N, 3A)
   Mats<Exec> y;               // (B*NH, T, hd)
   Mat<Exec> attproj, fcproj;  // (N, C)
   // backward (same memory as forward)
-  Mat<Exec> dres;             // (N, C) gradient of the residual stream
   Mat<Exec> dln;              // (N, C) gradient of a layernorm output
-  Mat<Exec> dfch;             // (N, 4C)
-  Mat<Exec> dqkv;             // (N, 3C)
+  Mat<Exec> dfch;             // (N, F)
+  Mat<Exec> dqkv;             // (N, 3A)
   Mats<Exec> dq, dk, dv, dy;  // (B*NH, T, hd)
   Mats<Exec> datt;            // (B*NH, T, T)
-  Mat<Exec> datty;            // (N, C)
+  Mat<Exec> datty;            // (N, A)
   Mat<Exec> scratch;          // (N, C)
-  Vec<Exec> qkv_bias_sums;    // (3C)
+  Vec<Exec> qkv_bias_sums;    // (3A)
   Vec<Exec> ones;             // (N)
 };
 
-// Owns every activation and workspace buffer of one model replica, allocated once.
+// The scratch space of one rank, allocated once.
 template <class Exec>
-class GptActivations {
+class WorkspaceBuffers {
+ public:
+  using Mem = typename Exec::memory_space;
+  WorkspaceBuffers(MemoryTracker& tracker, const Dims& d) {
+    const ActivationSizes s = activation_sizes(d);
+    const std::int64_t N = d.N(), C = d.C, A = d.A(), F = d.F, BNH = d.B * d.NH, T = d.T, hd = d.hd;
+    buf_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::workspace", s.workspace);
+    float* p = buf_.data();
+    ws.qkv = as_mat<Exec>(p, N, 3 * A);
+    ws.y = as_mats<Exec>(p += 3 * N * A, BNH, T, hd);
+    ws.attproj = as_mat<Exec>(p += N * A, N, C);
+    ws.fcproj = as_mat<Exec>(p += N * C, N, C);
+    p = buf_.data();
+    ws.dln = as_mat<Exec>(p, N, C);
+    ws.dfch = as_mat<Exec>(p += N * C, N, F);
+    ws.dqkv = as_mat<Exec>(p += N * F, N, 3 * A);
+    ws.dq = as_mats<Exec>(p += 3 * N * A, BNH, T, hd);
+    ws.dk = as_mats<Exec>(p += N * A, BNH, T, hd);
+    ws.dv = as_mats<Exec>(p += N * A, BNH, T, hd);
+    ws.dy = as_mats<Exec>(p += N * A, BNH, T, hd);
+    ws.datt = as_mats<Exec>(p += N * A, BNH, T, T);
+    ws.datty = as_mat<Exec>(p += BNH * T * T, N, A);
+    ws.scratch = as_mat<Exec>(p += N * A, N, C);
+    ws.qkv_bias_sums = as_vec<Exec>(p += N * C, 3 * A);
+    ones_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::ones", s.ones);
+    Kokkos::deep_copy(ones_.view(), 1.0f);
+    ws.ones = ones_.view();
+  }
+  Workspace<Exec> ws;
+
+ private:
+  Buffer<float, Mem> buf_, ones_;
+};
+
+// Everything one micro-batch leaves behind in blocks [first, last) of the model, plus the
+// embedding and/or the head when the range includes them.
+template <class Exec>
+class LayerRangeActs {
  public:
   using Mem = typename Exec::memory_space;
   using TokenView = Kokkos::View<std::int32_t*, Kokkos::LayoutRight, Mem>;
 
-  GptActivations(MemoryTracker& tracker, const Dims& d, std::int64_t blocks) : dims_(d) {
+  // Elements (floats) a range needs; the token buffer comes on top.
+  static std::int64_t floats(const ActivationSizes& s, std::int64_t blocks, bool embedding, bool head) {
+    return (embedding ? s.embed : s.boundary) + blocks * s.block + (head ? s.head : 0) + s.boundary;
+  }
+
+  LayerRangeActs(MemoryTracker& tracker, const Dims& d, std::int64_t first, std::int64_t last, bool embedding,
+                 bool head)
+      : dims_(d), first_(first) {
     const ActivationSizes s = activation_sizes(d);
-    const std::int64_t N = d.N(), C = d.C, BNH = d.B * d.NH, T = d.T, hd = d.hd();
-    embed_buf_ = Buffer<float, Mem>(tracker, MemCategory::activations, "lamina::acts_embed", s.embed);
-    embed_out = as_mat<Exec>(embed_buf_.data(), N, C);
-    for (std::int64_t l = 0; l < blocks; ++l) {
-      block_bufs_.emplace_back(tracker, MemCategory::activations, "lamina::acts_h" + std::to_string(l), s.block);
-      float* p = block_bufs_.back().data();
+    const std::int64_t N = d.N(), C = d.C, A = d.A(), F = d.F, BNH = d.B * d.NH, T = d.T, hd = d.hd;
+    buf_ = Buffer<float, Mem>(tracker, MemCategory::activations,
+                              "lamina::acts_h" + std::to_string(first) + "-" + std::to_string(last),
+                              floats(s, last - first, embedding, head));
+    float* p = buf_.data();
+    auto take = [&p](std::int64_t n) {
+      float* q = p;
+      p += n;
+      return q;
+    };
+    input = as_mat<Exec>(take(N * C), N, C);  // embedding output, or the input received
+    has_embedding = embedding;
+    for (std::int64_t l = first; l < last; ++l) {
       BlockActs<Exec> a;
-      auto take = [&p](std::int64_t n) {
-        float* q = p;
-        p += n;
-        return q;
-      };
       a.ln1 = as_mat<Exec>(take(N * C), N, C);
       a.ln1_mean = as_vec<Exec>(take(N), N);
       a.ln1_rstd = as_vec<Exec>(take(N), N);
-      a.q = as_mats<Exec>(take(N * C), BNH, T, hd);
-      a.k = as_mats<Exec>(take(N * C), BNH, T, hd);
-      a.v = as_mats<Exec>(take(N * C), BNH, T, hd);
+      a.q = as_mats<Exec>(take(N * A), BNH, T, hd);
+      a.k = as_mats<Exec>(take(N * A), BNH, T, hd);
+      a.v = as_mats<Exec>(take(N * A), BNH, T, hd);
       a.att = as_mats<Exec>(take(BNH * T * T), BNH, T, T);
-      a.atty = as_mat<Exec>(take(N * C), N, C);
+      a.atty = as_mat<Exec>(take(N * A), N, A);
       a.x2 = as_mat<Exec>(take(N * C), N, C);
       a.ln2 = as_mat<Exec>(take(N * C), N, C);
       a.ln2_mean = as_vec<Exec>(take(N), N);
       a.ln2_rstd = as_vec<Exec>(take(N), N);
-      a.fch = as_mat<Exec>(take(4 * N * C), N, 4 * C);
-      a.fch_gelu = as_mat<Exec>(take(4 * N * C), N, 4 * C);
+      a.fch = as_mat<Exec>(take(N * F), N, F);
+      a.fch_gelu = as_mat<Exec>(take(N * F), N, F);
       a.out = as_mat<Exec>(take(N * C), N, C);
       block.push_back(a);
     }
-    head_buf_ = Buffer<float, Mem>(tracker, MemCategory::activations, "lamina::acts_head", s.head);
-    {
-      float* p = head_buf_.data();
-      head.lnf = as_mat<Exec>(p, N, C);
-      head.lnf_mean = as_vec<Exec>(p += N * C, N);
-      head.lnf_rstd = as_vec<Exec>(p += N, N);
-      head.logits = as_mat<Exec>(p += N, N, d.V);
-      head.losses = as_vec<Exec>(p += N * d.V, N);
-      head.lse = as_vec<Exec>(p += N, N);
+    has_head = head;
+    if (head) {
+      this->head.lnf = as_mat<Exec>(take(N * C), N, C);
+      this->head.lnf_mean = as_vec<Exec>(take(N), N);
+      this->head.lnf_rstd = as_vec<Exec>(take(N), N);
+      this->head.logits = as_mat<Exec>(take(N * d.V), N, d.V);
+      this->head.rowmax = as_vec<Exec>(take(N), N);
+      this->head.sumexp = as_vec<Exec>(take(N), N);
+      this->head.target = as_vec<Exec>(take(N), N);
+      this->head.losses = as_vec<Exec>(take(N), N);
+      this->head.lse = as_vec<Exec>(take(N), N);
     }
-    ws_buf_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::workspace", s.workspace);
-    {
-      float* p = ws_buf_.data();
-      ws.qkv = as_mat<Exec>(p, N, 3 * C);
-      ws.y = as_mats<Exec>(p += 3 * N * C, BNH, T, hd);
-      ws.attproj = as_mat<Exec>(p += N * C, N, C);
-      ws.fcproj = as_mat<Exec>(p += N * C, N, C);
-      p = ws_buf_.data();
-      ws.dres = as_mat<Exec>(p, N, C);
-      ws.dln = as_mat<Exec>(p += N * C, N, C);
-      ws.dfch = as_mat<Exec>(p += N * C, N, 4 * C);
-      ws.dqkv = as_mat<Exec>(p += 4 * N * C, N, 3 * C);
-      ws.dq = as_mats<Exec>(p += 3 * N * C, BNH, T, hd);
-      ws.dk = as_mats<Exec>(p += N * C, BNH, T, hd);
-      ws.dv = as_mats<Exec>(p += N * C, BNH, T, hd);
-      ws.dy = as_mats<Exec>(p += N * C, BNH, T, hd);
-      ws.datt = as_mats<Exec>(p += N * C, BNH, T, T);
-      ws.datty = as_mat<Exec>(p += BNH * T * T, N, C);
-      ws.scratch = as_mat<Exec>(p += N * C, N, C);
-      ws.qkv_bias_sums = as_vec<Exec>(p += N * C, 3 * C);
-    }
-    ones_buf_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::ones", s.ones);
-    Kokkos::deep_copy(ones_buf_.view(), 1.0f);
-    ws.ones = ones_buf_.view();
-    tokens_buf_ = Buffer<std::int32_t, Mem>(tracker, MemCategory::workspace, "lamina::tokens", s.tokens);
-    inputs = Kokkos::subview(tokens_buf_.view(), std::pair<std::int64_t, std::int64_t>(0, N));
-    targets = Kokkos::subview(tokens_buf_.view(), std::pair<std::int64_t, std::int64_t>(N, 2 * N));
+    dres = as_mat<Exec>(take(N * C), N, C);
+    tokens_ = Buffer<std::int32_t, Mem>(tracker, MemCategory::activations, "lamina::tokens", s.tokens);
+    inputs = Kokkos::subview(tokens_.view(), std::pair<std::int64_t, std::int64_t>(0, N));
+    targets = Kokkos::subview(tokens_.view(), std::pair<std::int64_t, std::int64_t>(N, 2 * N));
   }
 
   const Dims& dims() const { return dims_; }
+  std::int64_t first_block() const { return first_; }
+  std::int64_t num_blocks() const { return static_cast<std::int64_t>(block.size()); }
+  // Input of global block l (in this range): the range's input or the previous block's output.
+  const Mat<Exec>& block_input(std::int64_t l) const { return l == first_ ? input : block[l - first_ - 1].out; }
+  // Output of the range's last block (the input of the head or of the next range).
+  const Mat<Exec>& output() const { return block.empty() ? input : block.back().out; }
+  BlockActs<Exec>& at(std::int64_t l) { return block[l - first_]; }
 
-  Mat<Exec> embed_out;  // (N, C) block 0's input
+  Mat<Exec> input;  // (N, C)
   std::vector<BlockActs<Exec>> block;
   HeadActs<Exec> head;
-  Workspace<Exec> ws;
+  Mat<Exec> dres;  // (N, C) gradient of the residual stream, flowing backward through the range
   TokenView inputs, targets;  // (N) int32
+  bool has_embedding = false, has_head = false;
 
  private:
   Dims dims_;
-  Buffer<float, Mem> embed_buf_;
-  std::vector<Buffer<float, Mem>> block_bufs_;
-  Buffer<float, Mem> head_buf_, ws_buf_, ones_buf_;
-  Buffer<std::int32_t, Mem> tokens_buf_;
+  std::int64_t first_ = 0;
+  Buffer<float, Mem> buf_;
+  Buffer<std::int32_t, Mem> tokens_;
 };
 
 }  // namespace lamina

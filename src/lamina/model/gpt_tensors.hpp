@@ -1,5 +1,8 @@
 #pragma once
-// Named views of one GPT-2 (parameters or their gradients) into per-layer flat buffers.
+// Named views of GPT-2 parameters (or their gradients) into per-layer flat buffers, in
+// this rank's tensor-parallel shapes. Layers are bound one at a time, so that a layer
+// whose parameters live elsewhere (ZeRO-3, another pipeline stage) is bound only while
+// its buffer is present.
 #include <stdexcept>
 #include <vector>
 
@@ -9,73 +12,83 @@
 namespace lamina {
 
 template <class Exec>
+struct EmbeddingTensors {
+  Mat<Exec> wte;  // (V, C), also the LM head
+  Mat<Exec> wpe;  // (T, C)
+};
+
+template <class Exec>
 struct BlockTensors {
   Vec<Exec> ln1_w, ln1_b;       // (C)
-  Mat<Exec> qkv_w;              // (C, 3C)
-  Vec<Exec> qkv_b;              // (3C)
-  Mat<Exec> proj_w;             // (C, C)
+  Mat<Exec> qkv_w;              // (C, 3A)
+  Vec<Exec> qkv_b;              // (3A)
+  Mat<Exec> proj_w;             // (A, C)
   Vec<Exec> proj_b;             // (C)
   Vec<Exec> ln2_w, ln2_b;       // (C)
-  Mat<Exec> fc_w;               // (C, 4C)
-  Vec<Exec> fc_b;               // (4C)
-  Mat<Exec> fcproj_w;           // (4C, C)
+  Mat<Exec> fc_w;               // (C, F)
+  Vec<Exec> fc_b;               // (F)
+  Mat<Exec> fcproj_w;           // (F, C)
   Vec<Exec> fcproj_b;           // (C)
 };
 
 template <class Exec>
-struct GptTensors {
-  Mat<Exec> wte;  // (V, C), also the LM head
-  Mat<Exec> wpe;  // (T, C)
-  std::vector<BlockTensors<Exec>> blocks;
-  Vec<Exec> lnf_w, lnf_b;  // (C)
+struct FinalNormTensors {
+  Vec<Exec> w, b;  // (C)
 };
 
-// Binds named views to flat per-layer storage; bases[i] is the start of layer i's buffer
-// (a layer's pointer may be null when this rank does not hold it).
+namespace detail {
 template <class Exec>
-GptTensors<Exec> bind_gpt_tensors(const ParamLayout& layout, const std::vector<float*>& bases) {
-  auto ptr = [&](const std::string& name) -> float* {
-    int layer = 0;
-    const TensorSpec* spec = nullptr;
-    if (!layout.find(name, layer, spec)) throw std::logic_error("no parameter named " + name);
-    return bases[layer] == nullptr ? nullptr : bases[layer] + spec->offset;
-  };
-  auto mat = [&](const std::string& name) {
-    int layer = 0;
-    const TensorSpec* spec = nullptr;
-    layout.find(name, layer, spec);
-    return as_mat<Exec>(ptr(name), spec->shape[0], spec->shape[1]);
-  };
-  auto vec = [&](const std::string& name) {
-    int layer = 0;
-    const TensorSpec* spec = nullptr;
-    layout.find(name, layer, spec);
-    return as_vec<Exec>(ptr(name), spec->shape[0]);
-  };
-  GptTensors<Exec> g;
-  g.wte = mat("wte");
-  g.wpe = mat("wpe");
-  const int L = layout.num_layers() - 2;
-  for (int i = 0; i < L; ++i) {
-    const std::string h = "h." + std::to_string(i) + ".";
-    BlockTensors<Exec> b;
-    b.ln1_w = vec(h + "ln_1.weight");
-    b.ln1_b = vec(h + "ln_1.bias");
-    b.qkv_w = mat(h + "attn.c_attn.weight");
-    b.qkv_b = vec(h + "attn.c_attn.bias");
-    b.proj_w = mat(h + "attn.c_proj.weight");
-    b.proj_b = vec(h + "attn.c_proj.bias");
-    b.ln2_w = vec(h + "ln_2.weight");
-    b.ln2_b = vec(h + "ln_2.bias");
-    b.fc_w = mat(h + "mlp.c_fc.weight");
-    b.fc_b = vec(h + "mlp.c_fc.bias");
-    b.fcproj_w = mat(h + "mlp.c_proj.weight");
-    b.fcproj_b = vec(h + "mlp.c_proj.bias");
-    g.blocks.push_back(b);
+Mat<Exec> bind_mat(const LayerSpec& l, std::size_t i, float* base) {
+  const TensorSpec& t = l.tensors[i];
+  return as_mat<Exec>(base + t.offset, t.shape[0], t.shape[1]);
+}
+template <class Exec>
+Vec<Exec> bind_vec(const LayerSpec& l, std::size_t i, float* base) {
+  const TensorSpec& t = l.tensors[i];
+  return as_vec<Exec>(base + t.offset, t.shape[0]);
+}
+inline std::size_t index_of(const LayerSpec& l, const std::string& suffix) {
+  for (std::size_t i = 0; i < l.tensors.size(); ++i) {
+    const std::string& n = l.tensors[i].name;
+    if (n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0) return i;
   }
-  g.lnf_w = vec("ln_f.weight");
-  g.lnf_b = vec("ln_f.bias");
-  return g;
+  throw std::logic_error("layer " + l.name + " has no tensor *" + suffix);
+}
+}  // namespace detail
+
+template <class Exec>
+EmbeddingTensors<Exec> bind_embedding(const ParamLayout& layout, float* base) {
+  const LayerSpec& l = layout.layers().front();
+  return {detail::bind_mat<Exec>(l, detail::index_of(l, "wte"), base),
+          detail::bind_mat<Exec>(l, detail::index_of(l, "wpe"), base)};
+}
+
+// block: 0-based transformer block index
+template <class Exec>
+BlockTensors<Exec> bind_block(const ParamLayout& layout, std::int64_t block, float* base) {
+  const LayerSpec& l = layout.layers()[layout.block_layer(block)];
+  using detail::index_of;
+  BlockTensors<Exec> b;
+  b.ln1_w = detail::bind_vec<Exec>(l, index_of(l, "ln_1.weight"), base);
+  b.ln1_b = detail::bind_vec<Exec>(l, index_of(l, "ln_1.bias"), base);
+  b.qkv_w = detail::bind_mat<Exec>(l, index_of(l, "c_attn.weight"), base);
+  b.qkv_b = detail::bind_vec<Exec>(l, index_of(l, "c_attn.bias"), base);
+  b.proj_w = detail::bind_mat<Exec>(l, index_of(l, "attn.c_proj.weight"), base);
+  b.proj_b = detail::bind_vec<Exec>(l, index_of(l, "attn.c_proj.bias"), base);
+  b.ln2_w = detail::bind_vec<Exec>(l, index_of(l, "ln_2.weight"), base);
+  b.ln2_b = detail::bind_vec<Exec>(l, index_of(l, "ln_2.bias"), base);
+  b.fc_w = detail::bind_mat<Exec>(l, index_of(l, "c_fc.weight"), base);
+  b.fc_b = detail::bind_vec<Exec>(l, index_of(l, "c_fc.bias"), base);
+  b.fcproj_w = detail::bind_mat<Exec>(l, index_of(l, "mlp.c_proj.weight"), base);
+  b.fcproj_b = detail::bind_vec<Exec>(l, index_of(l, "mlp.c_proj.bias"), base);
+  return b;
+}
+
+template <class Exec>
+FinalNormTensors<Exec> bind_final_norm(const ParamLayout& layout, float* base) {
+  const LayerSpec& l = layout.layers().back();
+  return {detail::bind_vec<Exec>(l, detail::index_of(l, "ln_f.weight"), base),
+          detail::bind_vec<Exec>(l, detail::index_of(l, "ln_f.bias"), base)};
 }
 
 }  // namespace lamina

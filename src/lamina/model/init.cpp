@@ -20,7 +20,7 @@ void initial_values(const ParamLayout& layout, const ModelConfig& model, std::ui
       switch (t.init) {
         case InitKind::normal:
         case InitKind::scaled_normal:
-          v = static_cast<float>(std_dev * normal01(key, static_cast<std::uint64_t>(e - t.offset)));
+          v = static_cast<float>(std_dev * normal01(key, static_cast<std::uint64_t>(t.global_index(e - t.offset))));
           break;
         case InitKind::zeros: v = 0.0f; break;
         case InitKind::ones: v = 1.0f; break;

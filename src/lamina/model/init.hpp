@@ -2,7 +2,7 @@
 // GPT-2 initialisation: N(0, init_std) for matrices and embeddings, N(0, init_std /
 // sqrt(2 L)) for the projections that feed the residual stream (GPT-2 paper, sec. 2.3),
 // zeros for biases, ones for LayerNorm gains. Values are a function of (seed, tensor
-// name, element index), so any shard of any layout can be drawn independently.
+// name, global element index), so every rank of any layout draws exactly its piece.
 #include <cstdint>
 
 #include "lamina/model/param_layout.hpp"

@@ -1,8 +1,9 @@
 #pragma once
 // Where every parameter lives: per-layer flat buffers (DESIGN.md idea 2), tensor names
-// and global shapes as in HuggingFace GPT-2, the dimension tensor parallelism splits,
-// and the optimizer-state subgroups. Checkpoints, the optimizer and (later) sharding
-// all read this one description.
+// and global shapes as in HuggingFace GPT-2, how tensor parallelism splits each tensor
+// (and so where this rank's piece sits in the global tensor), and the optimizer-state
+// subgroups. Checkpoints, initialisation, the optimizer and sharding all read this one
+// description.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -13,16 +14,28 @@ namespace lamina {
 
 enum class InitKind { normal, scaled_normal, zeros, ones };
 
+// A rectangle of this rank's local tensor and where it sits in the global tensor.
+struct SlabMap {
+  std::vector<std::int64_t> global_offset, local_offset, count;
+};
+
 struct TensorSpec {
-  std::string name;                 // "wte", "h.3.attn.c_attn.weight", ...
-  std::vector<std::int64_t> shape;  // global shape, row-major
-  int tp_split_dim = -1;            // dimension split over tensor-parallel ranks; -1: replicated
-  int tp_blocks = 1;                // the split dimension holds this many blocks split separately ([q|k|v]: 3)
-  bool is_matrix = false;           // matrices and embeddings decay; biases and norm gains only on request
+  std::string name;                        // "wte", "h.3.attn.c_attn.weight", ...
+  std::vector<std::int64_t> global_shape;  // row-major, as in the checkpoint
+  std::vector<std::int64_t> shape;         // this tensor-parallel rank's piece
+  int tp_split_dim = -1;                   // dimension split over tensor-parallel ranks; -1: replicated
+  int tp_blocks = 1;                       // the split dimension holds blocks split separately ([q|k|v]: 3)
+  int tp_rank = 0, tp_size = 1;
+  bool is_matrix = false;                  // matrices and embeddings decay; biases and gains on request
   InitKind init = InitKind::zeros;
-  std::int64_t offset = 0;          // first element in the layer's flat buffer
+  std::int64_t offset = 0;                 // first element in the layer's flat buffer
 
   std::int64_t numel() const;
+  bool replicated() const { return tp_split_dim < 0; }
+  // One slab per block of the split dimension (one for an unsplit tensor).
+  std::vector<SlabMap> slabs() const;
+  // Flat index in the global tensor of flat index `e` of the local piece.
+  std::int64_t global_index(std::int64_t e) const;
 };
 
 // One flat buffer: the embedding, one transformer block, or the final norm.
@@ -42,8 +55,11 @@ struct Subgroup {
 
 class ParamLayout {
  public:
-  // GPT-2: layer 0 = embedding (wte, wpe), layers 1..L = blocks h.0..h.{L-1}, layer L+1 = ln_f.
-  static ParamLayout gpt2(const ModelConfig& model);
+  // GPT-2 as tensor-parallel rank `tp_rank` of `tp_size` holds it (Megatron's split:
+  // vocabulary-parallel embedding, column-parallel QKV and fc, row-parallel projections;
+  // norms, position table and the projections' biases replicated).
+  // Layer 0 = embedding (wte, wpe), layers 1..L = blocks h.0..h.{L-1}, layer L+1 = ln_f.
+  static ParamLayout gpt2(const ModelConfig& model, int tp_size = 1, int tp_rank = 0);
 
   const std::vector<LayerSpec>& layers() const { return layers_; }
   int num_layers() const { return static_cast<int>(layers_.size()); }
@@ -52,7 +68,9 @@ class ParamLayout {
   std::int64_t total_numel() const;
   // Returns false when no tensor has this name.
   bool find(const std::string& name, int& layer, const TensorSpec*& spec) const;
-  // Each layer's buffer cut into slices of at most `subgroup_size` elements.
+  // Elements [begin, end) of layers()[layer] cut into slices of at most `subgroup_size`.
+  std::vector<Subgroup> subgroups(int layer, std::int64_t begin, std::int64_t end, std::int64_t subgroup_size) const;
+  // Each whole layer buffer cut into subgroups.
   std::vector<Subgroup> subgroups(std::int64_t subgroup_size) const;
 
  private:

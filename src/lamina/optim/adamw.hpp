@@ -53,22 +53,23 @@ void adamw_update(const Exec& exec, const Vec<Exec>& params, const Vec<Exec>& m,
       });
 }
 
-// Updates elements [begin, end) of one layer's flat buffers. Elements below
-// `matrix_end` are matrices (always decayed); the rest are biases and norm gains,
-// decayed only when `decay_vectors`.
+// Updates elements [begin, begin + n) of one layer's flat buffer; the four views start
+// at element `begin`. Layer elements below `matrix_end` are matrices (always decayed);
+// the rest are biases and norm gains, decayed only when `decay_vectors`.
 template <class Exec>
 void adamw_update_range(const Exec& exec, const Vec<Exec>& params, const Vec<Exec>& m, const Vec<Exec>& v,
-                        const ConstVec<Exec>& grads, std::int64_t begin, std::int64_t end, std::int64_t matrix_end,
-                        const AdamWStep& s, float weight_decay, bool decay_vectors) {
+                        const ConstVec<Exec>& grads, std::int64_t begin, std::int64_t matrix_end, const AdamWStep& s,
+                        float weight_decay, bool decay_vectors) {
+  const std::int64_t n = static_cast<std::int64_t>(params.extent(0));
   auto run = [&](std::int64_t b, std::int64_t e, float wd) {
     if (b >= e) return;
     const auto r = std::make_pair(b, e);
     adamw_update(exec, Vec<Exec>(Kokkos::subview(params, r)), Vec<Exec>(Kokkos::subview(m, r)),
                  Vec<Exec>(Kokkos::subview(v, r)), ConstVec<Exec>(Kokkos::subview(grads, r)), s, wd);
   };
-  const std::int64_t split = std::min(std::max(matrix_end, begin), end);
-  run(begin, split, weight_decay);
-  run(split, end, decay_vectors ? weight_decay : 0.0f);
+  const std::int64_t split = std::min(std::max(matrix_end - begin, std::int64_t(0)), n);
+  run(0, split, weight_decay);
+  run(split, n, decay_vectors ? weight_decay : 0.0f);
 }
 
 }  // namespace lamina

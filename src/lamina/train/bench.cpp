@@ -8,8 +8,9 @@
 #include "lamina/core/format.hpp"
 #include "lamina/io/token_dataset.hpp"
 #include "lamina/model/flops.hpp"
+#include "lamina/optim/adamw.hpp"
 #include "lamina/optim/grad_norm.hpp"
-#include "lamina/train/engine.hpp"
+#include "lamina/train/runtime.hpp"
 #include "lamina/train/machine.hpp"
 
 namespace lamina {
@@ -32,84 +33,70 @@ double median(std::vector<double> v) {
 JsonObject bench_step(const Deck& deck, int steps, int warmup, const Log& log) {
   const ModelConfig& m = deck.model;
   const std::int64_t micro = deck.data.micro_batch_size;
-  const std::int64_t n_micro = deck.data.batch_size / micro;
   const std::int64_t positions = deck.data.batch_size * m.seq_len;
   MemoryTracker tracker;
-  Engine<Exec> engine(tracker, m, deck.optimizer, micro);
-  engine.init_params(deck.train.seed);
-  SyntheticTokenDataset data(m.vocab_size, deck.train.seed);
-  std::vector<std::int32_t> tokens(static_cast<std::size_t>(micro * (m.seq_len + 1)));
-  std::vector<std::int32_t> inputs(static_cast<std::size_t>(micro * m.seq_len)), targets(inputs.size());
+  Runtime rt(tracker, deck, MPI_COMM_WORLD);
+  rt.state().init(deck.train.seed);
+  const SyntheticTokenDataset data(m.vocab_size, deck.train.seed);
+  std::vector<std::int32_t> window(static_cast<std::size_t>(m.seq_len + 1));
   const double flops = training_flops_per_token(m) * static_cast<double>(positions);
-  log.info(strprintf("bench step: %s, %lld parameters, batch %lld x %lld (micro-batch %lld), %.2f GFLOP per step",
-                     deck.source.c_str(), static_cast<long long>(engine.layout().total_numel()),
+  const int world = rt.grid().world_size();
+  log.info(strprintf("bench step: %s, %lld parameters, batch %lld x %lld (micro-batch %lld), %.2f GFLOP per step, "
+                     "%d rank(s), schedule %s",
+                     deck.source.c_str(), static_cast<long long>(ParamLayout::gpt2(m).total_numel()),
                      static_cast<long long>(deck.data.batch_size), static_cast<long long>(m.seq_len),
-                     static_cast<long long>(micro), flops / 1e9));
-  std::vector<double> step_ms, fwd_ms, bwd_ms, opt_ms, data_ms;
+                     static_cast<long long>(micro), flops / 1e9, world, rt.schedule().name().c_str()));
+  std::vector<double> step_ms, fb_ms, opt_ms;
   const Exec exec;
+  const std::int64_t per_rank = deck.data.batch_size / deck.parallel.dp;
   for (int s = 0; s < warmup + steps; ++s) {
-    const auto t0 = Clock::now();
-    double f = 0, b = 0, d = 0;
-    engine.zero_grads();
-    for (std::int64_t mb = 0; mb < n_micro; ++mb) {
-      const auto td = Clock::now();
+    const std::int64_t first = s * deck.data.batch_size + rt.grid().dp_rank() * per_rank;
+    const MicroBatchLoader load = [&](int mb, std::int32_t* inputs, std::int32_t* targets) {
       for (std::int64_t i = 0; i < micro; ++i) {
-        data.read((s * n_micro + mb) * micro * (m.seq_len + 1) + i * (m.seq_len + 1), m.seq_len + 1,
-                  tokens.data() + i * (m.seq_len + 1));
-        std::copy(tokens.begin() + i * (m.seq_len + 1), tokens.begin() + i * (m.seq_len + 1) + m.seq_len,
-                  inputs.begin() + i * m.seq_len);
-        std::copy(tokens.begin() + i * (m.seq_len + 1) + 1, tokens.begin() + (i + 1) * (m.seq_len + 1),
-                  targets.begin() + i * m.seq_len);
+        data.read((first + mb * micro + i) * (m.seq_len + 1), m.seq_len + 1, window.data());
+        std::copy(window.begin(), window.end() - 1, inputs + i * m.seq_len);
+        std::copy(window.begin() + 1, window.end(), targets + i * m.seq_len);
       }
-      engine.load_tokens(inputs.data(), targets.data());
-      exec.fence();
-      d += ms_since(td);
-      const auto tf = Clock::now();
-      engine.forward();
-      engine.loss_sum();
-      f += ms_since(tf);
-      const auto tb = Clock::now();
-      engine.backward(static_cast<float>(1.0 / static_cast<double>(positions)));
-      exec.fence();
-      b += ms_since(tb);
-    }
+    };
+    rt.grid().world().barrier();
+    const auto t0 = Clock::now();
+    const Runtime::StepResult r = rt.forward_backward(load, positions);
+    const double fb = ms_since(t0);
     const auto to = Clock::now();
-    const double gnorm = engine.grad_norm();
-    engine.optimizer_step(deck.optimizer.lr, clip_coefficient(gnorm, deck.optimizer.grad_clip));
+    rt.optimizer_step(deck.optimizer.lr, clip_coefficient(r.grad_norm, deck.optimizer.grad_clip));
     exec.fence();
     const double o = ms_since(to);
+    rt.grid().world().barrier();
     const double total = ms_since(t0);
     if (s >= warmup) {
       step_ms.push_back(total);
-      fwd_ms.push_back(f);
-      bwd_ms.push_back(b);
+      fb_ms.push_back(fb);
       opt_ms.push_back(o);
-      data_ms.push_back(d);
     }
   }
   const Measurement gemm = measure_gemm_gflops(2048, 5);
   const double med = median(step_ms);
   const double tflops = flops / (med / 1e3) / 1e12;
-  log.info(strprintf("step %.1f ms median (min %.1f, max %.1f): forward %.1f, backward %.1f, optimizer %.1f, data %.1f",
-                     med, *std::min_element(step_ms.begin(), step_ms.end()),
-                     *std::max_element(step_ms.begin(), step_ms.end()), median(fwd_ms), median(bwd_ms),
-                     median(opt_ms), median(data_ms)));
-  log.info(strprintf("%.0f tokens/s, %.1f GFLOP/s = %.1f%% of the %.1f GFLOP/s float GEMM rate measured now", positions / (med / 1e3),
-                     tflops * 1e3, 100.0 * tflops * 1e3 / gemm.best, gemm.best));
+  const double per_rank_gflops = tflops * 1e3 / world;
+  log.info(strprintf("step %.1f ms median (min %.1f, max %.1f): forward+backward %.1f, optimizer %.1f", med,
+                     *std::min_element(step_ms.begin(), step_ms.end()),
+                     *std::max_element(step_ms.begin(), step_ms.end()), median(fb_ms), median(opt_ms)));
+  log.info(strprintf("%.0f tokens/s, %.1f GFLOP/s per rank = %.1f%% of the %.1f GFLOP/s float GEMM rate measured now",
+                     positions / (med / 1e3), per_rank_gflops, 100.0 * per_rank_gflops / gemm.best, gemm.best));
   JsonObject j;
   j.add("bench", "step")
       .add("deck", deck.source)
-      .add("params", engine.layout().total_numel())
+      .add("ranks", world)
+      .add("params", ParamLayout::gpt2(m).total_numel())
       .add("flops_per_step", flops)
       .add("steps", steps)
       .add("step_ms_median", med)
-      .add("forward_ms_median", median(fwd_ms))
-      .add("backward_ms_median", median(bwd_ms))
+      .add("forward_backward_ms_median", median(fb_ms))
       .add("optimizer_ms_median", median(opt_ms))
       .add("tokens_per_s", positions / (med / 1e3))
       .add("tflops", tflops)
       .add("gemm_gflops", gemm.best)
-      .add("gemm_fraction", tflops * 1e3 / gemm.best);
+      .add("gemm_fraction", per_rank_gflops / gemm.best);
   return j;
 }
 

@@ -4,17 +4,22 @@
 #include <cmath>
 
 #include "lamina/core/random.hpp"
+#include "lamina/model/gpt.hpp"
 
 namespace lamina {
 
-std::vector<std::int32_t> generate_tokens(Engine<Kokkos::DefaultExecutionSpace>& engine, MemoryTracker& tracker,
-                                          const ModelConfig& model, std::vector<std::int32_t> prompt,
-                                          std::int64_t count, double temperature, std::uint64_t seed) {
-  using Exec = Kokkos::DefaultExecutionSpace;
+std::vector<std::int32_t> generate_tokens(const ModelState& state, MemoryTracker& tracker,
+                                          std::vector<std::int32_t> prompt, std::int64_t count, double temperature,
+                                          std::uint64_t seed) {
+  using Exec = ModelState::Exec;
+  const ModelConfig& model = state.model();
   const std::int64_t T = model.seq_len, V = model.vocab_size;
-  GptActivations<Exec> acts(tracker, Dims::of(model, 1), model.layers);
+  const Dims dims = Dims::of(model, 1);
+  LayerRangeActs<Exec> acts(tracker, dims, 0, model.layers, true, true);
+  WorkspaceBuffers<Exec> ws(tracker, dims);
+  const ShardCombine whole;
   auto inputs = Kokkos::create_mirror_view(acts.inputs);
-  const Exec exec = engine.exec();
+  const Exec exec;
   std::vector<double> p(static_cast<std::size_t>(V));
   std::vector<std::int32_t> out;
   if (prompt.empty()) prompt.push_back(0);
@@ -24,7 +29,9 @@ std::vector<std::int32_t> generate_tokens(Engine<Kokkos::DefaultExecutionSpace>&
     for (std::int64_t t = 0; t < T; ++t) inputs(t) = t < len ? prompt[prompt.size() - len + t] : 0;
     Kokkos::deep_copy(exec, acts.inputs, inputs);
     Kokkos::deep_copy(exec, acts.targets, 0);
-    gpt_forward(exec, engine.weights(), acts);
+    embed_forward(exec, state.embedding_params(), acts, whole);
+    for (std::int64_t b = 0; b < model.layers; ++b) block_forward(exec, state.block_params(b), acts, b, ws.ws, whole);
+    head_forward(exec, state.embedding_params(), state.final_params(), acts, whole);
     auto row = Kokkos::subview(acts.head.logits, len - 1, Kokkos::ALL);
     auto logits = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), row);
     double mx = -INFINITY, z = 0.0;

@@ -5,16 +5,17 @@
 #include <vector>
 
 #include "lamina/core/memory_tracker.hpp"
-#include "lamina/train/engine.hpp"
+#include "lamina/parallel/model_state.hpp"
 
 namespace lamina {
 
 // Continues `prompt` by `count` tokens drawn from softmax(logits / temperature), with
-// counter-based randomness from `seed` (the same call gives the same text). Uses its
-// own one-sequence activations, so the training buffers are left as they were.
-std::vector<std::int32_t> generate_tokens(Engine<Kokkos::DefaultExecutionSpace>& engine, MemoryTracker& tracker,
-                                          const ModelConfig& model, std::vector<std::int32_t> prompt,
-                                          std::int64_t count, double temperature, std::uint64_t seed);
+// counter-based randomness from `seed` (the same call gives the same text). Needs the
+// whole model on this rank (no tensor or pipeline split, ZeRO below 3); uses its own
+// one-sequence activations, so the training buffers are left as they were.
+std::vector<std::int32_t> generate_tokens(const ModelState& state, MemoryTracker& tracker,
+                                          std::vector<std::int32_t> prompt, std::int64_t count, double temperature,
+                                          std::uint64_t seed);
 
 // Bytes as readable text: printable ASCII and newlines kept, anything else as '?'.
 std::string bytes_to_text(const std::vector<std::int32_t>& tokens);

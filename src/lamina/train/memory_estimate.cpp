@@ -1,12 +1,16 @@
 #include "lamina/train/memory_estimate.hpp"
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <set>
 
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/core/memory_tracker.hpp"
 #include "lamina/model/gpt_activations.hpp"
 #include "lamina/model/param_layout.hpp"
+#include "lamina/parallel/schedule.hpp"
+#include "lamina/train/runtime.hpp"
 
 namespace lamina {
 
@@ -18,24 +22,90 @@ std::int64_t MemoryEstimate::total(const std::string& space) const {
   return t;
 }
 
+namespace {
+
+// What one rank of pipeline stage `stage` allocates, mirroring ModelState, Executor and
+// the buffers they size from the schedule.
+std::map<std::string, std::int64_t> stage_bytes(const Deck& deck, const Schedule& schedule, int stage) {
+  const ModelConfig& m = deck.model;
+  const int dp = static_cast<int>(deck.parallel.dp), tp = static_cast<int>(deck.parallel.tp);
+  const int zero = static_cast<int>(deck.parallel.zero);
+  const ParamLayout layout = ParamLayout::gpt2(m, tp, 0);
+  const Partition& part = schedule.partition();
+  auto layers_of = [&](const Chunk& c) {
+    std::vector<int> out;
+    if (c.embedding || c.head) out.push_back(0);
+    for (std::int64_t b = c.first_block; b < c.last_block; ++b) out.push_back(layout.block_layer(b));
+    if (c.head) out.push_back(layout.final_layer());
+    return out;
+  };
+  std::set<int> held;
+  for (int c : part.chunks_of(stage))
+    for (int l : layers_of(part.chunk(c))) held.insert(l);
+  auto shard = [&](int l) { return (layout.layers()[static_cast<std::size_t>(l)].numel + dp - 1) / dp; };
+  std::int64_t params = 0, grads = 0, moments = 0, comm = 0, max_shard = 0;
+  for (int l : held) {
+    const std::int64_t s = shard(l), padded = s * dp;
+    params += zero < 3 ? padded : s;
+    grads += (zero < 2 ? padded : 0) + (zero >= 1 ? s : 0);
+    moments += 2 * (zero == 0 ? padded : s);
+    max_shard = std::max(max_shard, s);
+  }
+  // Buffers that live part of a step come from pools: their peak is the most held at once.
+  auto per_chunk_peak = [&] {
+    std::int64_t peak = 0;
+    for (int c : part.chunks_of(stage)) {
+      std::int64_t sum = 0;
+      for (int l : layers_of(part.chunk(c))) sum += shard(l) * dp;
+      peak = std::max(peak, sum);
+    }
+    return peak;
+  };
+  if (zero == 3) params += per_chunk_peak();
+  if (zero >= 2) grads += per_chunk_peak() + 2 * max_shard * dp;
+  if (zero >= 1) comm += 2 * max_shard;
+
+  const Dims d = Dims::of(m, deck.data.micro_batch_size, tp, 0);
+  const ActivationSizes a = activation_sizes(d);
+  std::int64_t acts = 0;
+  for (int c : part.chunks_of(stage)) {
+    const Chunk& k = part.chunk(c);
+    acts += schedule.max_in_flight(c) *
+            (LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(a, k.blocks(), k.embedding, k.head) + a.tokens);
+  }
+  std::int64_t ws = a.workspace + a.ones;
+  if (deck.output.sample_tokens > 0) {  // a one-sequence replica for the text sample at the end
+    const ActivationSizes s = activation_sizes(Dims::of(m, 1));
+    acts += LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(s, m.layers, true, true) + s.tokens;
+    ws += s.workspace + s.ones;
+  }
+  std::map<std::string, std::int64_t> out;
+  out[mem_category_name(MemCategory::parameters)] = 4 * params;
+  out[mem_category_name(MemCategory::gradients)] = 4 * grads;
+  out[mem_category_name(MemCategory::optimizer_state)] = 4 * moments;
+  out[mem_category_name(MemCategory::activations)] = 4 * acts;
+  out[mem_category_name(MemCategory::workspace)] = 4 * ws;
+  if (comm > 0) out[mem_category_name(MemCategory::communication)] = 4 * comm;
+  return out;
+}
+
+}  // namespace
+
 MemoryEstimate estimate_memory(const Deck& deck) {
   const std::string space = Kokkos::DefaultExecutionSpace::memory_space::name();
-  const std::int64_t params = ParamLayout::gpt2(deck.model).total_numel();
-  const ActivationSizes a = activation_sizes(Dims::of(deck.model, deck.data.micro_batch_size));
+  const Schedule schedule = Schedule::build(deck.model.layers, schedule_options(deck));
   MemoryEstimate e;
-  auto& m = e.bytes[space];
-  m[mem_category_name(MemCategory::parameters)] = 4 * params;
-  m[mem_category_name(MemCategory::gradients)] = 4 * params;
-  m[mem_category_name(MemCategory::optimizer_state)] = 8 * params;
-  std::int64_t acts = a.embed + deck.model.layers * a.block + a.head;
-  std::int64_t ws = a.workspace + a.ones + a.tokens;
-  if (deck.output.sample_tokens > 0) {  // a one-sequence replica for the text sample at the end
-    const ActivationSizes s = activation_sizes(Dims::of(deck.model, 1));
-    acts += s.embed + deck.model.layers * s.block + s.head;
-    ws += s.workspace + s.ones + s.tokens;
+  std::int64_t worst = -1;
+  for (int s = 0; s < schedule.stages(); ++s) {
+    auto b = stage_bytes(deck, schedule, s);
+    std::int64_t total = 0;
+    for (const auto& kv : b) total += kv.second;
+    if (total > worst) {
+      worst = total;
+      e.bytes[space] = b;
+      e.stage = s;
+    }
   }
-  m[mem_category_name(MemCategory::activations)] = 4 * acts;
-  m[mem_category_name(MemCategory::workspace)] = 4 * ws;
   return e;
 }
 
@@ -43,7 +113,7 @@ void check_memory_budget(const Deck& deck, const MemoryEstimate& estimate) {
   const std::string device = Kokkos::DefaultExecutionSpace::memory_space::name();
   const std::string host = Kokkos::HostSpace::name();
   auto check = [&](const std::string& space, std::int64_t budget, const char* key) {
-    if (budget <= 0) return;
+    if (budget <= 0 || estimate.bytes.count(space) == 0) return;
     const std::int64_t need = estimate.total(space);
     if (need <= budget) return;
     std::string parts;
@@ -51,9 +121,9 @@ void check_memory_budget(const Deck& deck, const MemoryEstimate& estimate) {
       parts += strprintf("\n    %-16s %s", kv.first.c_str(), human_bytes(static_cast<double>(kv.second)).c_str());
     }
     throw InputError(strprintf(
-        "%s: memory.%s = %s, but the run needs %s in %s (%s over):%s\n"
+        "%s: memory.%s = %s, but the run needs %s in %s per rank (%s over):%s\n"
         "  activations and workspace scale with data.micro_batch_size (gradient accumulation keeps the global "
-        "batch); parameters, gradients and optimizer state with the model size",
+        "batch); parameters, gradients and optimizer state shrink with parallel.zero, tp and pp",
         deck.source.c_str(), key, human_bytes(static_cast<double>(budget)).c_str(),
         human_bytes(static_cast<double>(need)).c_str(), space.c_str(),
         human_bytes(static_cast<double>(need - budget)).c_str(), parts.c_str()));
@@ -65,7 +135,8 @@ void check_memory_budget(const Deck& deck, const MemoryEstimate& estimate) {
 std::string format_memory_estimate(const MemoryEstimate& estimate) {
   std::string out;
   for (const auto& [space, cats] : estimate.bytes) {
-    out += strprintf("memory estimate, %s: %s\n", space.c_str(), human_bytes(static_cast<double>(estimate.total(space))).c_str());
+    out += strprintf("memory estimate per rank (pipeline stage %d, the largest), %s: %s\n", estimate.stage,
+                     space.c_str(), human_bytes(static_cast<double>(estimate.total(space))).c_str());
     for (const auto& kv : cats) {
       out += strprintf("  %-16s %12s\n", kv.first.c_str(), human_bytes(static_cast<double>(kv.second)).c_str());
     }

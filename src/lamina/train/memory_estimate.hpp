@@ -10,8 +10,9 @@
 namespace lamina {
 
 struct MemoryEstimate {
-  // space -> category -> bytes
+  // space -> category -> bytes, for one rank of the pipeline stage that needs the most
   std::map<std::string, std::map<std::string, std::int64_t>> bytes;
+  int stage = 0;
   std::int64_t total(const std::string& space) const;
 };
 

@@ -15,9 +15,10 @@
 #include "lamina/io/sampler.hpp"
 #include "lamina/io/token_dataset.hpp"
 #include "lamina/model/flops.hpp"
+#include "lamina/optim/grad_norm.hpp"
 #include "lamina/optim/lr_schedule.hpp"
-#include "lamina/train/engine.hpp"
 #include "lamina/train/generate.hpp"
+#include "lamina/train/runtime.hpp"
 #include "lamina/train/machine.hpp"
 #include "lamina/train/memory_estimate.hpp"
 
@@ -47,26 +48,6 @@ std::string layout_string(const ParallelConfig& p) {
                    static_cast<long long>(p.pp), static_cast<long long>(p.zero));
 }
 
-// Features whose deck keys exist but whose runtime is not in this build yet.
-void require_supported(const Deck& deck, int world) {
-  const ParallelConfig& p = deck.parallel;
-  if (p.dp * p.tp * p.pp != world) {
-    throw InputError(strprintf("%s: parallel.dp x tp x pp = %lld x %lld x %lld = %lld, but the job has %d rank(s); "
-                               "start it with mpirun -np %lld, or change the parallel section",
-                               deck.source.c_str(), static_cast<long long>(p.dp), static_cast<long long>(p.tp),
-                               static_cast<long long>(p.pp), static_cast<long long>(p.dp * p.tp * p.pp), world,
-                               static_cast<long long>(p.dp * p.tp * p.pp)));
-  }
-  if (world > 1) {
-    throw InputError(deck.source + ": multi-rank training (parallel.dp/tp/pp > 1) is not part of this build yet; "
-                                   "run with one rank");
-  }
-  if (p.layered) {
-    throw InputError(deck.source + ": parallel.layered = true (layered gradient accumulation) is not part of this "
-                                   "build yet");
-  }
-}
-
 // Keeps the lines of metrics.jsonl up to `step` (inclusive): a resumed run replaces
 // whatever the interrupted run logged after its last checkpoint.
 void truncate_metrics(const std::string& path, std::int64_t step) {
@@ -92,10 +73,8 @@ class Trainer {
     int world = 1, rank = 0;
     MPI_Comm_size(comm_, &world);
     MPI_Comm_rank(comm_, &rank);
-    require_supported(deck_, world);
     const auto& d = deck_.data;
     const auto& m = deck_.model;
-    n_micro_ = d.batch_size / (d.micro_batch_size * deck_.parallel.dp);
     positions_per_step_ = d.batch_size * m.seq_len;
 
     log_.info("resolved deck (" + deck_.source + "):\n" + deck_.resolved_toml);
@@ -104,30 +83,33 @@ class Trainer {
     log_.info(format_memory_estimate(estimate));
 
     std::error_code ec;
-    fs::create_directories(deck_.output.dir, ec);
+    if (rank == 0) fs::create_directories(deck_.output.dir, ec);
     if (ec) throw RunError(deck_.output.dir + ": cannot create the output directory: " + ec.message());
-    {
+    if (rank == 0) {
       std::ofstream out(deck_.output.dir + "/deck.resolved.toml");
       out << "# resolved from " << deck_.source << "\n" << deck_.resolved_toml;
     }
 
     open_data();
-    Engine<Exec> engine(tracker_, m, deck_.optimizer, d.micro_batch_size);
-    const ParamLayout& layout = engine.layout();
-    log_.info(strprintf("model: GPT-2, %s parameters (%s), %lld flat buffers, %zu optimizer subgroups of <= %lld",
-                        human_count(static_cast<double>(layout.total_numel())).c_str(), model_signature(m).c_str(),
-                        static_cast<long long>(layout.num_layers()), engine.optimizer().subgroups().size(),
+    Runtime rt(tracker_, deck_, comm_);
+    const ParamLayout full = ParamLayout::gpt2(m);
+    log_.info(rt.grid().describe());
+    log_.info(strprintf("schedule: %s; %s", rt.schedule().name().c_str(), rt.schedule().partition().describe().c_str()));
+    log_.info(strprintf("model: GPT-2, %s parameters (%s), ZeRO stage %lld, optimizer subgroups of <= %lld",
+                        human_count(static_cast<double>(full.total_numel())).c_str(), model_signature(m).c_str(),
+                        static_cast<long long>(deck_.parallel.zero),
                         static_cast<long long>(deck_.optimizer.subgroup_size)));
-    log_.info(strprintf("batch: %lld sequences x %lld tokens per step = %lld micro-batch(es) of %lld",
+    log_.info(strprintf("batch: %lld sequences x %lld tokens per step = dp %lld x %d micro-batch(es) of %lld",
                         static_cast<long long>(d.batch_size), static_cast<long long>(m.seq_len),
-                        static_cast<long long>(n_micro_), static_cast<long long>(d.micro_batch_size)));
+                        static_cast<long long>(deck_.parallel.dp), rt.micro_batches(),
+                        static_cast<long long>(d.micro_batch_size)));
 
     std::int64_t start_step = 0;
     samples_ = 0;
     if (!deck_.checkpoint.resume.empty()) {
-      start_step = resume(engine);
+      start_step = resume(rt);
     } else {
-      engine.init_params(deck_.train.seed);
+      rt.state().init(deck_.train.seed);
     }
     TrainSummary summary;
     summary.first_step = start_step;
@@ -146,29 +128,26 @@ class Trainer {
     measure_peak();
 
     const double flops_per_step = training_flops_per_token(m) * static_cast<double>(positions_per_step_);
-    std::vector<std::int32_t> inputs(static_cast<std::size_t>(d.micro_batch_size * m.seq_len)),
-        targets(inputs.size()), window(static_cast<std::size_t>(m.seq_len + 1));
+    const std::int64_t per_rank = d.batch_size / deck_.parallel.dp;
+    const std::int64_t rank_offset = rt.grid().dp_rank() * per_rank;
+    std::vector<std::int32_t> window(static_cast<std::size_t>(m.seq_len + 1));
     const auto run_start = std::chrono::steady_clock::now();
     double total_ms = 0.0, best_loss = INFINITY;
     std::int64_t skipped = 0, timed = 0;
+    rt.take_comm_bytes();
     for (std::int64_t step = start_step; step < deck_.train.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
-      engine.zero_grads();
-      double loss_sum = 0.0;
-      const float scale = static_cast<float>(1.0 / static_cast<double>(positions_per_step_));
-      for (std::int64_t mb = 0; mb < n_micro_; ++mb) {
-        load_micro_batch(samples_ + mb * d.micro_batch_size, inputs, targets, window);
-        engine.load_tokens(inputs.data(), targets.data());
-        loss_sum += engine.forward_backward(scale);
-      }
-      const double loss = loss_sum / static_cast<double>(positions_per_step_);
-      const double gnorm = engine.grad_norm();
+      const std::int64_t first = samples_ + rank_offset;
+      const MicroBatchLoader load = [&](int mb, std::int32_t* inputs, std::int32_t* targets) {
+        load_micro_batch(first + mb * d.micro_batch_size, inputs, targets, window);
+      };
+      const Runtime::StepResult r = rt.forward_backward(load, positions_per_step_);
       const double lr = learning_rate(deck_.optimizer, step, deck_.train.steps);
-      const bool finite = std::isfinite(loss) && std::isfinite(gnorm);
+      const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
       if (!finite) {
         const std::string what = strprintf("step %lld: %s is not finite (loss %g, gradient norm %g)",
-                                           static_cast<long long>(step + 1), std::isfinite(loss) ? "the gradient" : "the loss",
-                                           loss, gnorm);
+                                           static_cast<long long>(step + 1),
+                                           std::isfinite(r.loss) ? "the gradient" : "the loss", r.loss, r.grad_norm);
         if (!deck_.train.skip_nonfinite) {
           throw RunError(what + "; lower optimizer.lr, raise optimizer.warmup_steps or set optimizer.grad_clip "
                                 "(train.skip_nonfinite = true skips such steps)");
@@ -176,25 +155,26 @@ class Trainer {
         log_.warn(what + ": step skipped (train.skip_nonfinite)");
         ++skipped;
       } else {
-        engine.optimizer_step(lr, clip_coefficient(gnorm, deck_.optimizer.grad_clip));
+        rt.optimizer_step(lr, clip_coefficient(r.grad_norm, deck_.optimizer.grad_clip));
       }
       Exec().fence();
       const double step_ms = seconds_since(t0) * 1e3;
       samples_ += d.batch_size;
       total_ms += step_ms;
       ++timed;
-      if (finite) best_loss = std::min(best_loss, loss);
-      summary.final_loss = loss;
+      if (finite) best_loss = std::min(best_loss, r.loss);
+      summary.final_loss = r.loss;
       summary.last_step = step + 1;
+      const auto bytes = rt.take_comm_bytes();
       const bool last = step + 1 == deck_.train.steps;
       if ((step + 1) % deck_.output.log_every == 0 || last || step == start_step) {
-        report(step + 1, loss, lr, gnorm, step_ms, flops_per_step, !finite, world);
+        report(step + 1, r, lr, step_ms, flops_per_step, !finite, world, rt.grid(), bytes);
       }
       const bool periodic = deck_.checkpoint.every > 0 && (step + 1) % deck_.checkpoint.every == 0;
-      if (periodic || (last && deck_.checkpoint.save_final)) save(engine, step + 1);
+      if (periodic || (last && deck_.checkpoint.save_final)) save(rt, step + 1);
     }
     summary.mean_step_ms = total_ms / static_cast<double>(std::max<std::int64_t>(1, timed));
-    if (deck_.output.sample_tokens > 0) print_sample(engine, summary.last_step);
+    if (deck_.output.sample_tokens > 0) print_sample(rt, summary.last_step);
     const double wall = seconds_since(run_start);
     std::string mem;
     for (const auto& kv : tracker_.peak_by_space()) {
@@ -232,23 +212,29 @@ class Trainer {
     log_.info(line + strprintf(" [%.2f s]", seconds_since(t0)));
   }
 
-  void load_micro_batch(std::int64_t first_sample, std::vector<std::int32_t>& inputs,
-                        std::vector<std::int32_t>& targets, std::vector<std::int32_t>& window) const {
+  // Global samples [first_sample, first_sample + micro_batch_size) as inputs and targets.
+  void load_micro_batch(std::int64_t first_sample, std::int32_t* inputs, std::int32_t* targets,
+                        std::vector<std::int32_t>& window) const {
     const std::int64_t T = deck_.model.seq_len;
     for (std::int64_t s = 0; s < deck_.data.micro_batch_size; ++s) {
       dataset_->read(sampler_->window_start(first_sample + s), T + 1, window.data());
-      std::copy(window.begin(), window.end() - 1, inputs.begin() + s * T);
-      std::copy(window.begin() + 1, window.end(), targets.begin() + s * T);
+      std::copy(window.begin(), window.end() - 1, inputs + s * T);
+      std::copy(window.begin() + 1, window.end(), targets + s * T);
     }
   }
 
   // A prompt from the data (the next unseen window's first half) and the model's
   // continuation, so that what a byte-level model has learnt can be read.
-  void print_sample(Engine<Exec>& engine, std::int64_t step) {
+  void print_sample(Runtime& rt, std::int64_t step) {
+    const ProcessGrid& g = rt.grid();
+    if (g.tp_size() > 1 || g.pp_size() > 1 || deck_.parallel.zero == 3) {
+      log_.info("sample: skipped (printing a sample needs the whole model on one rank: tp = pp = 1, zero < 3)");
+      return;
+    }
     const std::int64_t T = deck_.model.seq_len;
     std::vector<std::int32_t> prompt(static_cast<std::size_t>(T / 2));
     dataset_->read(sampler_->window_start(samples_), T / 2, prompt.data());
-    const auto out = generate_tokens(engine, tracker_, deck_.model, prompt, deck_.output.sample_tokens,
+    const auto out = generate_tokens(rt.state(), tracker_, prompt, deck_.output.sample_tokens,
                                      deck_.output.sample_temperature, deck_.train.seed);
     log_.info(strprintf("sample after step %lld (temperature %.2f): a prompt from the data, then >>> and %lld bytes "
                         "the model wrote:\n%s>>>%s\n",
@@ -269,8 +255,8 @@ class Trainer {
                         peak_tflops_));
   }
 
-  void report(std::int64_t step, double loss, double lr, double gnorm, double step_ms, double flops_per_step,
-              bool skipped, int world) {
+  void report(std::int64_t step, const Runtime::StepResult& r, double lr, double step_ms, double flops_per_step,
+              bool skipped, int world, const ProcessGrid& grid, const std::map<std::string, std::int64_t>& bytes) {
     const double tokens_per_s = static_cast<double>(positions_per_step_) / (step_ms / 1e3);
     const double tflops = flops_per_step / (step_ms / 1e3) / world / 1e12;
     const double mfu = peak_tflops_ > 0 ? tflops / peak_tflops_ : 0.0;
@@ -278,18 +264,24 @@ class Trainer {
     for (const auto& kv : tracker_.peak_by_space()) {
       mem += strprintf(" | %s %s", kv.first.c_str(), human_bytes(static_cast<double>(kv.second)).c_str());
     }
+    std::string extra;
+    if (grid.pp_size() > 1) extra += strprintf(" | bubble %.1f%%", 100.0 * r.bubble);
+    if (world > 1) {
+      for (const auto& kv : bytes)
+        if (kv.second > 0) extra += strprintf(" | %s %s", kv.first.c_str(), human_bytes(static_cast<double>(kv.second)).c_str());
+    }
     log_.info(strprintf("step %*lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.1f ms | %s tok/s | %.3f TFLOP/s | "
-                        "MFU %.1f%%%s%s",
+                        "MFU %.1f%%%s%s%s",
                         static_cast<int>(std::to_string(deck_.train.steps).size()), static_cast<long long>(step),
-                        static_cast<long long>(deck_.train.steps), loss, lr, gnorm, step_ms,
-                        human_count(tokens_per_s).c_str(), tflops, 100.0 * mfu, mem.c_str(),
+                        static_cast<long long>(deck_.train.steps), r.loss, lr, r.grad_norm, step_ms,
+                        human_count(tokens_per_s).c_str(), tflops, 100.0 * mfu, mem.c_str(), extra.c_str(),
                         skipped ? " | SKIPPED" : ""));
     if (!metrics_.is_open()) return;
     JsonObject j;
     j.add("step", step)
-        .add("loss", loss)
+        .add("loss", r.loss)
         .add("lr", lr)
-        .add("grad_norm", gnorm)
+        .add("grad_norm", r.grad_norm)
         .add("step_ms", step_ms)
         .add("tokens_per_s", tokens_per_s)
         .add("tflops_per_rank", tflops)
@@ -298,13 +290,17 @@ class Trainer {
     JsonObject by_cat;
     for (const auto& [space, cats] : tracker_.peak_by_category()) by_cat.add(space, cats);
     j.add("mem_peak_by_category", by_cat);
+    j.add("comm_bytes", bytes);
+    j.add("bubble_fraction", r.bubble);
+    j.add("virtual_step_time", r.makespan);
     if (skipped) j.add("skipped", true);
     metrics_.write(j);
   }
 
-  std::int64_t resume(Engine<Exec>& engine) {
+  std::int64_t resume(Runtime& rt) {
     const std::string path = resolve_checkpoint(deck_.checkpoint.resume, deck_.checkpoint.dir);
-    const CheckpointMeta meta = read_checkpoint_meta(path, comm_);
+    CheckpointReader reader(path, comm_);
+    const CheckpointMeta& meta = reader.meta();
     if (meta.model != model_signature(deck_.model)) {
       throw InputError(path + ": the checkpoint holds a model with " + meta.model + ", the deck asks for " +
                        model_signature(deck_.model));
@@ -314,41 +310,36 @@ class Trainer {
                           "after the restart differs from an uninterrupted run",
                           static_cast<unsigned long long>(meta.seed), static_cast<unsigned long long>(deck_.train.seed)));
     }
-    std::vector<typename Vec<Exec>::HostMirror> host;
-    const auto slabs = engine.checkpoint_slabs(host, false);
-    read_checkpoint_tensors(path, slabs, comm_);
-    engine.restore_from_host(host);
-    engine.optimizer().set_t(meta.optimizer_step);
+    const auto t0 = std::chrono::steady_clock::now();
+    rt.state().read_checkpoint(reader);
+    rt.state().set_optimizer_t(meta.optimizer_step);
     samples_ = meta.samples_consumed;
-    log_.info(strprintf("resumed from %s: step %lld, %lld samples consumed, written with %s", path.c_str(),
-                        static_cast<long long>(meta.step), static_cast<long long>(meta.samples_consumed),
-                        meta.layout.c_str()));
+    log_.info(strprintf("resumed from %s: step %lld, %lld samples consumed, written with %s, read with %s [%.2f s]",
+                        path.c_str(), static_cast<long long>(meta.step), static_cast<long long>(meta.samples_consumed),
+                        meta.layout.c_str(), layout_string(deck_.parallel).c_str(), seconds_since(t0)));
     return meta.step;
   }
 
-  void save(Engine<Exec>& engine, std::int64_t step) {
+  void save(Runtime& rt, std::int64_t step) {
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<typename Vec<Exec>::HostMirror> host;
-    const auto slabs = engine.checkpoint_slabs(host, true);
-    std::int64_t bytes = 0;
-    for (const auto& s : slabs) {
-      std::int64_t n = 4;
-      for (const auto c : s.count) n *= c;
-      bytes += n;
-    }
-    log_.info(strprintf("checkpoint: writing step %lld (%zu tensors, %s) to %s ...", static_cast<long long>(step),
-                        slabs.size(), human_bytes(static_cast<double>(bytes)).c_str(), deck_.checkpoint.dir.c_str()));
+    log_.info(strprintf("checkpoint: writing step %lld to %s ...", static_cast<long long>(step),
+                        deck_.checkpoint.dir.c_str()));
+    CheckpointWriter writer(deck_.checkpoint.dir, step, comm_);
+    rt.state().write_checkpoint(writer);
     CheckpointMeta meta;
     meta.step = step;
     meta.samples_consumed = samples_;
-    meta.optimizer_step = engine.optimizer().t();
+    meta.optimizer_step = rt.state().optimizer_t();
     meta.seed = deck_.train.seed;
     meta.deck = deck_.resolved_toml;
     meta.layout = layout_string(deck_.parallel);
     meta.model = model_signature(deck_.model);
-    const std::string path = write_checkpoint(deck_.checkpoint.dir, meta, slabs, deck_.checkpoint.keep, comm_);
+    double bytes = static_cast<double>(writer.bytes_written());
+    MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_SUM, comm_);
+    const std::string path = writer.commit(meta, deck_.checkpoint.keep);
     const double s = seconds_since(t0);
-    log_.info(strprintf("checkpoint: %s written in %.2f s (%.0f MB/s)", path.c_str(), s, bytes / s / 1e6));
+    log_.info(strprintf("checkpoint: %s written in %.2f s (%s, %.0f MB/s)", path.c_str(), s, human_bytes(bytes).c_str(),
+                        bytes / s / 1e6));
   }
 
   const Deck& deck_;
@@ -358,7 +349,6 @@ class Trainer {
   std::unique_ptr<TokenDataset> dataset_;
   std::unique_ptr<SequenceSampler> sampler_;
   MetricsWriter metrics_;
-  std::int64_t n_micro_ = 1;
   std::int64_t positions_per_step_ = 0;
   std::int64_t samples_ = 0;
   double peak_tflops_ = 0.0;
@@ -373,13 +363,15 @@ void check_deck(const Deck& deck, const Log& log) {
   const MemoryEstimate estimate = estimate_memory(deck);
   log.info(format_memory_estimate(estimate));
   check_memory_budget(deck, estimate);
+  const Schedule schedule = Schedule::build(deck.model.layers, schedule_options(deck));
+  log.info(strprintf("schedule: %s; %s", schedule.name().c_str(), schedule.partition().describe().c_str()));
   auto ds = open_dataset(deck.data, deck.model.vocab_size, deck.train.seed);
   SequenceSampler sampler(ds->num_tokens(), deck.model.seq_len, deck.train.seed, deck.data.shuffle);
   log.info("data: " + ds->describe());
   if (!deck.checkpoint.resume.empty()) {
     const std::string path = resolve_checkpoint(deck.checkpoint.resume, deck.checkpoint.dir);
-    const CheckpointMeta meta = read_checkpoint_meta(path, MPI_COMM_SELF);
-    log.info(strprintf("resume: %s (step %lld)", path.c_str(), static_cast<long long>(meta.step)));
+    const CheckpointReader reader(path, MPI_COMM_SELF);
+    log.info(strprintf("resume: %s (step %lld)", path.c_str(), static_cast<long long>(reader.meta().step)));
   }
   log.info("deck OK");
 }

@@ -9,6 +9,44 @@ template <class Exec>
 class CrossEntropyTest : public ::testing::Test {};
 TYPED_TEST_SUITE(CrossEntropyTest, ExecSpaces);
 
+// The forward pass on a column block [v0, v1) of the logits, statistics combined over
+// blocks as a tensor-parallel group would: returns losses and lse of the full rows.
+template <class Exec>
+void sharded_forward(const Mat<Exec>& logits, const Tokens<Exec>& targets, const std::vector<int>& cuts,
+                     Vec<Exec>& losses, Vec<Exec>& lse) {
+  const std::int64_t N = logits.extent(0), V = logits.extent(1);
+  std::vector<double> gmax(N, -1e300), gsum(N, 0.0), gtarget(N, 0.0);
+  std::vector<Mat<Exec>> shards;
+  for (std::size_t s = 0; s + 1 < cuts.size(); ++s) {
+    Mat<Exec> shard("shard", N, cuts[s + 1] - cuts[s]);
+    auto hs = Kokkos::create_mirror_view(shard);
+    auto hl = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), logits);
+    for (std::int64_t i = 0; i < N; ++i)
+      for (int j = cuts[s]; j < cuts[s + 1]; ++j) hs(i, j - cuts[s]) = hl(i, j);
+    Kokkos::deep_copy(shard, hs);
+    shards.push_back(shard);
+    Vec<Exec> mx("mx", N);
+    cross_entropy_row_max(Exec(), mx, shard);
+    const auto h = to_host(mx);
+    for (std::int64_t i = 0; i < N; ++i) gmax[i] = std::max(gmax[i], h[i]);
+  }
+  auto dmax = to_device<Exec>(gmax);
+  for (std::size_t s = 0; s + 1 < cuts.size(); ++s) {
+    Vec<Exec> sum("sum", N), tl("tl", N);
+    cross_entropy_row_sumexp(Exec(), sum, shards[s], dmax);
+    cross_entropy_target_logit(Exec(), tl, shards[s], targets, cuts[s]);
+    const auto hs = to_host(sum), ht = to_host(tl);
+    for (std::int64_t i = 0; i < N; ++i) {
+      gsum[i] += hs[i];
+      gtarget[i] += ht[i];
+    }
+  }
+  losses = Vec<Exec>("losses", N);
+  lse = Vec<Exec>("lse", N);
+  cross_entropy_forward(Exec(), losses, lse, dmax, to_device<Exec>(gsum), to_device<Exec>(gtarget));
+  (void)V;
+}
+
 TYPED_TEST(CrossEntropyTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifferences) {
   using Exec = TypeParam;
   using Mem = typename Exec::memory_space;
@@ -30,26 +68,36 @@ TYPED_TEST(CrossEntropyTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiff
     want_loss[i] = lse - logits[i * V + targets[i]];
     for (int j = 0; j < V; ++j) want_grad[i * V + j] = scale * (std::exp(logits[i * V + j] - lse) - (j == targets[i]));
   }
-  auto run = [&](const std::vector<double>& l, Vec<Exec>& dl, Vec<Exec>& lse) {
-    dl = to_device<Exec>(l);
-    Vec<Exec> losses("losses", N);
-    lse = Vec<Exec>("lse", N);
-    cross_entropy_forward(Exec(), losses, lse, as_mat<Exec>(dl.data(), N, V), dt);
-    return to_host(losses);
-  };
-  Vec<Exec> dl, lse;
-  EXPECT_LT(rel_error(run(logits, dl, lse), want_loss), 1e-6);
-  cross_entropy_backward(Exec(), as_mat<Exec>(dl.data(), N, V), as_mat<Exec>(dl.data(), N, V), lse, dt, scale);
-  const auto got = to_host(dl);
-  EXPECT_LT(rel_error(got, want_grad), 1e-6);
-  auto mean_loss = [&](const std::vector<double>& l) {
-    Vec<Exec> a, b;
-    const auto losses = run(l, a, b);
-    double s = 0;
-    for (const double x : losses) s += x * scale;
-    return s;
-  };
-  expect_fd_matches(mean_loss, logits, got, "dlogits", 30);
+  // One shard (a single process) and three uneven shards give the same result.
+  for (const auto& cuts : {std::vector<int>{0, V}, std::vector<int>{0, 4, 9, V}}) {
+    auto dl = to_device<Exec>(logits);
+    Vec<Exec> losses, lse;
+    sharded_forward<Exec>(as_mat<Exec>(dl.data(), N, V), dt, cuts, losses, lse);
+    EXPECT_LT(rel_error(to_host(losses), want_loss), 1e-6);
+    std::vector<double> got(N * V);
+    for (std::size_t s = 0; s + 1 < cuts.size(); ++s) {
+      const int w = cuts[s + 1] - cuts[s];
+      std::vector<double> part(N * w);
+      for (int i = 0; i < N; ++i)
+        for (int j = 0; j < w; ++j) part[i * w + j] = logits[i * V + cuts[s] + j];
+      auto dp = to_device<Exec>(part);
+      cross_entropy_backward(Exec(), as_mat<Exec>(dp.data(), N, w), as_mat<Exec>(dp.data(), N, w), lse, dt, cuts[s],
+                             scale);
+      const auto hp = to_host(dp);
+      for (int i = 0; i < N; ++i)
+        for (int j = 0; j < w; ++j) got[i * V + cuts[s] + j] = hp[i * w + j];
+    }
+    EXPECT_LT(rel_error(got, want_grad), 1e-6);
+    auto mean_loss = [&](const std::vector<double>& l) {
+      auto d = to_device<Exec>(l);
+      Vec<Exec> a, b;
+      sharded_forward<Exec>(as_mat<Exec>(d.data(), N, V), dt, cuts, a, b);
+      double s = 0;
+      for (const double x : to_host(a)) s += x * scale;
+      return s;
+    };
+    expect_fd_matches(mean_loss, logits, got, "dlogits", 30);
+  }
 }
 
 }  // namespace

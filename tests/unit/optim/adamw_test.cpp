@@ -58,8 +58,10 @@ TYPED_TEST(AdamWTest, RangeDecaysMatricesAndOptionallyVectors) {
     auto p = to_device<Exec>(std::vector<double>(n, 1.0));
     auto g = to_device<Exec>(std::vector<double>(n, 0.0));
     Vec<Exec> m("m", n), v("v", n);
-    adamw_update_range(Exec(), p, m, v, g, 2, 8, 5, AdamWStep::make(0.5, 0.9, 0.95, 1e-8, 1, 1.0), 0.1f,
-                       decay_vectors);
+    const auto r = std::make_pair(2, 8);  // layer elements [2, 8); matrices end at 5
+    adamw_update_range(Exec(), Vec<Exec>(Kokkos::subview(p, r)), Vec<Exec>(Kokkos::subview(m, r)),
+                       Vec<Exec>(Kokkos::subview(v, r)), ConstVec<Exec>(Kokkos::subview(g, r)), 2, 5,
+                       AdamWStep::make(0.5, 0.9, 0.95, 1e-8, 1, 1.0), 0.1f, decay_vectors);
     const auto got = to_host(p);
     for (int i = 0; i < n; ++i) {
       const bool decayed = i >= 2 && i < 8 && (i < 5 || decay_vectors);

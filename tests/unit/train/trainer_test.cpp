@@ -99,7 +99,7 @@ TEST_F(Training, ResumeContinuesBitIdentically) {
                            "optimizer/exp_avg_sq/h.0.attn.c_attn.weight"}) {
     EXPECT_EQ(dataset(fa, name), dataset(fb, name)) << name;
   }
-  EXPECT_EQ(read_checkpoint_meta(fa, MPI_COMM_SELF).samples_consumed, 48);
+  EXPECT_EQ(CheckpointReader(fa, MPI_COMM_SELF).meta().samples_consumed, 48);
 }
 
 TEST_F(Training, ResumeAtTheEndDoesNothingAndWrongModelIsAnInputError) {

@@ -1,0 +1,48 @@
+#pragma once
+// The MPI backend. Device buffers go straight to MPI when the library is CUDA-aware
+// (asked at start-up with MPIX_Query_cuda_support), otherwise through host staging.
+#include <mpi.h>
+
+#include "lamina/comm/communicator.hpp"
+
+namespace lamina {
+
+class MpiCommunicator : public Communicator {
+ public:
+  // Takes ownership of comm (freed on destruction) unless it is MPI_COMM_WORLD/SELF.
+  MpiCommunicator(MPI_Comm comm, std::string name);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  MPI_Comm comm() const { return comm_; }
+
+  void allreduce(float* data, std::int64_t n, ReduceOp op) override;
+  void allreduce(double* data, std::int64_t n, ReduceOp op) override;
+  void reduce_scatter(const float* send, float* recv, std::int64_t count) override;
+  void all_gather(const float* send, float* recv, std::int64_t count) override;
+  void broadcast(float* data, std::int64_t n, int root) override;
+  void send(const float* data, std::int64_t n, int peer, int tag) override;
+  void recv(float* data, std::int64_t n, int peer, int tag) override;
+  void barrier() override;
+
+  Request iallreduce(float* data, std::int64_t n, ReduceOp op) override;
+  Request ireduce_scatter(const float* send, float* recv, std::int64_t count) override;
+  Request iall_gather(const float* send, float* recv, std::int64_t count) override;
+  Request isend(const float* data, std::int64_t n, int peer, int tag) override;
+  Request irecv(float* data, std::int64_t n, int peer, int tag) override;
+
+  // Whether buffers in the default execution space's memory can be handed to MPI as is.
+  static bool device_buffers_direct();
+
+ private:
+  MPI_Comm comm_;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+  bool owned_ = false;
+};
+
+}  // namespace lamina

@@ -1,0 +1,18 @@
+#pragma once
+// How the tensor-parallel shards of a layer combine partial results: Megatron's "g"
+// (sum over the group in forward) after row-parallel products and its conjugate "f"
+// (sum in backward) before column-parallel ones, plus the maximum the vocabulary-parallel
+// cross-entropy needs. The model only calls these; the parallel runtime provides them
+// (over MPI or NCCL). A single shard leaves them empty and nothing happens.
+#include <cstdint>
+#include <functional>
+
+namespace lamina {
+
+struct ShardCombine {
+  std::function<void(float* data, std::int64_t n)> sum;  // in place, over the group
+  std::function<void(float* data, std::int64_t n)> max;  // in place, over the group
+  int rank = 0;  // this rank in the group: rank 0 adds the biases of row-parallel layers
+};
+
+}  // namespace lamina

@@ -1,0 +1,44 @@
+#pragma once
+// Reusable tracked buffers for what lives only part of a step: parameters gathered by
+// ZeRO-3, full-size gradients before a ZeRO-2/3 reduce-scatter, staging copies. A buffer
+// is allocated the first time no free one of its size exists and is reused afterwards,
+// so the memory tracker's peak is the most that was ever held at once.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "lamina/core/buffer.hpp"
+
+namespace lamina {
+
+template <class Mem>
+class BufferPool {
+ public:
+  BufferPool(MemoryTracker& tracker, MemCategory category, std::string label)
+      : tracker_(tracker), category_(category), label_(std::move(label)) {}
+
+  // A buffer of exactly n elements, contents undefined.
+  float* acquire(std::int64_t n) {
+    auto& free = free_[n];
+    if (!free.empty()) {
+      float* p = free.back();
+      free.pop_back();
+      return p;
+    }
+    owned_.emplace_back(tracker_, category_, label_, n);
+    return owned_.back().data();
+  }
+  void release(float* p, std::int64_t n) {
+    if (p != nullptr) free_[n].push_back(p);
+  }
+
+ private:
+  MemoryTracker& tracker_;
+  MemCategory category_;
+  std::string label_;
+  std::vector<Buffer<float, Mem>> owned_;
+  std::map<std::int64_t, std::vector<float*>> free_;
+};
+
+}  // namespace lamina

@@ -1,0 +1,207 @@
+#include "lamina/parallel/executor.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "lamina/core/format.hpp"
+
+namespace lamina {
+
+namespace {
+
+using Exec = Executor::Exec;
+
+ShardCombine combine_over(const ProcessGrid& grid) {
+  ShardCombine c;
+  c.rank = grid.tp_rank();
+  if (grid.tp_size() > 1) {
+    Communicator* tp = &grid.tp();
+    c.sum = [tp](float* data, std::int64_t n) { tp->allreduce(data, n, ReduceOp::sum); };
+    c.max = [tp](float* data, std::int64_t n) { tp->allreduce(data, n, ReduceOp::max); };
+  }
+  return c;
+}
+
+void copy(const Mat<Exec>& dst, const Mat<Exec>& src) { Kokkos::deep_copy(Exec(), dst, src); }
+
+}  // namespace
+
+Executor::Executor(MemoryTracker& tracker, ModelState& state, const ProcessGrid& grid, const Schedule& schedule,
+                   const Dims& dims, const CostModel& cost)
+    : state_(state),
+      grid_(grid),
+      schedule_(schedule),
+      dims_(dims),
+      cost_(cost),
+      tp_(combine_over(grid)),
+      ws_(tracker, dims) {
+  const Partition& part = schedule.partition();
+  for (int c : part.chunks_of(grid.pp_rank())) {
+    const Chunk& k = part.chunk(c);
+    Slots& s = slots_[c];
+    const int n = schedule.max_in_flight(c);
+    for (int i = 0; i < n; ++i) {
+      s.acts.push_back(std::make_unique<LayerRangeActs<Exec>>(tracker, dims, k.first_block, k.last_block, k.embedding,
+                                                              k.head));
+      s.sends.emplace_back();
+      s.free.push_back(n - 1 - i);
+    }
+    for (int l : state.layers_of(k)) ++users_[l];
+  }
+}
+
+int Executor::tag(int kind, int receiving_chunk, int mb, int part) const {
+  return ((kind * schedule_.partition().num_chunks() + receiving_chunk) * schedule_.micro_batches() + mb) * 2 + part;
+}
+
+LayerRangeActs<Exec>& Executor::acquire(int chunk, int mb) {
+  Slots& s = slots_.at(chunk);
+  if (s.free.empty()) throw std::logic_error(strprintf("no free activation slot for chunk %d", chunk));
+  const int i = s.free.back();
+  s.free.pop_back();
+  for (auto& r : s.sends[static_cast<std::size_t>(i)]) r.wait();  // its buffers may still be in flight
+  s.sends[static_cast<std::size_t>(i)].clear();
+  in_use_[{chunk, mb}] = i;
+  return *s.acts[static_cast<std::size_t>(i)];
+}
+
+LayerRangeActs<Exec>& Executor::slot(int chunk, int mb) {
+  return *slots_.at(chunk).acts[static_cast<std::size_t>(in_use_.at({chunk, mb}))];
+}
+
+void Executor::release(int chunk, int mb) {
+  const auto it = in_use_.find({chunk, mb});
+  slots_.at(chunk).free.push_back(it->second);
+  in_use_.erase(it);
+}
+
+void Executor::forward(const Chunk& c, int mb, const MicroBatchLoader& load) {
+  const Exec exec;
+  // recv_activation, if any, acquired the slot already.
+  LayerRangeActs<Exec>& a = in_use_.count({c.index, mb}) ? slot(c.index, mb) : acquire(c.index, mb);
+  if (c.embedding || c.head) {
+    std::vector<std::int32_t> inputs(static_cast<std::size_t>(dims_.N())), targets(inputs.size());
+    load(mb, inputs.data(), targets.data());
+    using Host = Kokkos::View<const std::int32_t*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    Kokkos::deep_copy(exec, a.inputs, Host(inputs.data(), inputs.size()));
+    Kokkos::deep_copy(exec, a.targets, Host(targets.data(), targets.size()));
+  }
+  if (c.embedding) {
+    embed_forward(exec, state_.embedding_params(), a, tp_);
+  } else if (c.index > 0 && schedule_.partition().chunk(c.index - 1).stage == c.stage) {
+    copy(a.input, slot(c.index - 1, mb).output());  // the previous chunk is on this stage
+  }
+  for (std::int64_t b = c.first_block; b < c.last_block; ++b) block_forward(exec, state_.block_params(b), a, b, ws_.ws, tp_);
+  if (c.head) {
+    head_forward(exec, state_.embedding_params(), state_.final_params(), a, tp_);
+    loss_sum_ += sum_losses(exec, a);
+  }
+  exec.fence();
+  const double t = compute_cost(c, Op::forward, cost_);
+  clock_ += t;
+  busy_ += t;
+}
+
+void Executor::backward(const Chunk& c, int mb, float loss_scale) {
+  const Exec exec;
+  LayerRangeActs<Exec>& a = slot(c.index, mb);
+  for (int l : state_.layers_of(c)) state_.begin_grads(l);
+  if (c.head) {
+    head_backward(exec, state_.embedding_grads(), state_.final_grads(), state_.embedding_params(),
+                  state_.final_params(), a, ws_.ws, loss_scale, tp_);
+  }
+  for (std::int64_t b = c.last_block; b-- > c.first_block;) {
+    block_backward(exec, state_.block_grads(b), state_.block_params(b), a, b, ws_.ws, tp_);
+  }
+  if (c.embedding) embed_backward(exec, state_.embedding_grads(), a);
+  if (c.index > 0 && schedule_.partition().chunk(c.index - 1).stage == c.stage) {
+    copy(slot(c.index - 1, mb).dres, a.dres);  // hand the input gradient to the previous chunk
+  }
+  exec.fence();
+  const double t = compute_cost(c, Op::backward, cost_);
+  clock_ += t;
+  busy_ += t;
+}
+
+void Executor::send(Op op, int chunk, int mb, int peer) {
+  const bool act = op == Op::send_activation;
+  LayerRangeActs<Exec>& a = slot(chunk, mb);
+  const Mat<Exec>& buf = act ? a.output() : a.dres;
+  const int to = act ? chunk + 1 : chunk - 1;
+  const int kind = act ? 0 : 1;
+  Exec().fence();
+  Communicator& pp = grid_.pp();
+  auto& sends = slots_.at(chunk).sends[static_cast<std::size_t>(in_use_.at({chunk, mb}))];
+  sends.push_back(pp.isend(buf.data(), static_cast<std::int64_t>(buf.size()), peer, tag(kind, to, mb, 0)));
+  // The sender's virtual time travels with the message, as the bits of a double.
+  const double arrival = clock_ + cost_.p2p;
+  stamps_.emplace_back(2);
+  std::memcpy(stamps_.back().data(), &arrival, sizeof(arrival));
+  stamp_sends_.push_back(grid_.pp_clock().isend(stamps_.back().data(), 2, peer, tag(kind, to, mb, 1)));
+  if (!act) release(chunk, mb);  // the backward of this micro-batch is done here
+}
+
+void Executor::recv(Op op, int chunk, int mb, int peer) {
+  const bool act = op == Op::recv_activation;
+  LayerRangeActs<Exec>& a = act ? acquire(chunk, mb) : slot(chunk, mb);
+  const Mat<Exec>& buf = act ? a.input : a.dres;
+  const int kind = act ? 0 : 1;
+  Communicator& pp = grid_.pp();
+  pp.recv(buf.data(), static_cast<std::int64_t>(buf.size()), peer, tag(kind, chunk, mb, 0));
+  float stamp[2];
+  grid_.pp_clock().recv(stamp, 2, peer, tag(kind, chunk, mb, 1));
+  double arrival = 0.0;
+  std::memcpy(&arrival, stamp, sizeof(arrival));
+  clock_ = std::max(clock_, arrival);
+}
+
+void Executor::reduce(const Chunk& c) {
+  // A layer used by several local chunks (the tied embedding) is reduced after the last.
+  for (int l : state_.layers_of(c)) {
+    if (++reduced_[l] < users_[l]) continue;
+    reduced_[l] = 0;
+    state_.reduce_grads(l);
+  }
+}
+
+StageResult Executor::run(const MicroBatchLoader& load, float loss_scale) {
+  clock_ = busy_ = loss_sum_ = 0.0;
+  state_.zero_grads();
+  const Partition& part = schedule_.partition();
+  for (const Instruction& i : schedule_.program(grid_.pp_rank())) {
+    switch (i.op) {
+      case Op::forward: forward(part.chunk(i.chunk), i.micro_batch, load); break;
+      case Op::backward:
+        backward(part.chunk(i.chunk), i.micro_batch, loss_scale);
+        // The last chunk of a stage has no gradient to send; its slot is free now.
+        if (i.chunk == 0 || part.chunk(i.chunk - 1).stage == part.chunk(i.chunk).stage) release(i.chunk, i.micro_batch);
+        break;
+      case Op::send_activation:
+      case Op::send_gradient: send(i.op, i.chunk, i.micro_batch, i.peer); break;
+      case Op::recv_activation:
+      case Op::recv_gradient: recv(i.op, i.chunk, i.micro_batch, i.peer); break;
+      case Op::gather_params:
+        for (int l : state_.layers_of(part.chunk(i.chunk))) state_.gather(l);
+        break;
+      case Op::release_params:
+        for (int l : state_.layers_of(part.chunk(i.chunk))) state_.release(l);
+        break;
+      case Op::reduce_grads: reduce(part.chunk(i.chunk)); break;
+      case Op::optimizer_step: break;  // the caller steps, once gradients are complete
+    }
+  }
+  state_.finish_reductions();
+  for (auto& [c, s] : slots_) {
+    for (auto& list : s.sends) {
+      for (auto& r : list) r.wait();
+      list.clear();
+    }
+  }
+  for (auto& r : stamp_sends_) r.wait();
+  stamp_sends_.clear();
+  stamps_.clear();
+  return {loss_sum_, clock_, busy_};
+}
+
+}  // namespace lamina

@@ -1,0 +1,55 @@
+#pragma once
+// The dp x tp x pp process grid. Tensor-parallel ranks are adjacent (same node, fastest
+// links), then data-parallel, then pipeline stages:
+//   world rank = tp_rank + tp * (dp_rank + dp * pp_rank).
+// Each rank holds one communicator per group it belongs to; the "embedding" group joins
+// the first and last pipeline stages of one (dp, tp) position, which both hold the tied
+// token embedding.
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "lamina/comm/communicator.hpp"
+#include "lamina/core/deck.hpp"
+
+namespace lamina {
+
+class ProcessGrid {
+ public:
+  // Throws InputError when dp * tp * pp differs from the size of `world`.
+  ProcessGrid(MPI_Comm world, int dp, int tp, int pp);
+
+  int dp_size() const { return dp_; }
+  int tp_size() const { return tp_; }
+  int pp_size() const { return pp_; }
+  int dp_rank() const { return dp_rank_; }
+  int tp_rank() const { return tp_rank_; }
+  int pp_rank() const { return pp_rank_; }
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return dp_ * tp_ * pp_; }
+  bool first_stage() const { return pp_rank_ == 0; }
+  bool last_stage() const { return pp_rank_ == pp_ - 1; }
+
+  Communicator& world() const { return *world_comm_; }
+  Communicator& dp() const { return *dp_comm_; }
+  Communicator& tp() const { return *tp_comm_; }
+  Communicator& pp() const { return *pp_comm_; }
+  // First and last stage (size 2 when pp > 1, else this rank alone).
+  Communicator& embedding() const { return *embedding_comm_; }
+  // The pipeline group again, over MPI, for the executor's virtual-clock timestamps: host
+  // scalars that must not count as pipeline traffic.
+  Communicator& pp_clock() const { return *pp_clock_comm_; }
+
+  // World rank of grid position (dp, tp, pp).
+  int world_rank_of(int dp, int tp, int pp) const { return tp + tp_ * (dp + dp_ * pp); }
+  // A table of which world rank holds which (dp, tp, pp) position, for the log.
+  std::string describe() const;
+
+ private:
+  int dp_, tp_, pp_;
+  int dp_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0, world_rank_ = 0;
+  std::unique_ptr<Communicator> world_comm_, dp_comm_, tp_comm_, pp_comm_, embedding_comm_, pp_clock_comm_;
+};
+
+}  // namespace lamina

@@ -1,0 +1,77 @@
+#include "lamina/train/runtime.hpp"
+
+#include <cmath>
+
+#include "lamina/core/error.hpp"
+#include "lamina/core/format.hpp"
+
+namespace lamina {
+
+ScheduleOptions schedule_options(const Deck& deck) {
+  const ParallelConfig& p = deck.parallel;
+  ScheduleOptions o;
+  o.kind = p.schedule == "gpipe"         ? ScheduleKind::gpipe
+           : p.schedule == "interleaved" ? ScheduleKind::interleaved
+           : p.schedule == "modular"     ? ScheduleKind::modular
+                                         : ScheduleKind::one_f_one_b;
+  o.stages = static_cast<int>(p.pp);
+  o.micro_batches = static_cast<int>(deck.data.batch_size / (deck.data.micro_batch_size * p.dp));
+  o.virtual_stages = static_cast<int>(p.virtual_stages);
+  o.layered = p.layered;
+  o.zero = static_cast<int>(p.zero);
+  return o;
+}
+
+namespace {
+
+CostModel cost_model(const ParallelConfig& p) {
+  CostModel c;
+  c.forward_block = p.cost_forward;
+  c.backward_block = p.cost_backward;
+  c.p2p = p.cost_p2p;
+  return c;
+}
+
+}  // namespace
+
+Runtime::Runtime(MemoryTracker& tracker, const Deck& deck, MPI_Comm world)
+    : grid_(world, static_cast<int>(deck.parallel.dp), static_cast<int>(deck.parallel.tp),
+            static_cast<int>(deck.parallel.pp)),
+      schedule_(Schedule::build(deck.model.layers, schedule_options(deck))),
+      dims_(Dims::of(deck.model, deck.data.micro_batch_size, grid_.tp_size(), grid_.tp_rank())) {
+  state_ = std::make_unique<ModelState>(tracker, deck.model, deck.optimizer, grid_, schedule_.partition(),
+                                        static_cast<int>(deck.parallel.zero));
+  executor_ = std::make_unique<Executor>(tracker, *state_, grid_, schedule_, dims_, cost_model(deck.parallel));
+}
+
+Runtime::StepResult Runtime::forward_backward(const MicroBatchLoader& load, std::int64_t positions) {
+  const StageResult r = executor_->run(load, static_cast<float>(1.0 / static_cast<double>(positions)));
+  // One contribution per loss value: the last stage's first tensor-parallel rank of each replica.
+  double v[3] = {grid_.last_stage() && grid_.tp_rank() == 0 ? r.loss_sum : 0.0, state_->grad_sq_norm_local(), 0.0};
+  grid_.world().allreduce(v, 2, ReduceOp::sum);
+  double makespan = r.clock;
+  grid_.world().allreduce(&makespan, 1, ReduceOp::max);
+  double idle = makespan > 0.0 ? (makespan - r.busy) / makespan : 0.0;
+  grid_.world().allreduce(&idle, 1, ReduceOp::sum);
+  StepResult out;
+  out.loss = v[0] / static_cast<double>(positions);
+  out.grad_norm = std::sqrt(v[1]);
+  out.makespan = makespan;
+  out.bubble = idle / grid_.world_size();
+  return out;
+}
+
+std::map<std::string, std::int64_t> Runtime::take_comm_bytes() {
+  std::map<std::string, std::int64_t> out;
+  for (Communicator* c : {&grid_.dp(), &grid_.tp(), &grid_.pp()}) {
+    out[c->name()] = c->bytes_sent();
+    c->reset_bytes();
+  }
+  // The tied embedding's gradient exchange between the first and last stage counts as
+  // pipeline traffic.
+  out["pp"] += grid_.embedding().bytes_sent();
+  grid_.embedding().reset_bytes();
+  return out;
+}
+
+}  // namespace lamina
