@@ -24,12 +24,18 @@ class Request {
    public:
     virtual ~Impl() = default;
     virtual void wait() = 0;
+    virtual bool test() = 0;  // completed (then it is finished, as by wait)?
   };
   Request() = default;
   explicit Request(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
   void wait() {
     if (impl_) impl_->wait();
     impl_.reset();
+  }
+  // True when the operation has completed (and finishes it); never blocks.
+  bool test() {
+    if (impl_ && impl_->test()) impl_.reset();
+    return !impl_;
   }
   bool pending() const { return static_cast<bool>(impl_); }
 

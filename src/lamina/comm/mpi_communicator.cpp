@@ -67,6 +67,12 @@ class MpiRequest : public Request::Impl {
     check(MPI_Wait(&req_, MPI_STATUS_IGNORE), "MPI_Wait");
     if (out_) out_->copy_out();
   }
+  bool test() override {
+    int done = 0;
+    check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done && out_) out_->copy_out();
+    return done != 0;
+  }
 
  private:
   MPI_Request req_ = MPI_REQUEST_NULL;

@@ -28,6 +28,12 @@ class StreamEvent : public Request::Impl {
   }
   ~StreamEvent() override { cudaEventDestroy(event_); }
   void wait() override { check_cuda(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+  bool test() override {
+    const cudaError_t rc = cudaEventQuery(event_);
+    if (rc == cudaErrorNotReady) return false;
+    check_cuda(rc, "cudaEventQuery");
+    return true;
+  }
 
  private:
   cudaEvent_t event_ = nullptr;

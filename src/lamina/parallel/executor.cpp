@@ -35,7 +35,8 @@ Executor::Executor(MemoryTracker& tracker, ModelState& state, const ProcessGrid&
       dims_(dims),
       cost_(cost),
       tp_(combine_over(grid)),
-      ws_(tracker, dims) {
+      ws_(tracker, dims),
+      send_pool_(tracker, MemCategory::communication, "lamina::pipeline_sends") {
   const Partition& part = schedule.partition();
   for (int c : part.chunks_of(grid.pp_rank())) {
     const Chunk& k = part.chunk(c);
@@ -44,7 +45,6 @@ Executor::Executor(MemoryTracker& tracker, ModelState& state, const ProcessGrid&
     for (int i = 0; i < n; ++i) {
       s.acts.push_back(std::make_unique<LayerRangeActs<Exec>>(tracker, dims, k.first_block, k.last_block, k.embedding,
                                                               k.head));
-      s.sends.emplace_back();
       s.free.push_back(n - 1 - i);
     }
     for (int l : state.layers_of(k)) ++users_[l];
@@ -60,8 +60,6 @@ LayerRangeActs<Exec>& Executor::acquire(int chunk, int mb) {
   if (s.free.empty()) throw std::logic_error(strprintf("no free activation slot for chunk %d", chunk));
   const int i = s.free.back();
   s.free.pop_back();
-  for (auto& r : s.sends[static_cast<std::size_t>(i)]) r.wait();  // its buffers may still be in flight
-  s.sends[static_cast<std::size_t>(i)].clear();
   in_use_[{chunk, mb}] = i;
   return *s.acts[static_cast<std::size_t>(i)];
 }
@@ -130,10 +128,11 @@ void Executor::send(Op op, int chunk, int mb, int peer) {
   const Mat<Exec>& buf = act ? a.output() : a.dres;
   const int to = act ? chunk + 1 : chunk - 1;
   const int kind = act ? 0 : 1;
+  const std::int64_t n = static_cast<std::int64_t>(buf.size());
+  float* out = outgoing_buffer(n);
+  Kokkos::deep_copy(Exec(), as_vec<Exec>(out, n), as_vec<Exec>(buf.data(), n));
   Exec().fence();
-  Communicator& pp = grid_.pp();
-  auto& sends = slots_.at(chunk).sends[static_cast<std::size_t>(in_use_.at({chunk, mb}))];
-  sends.push_back(pp.isend(buf.data(), static_cast<std::int64_t>(buf.size()), peer, tag(kind, to, mb, 0)));
+  outgoing_.push_back({out, n, grid_.pp().isend(out, n, peer, tag(kind, to, mb, 0))});
   // The sender's virtual time travels with the message, as the bits of a double.
   const double arrival = clock_ + cost_.p2p;
   stamps_.emplace_back(2);
@@ -142,13 +141,25 @@ void Executor::send(Op op, int chunk, int mb, int peer) {
   if (!act) release(chunk, mb);  // the backward of this micro-batch is done here
 }
 
+float* Executor::outgoing_buffer(std::int64_t n) {
+  // Reuse the buffers of messages that have arrived meanwhile.
+  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
+    if (it->request.test()) {
+      send_pool_.release(it->buffer, it->n);
+      it = outgoing_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return send_pool_.acquire(n);
+}
+
 void Executor::recv(Op op, int chunk, int mb, int peer) {
   const bool act = op == Op::recv_activation;
   LayerRangeActs<Exec>& a = act ? acquire(chunk, mb) : slot(chunk, mb);
   const Mat<Exec>& buf = act ? a.input : a.dres;
   const int kind = act ? 0 : 1;
-  Communicator& pp = grid_.pp();
-  pp.recv(buf.data(), static_cast<std::int64_t>(buf.size()), peer, tag(kind, chunk, mb, 0));
+  grid_.pp().recv(buf.data(), static_cast<std::int64_t>(buf.size()), peer, tag(kind, chunk, mb, 0));
   float stamp[2];
   grid_.pp_clock().recv(stamp, 2, peer, tag(kind, chunk, mb, 1));
   double arrival = 0.0;
@@ -192,12 +203,11 @@ StageResult Executor::run(const MicroBatchLoader& load, float loss_scale) {
     }
   }
   state_.finish_reductions();
-  for (auto& [c, s] : slots_) {
-    for (auto& list : s.sends) {
-      for (auto& r : list) r.wait();
-      list.clear();
-    }
+  for (auto& o : outgoing_) {
+    o.request.wait();
+    send_pool_.release(o.buffer, o.n);
   }
+  outgoing_.clear();
   for (auto& r : stamp_sends_) r.wait();
   stamp_sends_.clear();
   stamps_.clear();

@@ -47,9 +47,16 @@ class Executor {
  private:
   struct Slots {
     std::vector<std::unique_ptr<LayerRangeActs<Exec>>> acts;
-    std::vector<std::vector<Request>> sends;  // sends still reading a slot's buffers
     std::vector<int> free;
   };
+  // A message in flight from its own copy of the data, so that no buffer of the model
+  // waits for a receiver: waiting there would add dependencies the schedule does not have.
+  struct Outgoing {
+    float* buffer;
+    std::int64_t n;
+    Request request;
+  };
+  float* outgoing_buffer(std::int64_t n);
   LayerRangeActs<Exec>& acquire(int chunk, int mb);
   LayerRangeActs<Exec>& slot(int chunk, int mb);
   void release(int chunk, int mb);
@@ -70,6 +77,8 @@ class Executor {
   std::map<int, Slots> slots_;                  // per local chunk
   std::map<std::pair<int, int>, int> in_use_;   // (chunk, micro-batch) -> slot
   std::map<int, int> users_, reduced_;          // per layer: local chunks using it, reductions asked
+  BufferPool<ModelState::Mem> send_pool_;
+  std::vector<Outgoing> outgoing_;
   std::vector<std::vector<float>> stamps_;      // send buffers of virtual-clock timestamps
   std::vector<Request> stamp_sends_;
   double clock_ = 0.0, busy_ = 0.0, loss_sum_ = 0.0;

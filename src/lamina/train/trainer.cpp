@@ -95,6 +95,9 @@ class Trainer {
     const ParamLayout full = ParamLayout::gpt2(m);
     log_.info(rt.grid().describe());
     log_.info(strprintf("schedule: %s; %s", rt.schedule().name().c_str(), rt.schedule().partition().describe().c_str()));
+    for (int s = 0; s < rt.schedule().stages(); ++s) {
+      log_.debug(strprintf("stage %d program: %s", s, rt.schedule().describe(s).c_str()));
+    }
     log_.info(strprintf("model: GPT-2, %s parameters (%s), ZeRO stage %lld, optimizer subgroups of <= %lld",
                         human_count(static_cast<double>(full.total_numel())).c_str(), model_signature(m).c_str(),
                         static_cast<long long>(deck_.parallel.zero),
