@@ -1,0 +1,297 @@
+// Multi-rank training, launched with mpirun: every process layout computes the same
+// model as one rank (losses and final parameters), communication volumes match their
+// analytic counts, checkpoints restart on other layouts, and a dying rank ends the job.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lamina/core/deck.hpp"
+#include <hdf5.h>
+#include "lamina/model/param_layout.hpp"
+
+namespace lamina::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kDeck = R"([model]
+layers = 4
+d_model = 32
+heads = 4
+seq_len = 16
+vocab_size = 64
+[data]
+format = "synthetic"
+batch_size = 8
+micro_batch_size = 2
+[train]
+steps = 5
+seed = 3
+[optimizer]
+lr = 1e-2
+warmup_steps = 1
+subgroup_size = 700
+[output]
+peak_tflops = 1.0
+)";
+
+struct JobResult {
+  int code = -1;
+  std::string out;
+  std::vector<double> losses;
+  std::vector<std::map<std::string, double>> comm;  // per step: group -> bytes
+};
+
+class ParallelTraining : public ::testing::Test {
+ public:
+  static void SetUpTestSuite() {
+    dir_ = (fs::temp_directory_path() / ("lamina_mpi_" + std::to_string(::getpid()))).string();
+    fs::create_directories(dir_);
+    std::ofstream(dir_ + "/deck.toml") << kDeck;
+    reference_ = new JobResult(train(1, "reference", {}));
+  }
+  static void TearDownTestSuite() {
+    delete reference_;
+    fs::remove_all(dir_);
+  }
+
+  static std::string launch(int np, const std::string& args) {
+    return "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(np) + " " + LAMINA_BINARY + " " + args;
+  }
+
+  static JobResult run_command(const std::string& cmd) {
+    JobResult r;
+    FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+    char buf[4096];
+    while (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) r.out += buf;
+    const int status = p == nullptr ? -1 : ::pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  }
+
+  // Trains the test deck on np ranks with overrides; output in <dir>/<name>.
+  static JobResult train(int np, const std::string& name, const std::vector<std::string>& sets) {
+    std::string args = "train " + dir_ + "/deck.toml --set output.dir=" + dir_ + "/" + name;
+    for (const auto& s : sets) args += " --set " + s;
+    JobResult r = run_command(launch(np, args));
+    std::ifstream in(dir_ + "/" + name + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto a = line.find("\"loss\": ") + 8;
+      r.losses.push_back(std::stod(line.substr(a, line.find(',', a) - a)));
+      std::map<std::string, double> c;
+      for (const char* g : {"dp", "tp", "pp"}) {
+        const auto k = line.find(std::string("\"") + g + "\": ", line.find("\"comm_bytes\""));
+        if (k != std::string::npos) c[g] = std::stod(line.substr(k + 6));
+      }
+      r.comm.push_back(c);
+    }
+    return r;
+  }
+
+  // A whole dataset, read with plain HDF5 (this process stays out of MPI, so that the
+  // mpirun it starts does not mistake it for a parent job).
+  static std::vector<float> tensor(const std::string& file, const std::string& name, std::vector<std::int64_t> shape) {
+    std::int64_t n = 1;
+    for (auto d : shape) n *= d;
+    std::vector<float> v(static_cast<std::size_t>(n), NAN);
+    const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    EXPECT_GE(f, 0) << file;
+    if (f < 0) return v;
+    const hid_t d = H5Dopen2(f, name.c_str(), H5P_DEFAULT);
+    EXPECT_GE(d, 0) << name;
+    if (d >= 0) {
+      H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+      H5Dclose(d);
+    }
+    H5Fclose(f);
+    return v;
+  }
+
+  static double rel(const std::vector<float>& a, const std::vector<float>& b) {
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+      den += static_cast<double>(b[i]) * b[i];
+    }
+    return std::sqrt(num / den);
+  }
+
+  // Every parameter (and both Adam moments) of two final checkpoints, within tol.
+  static void expect_same_model(const std::string& a, const std::string& b, double tol) {
+    const Deck d = parse_deck(kDeck, "deck.toml");
+    const ParamLayout layout = ParamLayout::gpt2(d.model);
+    for (const auto& l : layout.layers()) {
+      for (const auto& t : l.tensors) {
+        for (const char* prefix : {"model/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"}) {
+          const std::string name = prefix + t.name;
+          EXPECT_LT(rel(tensor(a, name, t.global_shape), tensor(b, name, t.global_shape)), tol) << name;
+        }
+      }
+    }
+  }
+
+  static std::string final_checkpoint(const std::string& name) { return dir_ + "/" + name + "/checkpoints/step_00000005.h5"; }
+
+  static std::string dir_;
+  static JobResult* reference_;
+};
+
+std::string ParallelTraining::dir_;
+JobResult* ParallelTraining::reference_ = nullptr;
+
+struct Layout {
+  const char* name;
+  int np;
+  std::vector<std::string> sets;
+};
+
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
+
+class Layouts : public ParallelTraining, public ::testing::WithParamInterface<Layout> {};
+
+TEST_P(Layouts, LossesAndFinalModelEqualTheSingleRankRun) {
+  const Layout& l = GetParam();
+  ASSERT_EQ(reference_->code, 0) << reference_->out;
+  ASSERT_EQ(reference_->losses.size(), 5u);
+  const JobResult r = train(l.np, l.name, l.sets);
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.losses.size(), 5u) << r.out;
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_NEAR(r.losses[i], reference_->losses[i], 1e-5 * std::fabs(reference_->losses[i])) << "step " << i + 1;
+  }
+  expect_same_model(final_checkpoint(l.name), final_checkpoint("reference"), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Mpi, Layouts,
+    ::testing::Values(Layout{"dp2", 2, {"parallel.dp=2"}},
+                      Layout{"dp2_zero1", 2, {"parallel.dp=2", "parallel.zero=1"}},
+                      Layout{"dp2_zero2", 2, {"parallel.dp=2", "parallel.zero=2"}},
+                      Layout{"dp2_zero3", 2, {"parallel.dp=2", "parallel.zero=3"}},
+                      Layout{"tp2", 2, {"parallel.tp=2"}},
+                      Layout{"pp2_gpipe", 2, {"parallel.pp=2", "parallel.schedule=gpipe"}},
+                      Layout{"pp2_1f1b", 2, {"parallel.pp=2", "parallel.schedule=1f1b"}},
+                      Layout{"pp2_interleaved", 2,
+                             {"parallel.pp=2", "parallel.schedule=interleaved", "parallel.virtual_stages=2"}},
+                      Layout{"pp2_modular", 2, {"parallel.pp=2", "parallel.schedule=modular"}},
+                      Layout{"pp2_modular_layered", 2,
+                             {"parallel.pp=2", "parallel.schedule=modular", "parallel.layered=true"}},
+                      Layout{"dp2_tp2", 4, {"parallel.dp=2", "parallel.tp=2"}},
+                      Layout{"dp2_pp2_zero3_layered", 4,
+                             {"parallel.dp=2", "parallel.pp=2", "parallel.zero=3", "parallel.layered=true",
+                              "parallel.schedule=modular"}},
+                      Layout{"tp2_pp2", 4, {"parallel.tp=2", "parallel.pp=2"}}),
+    [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
+
+// Bytes of each layer's flat buffer, padded for a data-parallel group of dp.
+std::vector<double> padded_bytes(int dp) {
+  const Deck d = parse_deck(kDeck, "deck.toml");
+  std::vector<double> out;
+  for (const auto& l : ParamLayout::gpt2(d.model).layers()) {
+    const std::int64_t shard = (l.numel + dp - 1) / dp;
+    out.push_back(4.0 * static_cast<double>(shard * dp));
+  }
+  return out;
+}
+
+TEST_F(ParallelTraining, DataParallelTrafficIsOneAllReduceOfTheGradients) {
+  const JobResult r = train(2, "bytes_dp", {"parallel.dp=2"});
+  ASSERT_EQ(r.code, 0) << r.out << "\n(command output above)";
+  double all = 0;
+  for (double b : padded_bytes(2)) all += b;
+  // Ring all-reduce: 2 (p - 1) / p of the data per rank.
+  for (const auto& step : r.comm) EXPECT_DOUBLE_EQ(step.at("dp"), all * 2 * (2 - 1) / 2);
+}
+
+TEST_F(ParallelTraining, LayeredAccumulationCutsZero3TrafficByTheMicroBatches) {
+  const int M = 2;  // batch 8 = dp 2 x micro-batch 2 x 2 micro-batches
+  const JobResult depth = train(2, "bytes_zero3", {"parallel.dp=2", "parallel.zero=3"});
+  const JobResult layered = train(2, "bytes_zero3_layered", {"parallel.dp=2", "parallel.zero=3", "parallel.layered=true",
+                                                       "parallel.schedule=gpipe"});
+  ASSERT_EQ(depth.code, 0) << depth.out;
+  ASSERT_EQ(layered.code, 0) << layered.out;
+  const auto layers = padded_bytes(2);
+  double all = 0;
+  for (double b : layers) all += b;
+  const double ring = 0.5;  // (p - 1) / p
+  // Depth-first: every micro-batch gathers all parameters for forward and for backward,
+  // and reduce-scatters all gradients.
+  const double want_depth = M * (2 * all + all) * ring;
+  // Layer by layer: each layer gathered once per pass and reduced once per step; the tied
+  // embedding (layers[0]) is gathered for the lookup and again for the LM head.
+  const double want_layered = (2 * (all + layers[0]) + all) * ring;
+  for (const auto& step : depth.comm) EXPECT_DOUBLE_EQ(step.at("dp"), want_depth);
+  for (const auto& step : layered.comm) EXPECT_DOUBLE_EQ(step.at("dp"), want_layered);
+  // Gradient reduce-scatters alone: exactly M times fewer.
+  EXPECT_DOUBLE_EQ((want_depth - M * 2 * all * ring) / (want_layered - 2 * (all + layers[0]) * ring), M);
+  expect_same_model(final_checkpoint("bytes_zero3"), final_checkpoint("bytes_zero3_layered"), 1e-5);
+}
+
+TEST_F(ParallelTraining, PipelineMessagesAreTheActivationsAndTheirGradients) {
+  // Modular, 4 layers on 2 stages: each micro-batch crosses 3 boundaries each way, 4
+  // micro-batches of 2 x 16 x 32 floats; plus the tied embedding's gradient exchange.
+  const JobResult r = train(2, "bytes_pp", {"parallel.pp=2", "parallel.schedule=modular", "parallel.layered=true"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  const double message = 4.0 * 2 * 16 * 32;
+  const double crossings = 4 * 3;  // micro-batches x boundaries, per direction; each rank sends half
+  const double embedding = padded_bytes(1)[0];  // all-reduce of 2 ranks: (2 - 1) / 2 * 2 = 1 x the data
+  for (const auto& step : r.comm) EXPECT_DOUBLE_EQ(step.at("pp"), crossings * message + embedding);
+}
+
+TEST_F(ParallelTraining, CheckpointsRestartOnOtherLayouts) {
+  // Uninterrupted on dp 2 x tp 2, with a checkpoint at step 3.
+  const JobResult full = train(4, "reshard_a", {"parallel.dp=2", "parallel.tp=2", "checkpoint.every=3"});
+  ASSERT_EQ(full.code, 0) << full.out;
+  const std::string ckpt = dir_ + "/reshard_a/checkpoints/step_00000003.h5";
+  for (const auto& [name, sets] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"reshard_dp4", {"parallel.dp=4"}},
+           {"reshard_pp2_zero3", {"parallel.dp=2", "parallel.pp=2", "parallel.zero=3"}}}) {
+    auto s = sets;
+    s.push_back("checkpoint.resume=" + ckpt);
+    const JobResult r = train(4, name, s);
+    ASSERT_EQ(r.code, 0) << r.out;
+    ASSERT_EQ(r.losses.size(), 2u) << name;  // steps 4 and 5
+    for (std::size_t i = 0; i < 2; ++i) {
+      EXPECT_NEAR(r.losses[i], full.losses[3 + i], 1e-5 * full.losses[3 + i]) << name << " step " << 4 + i;
+    }
+    expect_same_model(final_checkpoint(name), final_checkpoint("reshard_a"), 1e-5);
+  }
+}
+
+TEST_F(ParallelTraining, AKilledRankEndsTheJobWithinSeconds) {
+  const std::string cmd = launch(2, "train " + dir_ + "/deck.toml --set train.steps=100000000 --set output.log_every=1000 " +
+                                        "--set checkpoint.save_final=false --set parallel.dp=2 --set output.dir=" + dir_ +
+                                        "/killed");
+  const auto t0 = std::chrono::steady_clock::now();
+  pid_t victim = 0;
+  std::thread killer([&victim] {
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    // A rank: its command line starts with the binary (mpirun's and the shells' do not).
+    FILE* p = ::popen((std::string("pgrep -n -f '^") + LAMINA_BINARY + " train'").c_str(), "r");
+    char buf[64] = {};
+    if (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) victim = static_cast<pid_t>(std::atol(buf));
+    if (p != nullptr) ::pclose(p);
+    if (victim > 0) ::kill(victim, SIGKILL);
+  });
+  const JobResult r = run_command("timeout 60 " + cmd);
+  killer.join();
+  EXPECT_GT(victim, 0) << "no rank process found to kill";
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 124) << "the job hung until the timeout:\n" << r.out;
+  EXPECT_LT(seconds, 34.0) << r.out;  // 4 s of training, then under 30 s to go down
+}
+
+}  // namespace
+}  // namespace lamina::test
