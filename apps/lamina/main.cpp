@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "lamina/core/deck.hpp"
+#if defined(LAMINA_HAVE_NCCL)
+#include "lamina/comm/nccl_communicator.hpp"
+#endif
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/core/log.hpp"
@@ -30,9 +33,13 @@ struct Options {
 };
 
 std::string build_info() {
-  return lamina::strprintf("lamina %s, Kokkos %d.%d.%d (%s), %s", LAMINA_VERSION, KOKKOS_VERSION / 10000,
-                           KOKKOS_VERSION / 100 % 100, KOKKOS_VERSION % 100,
-                           Kokkos::DefaultExecutionSpace::name(), LAMINA_BUILD_INFO);
+  std::string comm = "MPI";
+#if defined(LAMINA_HAVE_NCCL)
+  comm += " + " + lamina::nccl_backend_info();
+#endif
+  return lamina::strprintf("lamina %s, Kokkos %d.%d.%d (%s), %s, %s", LAMINA_VERSION, KOKKOS_VERSION / 10000,
+                           KOKKOS_VERSION / 100 % 100, KOKKOS_VERSION % 100, Kokkos::DefaultExecutionSpace::name(),
+                           comm.c_str(), LAMINA_BUILD_INFO);
 }
 
 // Thread-pool settings that are known to halve throughput, said once at start-up.

@@ -41,6 +41,15 @@ class StreamEvent : public Request::Impl {
 
 }  // namespace
 
+std::string nccl_backend_info() {
+  int nccl = 0, cuda = 0;
+  ncclGetVersion(&nccl);
+  cudaRuntimeGetVersion(&cuda);
+  return "NCCL " + std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." +
+         std::to_string(nccl % 100) + ", CUDA runtime " + std::to_string(cuda / 1000) + "." +
+         std::to_string(cuda / 10 % 100);
+}
+
 struct NcclCommunicator::State {
   MPI_Comm mpi = MPI_COMM_NULL;
   ncclComm_t nccl = nullptr;

@@ -7,10 +7,14 @@
 #include <mpi.h>
 
 #include <memory>
+#include <string>
 
 #include "lamina/comm/communicator.hpp"
 
 namespace lamina {
+
+// "NCCL <version>, CUDA runtime <version>" of the libraries this build links.
+std::string nccl_backend_info();
 
 class NcclCommunicator : public Communicator {
  public:
