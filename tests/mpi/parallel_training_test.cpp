@@ -51,6 +51,7 @@ struct JobResult {
   std::string out;
   std::vector<double> losses;
   std::vector<std::map<std::string, double>> comm;  // per step: group -> bytes
+  std::vector<double> bubble;                        // per step, virtual clock
 };
 
 class ParallelTraining : public ::testing::Test {
@@ -95,6 +96,8 @@ class ParallelTraining : public ::testing::Test {
         if (k != std::string::npos) c[g] = std::stod(line.substr(k + 6));
       }
       r.comm.push_back(c);
+      const auto b = line.find("\"bubble_fraction\": ");
+      r.bubble.push_back(b == std::string::npos ? -1.0 : std::stod(line.substr(b + 19)));
     }
     return r;
   }
@@ -247,6 +250,12 @@ TEST_F(ParallelTraining, PipelineMessagesAreTheActivationsAndTheirGradients) {
   const double crossings = 4 * 3;  // micro-batches x boundaries, per direction; each rank sends half
   const double embedding = padded_bytes(1)[0];  // all-reduce of 2 ranks: (2 - 1) / 2 * 2 = 1 x the data
   for (const auto& step : r.comm) EXPECT_DOUBLE_EQ(step.at("pp"), crossings * message + embedding);
+  // The executor's virtual clock gives the modular pipeline's closed form:
+  // (p - 1) / (m M + p - 1) with p = 2 stages, m = 2 layers per stage, M = 4 micro-batches.
+  for (const double b : r.bubble) EXPECT_NEAR(b, 1.0 / 9.0, 1e-9);
+  const JobResult f = train(2, "bubble_1f1b", {"parallel.pp=2", "parallel.schedule=1f1b"});
+  ASSERT_EQ(f.code, 0) << f.out;
+  for (const double b : f.bubble) EXPECT_NEAR(b, 1.0 / 5.0, 1e-9);  // (p - 1) / (M + p - 1)
 }
 
 TEST_F(ParallelTraining, CheckpointsRestartOnOtherLayouts) {

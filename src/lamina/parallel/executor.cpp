@@ -101,18 +101,24 @@ void Executor::forward(const Chunk& c, int mb, const MicroBatchLoader& load) {
   busy_ += t;
 }
 
-void Executor::backward(const Chunk& c, int mb, float loss_scale) {
+void Executor::backward(const Chunk& c, int mb, float loss_scale, bool reduce) {
   const Exec exec;
   LayerRangeActs<Exec>& a = slot(c.index, mb);
+  const ParamLayout& layout = state_.layout();
   for (int l : state_.layers_of(c)) state_.begin_grads(l);
+  // When this backward completes the chunk's gradients, each layer's reduction starts as
+  // soon as that layer is done, overlapping the backward of the layers before it.
   if (c.head) {
     head_backward(exec, state_.embedding_grads(), state_.final_grads(), state_.embedding_params(),
                   state_.final_params(), a, ws_.ws, loss_scale, tp_);
+    if (reduce) reduce_layer(layout.final_layer());
   }
   for (std::int64_t b = c.last_block; b-- > c.first_block;) {
     block_backward(exec, state_.block_grads(b), state_.block_params(b), a, b, ws_.ws, tp_);
+    if (reduce) reduce_layer(layout.block_layer(b));
   }
   if (c.embedding) embed_backward(exec, state_.embedding_grads(), a);
+  if (reduce && (c.embedding || c.head)) reduce_layer(0);  // the tied embedding: lookup and head both done
   if (c.index > 0 && schedule_.partition().chunk(c.index - 1).stage == c.stage) {
     copy(slot(c.index - 1, mb).dres, a.dres);  // hand the input gradient to the previous chunk
   }
@@ -167,27 +173,33 @@ void Executor::recv(Op op, int chunk, int mb, int peer) {
   clock_ = std::max(clock_, arrival);
 }
 
-void Executor::reduce(const Chunk& c) {
+void Executor::reduce_layer(int layer) {
   // A layer used by several local chunks (the tied embedding) is reduced after the last.
-  for (int l : state_.layers_of(c)) {
-    if (++reduced_[l] < users_[l]) continue;
-    reduced_[l] = 0;
-    state_.reduce_grads(l);
-  }
+  if (++reduced_[layer] < users_[layer]) return;
+  reduced_[layer] = 0;
+  state_.reduce_grads(layer);
 }
 
 StageResult Executor::run(const MicroBatchLoader& load, float loss_scale) {
   clock_ = busy_ = loss_sum_ = 0.0;
   state_.zero_grads();
   const Partition& part = schedule_.partition();
-  for (const Instruction& i : schedule_.program(grid_.pp_rank())) {
+  const auto& program = schedule_.program(grid_.pp_rank());
+  for (std::size_t k = 0; k < program.size(); ++k) {
+    const Instruction& i = program[k];
     switch (i.op) {
       case Op::forward: forward(part.chunk(i.chunk), i.micro_batch, load); break;
-      case Op::backward:
-        backward(part.chunk(i.chunk), i.micro_batch, loss_scale);
+      case Op::backward: {
+        // The schedule asks for this chunk's reduction right after this backward (past
+        // the ZeRO-3 release of its parameters).
+        std::size_t next = k + 1;
+        while (next < program.size() && program[next].op == Op::release_params) ++next;
+        const bool reduce = next < program.size() && program[next].op == Op::reduce_grads;
+        backward(part.chunk(i.chunk), i.micro_batch, loss_scale, reduce);
         // The last chunk of a stage has no gradient to send; its slot is free now.
         if (i.chunk == 0 || part.chunk(i.chunk - 1).stage == part.chunk(i.chunk).stage) release(i.chunk, i.micro_batch);
         break;
+      }
       case Op::send_activation:
       case Op::send_gradient: send(i.op, i.chunk, i.micro_batch, i.peer); break;
       case Op::recv_activation:
@@ -198,7 +210,7 @@ StageResult Executor::run(const MicroBatchLoader& load, float loss_scale) {
       case Op::release_params:
         for (int l : state_.layers_of(part.chunk(i.chunk))) state_.release(l);
         break;
-      case Op::reduce_grads: reduce(part.chunk(i.chunk)); break;
+      case Op::reduce_grads: break;  // started layer by layer inside the backward before it
       case Op::optimizer_step: break;  // the caller steps, once gradients are complete
     }
   }

@@ -61,10 +61,10 @@ class Executor {
   LayerRangeActs<Exec>& slot(int chunk, int mb);
   void release(int chunk, int mb);
   void forward(const Chunk& c, int mb, const MicroBatchLoader& load);
-  void backward(const Chunk& c, int mb, float loss_scale);
+  void backward(const Chunk& c, int mb, float loss_scale, bool reduce);
   void send(Op op, int chunk, int mb, int peer);
   void recv(Op op, int chunk, int mb, int peer);
-  void reduce(const Chunk& c);
+  void reduce_layer(int layer);
   int tag(int kind, int receiving_chunk, int mb, int part) const;
 
   ModelState& state_;
