@@ -46,7 +46,7 @@ std::string build_info() {
 void warn_about_environment(const lamina::Log& log) {
 #if defined(KOKKOS_ENABLE_OPENMP)
   const char* wait = std::getenv("OMP_WAIT_POLICY");
-  if (wait == nullptr || std::string(wait) != "passive" && std::string(wait) != "PASSIVE") {
+  if (wait == nullptr || (std::string(wait) != "passive" && std::string(wait) != "PASSIVE")) {
     log.warn("OpenMP threads spin between kernels and then fight the BLAS threads for the cores; "
              "export OMP_WAIT_POLICY=passive (measured: 2x faster training steps on 2 cores)");
   }

@@ -201,7 +201,8 @@ INSTANTIATE_TEST_SUITE_P(
 std::vector<double> padded_bytes(int dp) {
   const Deck d = parse_deck(kDeck, "deck.toml");
   std::vector<double> out;
-  for (const auto& l : ParamLayout::gpt2(d.model).layers()) {
+  const ParamLayout layout = ParamLayout::gpt2(d.model);
+  for (const auto& l : layout.layers()) {
     const std::int64_t shard = (l.numel + dp - 1) / dp;
     out.push_back(4.0 * static_cast<double>(shard * dp));
   }
