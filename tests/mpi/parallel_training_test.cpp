@@ -229,16 +229,17 @@ TEST_F(ParallelTraining, LayeredAccumulationCutsZero3TrafficByTheMicroBatches) {
   double all = 0;
   for (double b : layers) all += b;
   const double ring = 0.5;  // (p - 1) / p
-  // Depth-first: every micro-batch gathers all parameters for forward and for backward,
-  // and reduce-scatters all gradients.
-  const double want_depth = M * (2 * all + all) * ring;
+  // Depth-first: every micro-batch gathers each layer as it runs, for forward and for
+  // backward (the tied embedding twice in forward: lookup and LM head; its backward
+  // lookup needs no parameters), and reduce-scatters all gradients.
+  const double want_depth = M * (2 * all + layers[0] + all) * ring;
   // Layer by layer: each layer gathered once per pass and reduced once per step; the tied
   // embedding (layers[0]) is gathered for the lookup and again for the LM head.
   const double want_layered = (2 * (all + layers[0]) + all) * ring;
   for (const auto& step : depth.comm) EXPECT_DOUBLE_EQ(step.at("dp"), want_depth);
   for (const auto& step : layered.comm) EXPECT_DOUBLE_EQ(step.at("dp"), want_layered);
-  // Gradient reduce-scatters alone: exactly M times fewer.
-  EXPECT_DOUBLE_EQ((want_depth - M * 2 * all * ring) / (want_layered - 2 * (all + layers[0]) * ring), M);
+  // Gradient reduce-scatters alone: exactly M times fewer; gathers: M (2 P + E) / (2 (P + E)).
+  EXPECT_DOUBLE_EQ((want_depth - M * (2 * all + layers[0]) * ring) / (want_layered - 2 * (all + layers[0]) * ring), M);
   expect_same_model(final_checkpoint("bytes_zero3"), final_checkpoint("bytes_zero3_layered"), 1e-5);
 }
 

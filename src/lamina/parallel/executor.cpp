@@ -25,6 +25,23 @@ ShardCombine combine_over(const ProcessGrid& grid) {
 
 void copy(const Mat<Exec>& dst, const Mat<Exec>& src) { Kokkos::deep_copy(Exec(), dst, src); }
 
+// Parameters of some layers present for a scope (a no-op below ZeRO-3).
+class Hold {
+ public:
+  Hold(ModelState& s, std::vector<int> layers) : s_(s), layers_(std::move(layers)) {
+    for (int l : layers_) s_.gather(l);
+  }
+  ~Hold() {
+    for (int l : layers_) s_.release(l);
+  }
+  Hold(const Hold&) = delete;
+  Hold& operator=(const Hold&) = delete;
+
+ private:
+  ModelState& s_;
+  std::vector<int> layers_;
+};
+
 }  // namespace
 
 Executor::Executor(MemoryTracker& tracker, ModelState& state, const ProcessGrid& grid, const Schedule& schedule,
@@ -85,13 +102,20 @@ void Executor::forward(const Chunk& c, int mb, const MicroBatchLoader& load) {
     Kokkos::deep_copy(exec, a.inputs, Host(inputs.data(), inputs.size()));
     Kokkos::deep_copy(exec, a.targets, Host(targets.data(), targets.size()));
   }
+  // ZeRO-3: each layer's parameters are gathered just before it runs and dropped after
+  // (a breadth-first run holds them across its micro-batches with gather_params).
   if (c.embedding) {
+    Hold e(state_, {0});
     embed_forward(exec, state_.embedding_params(), a, tp_);
   } else if (c.index > 0 && schedule_.partition().chunk(c.index - 1).stage == c.stage) {
     copy(a.input, slot(c.index - 1, mb).output());  // the previous chunk is on this stage
   }
-  for (std::int64_t b = c.first_block; b < c.last_block; ++b) block_forward(exec, state_.block_params(b), a, b, ws_.ws, tp_);
+  for (std::int64_t b = c.first_block; b < c.last_block; ++b) {
+    Hold h(state_, {state_.layout().block_layer(b)});
+    block_forward(exec, state_.block_params(b), a, b, ws_.ws, tp_);
+  }
   if (c.head) {
+    Hold h(state_, {0, state_.layout().final_layer()});
     head_forward(exec, state_.embedding_params(), state_.final_params(), a, tp_);
     loss_sum_ += sum_losses(exec, a);
   }
@@ -105,19 +129,32 @@ void Executor::backward(const Chunk& c, int mb, float loss_scale, bool reduce) {
   const Exec exec;
   LayerRangeActs<Exec>& a = slot(c.index, mb);
   const ParamLayout& layout = state_.layout();
-  for (int l : state_.layers_of(c)) state_.begin_grads(l);
+  // Gradient accumulators start as each layer is reached (ZeRO-2/3 keep few at a time);
+  // the tied embedding's collects from the head to the lookup.
   // When this backward completes the chunk's gradients, each layer's reduction starts as
   // soon as that layer is done, overlapping the backward of the layers before it.
   if (c.head) {
-    head_backward(exec, state_.embedding_grads(), state_.final_grads(), state_.embedding_params(),
-                  state_.final_params(), a, ws_.ws, loss_scale, tp_);
+    {
+      Hold h(state_, {0, layout.final_layer()});
+      state_.begin_grads(0);
+      state_.begin_grads(layout.final_layer());
+      head_backward(exec, state_.embedding_grads(), state_.final_grads(), state_.embedding_params(),
+                    state_.final_params(), a, ws_.ws, loss_scale, tp_);
+    }
     if (reduce) reduce_layer(layout.final_layer());
   }
   for (std::int64_t b = c.last_block; b-- > c.first_block;) {
-    block_backward(exec, state_.block_grads(b), state_.block_params(b), a, b, ws_.ws, tp_);
+    {
+      Hold h(state_, {layout.block_layer(b)});
+      state_.begin_grads(layout.block_layer(b));
+      block_backward(exec, state_.block_grads(b), state_.block_params(b), a, b, ws_.ws, tp_);
+    }
     if (reduce) reduce_layer(layout.block_layer(b));
   }
-  if (c.embedding) embed_backward(exec, state_.embedding_grads(), a);
+  if (c.embedding) {
+    state_.begin_grads(0);
+    embed_backward(exec, state_.embedding_grads(), a);  // needs no parameters
+  }
   if (reduce && (c.embedding || c.head)) reduce_layer(0);  // the tied embedding: lookup and head both done
   if (c.index > 0 && schedule_.partition().chunk(c.index - 1).stage == c.stage) {
     copy(slot(c.index - 1, mb).dres, a.dres);  // hand the input gradient to the previous chunk

@@ -79,7 +79,7 @@ ModelState::ModelState(MemoryTracker& tracker, const ModelConfig& model, const O
       s.param_shard = Buffer<float, Mem>(tracker, MemCategory::parameters, "lamina::param_shard_" + n, s.shard);
     }
     if (zero_ < 2) s.grads = Buffer<float, Mem>(tracker, MemCategory::gradients, "lamina::grads_" + n, s.padded);
-    if (zero_ >= 1) {
+    if (zero_ >= 2) {
       s.grad_shard = Buffer<float, Mem>(tracker, MemCategory::gradients, "lamina::grad_shard_" + n, s.shard);
     }
     const std::int64_t moments = zero_ == 0 ? s.padded : s.shard;
@@ -153,7 +153,7 @@ void ModelState::zero_grads() {
   const Exec exec;
   for (auto& [l, s] : slots_) {
     if (zero_ < 2) fill(exec, s.grads.data(), s.padded, 0.0f);
-    if (zero_ >= 1) fill(exec, s.grad_shard.data(), s.shard, 0.0f);
+    if (zero_ >= 2) fill(exec, s.grad_shard.data(), s.shard, 0.0f);
   }
 }
 
@@ -168,9 +168,9 @@ void ModelState::reduce_grads(int layer) {
     }
     return;
   }
-  // At most two reduce-scatters in flight: each holds a full-size gradient buffer (ZeRO-2/3)
-  // until it completes, and MPI progresses them only while the rank is inside MPI anyway.
-  while (pending_.size() >= 2) {
+  // One reduce-scatter in flight (overlapping the backward of the layer before): each
+  // holds a full-size gradient buffer (ZeRO-2/3) until it completes.
+  while (!pending_.empty()) {
     complete(pending_.front());
     pending_.erase(pending_.begin());
   }
@@ -178,6 +178,7 @@ void ModelState::reduce_grads(int layer) {
   float* temp = staging_pool_.acquire(s.shard);
   pending_.push_back({layer, grid_.dp().ireduce_scatter(full, temp, s.shard), temp, zero_ >= 2 ? full : nullptr});
   if (zero_ >= 2) s.full_grads = nullptr;  // the next backward starts a fresh accumulator
+  // ZeRO-1 keeps its full gradient buffer; the reduced shard goes back into it (below).
 }
 
 void ModelState::complete(Pending& p) {
@@ -185,7 +186,11 @@ void ModelState::complete(Pending& p) {
   Slot& s = slot(p.layer);
   const Exec exec;
   if (p.temp != nullptr) {
-    add(exec, s.grad_shard.data(), p.temp, s.shard);
+    if (zero_ == 1) {
+      copy(exec, s.grads.data() + owned_begin(s), p.temp, s.shard);  // once per step: no accumulation
+    } else {
+      add(exec, s.grad_shard.data(), p.temp, s.shard);
+    }
     exec.fence();
     staging_pool_.release(p.temp, s.shard);
   }
@@ -201,6 +206,8 @@ void ModelState::finish_reductions() {
     Exec().fence();
     if (zero_ == 0) {
       grid_.embedding().allreduce(s.grads.data(), s.padded, ReduceOp::sum);
+    } else if (zero_ == 1) {
+      grid_.embedding().allreduce(s.grads.data() + owned_begin(s), s.shard, ReduceOp::sum);
     } else {
       grid_.embedding().allreduce(s.grad_shard.data(), s.shard, ReduceOp::sum);
     }
@@ -213,7 +220,7 @@ double ModelState::grad_sq_norm_local() const {
   for (const auto& [l, s] : slots_) {
     if (l == 0 && !grid_.first_stage()) continue;  // the last stage's copy of the tied embedding
     const std::int64_t begin = owned_begin(s), end = std::min(s.numel, begin + s.shard);
-    const Window g = zero_ == 0 ? Window{s.grads.data(), 0} : Window{s.grad_shard.data(), begin};
+    const Window g = zero_ <= 1 ? Window{s.grads.data(), 0} : Window{s.grad_shard.data(), begin};
     for (const TensorSpec& t : layout_.layers()[static_cast<std::size_t>(l)].tensors) {
       if (t.replicated() && grid_.tp_rank() != 0) continue;
       const std::int64_t b = std::max(begin, t.offset), e = std::min(end, t.offset + t.numel());
@@ -232,7 +239,7 @@ void ModelState::optimizer_step(double lr, double grad_scale) {
     const std::int64_t end = std::min(s.numel, zero_ == 0 ? s.numel : begin + s.shard);
     // Full buffers start at layer element 0, shards at their first owned element.
     const Window p = zero_ == 3 ? Window{s.param_shard.data(), begin} : Window{s.params.data(), 0};
-    const Window g = zero_ == 0 ? Window{s.grads.data(), 0} : Window{s.grad_shard.data(), begin};
+    const Window g = zero_ <= 1 ? Window{s.grads.data(), 0} : Window{s.grad_shard.data(), begin};
     const Window m{s.m.data(), zero_ == 0 ? 0 : begin}, v{s.v.data(), zero_ == 0 ? 0 : begin};
     const std::int64_t matrix_end = layout_.layers()[static_cast<std::size_t>(l)].matrix_numel;
     for (const Subgroup& sg : layout_.subgroups(l, begin, end, opt_.subgroup_size)) {

@@ -3,7 +3,8 @@
 // stage needs, in its tensor-parallel shapes, sharded over the data-parallel group as the
 // ZeRO stage says (Rajbhandari et al. 2020):
 //   stage 0  everything replicated; gradients all-reduced in subgroup-sized buckets
-//   stage 1  optimizer state sharded; gradients reduce-scattered, parameters all-gathered
+//   stage 1  optimizer state sharded; gradients reduce-scattered (into the owned part of
+//            the full gradient buffer), parameters all-gathered after the update
 //   stage 2  gradients sharded too: full-size gradients exist only until reduce-scattered
 //   stage 3  parameters sharded too: gathered before a layer is used, dropped after
 // A layer's flat buffer is padded to a multiple of dp; data-parallel rank r owns the
@@ -96,7 +97,7 @@ class ModelState {
   struct Slot {
     std::int64_t numel = 0, padded = 0, shard = 0;  // shard = padded / dp
     Buffer<float, Mem> params, grads;               // full (below the ZeRO stage that shards them)
-    Buffer<float, Mem> param_shard, grad_shard;     // owned shards (ZeRO 3 / ZeRO >= 1)
+    Buffer<float, Mem> param_shard, grad_shard;     // owned shards (ZeRO 3 / ZeRO >= 2)
     Buffer<float, Mem> m, v;                        // AdamW moments: full at ZeRO 0, else the shard
     float* gathered = nullptr;                      // ZeRO-3 parameters while in use
     int gather_count = 0;

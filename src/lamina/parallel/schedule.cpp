@@ -108,11 +108,12 @@ Program with_messages(const Program& compute, const Partition& part) {
   return p;
 }
 
-// ZeRO-3 gathers around compute, data-parallel reductions after the backward that
-// completes a chunk's gradients, and the optimizer step. Breadth-first schedules gather
-// each chunk once per pass and reduce it once per step; depth-first ones do so per
-// micro-batch where the ZeRO stage keeps no full copy (gathers at 3, gradient
-// reduce-scatters from 2 on).
+// ZeRO-3 gathers, data-parallel reductions after the backward that completes a chunk's
+// gradients, and the optimizer step. Depth-first, the executor gathers each layer's
+// parameters just before it runs and drops them after, every micro-batch; breadth-first,
+// gather_params holds a chunk's parameters across its run of micro-batches, so they are
+// gathered once per pass. Gradients are reduced once per step, or every micro-batch where
+// the ZeRO stage keeps no full copy of them (2 and 3) and the schedule is depth-first.
 Program with_zero(const Program& in, int zero, bool layered, int M) {
   auto is_compute = [](const Instruction& i) { return i.op == Op::forward || i.op == Op::backward; };
   std::vector<const Instruction*> compute;
@@ -130,9 +131,10 @@ Program with_zero(const Program& in, int zero, bool layered, int M) {
       p.push_back(ins);
       continue;
     }
-    if (zero == 3 && !(k > 0 && same_run(k - 1, k))) p.push_back({Op::gather_params, ins.chunk, ins.micro_batch, -1});
+    const bool hold = zero == 3 && layered;
+    if (hold && !(k > 0 && same_run(k - 1, k))) p.push_back({Op::gather_params, ins.chunk, ins.micro_batch, -1});
     p.push_back(ins);
-    if (zero == 3 && !(k + 1 < compute.size() && same_run(k, k + 1)))
+    if (hold && !(k + 1 < compute.size() && same_run(k, k + 1)))
       p.push_back({Op::release_params, ins.chunk, ins.micro_batch, -1});
     if (ins.op == Op::backward) {
       const int n = ++backwards[ins.chunk];

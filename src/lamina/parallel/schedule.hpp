@@ -20,8 +20,8 @@ enum class Op : std::uint8_t {
   recv_activation,  // chunk's input of micro_batch, from stage `peer`
   send_gradient,    // gradient of chunk's input, to `peer`
   recv_gradient,    // gradient of chunk's output, from `peer`
-  gather_params,    // ZeRO-3: all-gather the parameters chunk uses
-  release_params,   // ZeRO-3: drop them again
+  gather_params,    // ZeRO-3: hold the parameters chunk uses (gathered) until release
+  release_params,   // ZeRO-3: end of that hold
   reduce_grads,     // start the data-parallel reduction of chunk's gradients (non-blocking)
   optimizer_step,   // finish reductions, clip, update
 };

@@ -43,27 +43,30 @@ std::map<std::string, std::int64_t> stage_bytes(const Deck& deck, const Schedule
   for (int c : part.chunks_of(stage))
     for (int l : layers_of(part.chunk(c))) held.insert(l);
   auto shard = [&](int l) { return (layout.layers()[static_cast<std::size_t>(l)].numel + dp - 1) / dp; };
-  std::int64_t params = 0, grads = 0, moments = 0, comm = 0, max_shard = 0;
+  std::int64_t params = 0, grads = 0, moments = 0, comm = 0;
   for (int l : held) {
     const std::int64_t s = shard(l), padded = s * dp;
     params += zero < 3 ? padded : s;
-    grads += (zero < 2 ? padded : 0) + (zero >= 1 ? s : 0);
+    grads += zero < 2 ? padded : s;
     moments += 2 * (zero == 0 ? padded : s);
-    max_shard = std::max(max_shard, s);
   }
-  // Buffers that live part of a step come from pools: their peak is the most held at once.
-  auto per_chunk_peak = [&] {
-    std::int64_t peak = 0;
-    for (int c : part.chunks_of(stage)) {
-      std::int64_t sum = 0;
-      for (int l : layers_of(part.chunk(c))) sum += shard(l) * dp;
-      peak = std::max(peak, sum);
-    }
-    return peak;
-  };
-  if (zero == 3) params += per_chunk_peak();
-  if (zero >= 2) grads += per_chunk_peak() + 2 * max_shard * dp;
-  if (zero >= 1) comm += 2 * max_shard;
+  // Buffers that live part of a step come from pools that keep one list per buffer size:
+  // the peak is, per size, the most buffers of that size held at once.
+  std::map<std::int64_t, int> sizes;  // padded layer size -> layers of it on this stage
+  for (int l : held) ++sizes[shard(l) * dp];
+  std::int64_t one_of_each = 0, comm_sizes = 0;
+  for (const auto& kv : sizes) {
+    one_of_each += kv.first;
+    comm_sizes += kv.first / dp;
+  }
+  // ZeRO-3 gathers a layer just before it runs (the head: embedding and final norm
+  // together), or holds a breadth-first chunk: one buffer of each layer size.
+  if (zero == 3) params += one_of_each;
+  // ZeRO-2/3 accumulate a layer's full gradients from its backward until its
+  // reduce-scatter completes, one in flight: two of each size.
+  if (zero >= 2) grads += 2 * one_of_each;
+  // Reduce-scatter outputs and the shards the all-gathers send: one of each shard size.
+  if (zero >= 1) comm += comm_sizes;
 
   const Dims d = Dims::of(m, deck.data.micro_batch_size, tp, 0);
   const ActivationSizes a = activation_sizes(d);
