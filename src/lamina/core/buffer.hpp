@@ -5,11 +5,30 @@
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "lamina/core/memory_tracker.hpp"
 
 namespace lamina {
+
+// Where a buffer lives in the memory hierarchy: next to the compute (the default
+// execution space's memory) or in host memory that the compute reaches by copies.
+enum class MemTier { device, host };
+
+// The name memory in a tier is reported under (see memory_tracker.hpp).
+inline std::string tier_label(MemTier tier) {
+  using Device = Kokkos::DefaultExecutionSpace::memory_space;
+  if (tier == MemTier::device) return Device::name();
+  const std::string host = Kokkos::HostSpace::name();
+  return std::is_same<Device, Kokkos::HostSpace>::value ? host + " (host tier)" : host;
+}
+
+// The tier a memory space means when the caller does not say.
+template <class Mem>
+constexpr MemTier default_tier() {
+  return std::is_same<Mem, Kokkos::DefaultExecutionSpace::memory_space>::value ? MemTier::device : MemTier::host;
+}
 
 template <class T, class Mem>
 class Buffer {
@@ -18,9 +37,10 @@ class Buffer {
 
   Buffer() = default;
   // Zero-initialised: touching every page once here keeps page faults out of the steps.
-  Buffer(MemoryTracker& tracker, MemCategory category, const std::string& label, std::int64_t n)
-      : view_(label, static_cast<std::size_t>(n)), tracker_(&tracker), category_(category) {
-    tracker_->allocate(Mem::name(), category_, bytes());
+  Buffer(MemoryTracker& tracker, MemCategory category, const std::string& label, std::int64_t n,
+         MemTier tier = default_tier<Mem>())
+      : view_(label, static_cast<std::size_t>(n)), tracker_(&tracker), category_(category), space_(tier_label(tier)) {
+    tracker_->allocate(space_, category_, bytes());
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -31,7 +51,7 @@ class Buffer {
     return *this;
   }
   ~Buffer() {
-    if (tracker_ != nullptr) tracker_->release(Mem::name(), category_, bytes());
+    if (tracker_ != nullptr) tracker_->release(space_, category_, bytes());
   }
 
   const view_type& view() const { return view_; }
@@ -45,10 +65,12 @@ class Buffer {
     std::swap(view_, o.view_);
     std::swap(tracker_, o.tracker_);
     std::swap(category_, o.category_);
+    std::swap(space_, o.space_);
   }
   view_type view_;
   MemoryTracker* tracker_ = nullptr;
   MemCategory category_ = MemCategory::workspace;
+  std::string space_;
 };
 
 }  // namespace lamina

@@ -113,7 +113,9 @@ const std::vector<Section>& schema() {
       {"parallel",
        {"dp", "tp", "pp", "zero", "schedule", "virtual_stages", "layered", "cost_forward", "cost_backward",
         "cost_p2p"}},
-      {"memory", {"device_budget", "host_budget", "activations", "params", "optimizer"}},
+      {"memory",
+       {"device_budget", "host_budget", "activations", "params", "optimizer", "dos_split", "dos_host_rate",
+        "dos_device_rate", "dos_h2d", "dos_d2h"}},
       {"checkpoint", {"dir", "every", "keep", "resume", "save_final"}},
       {"output", {"dir", "log_every", "peak_tflops", "sample_tokens", "sample_temperature"}},
   };
@@ -304,6 +306,50 @@ class DeckReader {
     return v;
   }
 
+  // One of `allowed`, or an array of n of them (one per transformer block).
+  std::vector<std::string> per_layer(const std::string& sec, const std::string& key, const std::string& def,
+                                     const std::vector<std::string>& allowed, std::int64_t n) {
+    const toml::node* node = find(sec, key);
+    std::vector<std::string> v(static_cast<std::size_t>(std::max<std::int64_t>(n, 0)), def);
+    auto check = [&](const std::string& x) {
+      if (std::find(allowed.begin(), allowed.end(), x) != allowed.end()) return true;
+      const std::string hint = closest(x, allowed);
+      error_at(sec, key, "'" + x + "' is not one of " + join(allowed, true) +
+                             (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
+      return false;
+    };
+    if (node == nullptr) {
+    } else if (node->is_string()) {
+      const std::string x = *node->value<std::string>();
+      if (check(x)) std::fill(v.begin(), v.end(), x);
+    } else if (const toml::array* a = node->as_array()) {
+      if (static_cast<std::int64_t>(a->size()) != n) {
+        error_at(sec, key, strprintf("the list has %zu entries, model.layers = %lld blocks need one each", a->size(),
+                                     static_cast<long long>(n)));
+      } else {
+        for (std::size_t i = 0; i < a->size(); ++i) {
+          if (!(*a)[i].is_string()) {
+            wrong_type(sec, key, (*a)[i], "a string or an array of strings");
+            break;
+          }
+          const std::string x = *(*a)[i].value<std::string>();
+          if (check(x)) v[i] = x;
+        }
+      }
+    } else {
+      wrong_type(sec, key, *node, "a string or an array of strings (one per block)");
+    }
+    const bool uniform = std::all_of(v.begin(), v.end(), [&](const std::string& x) { return x == v.front(); });
+    if (uniform && !v.empty()) {
+      resolved(sec).insert_or_assign(key, v.front());
+    } else {
+      toml::array out;
+      for (const auto& x : v) out.push_back(x);
+      resolved(sec).insert_or_assign(key, std::move(out));
+    }
+    return v;
+  }
+
   // Bytes: an integer or a string such as "12GiB".
   std::int64_t bytes(const std::string& sec, const std::string& key, std::int64_t def) {
     const toml::node* n = find(sec, key);
@@ -490,9 +536,28 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   auto& mem = d.memory;
   mem.device_budget = r.bytes("memory", "device_budget", 0);
   mem.host_budget = r.bytes("memory", "host_budget", 0);
-  mem.activations = r.choice("memory", "activations", "keep", {"keep"});
-  mem.params = r.choice("memory", "params", "device", {"device"});
-  mem.optimizer = r.choice("memory", "optimizer", "device", {"device"});
+  for (const auto& x : r.per_layer("memory", "activations", "keep", {"keep", "recompute", "offload"}, m.layers)) {
+    mem.activations.push_back(x == "recompute" ? ActivationPolicy::recompute
+                              : x == "offload" ? ActivationPolicy::offload
+                                               : ActivationPolicy::keep);
+  }
+  for (const auto& x : r.per_layer("memory", "params", "device", {"device", "host"}, m.layers)) {
+    mem.params.push_back(x == "host" ? ParamPlacement::host : ParamPlacement::device);
+  }
+  for (const auto& x : r.per_layer("memory", "optimizer", "device", {"device", "host", "dynamic"}, m.layers)) {
+    mem.optimizer.push_back(x == "host"      ? OptimizerPlacement::host
+                            : x == "dynamic" ? OptimizerPlacement::dynamic
+                                             : OptimizerPlacement::device);
+  }
+  const std::string split = r.choice("memory", "dos_split", "model", {"model", "all_host", "all_device", "alternate"});
+  mem.dos_split = split == "all_host"     ? DosSplit::all_host
+                  : split == "all_device" ? DosSplit::all_device
+                  : split == "alternate"  ? DosSplit::alternate
+                                          : DosSplit::model;
+  mem.dos_host_rate = r.real("memory", "dos_host_rate", 0.0, 0.0, kInf);
+  mem.dos_device_rate = r.real("memory", "dos_device_rate", 0.0, 0.0, kInf);
+  mem.dos_h2d = r.real("memory", "dos_h2d", 0.0, 0.0, kInf);
+  mem.dos_d2h = r.real("memory", "dos_d2h", 0.0, 0.0, kInf);
 
   auto& out = d.output;
   std::string stem = file;
@@ -529,6 +594,15 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
                strprintf("%lld is not a multiple of micro_batch_size x parallel.dp = %lld x %lld",
                          static_cast<long long>(dc.batch_size), static_cast<long long>(dc.micro_batch_size),
                          static_cast<long long>(p.dp)));
+  }
+  for (std::size_t i = 0; i < mem.params.size() && i < mem.optimizer.size(); ++i) {
+    if (mem.params[i] == ParamPlacement::host && mem.optimizer[i] == OptimizerPlacement::device) {
+      r.error_at("memory", "optimizer",
+                 strprintf("block %zu has memory.params = 'host' (its fp32 master weights live on the host) but "
+                           "memory.optimizer = 'device'; use 'host' or 'dynamic' for it",
+                           i));
+      break;
+    }
   }
   if (out.sample_tokens > 0 && dc.format != DataFormat::text) {
     r.error_at("output", "sample_tokens", "samples are printed as text, which needs data.format = 'text' (bytes)");

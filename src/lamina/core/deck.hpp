@@ -2,6 +2,7 @@
 // The input deck: one typed struct per TOML section, validated once at start-up.
 // Hot code receives these structs (or objects built from them), never the TOML.
 #include <cstdint>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -66,12 +67,39 @@ struct ParallelConfig {
   double cost_forward = 1.0, cost_backward = 2.0, cost_p2p = 0.0;
 };
 
+enum class ActivationPolicy { keep, recompute, offload };
+enum class ParamPlacement { device, host };
+enum class OptimizerPlacement { device, host, dynamic };
+enum class DosSplit { model, all_host, all_device, alternate };
+
+// Per transformer block (the embedding follows block 0, the final norm the last block).
 struct MemoryConfig {
   std::int64_t device_budget = 0;  // bytes; 0 = no budget
   std::int64_t host_budget = 0;
-  std::string activations = "keep";
-  std::string params = "device";
-  std::string optimizer = "device";
+  std::vector<ActivationPolicy> activations;
+  std::vector<ParamPlacement> params;
+  std::vector<OptimizerPlacement> optimizer;
+  // Deep Optimizer States: how subgroups are split between host and device updates, and
+  // the performance model's inputs (0: measured at start-up).
+  DosSplit dos_split = DosSplit::model;
+  double dos_host_rate = 0.0;    // host AdamW, parameters per second
+  double dos_device_rate = 0.0;  // device AdamW, parameters per second
+  double dos_h2d = 0.0;          // host-to-device bytes per second
+  double dos_d2h = 0.0;          // device-to-host bytes per second
+
+  // Every block on the defaults (decks get this from parsing).
+  void defaults(std::int64_t layers) {
+    activations.assign(static_cast<std::size_t>(layers), ActivationPolicy::keep);
+    params.assign(static_cast<std::size_t>(layers), ParamPlacement::device);
+    optimizer.assign(static_cast<std::size_t>(layers), OptimizerPlacement::device);
+  }
+
+  // The setting of parameter-layout layer `layer` (0 embedding, 1..L blocks, L+1 final norm).
+  template <class T>
+  static T of_layer(const std::vector<T>& per_block, int layer) {
+    const int blocks = static_cast<int>(per_block.size());
+    return per_block[static_cast<std::size_t>(std::min(std::max(layer - 1, 0), blocks - 1))];
+  }
 };
 
 struct CheckpointConfig {

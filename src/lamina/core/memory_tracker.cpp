@@ -52,6 +52,24 @@ std::map<std::string, std::int64_t> MemoryTracker::peak_by_space() const {
   return out;
 }
 
+std::map<std::string, std::int64_t> MemoryTracker::current_by_space() const {
+  std::map<std::string, std::int64_t> out;
+  for (const auto& kv : spaces_) out[kv.first] = kv.second.current;
+  return out;
+}
+
+std::map<std::string, std::map<std::string, std::int64_t>> MemoryTracker::current_by_category() const {
+  std::map<std::string, std::map<std::string, std::int64_t>> out;
+  for (const auto& kv : spaces_) {
+    for (int c = 0; c < kNumMemCategories; ++c) {
+      if (kv.second.category_current[c] > 0) {
+        out[kv.first][mem_category_name(static_cast<MemCategory>(c))] = kv.second.category_current[c];
+      }
+    }
+  }
+  return out;
+}
+
 std::map<std::string, std::map<std::string, std::int64_t>> MemoryTracker::peak_by_category() const {
   std::map<std::string, std::map<std::string, std::int64_t>> out;
   for (const auto& kv : spaces_) {

@@ -1,7 +1,10 @@
 #pragma once
-// Bytes allocated per Kokkos memory space and per category, current and peak.
+// Bytes allocated per memory space and per category, current and peak.
 // Every long-lived buffer of a run goes through a Buffer (buffer.hpp), which reports
-// here; metrics.jsonl and the end-of-run breakdown read the peaks.
+// here; metrics.jsonl and the end-of-run breakdown read it. Spaces are reported by
+// their Kokkos names; where the device tier and the host tier are one Kokkos space (a
+// host-only build), the host tier is reported as "<name> (host tier)", so that what
+// offloading moves off the device is visible on any machine.
 #include <cstdint>
 #include <map>
 #include <string>
@@ -23,8 +26,10 @@ class MemoryTracker {
   std::int64_t peak(const std::string& space, MemCategory category) const;
   // Memory spaces seen so far, each with its peak bytes.
   std::map<std::string, std::int64_t> peak_by_space() const;
+  std::map<std::string, std::int64_t> current_by_space() const;
   // space -> category name -> peak bytes of that category (each category's own peak).
   std::map<std::string, std::map<std::string, std::int64_t>> peak_by_category() const;
+  std::map<std::string, std::map<std::string, std::int64_t>> current_by_category() const;
 
  private:
   struct Space {

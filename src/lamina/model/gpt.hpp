@@ -68,16 +68,14 @@ void embed_backward(const Exec& exec, const EmbeddingTensors<Exec>& g, LayerRang
   Kokkos::Profiling::popRegion();
 }
 
-// Transformer block l (global index, inside a's range): block_input(l) -> at(l).out.
+// A transformer block: x -> s.out, keeping in s what backward needs. nh: heads here.
 template <class Exec>
-void block_forward(const Exec& exec, const BlockTensors<Exec>& w, LayerRangeActs<Exec>& a, std::int64_t l,
-                   const Workspace<Exec>& ws, const ShardCombine& tp) {
+void block_forward(const Exec& exec, const BlockTensors<Exec>& w, const BlockActs<Exec>& s, const Mat<Exec>& x,
+                   std::int64_t nh, const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_forward");
-  BlockActs<Exec>& s = a.at(l);
-  const Mat<Exec>& x = a.block_input(l);
   layernorm_forward(exec, s.ln1, s.ln1_mean, s.ln1_rstd, x, w.ln1_w, w.ln1_b);
   linear_forward(exec, ws.qkv, s.ln1, w.qkv_w, w.qkv_b);
-  attention_forward(exec, s.atty, s.q, s.k, s.v, s.att, ws.y, ws.qkv, a.dims().NH);
+  attention_forward(exec, s.atty, s.q, s.k, s.v, s.att, ws.y, ws.qkv, nh);
   linear_forward(exec, ws.attproj, s.atty, w.proj_w, detail::row_parallel_bias<Exec>(w.proj_b, tp));
   detail::combine(exec, tp.sum, ws.attproj);
   residual_forward(exec, detail::flat(s.x2), detail::flat(x), detail::flat(ws.attproj));
@@ -90,15 +88,13 @@ void block_forward(const Exec& exec, const BlockTensors<Exec>& w, LayerRangeActs
   Kokkos::Profiling::popRegion();
 }
 
-// On entry a.dres holds d loss / d(output of block l); on exit d loss / d(its input).
+// On entry dres holds d loss / d(block output); on exit d loss / d(its input x).
 // Parameter gradients accumulate into g.
 template <class Exec>
 void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockTensors<Exec>& w,
-                    LayerRangeActs<Exec>& a, std::int64_t l, const Workspace<Exec>& ws, const ShardCombine& tp) {
+                    const BlockActs<Exec>& s, const Mat<Exec>& x, const Mat<Exec>& dres, std::int64_t nh,
+                    const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_backward");
-  BlockActs<Exec>& s = a.at(l);
-  const Mat<Exec>& x = a.block_input(l);
-  const Mat<Exec>& dres = a.dres;
   // MLP branch: out = x2 + c_proj(gelu(c_fc(ln_2(x2))))
   linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.ones);
   gelu_backward(exec, detail::flat(ws.dfch), detail::flat(s.fch), detail::flat(ws.dfch));
@@ -108,8 +104,7 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockTe
                      ws.ones);
   // attention branch: x2 = x + c_proj(attn(c_attn(ln_1(x))))
   linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.ones);
-  attention_backward(exec, ws.dqkv, ws.dq, ws.dk, ws.dv, ws.datt, ws.dy, ws.datty, s.q, s.k, s.v, s.att,
-                     a.dims().NH);
+  attention_backward(exec, ws.dqkv, ws.dq, ws.dk, ws.dv, ws.datt, ws.dy, ws.datty, s.q, s.k, s.v, s.att, nh);
   linear_backward(exec, ws.dln, g.qkv_w, Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w, ws.ones);
   qkv_bias_backward(exec, g.qkv_b, ws.dqkv, ws.qkv_bias_sums, ws.ones);
   detail::combine(exec, tp.sum, ws.dln);

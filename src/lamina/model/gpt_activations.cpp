@@ -10,6 +10,7 @@ ActivationSizes activation_sizes(const Dims& d) {
   s.embed = N * C;
   // ln1, x2, ln2, out: 4 NC; q, k, v, atty: 4 NA; fch, fch_gelu: 2 NF; 4 (mean, rstd) of N
   s.block = 4 * N * C + 4 * N * A + 2 * N * F + 4 * N + att;
+  s.inner = s.block - N * C;
   // lnf: NC; logits: NV; lnf mean/rstd, rowmax, sumexp, target, losses, lse: 7 N
   s.head = N * C + N * d.V + 7 * N;
   s.boundary = N * C;

@@ -5,7 +5,9 @@
 // layer's activations can be dropped, recomputed or moved as a unit. Sizes come from
 // activation_sizes(), which the memory estimate shares, so predicted and allocated bytes
 // cannot drift apart. All shapes are this rank's tensor-parallel shard.
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "lamina/core/buffer.hpp"
@@ -39,7 +41,8 @@ struct Dims {
 // Elements (floats unless noted) of the buffers of a micro-batch of B sequences.
 struct ActivationSizes {
   std::int64_t embed = 0;      // embedding output
-  std::int64_t block = 0;      // saved by one transformer block
+  std::int64_t block = 0;      // saved by one transformer block (its output and its inner activations)
+  std::int64_t inner = 0;      // the part of `block` that recomputation drops and offloading moves
   std::int64_t head = 0;       // final norm, logits, loss statistics
   std::int64_t boundary = 0;   // a layer range's received input, or its output gradient
   std::int64_t tokens = 0;     // int32 inputs + targets
@@ -125,27 +128,67 @@ class WorkspaceBuffers {
   Buffer<float, Mem> buf_, ones_;
 };
 
+// A block's inner activations laid out in `inner` (activation_sizes().inner floats),
+// with its output in `out`.
+template <class Exec>
+BlockActs<Exec> bind_block_acts(float* inner, const Mat<Exec>& out, const Dims& d) {
+  const std::int64_t N = d.N(), C = d.C, A = d.A(), F = d.F, BNH = d.B * d.NH, T = d.T, hd = d.hd;
+  float* p = inner;
+  auto take = [&p](std::int64_t n) {
+    float* q = p;
+    p += n;
+    return q;
+  };
+  BlockActs<Exec> a;
+  a.ln1 = as_mat<Exec>(take(N * C), N, C);
+  a.ln1_mean = as_vec<Exec>(take(N), N);
+  a.ln1_rstd = as_vec<Exec>(take(N), N);
+  a.q = as_mats<Exec>(take(N * A), BNH, T, hd);
+  a.k = as_mats<Exec>(take(N * A), BNH, T, hd);
+  a.v = as_mats<Exec>(take(N * A), BNH, T, hd);
+  a.att = as_mats<Exec>(take(BNH * T * T), BNH, T, T);
+  a.atty = as_mat<Exec>(take(N * A), N, A);
+  a.x2 = as_mat<Exec>(take(N * C), N, C);
+  a.ln2 = as_mat<Exec>(take(N * C), N, C);
+  a.ln2_mean = as_vec<Exec>(take(N), N);
+  a.ln2_rstd = as_vec<Exec>(take(N), N);
+  a.fch = as_mat<Exec>(take(N * F), N, F);
+  a.fch_gelu = as_mat<Exec>(take(N * F), N, F);
+  a.out = out;
+  return a;
+}
+
 // Everything one micro-batch leaves behind in blocks [first, last) of the model, plus the
-// embedding and/or the head when the range includes them.
+// embedding and/or the head when the range includes them. Each block's output (the next
+// block's input: the checkpoint recomputation restarts from) is always kept; its inner
+// activations follow the block's policy: kept here, dropped (recomputed from the input
+// before backward, in a scratch the executor owns), or offloaded to a host-tier buffer
+// kept here and copied back through staging the executor owns.
 template <class Exec>
 class LayerRangeActs {
  public:
   using Mem = typename Exec::memory_space;
   using TokenView = Kokkos::View<std::int32_t*, Kokkos::LayoutRight, Mem>;
+  using HostView = Kokkos::View<float*, Kokkos::LayoutRight, Kokkos::HostSpace>;
 
-  // Elements (floats) a range needs; the token buffer comes on top.
-  static std::int64_t floats(const ActivationSizes& s, std::int64_t blocks, bool embedding, bool head) {
-    return (embedding ? s.embed : s.boundary) + blocks * s.block + (head ? s.head : 0) + s.boundary;
+  // Device-tier floats a range needs (blocks with kept inner activations: `kept`); the
+  // token buffer comes on top, offloaded blocks' host buffers elsewhere.
+  static std::int64_t floats(const ActivationSizes& s, std::int64_t blocks, std::int64_t kept, bool embedding,
+                             bool head) {
+    return (embedding ? s.embed : s.boundary) + blocks * (s.block - s.inner) + kept * s.inner +
+           (head ? s.head : 0) + s.boundary;
   }
 
+  // policy: one entry per block of the range.
   LayerRangeActs(MemoryTracker& tracker, const Dims& d, std::int64_t first, std::int64_t last, bool embedding,
-                 bool head)
-      : dims_(d), first_(first) {
+                 bool head, const std::vector<ActivationPolicy>& policy)
+      : dims_(d), first_(first), policy_(policy) {
     const ActivationSizes s = activation_sizes(d);
-    const std::int64_t N = d.N(), C = d.C, A = d.A(), F = d.F, BNH = d.B * d.NH, T = d.T, hd = d.hd;
-    buf_ = Buffer<float, Mem>(tracker, MemCategory::activations,
-                              "lamina::acts_h" + std::to_string(first) + "-" + std::to_string(last),
-                              floats(s, last - first, embedding, head));
+    const std::int64_t N = d.N(), C = d.C;
+    const std::int64_t kept = std::count(policy.begin(), policy.end(), ActivationPolicy::keep);
+    const std::string range = std::to_string(first) + "-" + std::to_string(last);
+    buf_ = Buffer<float, Mem>(tracker, MemCategory::activations, "lamina::acts_h" + range,
+                              floats(s, last - first, kept, embedding, head));
     float* p = buf_.data();
     auto take = [&p](std::int64_t n) {
       float* q = p;
@@ -155,23 +198,15 @@ class LayerRangeActs {
     input = as_mat<Exec>(take(N * C), N, C);  // embedding output, or the input received
     has_embedding = embedding;
     for (std::int64_t l = first; l < last; ++l) {
-      BlockActs<Exec> a;
-      a.ln1 = as_mat<Exec>(take(N * C), N, C);
-      a.ln1_mean = as_vec<Exec>(take(N), N);
-      a.ln1_rstd = as_vec<Exec>(take(N), N);
-      a.q = as_mats<Exec>(take(N * A), BNH, T, hd);
-      a.k = as_mats<Exec>(take(N * A), BNH, T, hd);
-      a.v = as_mats<Exec>(take(N * A), BNH, T, hd);
-      a.att = as_mats<Exec>(take(BNH * T * T), BNH, T, T);
-      a.atty = as_mat<Exec>(take(N * A), N, A);
-      a.x2 = as_mat<Exec>(take(N * C), N, C);
-      a.ln2 = as_mat<Exec>(take(N * C), N, C);
-      a.ln2_mean = as_vec<Exec>(take(N), N);
-      a.ln2_rstd = as_vec<Exec>(take(N), N);
-      a.fch = as_mat<Exec>(take(N * F), N, F);
-      a.fch_gelu = as_mat<Exec>(take(N * F), N, F);
-      a.out = as_mat<Exec>(take(N * C), N, C);
-      block.push_back(a);
+      out_.push_back(as_mat<Exec>(take(N * C), N, C));
+      const ActivationPolicy pol = policy[static_cast<std::size_t>(l - first)];
+      inner_.push_back(pol == ActivationPolicy::keep ? take(s.inner) : nullptr);
+      host_.emplace_back();
+      if (pol == ActivationPolicy::offload) {
+        host_.back() = Buffer<float, Kokkos::HostSpace>(tracker, MemCategory::activations,
+                                                        "lamina::offloaded_h" + std::to_string(l), s.inner,
+                                                        MemTier::host);
+      }
     }
     has_head = head;
     if (head) {
@@ -193,15 +228,21 @@ class LayerRangeActs {
 
   const Dims& dims() const { return dims_; }
   std::int64_t first_block() const { return first_; }
-  std::int64_t num_blocks() const { return static_cast<std::int64_t>(block.size()); }
+  std::int64_t num_blocks() const { return static_cast<std::int64_t>(out_.size()); }
+  ActivationPolicy policy(std::int64_t l) const { return policy_[static_cast<std::size_t>(l - first_)]; }
   // Input of global block l (in this range): the range's input or the previous block's output.
-  const Mat<Exec>& block_input(std::int64_t l) const { return l == first_ ? input : block[l - first_ - 1].out; }
+  const Mat<Exec>& block_input(std::int64_t l) const { return l == first_ ? input : out_[l - first_ - 1]; }
+  const Mat<Exec>& block_output(std::int64_t l) const { return out_[l - first_]; }
   // Output of the range's last block (the input of the head or of the next range).
-  const Mat<Exec>& output() const { return block.empty() ? input : block.back().out; }
-  BlockActs<Exec>& at(std::int64_t l) { return block[l - first_]; }
+  const Mat<Exec>& output() const { return out_.empty() ? input : out_.back(); }
+  // Block l's activations with its inner part at `inner` (its own storage when kept).
+  BlockActs<Exec> block(std::int64_t l, float* inner) const {
+    return bind_block_acts<Exec>(inner, out_[l - first_], dims_);
+  }
+  float* kept_inner(std::int64_t l) const { return inner_[l - first_]; }
+  const HostView& offloaded(std::int64_t l) const { return host_[l - first_].view(); }
 
   Mat<Exec> input;  // (N, C)
-  std::vector<BlockActs<Exec>> block;
   HeadActs<Exec> head;
   Mat<Exec> dres;  // (N, C) gradient of the residual stream, flowing backward through the range
   TokenView inputs, targets;  // (N) int32
@@ -210,6 +251,10 @@ class LayerRangeActs {
  private:
   Dims dims_;
   std::int64_t first_ = 0;
+  std::vector<ActivationPolicy> policy_;
+  std::vector<Mat<Exec>> out_;
+  std::vector<float*> inner_;
+  std::vector<Buffer<float, Kokkos::HostSpace>> host_;
   Buffer<float, Mem> buf_;
   Buffer<std::int32_t, Mem> tokens_;
 };

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "lamina/core/exec_instances.hpp"
 #include "lamina/core/format.hpp"
 
 namespace lamina {
@@ -45,7 +46,7 @@ class Hold {
 }  // namespace
 
 Executor::Executor(MemoryTracker& tracker, ModelState& state, const ProcessGrid& grid, const Schedule& schedule,
-                   const Dims& dims, const CostModel& cost)
+                   const Dims& dims, const CostModel& cost, const std::vector<ActivationPolicy>& activations)
     : state_(state),
       grid_(grid),
       schedule_(schedule),
@@ -53,18 +54,31 @@ Executor::Executor(MemoryTracker& tracker, ModelState& state, const ProcessGrid&
       cost_(cost),
       tp_(combine_over(grid)),
       ws_(tracker, dims),
-      send_pool_(tracker, MemCategory::communication, "lamina::pipeline_sends") {
+      send_pool_(tracker, MemCategory::communication, "lamina::pipeline_sends"),
+      transfer_(transfer_instance<Exec>()),
+      inner_size_(activation_sizes(dims).inner) {
   const Partition& part = schedule.partition();
+  bool recompute = false, offload = false;
   for (int c : part.chunks_of(grid.pp_rank())) {
     const Chunk& k = part.chunk(c);
     Slots& s = slots_[c];
+    const std::vector<ActivationPolicy> policy(activations.begin() + k.first_block,
+                                               activations.begin() + k.last_block);
+    for (const auto p : policy) {
+      recompute = recompute || p == ActivationPolicy::recompute;
+      offload = offload || p == ActivationPolicy::offload;
+    }
     const int n = schedule.max_in_flight(c);
     for (int i = 0; i < n; ++i) {
       s.acts.push_back(std::make_unique<LayerRangeActs<Exec>>(tracker, dims, k.first_block, k.last_block, k.embedding,
-                                                              k.head));
+                                                              k.head, policy));
       s.free.push_back(n - 1 - i);
     }
     for (int l : state.layers_of(k)) ++users_[l];
+  }
+  if (recompute) scratch_ = Buffer<float, ModelState::Mem>(tracker, MemCategory::activations, "lamina::recompute", inner_size_);
+  if (offload) {
+    for (auto& b : staging_) b = Buffer<float, ModelState::Mem>(tracker, MemCategory::activations, "lamina::offload_staging", inner_size_);
   }
 }
 
@@ -112,7 +126,19 @@ void Executor::forward(const Chunk& c, int mb, const MicroBatchLoader& load) {
   }
   for (std::int64_t b = c.first_block; b < c.last_block; ++b) {
     Hold h(state_, {state_.layout().block_layer(b)});
-    block_forward(exec, state_.block_params(b), a, b, ws_.ws, tp_);
+    const ActivationPolicy policy = a.policy(b);
+    // Inner activations: into the slot (keep), a scratch (recompute: dropped), or the first
+    // staging buffer, copied to the host tier on the transfer instance (offload).
+    if (policy == ActivationPolicy::offload) transfer_.fence();  // the staging buffer's last copy out is done
+    float* inner = policy == ActivationPolicy::keep        ? a.kept_inner(b)
+                   : policy == ActivationPolicy::recompute ? scratch_.data()
+                                                           : staging(0, nullptr, -1);
+    block_forward(exec, state_.block_params(b), a.block(b, inner), a.block_input(b), dims_.NH, ws_.ws, tp_);
+    if (policy == ActivationPolicy::offload) {
+      exec.fence();
+      Kokkos::deep_copy(transfer_, a.offloaded(b), as_vec<Exec>(inner, inner_size_));
+      staged_[0] = {&a, b};  // the staging buffer still holds it too
+    }
   }
   if (c.head) {
     Hold h(state_, {0, state_.layout().final_layer()});
@@ -147,7 +173,9 @@ void Executor::backward(const Chunk& c, int mb, float loss_scale, bool reduce) {
     {
       Hold h(state_, {layout.block_layer(b)});
       state_.begin_grads(layout.block_layer(b));
-      block_backward(exec, state_.block_grads(b), state_.block_params(b), a, b, ws_.ws, tp_);
+      const BlockActs<Exec> s = restore(a, b);
+      block_backward(exec, state_.block_grads(b), state_.block_params(b), s, a.block_input(b), a.dres, dims_.NH,
+                     ws_.ws, tp_);
     }
     if (reduce) reduce_layer(layout.block_layer(b));
   }
@@ -163,6 +191,39 @@ void Executor::backward(const Chunk& c, int mb, float loss_scale, bool reduce) {
   const double t = compute_cost(c, Op::backward, cost_);
   clock_ += t;
   busy_ += t;
+}
+
+float* Executor::staging(int i, LayerRangeActs<Exec>* a, std::int64_t b) {
+  staged_[i] = {a, b};
+  return staging_[static_cast<std::size_t>(i)].data();
+}
+
+BlockActs<Exec> Executor::restore(LayerRangeActs<Exec>& a, std::int64_t b) {
+  const Exec exec;
+  switch (a.policy(b)) {
+    case ActivationPolicy::keep: return a.block(b, a.kept_inner(b));
+    case ActivationPolicy::recompute: {
+      // Re-run the forward from the kept block input (Chen et al. 2016), into the scratch.
+      const BlockActs<Exec> s = a.block(b, scratch_.data());
+      block_forward(exec, state_.block_params(b), s, a.block_input(b), dims_.NH, ws_.ws, tp_);
+      return s;
+    }
+    case ActivationPolicy::offload: break;
+  }
+  // Offloaded: in a staging buffer already (prefetched, or still there from forward), or
+  // copied back now; then the previous offloaded block of the range is prefetched into
+  // the other buffer while this one's backward runs.
+  int i = staged_[0].first == &a && staged_[0].second == b ? 0 : staged_[1].first == &a && staged_[1].second == b ? 1 : -1;
+  transfer_.fence();
+  if (i < 0) {
+    i = 0;
+    Kokkos::deep_copy(exec, as_vec<Exec>(staging(i, &a, b), inner_size_), a.offloaded(b));
+  }
+  if (b > a.first_block() && a.policy(b - 1) == ActivationPolicy::offload) {
+    Kokkos::deep_copy(transfer_, as_vec<Exec>(staging(1 - i, &a, b - 1), inner_size_), a.offloaded(b - 1));
+  }
+  exec.fence();
+  return a.block(b, staging_[static_cast<std::size_t>(i)].data());
 }
 
 void Executor::send(Op op, int chunk, int mb, int peer) {

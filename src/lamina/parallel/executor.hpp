@@ -32,8 +32,9 @@ class Executor {
  public:
   using Exec = ModelState::Exec;
 
+  // activations: the policy of every transformer block of the model.
   Executor(MemoryTracker& tracker, ModelState& state, const ProcessGrid& grid, const Schedule& schedule,
-           const Dims& dims, const CostModel& cost);
+           const Dims& dims, const CostModel& cost, const std::vector<ActivationPolicy>& activations);
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
@@ -65,6 +66,10 @@ class Executor {
   void send(Op op, int chunk, int mb, int peer);
   void recv(Op op, int chunk, int mb, int peer);
   void reduce_layer(int layer);
+  // Block b's activations for its backward, recomputed or brought back as its policy says.
+  BlockActs<Exec> restore(LayerRangeActs<Exec>& a, std::int64_t b);
+  // Staging buffer i, now holding block b of range a (null: nothing yet).
+  float* staging(int i, LayerRangeActs<Exec>* a, std::int64_t b);
   int tag(int kind, int receiving_chunk, int mb, int part) const;
 
   ModelState& state_;
@@ -78,6 +83,11 @@ class Executor {
   std::map<std::pair<int, int>, int> in_use_;   // (chunk, micro-batch) -> slot
   std::map<int, int> users_, reduced_;          // per layer: local chunks using it, reductions asked
   BufferPool<ModelState::Mem> send_pool_;
+  Exec transfer_;                  // instance for activation offload copies
+  std::int64_t inner_size_;        // floats of one block's inner activations
+  Buffer<float, ModelState::Mem> scratch_;     // recomputed block activations
+  Buffer<float, ModelState::Mem> staging_[2];  // offloaded blocks on their way in and out
+  std::pair<LayerRangeActs<Exec>*, std::int64_t> staged_[2] = {{nullptr, -1}, {nullptr, -1}};
   std::vector<Outgoing> outgoing_;
   std::vector<std::vector<float>> stamps_;      // send buffers of virtual-clock timestamps
   std::vector<Request> stamp_sends_;

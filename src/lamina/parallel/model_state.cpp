@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "lamina/core/exec_instances.hpp"
 #include "lamina/model/init.hpp"
 #include "lamina/optim/adamw.hpp"
 #include "lamina/optim/grad_norm.hpp"
@@ -13,56 +14,55 @@ namespace {
 
 using Exec = ModelState::Exec;
 using Mem = ModelState::Mem;
+using HostExec = ModelState::HostExec;
+using HostView = Kokkos::View<float*, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+using DeviceView = Kokkos::View<float*, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 constexpr bool kHostAccessible = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
 
-Vec<Exec> span(float* p, std::int64_t begin, std::int64_t end) { return as_vec<Exec>(p + begin, end - begin); }
+DeviceView dev(float* p, std::int64_t n) { return DeviceView(p, static_cast<std::size_t>(n)); }
+HostView host(float* p, std::int64_t n) { return HostView(p, static_cast<std::size_t>(n)); }
 
-// A buffer whose element 0 is layer element `origin`, as a view of layer elements [begin, end).
-struct Window {
-  float* data;
-  std::int64_t origin;
-  Vec<Exec> operator()(std::int64_t begin, std::int64_t end) const {
-    return as_vec<Exec>(data + (begin - origin), end - begin);
-  }
-};
-
-void fill(const Exec& exec, float* p, std::int64_t n, float value) { Kokkos::deep_copy(exec, span(p, 0, n), value); }
-
-void copy(const Exec& exec, float* dst, const float* src, std::int64_t n) {
-  Kokkos::deep_copy(exec, span(dst, 0, n), span(const_cast<float*>(src), 0, n));
-}
+void fill(const Exec& exec, float* p, std::int64_t n, float value) { Kokkos::deep_copy(exec, dev(p, n), value); }
 
 // dst += src
 void add(const Exec& exec, float* dst, const float* src, std::int64_t n) {
-  const Vec<Exec> d = span(dst, 0, n), s = span(const_cast<float*>(src), 0, n);
+  const DeviceView d = dev(dst, n), s = dev(const_cast<float*>(src), n);
   Kokkos::parallel_for(
       "lamina::accumulate_shard", Range<Exec>(exec, 0, n), KOKKOS_LAMBDA(std::int64_t i) { d(i) += s(i); });
 }
 
-// Host-readable contents of n device floats (the device pointer itself where the host can read it).
-const float* on_host(const float* p, std::int64_t n, std::vector<float>& host) {
-  if (kHostAccessible) return p;
-  host.resize(static_cast<std::size_t>(n));
-  Kokkos::deep_copy(Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(host.data(), n),
-                    span(const_cast<float*>(p), 0, n));
-  return host.data();
-}
+// A buffer whose element 0 is layer element `origin`, as views of layer elements [begin, end).
+template <class V>
+struct Window {
+  float* data;
+  std::int64_t origin;
+  V operator()(std::int64_t begin, std::int64_t end) const {
+    return V(data + (begin - origin), static_cast<std::size_t>(end - begin));
+  }
+};
+using DeviceWindow = Window<DeviceView>;
+using HostWindow = Window<HostView>;
 
 const char* kStateNames[3] = {"model/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"};
 
 }  // namespace
 
 ModelState::ModelState(MemoryTracker& tracker, const ModelConfig& model, const OptimizerConfig& opt,
-                       const ProcessGrid& grid, const Partition& partition, int zero)
+                       const MemoryConfig& memory, const ProcessGrid& grid, const Partition& partition, int zero,
+                       const DosModel& dos)
     : tracker_(tracker),
       model_(model),
       opt_(opt),
+      memory_(memory),
       grid_(grid),
       zero_(zero),
+      dos_(dos),
       layout_(ParamLayout::gpt2(model, grid.tp_size(), grid.tp_rank())),
       param_pool_(tracker, MemCategory::parameters, "lamina::gathered_params"),
       grad_pool_(tracker, MemCategory::gradients, "lamina::full_grads"),
-      staging_pool_(tracker, MemCategory::communication, "lamina::comm_staging") {
+      staging_pool_(tracker, MemCategory::communication, "lamina::comm_staging"),
+      dos_pool_(tracker, MemCategory::optimizer_state, "lamina::dos_staging"),
+      transfer_(transfer_instance<Exec>()) {
   std::set<int> held;
   for (int c : partition.chunks_of(grid.pp_rank()))
     for (int l : layers_of(partition.chunk(c))) held.insert(l);
@@ -73,18 +73,30 @@ ModelState::ModelState(MemoryTracker& tracker, const ModelConfig& model, const O
     s.numel = spec.numel;
     s.shard = (s.numel + dp - 1) / dp;
     s.padded = s.shard * dp;
+    s.params_at = MemoryConfig::of_layer(memory.params, l);
+    s.optimizer_at = MemoryConfig::of_layer(memory.optimizer, l);
     const std::string& n = spec.name;
-    if (zero_ < 3) s.params = Buffer<float, Mem>(tracker, MemCategory::parameters, "lamina::params_" + n, s.padded);
-    if (zero_ == 3) {
-      s.param_shard = Buffer<float, Mem>(tracker, MemCategory::parameters, "lamina::param_shard_" + n, s.shard);
+    const std::int64_t stored = zero_ < 3 ? s.padded : s.shard;
+    if (s.params_at == ParamPlacement::device) {
+      s.params = DeviceBuf(tracker, MemCategory::parameters, "lamina::params_" + n, stored);
+    } else {
+      s.params_host = HostBuf(tracker, MemCategory::parameters, "lamina::params_" + n, stored, MemTier::host);
     }
-    if (zero_ < 2) s.grads = Buffer<float, Mem>(tracker, MemCategory::gradients, "lamina::grads_" + n, s.padded);
-    if (zero_ >= 2) {
-      s.grad_shard = Buffer<float, Mem>(tracker, MemCategory::gradients, "lamina::grad_shard_" + n, s.shard);
+    if (zero_ < 2) s.grads = DeviceBuf(tracker, MemCategory::gradients, "lamina::grads_" + n, s.padded);
+    if (zero_ >= 2) s.grad_shard = DeviceBuf(tracker, MemCategory::gradients, "lamina::grad_shard_" + n, s.shard);
+    const std::int64_t owned = zero_ == 0 ? s.padded : s.shard;
+    if (s.optimizer_at == OptimizerPlacement::device) {
+      s.m = DeviceBuf(tracker, MemCategory::optimizer_state, "lamina::exp_avg_" + n, owned);
+      s.v = DeviceBuf(tracker, MemCategory::optimizer_state, "lamina::exp_avg_sq_" + n, owned);
+    } else {
+      const MemTier h = MemTier::host;
+      s.m_host = HostBuf(tracker, MemCategory::optimizer_state, "lamina::exp_avg_" + n, owned, h);
+      s.v_host = HostBuf(tracker, MemCategory::optimizer_state, "lamina::exp_avg_sq_" + n, owned, h);
+      s.grads_host = HostBuf(tracker, MemCategory::gradients, "lamina::host_grads_" + n, owned, h);
+      if (s.params_at == ParamPlacement::device) {
+        s.master_host = HostBuf(tracker, MemCategory::optimizer_state, "lamina::master_" + n, owned, h);
+      }
     }
-    const std::int64_t moments = zero_ == 0 ? s.padded : s.shard;
-    s.m = Buffer<float, Mem>(tracker, MemCategory::optimizer_state, "lamina::exp_avg_" + n, moments);
-    s.v = Buffer<float, Mem>(tracker, MemCategory::optimizer_state, "lamina::exp_avg_sq_" + n, moments);
     slots_.emplace(l, std::move(s));
   }
 }
@@ -97,35 +109,45 @@ std::vector<int> ModelState::layers_of(const Chunk& c) const {
   return out;
 }
 
+float* ModelState::master_host(Slot& s) {
+  // Host parameters are the master weights; otherwise the host keeps a copy of the owned range.
+  if (s.params_at == ParamPlacement::host) return s.params_host.data() + (zero_ < 3 ? owned_begin(s) : 0);
+  return s.master_host.data();
+}
+
 void ModelState::init(std::uint64_t seed) {
-  const Exec exec;
+  std::vector<float> full;
   for (auto& [l, s] : slots_) {
-    // This rank's elements: the whole layer, or its ZeRO-3 shard; padding stays zero.
-    const std::int64_t begin = zero_ == 3 ? owned_begin(s) : 0;
-    const std::int64_t end = std::min(s.numel, zero_ == 3 ? begin + s.shard : s.numel);
-    std::vector<float> host(static_cast<std::size_t>(zero_ == 3 ? s.shard : s.padded), 0.0f);
-    if (end > begin) initial_values(layout_, model_, seed, l, begin, end, host.data());
-    const Vec<Exec> dst = zero_ == 3 ? s.param_shard.view() : s.params.view();
-    Kokkos::deep_copy(exec, dst,
-                      Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-                          host.data(), host.size()));
+    full.assign(static_cast<std::size_t>(s.padded), 0.0f);
+    initial_values(layout_, model_, seed, l, 0, s.numel, full.data());
+    scatter(l, 0, full);
   }
-  exec.fence();
+  Exec().fence();
 }
 
 void ModelState::gather(int layer) {
-  if (zero_ < 3) return;
   Slot& s = slot(layer);
-  if (s.gather_count++ > 0) return;
+  if (resident(s) || s.gather_count++ > 0) return;
   s.gathered = param_pool_.acquire(s.padded);
-  Exec().fence();
-  grid_.dp().all_gather(s.param_shard.data(), s.gathered, s.shard);
+  const Exec exec;
+  if (s.params_at == ParamPlacement::device) {  // ZeRO-3: from the data-parallel peers
+    exec.fence();
+    grid_.dp().all_gather(s.params.data(), s.gathered, s.shard);
+  } else if (zero_ < 3) {  // host tier: copied in
+    Kokkos::deep_copy(exec, dev(s.gathered, s.padded), host(s.params_host.data(), s.padded));
+    exec.fence();
+  } else {  // both: the owned shard in, then the all-gather
+    float* mine = staging_pool_.acquire(s.shard);
+    Kokkos::deep_copy(exec, dev(mine, s.shard), host(s.params_host.data(), s.shard));
+    exec.fence();
+    grid_.dp().all_gather(mine, s.gathered, s.shard);
+    staging_pool_.release(mine, s.shard);
+  }
 }
 
 void ModelState::release(int layer) {
-  if (zero_ < 3) return;
   Slot& s = slot(layer);
-  if (--s.gather_count > 0) return;
+  if (resident(s) || --s.gather_count > 0) return;
   Exec().fence();
   param_pool_.release(s.gathered, s.padded);
   s.gathered = nullptr;
@@ -133,7 +155,7 @@ void ModelState::release(int layer) {
 
 float* ModelState::params(int layer) const {
   const Slot& s = slot(layer);
-  return zero_ < 3 ? s.params.data() : s.gathered;
+  return resident(s) ? s.params.data() : s.gathered;
 }
 
 void ModelState::begin_grads(int layer) {
@@ -178,7 +200,6 @@ void ModelState::reduce_grads(int layer) {
   float* temp = staging_pool_.acquire(s.shard);
   pending_.push_back({layer, grid_.dp().ireduce_scatter(full, temp, s.shard), temp, zero_ >= 2 ? full : nullptr});
   if (zero_ >= 2) s.full_grads = nullptr;  // the next backward starts a fresh accumulator
-  // ZeRO-1 keeps its full gradient buffer; the reduced shard goes back into it (below).
 }
 
 void ModelState::complete(Pending& p) {
@@ -187,7 +208,8 @@ void ModelState::complete(Pending& p) {
   const Exec exec;
   if (p.temp != nullptr) {
     if (zero_ == 1) {
-      copy(exec, s.grads.data() + owned_begin(s), p.temp, s.shard);  // once per step: no accumulation
+      // ZeRO-1 keeps its full gradient buffer; the reduced shard goes back into its place.
+      Kokkos::deep_copy(exec, dev(s.grads.data() + owned_begin(s), s.shard), dev(p.temp, s.shard));
     } else {
       add(exec, s.grad_shard.data(), p.temp, s.shard);
     }
@@ -200,10 +222,11 @@ void ModelState::complete(Pending& p) {
 void ModelState::finish_reductions() {
   for (auto& p : pending_) complete(p);
   pending_.clear();
+  const Exec exec;
   if (grid_.pp_size() > 1 && holds(0)) {
     // The tied embedding: the first stage has the lookup's gradient, the last the head's.
     Slot& s = slot(0);
-    Exec().fence();
+    exec.fence();
     if (zero_ == 0) {
       grid_.embedding().allreduce(s.grads.data(), s.padded, ReduceOp::sum);
     } else if (zero_ == 1) {
@@ -212,6 +235,15 @@ void ModelState::finish_reductions() {
       grid_.embedding().allreduce(s.grad_shard.data(), s.shard, ReduceOp::sum);
     }
   }
+  // Gradients of layers updated on the host start their way there (the transfer instance
+  // overlaps them with whatever the compute does next; the update waits for them).
+  exec.fence();
+  for (auto& [l, s] : slots_) {
+    if (s.optimizer_at == OptimizerPlacement::device) continue;
+    const std::int64_t n = owned_end(s) - owned_begin(s);
+    float* g = zero_ <= 1 ? s.grads.data() + owned_begin(s) : s.grad_shard.data();
+    Kokkos::deep_copy(transfer_, host(s.grads_host.data(), n), dev(g, n));
+  }
 }
 
 double ModelState::grad_sq_norm_local() const {
@@ -219,8 +251,8 @@ double ModelState::grad_sq_norm_local() const {
   double sum = 0.0;
   for (const auto& [l, s] : slots_) {
     if (l == 0 && !grid_.first_stage()) continue;  // the last stage's copy of the tied embedding
-    const std::int64_t begin = owned_begin(s), end = std::min(s.numel, begin + s.shard);
-    const Window g = zero_ <= 1 ? Window{s.grads.data(), 0} : Window{s.grad_shard.data(), begin};
+    const std::int64_t begin = grid_.dp_rank() * s.shard, end = std::min(s.numel, begin + s.shard);
+    const DeviceWindow g = zero_ <= 1 ? DeviceWindow{s.grads.data(), 0} : DeviceWindow{s.grad_shard.data(), begin};
     for (const TensorSpec& t : layout_.layers()[static_cast<std::size_t>(l)].tensors) {
       if (t.replicated() && grid_.tp_rank() != 0) continue;
       const std::int64_t b = std::max(begin, t.offset), e = std::min(end, t.offset + t.numel());
@@ -230,72 +262,235 @@ double ModelState::grad_sq_norm_local() const {
   return sum;
 }
 
-void ModelState::optimizer_step(double lr, double grad_scale) {
-  ++t_;
-  const AdamWStep step = AdamWStep::make(lr, opt_.beta1, opt_.beta2, opt_.eps, t_, grad_scale);
+void ModelState::update_on_device(int layer, Slot& s, const AdamWStep& step) {
   const Exec exec;
-  for (auto& [l, s] : slots_) {
-    const std::int64_t begin = zero_ == 0 ? 0 : owned_begin(s);
-    const std::int64_t end = std::min(s.numel, zero_ == 0 ? s.numel : begin + s.shard);
-    // Full buffers start at layer element 0, shards at their first owned element.
-    const Window p = zero_ == 3 ? Window{s.param_shard.data(), begin} : Window{s.params.data(), 0};
-    const Window g = zero_ <= 1 ? Window{s.grads.data(), 0} : Window{s.grad_shard.data(), begin};
-    const Window m{s.m.data(), zero_ == 0 ? 0 : begin}, v{s.v.data(), zero_ == 0 ? 0 : begin};
-    const std::int64_t matrix_end = layout_.layers()[static_cast<std::size_t>(l)].matrix_numel;
-    for (const Subgroup& sg : layout_.subgroups(l, begin, end, opt_.subgroup_size)) {
-      adamw_update_range(exec, p(sg.begin, sg.end), m(sg.begin, sg.end), v(sg.begin, sg.end),
-                         ConstVec<Exec>(g(sg.begin, sg.end)), sg.begin, matrix_end, step,
-                         static_cast<float>(opt_.weight_decay), opt_.decay_biases_and_norms);
-    }
-    if (zero_ == 1 || zero_ == 2) {
-      // Every rank updated its shard of the full parameters: share them.
-      float* mine = staging_pool_.acquire(s.shard);
-      copy(exec, mine, s.params.data() + owned_begin(s), s.shard);
-      exec.fence();
-      grid_.dp().all_gather(mine, s.params.data(), s.shard);
-      staging_pool_.release(mine, s.shard);
+  const std::int64_t begin = owned_begin(s), end = owned_end(s);
+  const DeviceWindow p = zero_ == 3 ? DeviceWindow{s.params.data(), begin} : DeviceWindow{s.params.data(), 0};
+  const DeviceWindow g = zero_ <= 1 ? DeviceWindow{s.grads.data(), 0} : DeviceWindow{s.grad_shard.data(), begin};
+  const DeviceWindow m{s.m.data(), begin}, v{s.v.data(), begin};
+  const std::int64_t matrix_end = layout_.layers()[static_cast<std::size_t>(layer)].matrix_numel;
+  for (const Subgroup& sg : layout_.subgroups(layer, begin, end, opt_.subgroup_size)) {
+    adamw_update_range(exec, p(sg.begin, sg.end), m(sg.begin, sg.end), v(sg.begin, sg.end),
+                       ConstVec<Exec>(g(sg.begin, sg.end)), sg.begin, matrix_end, step,
+                       static_cast<float>(opt_.weight_decay), opt_.decay_biases_and_norms);
+  }
+}
+
+void ModelState::update_on_host(int layer, Slot& s, const AdamWStep& step) {
+  const HostExec hexec;
+  const std::int64_t begin = owned_begin(s), end = owned_end(s);
+  const HostWindow p{master_host(s), begin}, g{s.grads_host.data(), begin};
+  const HostWindow m{s.m_host.data(), begin}, v{s.v_host.data(), begin};
+  const std::int64_t matrix_end = layout_.layers()[static_cast<std::size_t>(layer)].matrix_numel;
+  transfer_.fence();  // the gradients have arrived
+  for (const Subgroup& sg : layout_.subgroups(layer, begin, end, opt_.subgroup_size)) {
+    adamw_update_range(hexec, p(sg.begin, sg.end), m(sg.begin, sg.end), v(sg.begin, sg.end),
+                       ConstVec<HostExec>(g(sg.begin, sg.end)), sg.begin, matrix_end, step,
+                       static_cast<float>(opt_.weight_decay), opt_.decay_biases_and_norms);
+  }
+  hexec.fence();
+  if (s.params_at == ParamPlacement::device) {  // the compute's copy of the owned range
+    const DeviceWindow d = zero_ == 3 ? DeviceWindow{s.params.data(), begin} : DeviceWindow{s.params.data(), 0};
+    Kokkos::deep_copy(Exec(), d(begin, end), p(begin, end));
+  }
+}
+
+void ModelState::update_dynamic(int layer, Slot& s, const AdamWStep& step) {
+  const Exec exec;
+  const HostExec hexec;
+  const std::int64_t begin = owned_begin(s), end = owned_end(s);
+  const auto groups = layout_.subgroups(layer, begin, end, opt_.subgroup_size);
+  std::vector<std::int64_t> sizes;
+  for (const Subgroup& g : groups) sizes.push_back(g.end - g.begin);
+  // Device memory free now: what the budget leaves (unknown without a budget).
+  const std::int64_t budget = memory_.device_budget;
+  const std::int64_t free = budget > 0 ? budget - tracker_.current(tier_label(MemTier::device)) : -1;
+  s.plan = plan_dos(sizes, dos_, free, memory_.dos_split);
+
+  const HostWindow p{master_host(s), begin}, gh{s.grads_host.data(), begin};
+  const HostWindow m{s.m_host.data(), begin}, v{s.v_host.data(), begin};
+  const DeviceWindow gd = zero_ <= 1 ? DeviceWindow{s.grads.data(), 0} : DeviceWindow{s.grad_shard.data(), begin};
+  const DeviceWindow pd = s.params_at == ParamPlacement::host ? DeviceWindow{nullptr, 0}
+                          : zero_ == 3                        ? DeviceWindow{s.params.data(), begin}
+                                                              : DeviceWindow{s.params.data(), 0};
+  const std::int64_t matrix_end = layout_.layers()[static_cast<std::size_t>(layer)].matrix_numel;
+  const float wd = static_cast<float>(opt_.weight_decay);
+  transfer_.fence();  // host gradients have arrived
+  // Device subgroups first: their copies and kernels are queued on the device and run
+  // while the host updates the others (on a host-only build they simply run in turn).
+  std::int64_t largest = 0;
+  for (std::size_t x = 0; x < groups.size(); ++x)
+    if (s.plan.site[x] == UpdateSite::device) largest = std::max(largest, sizes[x]);
+  float* stage[3] = {nullptr, nullptr, nullptr};
+  if (largest > 0)
+    for (auto& b : stage) b = dos_pool_.acquire(largest);
+  for (std::size_t x = 0; x < groups.size(); ++x) {
+    if (s.plan.site[x] != UpdateSite::device) continue;
+    const Subgroup& g = groups[x];
+    const std::int64_t n = g.end - g.begin;
+    Kokkos::deep_copy(exec, dev(stage[0], n), p(g.begin, g.end));
+    Kokkos::deep_copy(exec, dev(stage[1], n), m(g.begin, g.end));
+    Kokkos::deep_copy(exec, dev(stage[2], n), v(g.begin, g.end));
+    adamw_update_range(exec, dev(stage[0], n), dev(stage[1], n), dev(stage[2], n), ConstVec<Exec>(gd(g.begin, g.end)),
+                       g.begin, matrix_end, step, wd, opt_.decay_biases_and_norms);
+    if (pd.data != nullptr) Kokkos::deep_copy(exec, pd(g.begin, g.end), dev(stage[0], n));
+    Kokkos::deep_copy(exec, p(g.begin, g.end), dev(stage[0], n));
+    Kokkos::deep_copy(exec, m(g.begin, g.end), dev(stage[1], n));
+    Kokkos::deep_copy(exec, v(g.begin, g.end), dev(stage[2], n));
+  }
+  for (std::size_t x = 0; x < groups.size(); ++x) {
+    if (s.plan.site[x] != UpdateSite::host) continue;
+    const Subgroup& g = groups[x];
+    adamw_update_range(hexec, p(g.begin, g.end), m(g.begin, g.end), v(g.begin, g.end),
+                       ConstVec<HostExec>(gh(g.begin, g.end)), g.begin, matrix_end, step, wd,
+                       opt_.decay_biases_and_norms);
+  }
+  hexec.fence();
+  if (pd.data != nullptr) {
+    for (std::size_t x = 0; x < groups.size(); ++x) {
+      if (s.plan.site[x] == UpdateSite::host) Kokkos::deep_copy(exec, pd(groups[x].begin, groups[x].end), p(groups[x].begin, groups[x].end));
     }
   }
   exec.fence();
+  if (largest > 0)
+    for (auto* b : stage) dos_pool_.release(b, largest);
 }
 
-namespace {
-using HostView = Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-}  // namespace
+void ModelState::share_updated_params(Slot& s) {
+  // ZeRO-1/2: every rank updated its shard of the replicated parameters; share them.
+  const Exec exec;
+  float* mine = staging_pool_.acquire(s.shard);
+  if (s.params_at == ParamPlacement::device) {
+    Kokkos::deep_copy(exec, dev(mine, s.shard), dev(s.params.data() + owned_begin(s), s.shard));
+    exec.fence();
+    grid_.dp().all_gather(mine, s.params.data(), s.shard);
+  } else {
+    float* full = staging_pool_.acquire(s.padded);
+    Kokkos::deep_copy(exec, dev(mine, s.shard), host(s.params_host.data() + owned_begin(s), s.shard));
+    exec.fence();
+    grid_.dp().all_gather(mine, full, s.shard);
+    Kokkos::deep_copy(exec, host(s.params_host.data(), s.padded), dev(full, s.padded));
+    exec.fence();
+    staging_pool_.release(full, s.padded);
+  }
+  staging_pool_.release(mine, s.shard);
+}
 
-void ModelState::set_params(int layer, const std::vector<float>& host) {
-  Slot& s = slot(layer);
-  Kokkos::deep_copy(span(s.params.data(), 0, s.numel), HostView(const_cast<float*>(host.data()), s.numel));
+void ModelState::optimizer_step(double lr, double grad_scale) {
+  ++t_;
+  const AdamWStep step = AdamWStep::make(lr, opt_.beta1, opt_.beta2, opt_.eps, t_, grad_scale);
+  for (auto& [l, s] : slots_) {
+    if (owned_end(s) <= owned_begin(s)) continue;
+    switch (s.optimizer_at) {
+      case OptimizerPlacement::device: update_on_device(l, s, step); break;
+      case OptimizerPlacement::host: update_on_host(l, s, step); break;
+      case OptimizerPlacement::dynamic: update_dynamic(l, s, step); break;
+    }
+  }
+  for (auto& [l, s] : slots_)
+    if (zero_ == 1 || zero_ == 2) share_updated_params(s);
+  Exec().fence();
+}
+
+std::vector<std::string> ModelState::dos_schedule() const {
+  std::vector<std::string> out;
+  for (const auto& [l, s] : slots_) {
+    if (s.optimizer_at == OptimizerPlacement::dynamic && !s.plan.site.empty()) {
+      out.push_back(layout_.layers()[static_cast<std::size_t>(l)].name + ": " + s.plan.describe());
+    }
+  }
+  return out;
+}
+
+void ModelState::set_params(int layer, const std::vector<float>& values) {
+  std::vector<float> full(values);
+  full.resize(static_cast<std::size_t>(slot(layer).padded), 0.0f);
+  scatter(layer, 0, full);
 }
 
 std::vector<float> ModelState::params_host(int layer) const {
   const Slot& s = slot(layer);
   std::vector<float> out(static_cast<std::size_t>(s.numel));
-  Kokkos::deep_copy(HostView(out.data(), out.size()), span(s.params.data(), 0, s.numel));
+  if (s.params_at == ParamPlacement::host) {
+    std::copy(s.params_host.data(), s.params_host.data() + s.numel, out.begin());
+  } else {
+    Kokkos::deep_copy(host(out.data(), s.numel), dev(s.params.data(), s.numel));
+  }
   return out;
 }
 
 std::vector<float> ModelState::grads_host(int layer) const {
   const Slot& s = slot(layer);
   std::vector<float> out(static_cast<std::size_t>(s.numel));
-  Kokkos::deep_copy(HostView(out.data(), out.size()), span(s.grads.data(), 0, s.numel));
+  Kokkos::deep_copy(host(out.data(), s.numel), dev(s.grads.data(), s.numel));
   return out;
 }
 
-float* ModelState::assemble(int layer, int which) {
+const float* ModelState::assemble(int layer, int which, std::vector<float>& out) {
   Slot& s = slot(layer);
-  const Buffer<float, Mem>& full = which == 0 ? s.params : which == 1 ? s.m : s.v;
+  const Exec exec;
+  out.assign(static_cast<std::size_t>(s.padded), 0.0f);
+  const bool on_device = which == 0 ? s.params_at == ParamPlacement::device
+                                    : s.optimizer_at == OptimizerPlacement::device;
   const bool sharded = which == 0 ? zero_ == 3 : zero_ >= 1;
-  if (!sharded) return full.data();
-  const Buffer<float, Mem>& shard = which == 0 ? s.param_shard : which == 1 ? s.m : s.v;
-  float* out = staging_pool_.acquire(s.padded);
-  Exec().fence();
-  grid_.dp().all_gather(shard.data(), out, s.shard);
-  return out;
+  // The stored part: parameters (whole or shard), or the moments of the owned range.
+  const float* part = which == 0 ? (on_device ? s.params.data() : s.params_host.data())
+                      : which == 1 ? (on_device ? s.m.data() : s.m_host.data())
+                                   : (on_device ? s.v.data() : s.v_host.data());
+  const std::int64_t n = sharded ? s.shard : s.padded;
+  if (!sharded && !on_device) {
+    std::copy(part, part + n, out.begin());
+    return out.data();
+  }
+  float* d = staging_pool_.acquire(s.padded);
+  if (on_device) {
+    Kokkos::deep_copy(exec, dev(d, n), dev(const_cast<float*>(part), n));
+  } else {
+    Kokkos::deep_copy(exec, dev(d, n), host(const_cast<float*>(part), n));
+  }
+  exec.fence();
+  if (sharded) {
+    float* full = staging_pool_.acquire(s.padded);
+    grid_.dp().all_gather(d, full, s.shard);
+    Kokkos::deep_copy(host(out.data(), s.padded), dev(full, s.padded));
+    staging_pool_.release(full, s.padded);
+  } else {
+    Kokkos::deep_copy(host(out.data(), s.padded), dev(d, s.padded));
+  }
+  staging_pool_.release(d, s.padded);
+  return out.data();
+}
+
+// The inverse of assemble: from the full layer contents, what this rank stores.
+void ModelState::scatter(int layer, int which, const std::vector<float>& full) {
+  Slot& s = slot(layer);
+  const Exec exec;
+  float* f = const_cast<float*>(full.data());
+  const std::int64_t ob = owned_begin(s), on = zero_ == 0 ? s.padded : s.shard;
+  if (which == 0) {
+    const std::int64_t from = zero_ == 3 ? grid_.dp_rank() * s.shard : 0, n = zero_ == 3 ? s.shard : s.padded;
+    if (s.params_at == ParamPlacement::device) {
+      Kokkos::deep_copy(exec, dev(s.params.data(), n), host(f + from, n));
+    } else {
+      std::copy(f + from, f + from + n, s.params_host.data());
+    }
+    if (s.optimizer_at != OptimizerPlacement::device && s.params_at == ParamPlacement::device) {
+      std::copy(f + ob, f + ob + on, s.master_host.data());  // the host's master copy
+    }
+  } else {
+    const bool on_device = s.optimizer_at == OptimizerPlacement::device;
+    float* dst = which == 1 ? (on_device ? s.m.data() : s.m_host.data()) : (on_device ? s.v.data() : s.v_host.data());
+    if (on_device) {
+      Kokkos::deep_copy(exec, dev(dst, on), host(f + ob, on));
+    } else {
+      std::copy(f + ob, f + ob + on, dst);
+    }
+  }
+  exec.fence();
 }
 
 void ModelState::write_checkpoint(CheckpointWriter& writer) {
-  std::vector<float> host;
+  std::vector<float> full;
   for (int l = 0; l < layout_.num_layers(); ++l) {
     const bool held = holds(l);
     const LayerSpec& spec = layout_.layers()[static_cast<std::size_t>(l)];
@@ -303,8 +498,7 @@ void ModelState::write_checkpoint(CheckpointWriter& writer) {
     // tensor-parallel rank 0 for tensors every tensor-parallel rank holds whole.
     const bool writer_rank = held && grid_.dp_rank() == 0 && (l != 0 || grid_.first_stage());
     for (int which = 0; which < 3; ++which) {
-      float* dev = held ? assemble(l, which) : nullptr;
-      const float* data = held ? on_host(dev, slot(l).padded, host) : nullptr;
+      const float* data = held ? assemble(l, which, full) : nullptr;
       for (const TensorSpec& t : spec.tensors) {
         TensorSlab slab;
         slab.name = kStateNames[which] + t.name;
@@ -316,41 +510,29 @@ void ModelState::write_checkpoint(CheckpointWriter& writer) {
         }
         writer.write(slab);
       }
-      if (held && dev != (which == 0 ? slot(l).params.data() : which == 1 ? slot(l).m.data() : slot(l).v.data())) {
-        staging_pool_.release(dev, slot(l).padded);
-      }
     }
   }
 }
 
 void ModelState::read_checkpoint(CheckpointReader& reader) {
-  const Exec exec;
-  std::vector<float> host;
+  std::vector<float> full;
   for (int l = 0; l < layout_.num_layers(); ++l) {
     const bool held = holds(l);
     const LayerSpec& spec = layout_.layers()[static_cast<std::size_t>(l)];
     for (int which = 0; which < 3; ++which) {
-      if (held) host.assign(static_cast<std::size_t>(slot(l).padded), 0.0f);
+      if (held) full.assign(static_cast<std::size_t>(slot(l).padded), 0.0f);
       for (const TensorSpec& t : spec.tensors) {
         TensorSlab slab;
         slab.name = kStateNames[which] + t.name;
         slab.global_shape = t.global_shape;
         slab.local_shape = t.shape;
-        slab.data = held ? host.data() + t.offset : nullptr;
+        slab.data = held ? full.data() + t.offset : nullptr;
         if (held) {
           for (const SlabMap& m : t.slabs()) slab.pieces.push_back({m.global_offset, m.count});
         }
         reader.read(slab);
       }
-      if (!held) continue;
-      Slot& s = slot(l);
-      const bool sharded = which == 0 ? zero_ == 3 : zero_ >= 1;
-      const Buffer<float, Mem>& dst = which == 0 ? (zero_ == 3 ? s.param_shard : s.params) : which == 1 ? s.m : s.v;
-      const std::int64_t from = sharded ? owned_begin(s) : 0;
-      Kokkos::deep_copy(exec, dst.view(),
-                        Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-                            host.data() + from, static_cast<std::size_t>(dst.size())));
-      exec.fence();
+      if (held) scatter(l, which, full);
     }
   }
 }

@@ -7,6 +7,13 @@
 //            the full gradient buffer), parameters all-gathered after the update
 //   stage 2  gradients sharded too: full-size gradients exist only until reduce-scattered
 //   stage 3  parameters sharded too: gathered before a layer is used, dropped after
+// and placed in memory tiers as the deck's [memory] table says, per layer:
+//   params = host        the layer's parameters live in host memory and are copied in
+//                        for each use (ZeRO-Infinity), like a ZeRO-3 gather
+//   optimizer = host     fp32 master weights, m and v in host memory, updated there by the
+//                        same AdamW kernel on the host execution space (ZeRO-Offload)
+//   optimizer = dynamic  the same state, but every step a performance model sends some
+//                        subgroups to the device to be updated there (Deep Optimizer States)
 // A layer's flat buffer is padded to a multiple of dp; data-parallel rank r owns the
 // contiguous shard [r s, (r+1) s). The first and last pipeline stages both hold the
 // embedding layer (the LM head is tied to it) and add their gradients before updating.
@@ -14,12 +21,14 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "lamina/comm/communicator.hpp"
 #include "lamina/core/buffer.hpp"
 #include "lamina/core/deck.hpp"
 #include "lamina/io/checkpoint.hpp"
+#include "lamina/memory/dos_scheduler.hpp"
 #include "lamina/model/gpt_tensors.hpp"
 #include "lamina/model/param_layout.hpp"
 #include "lamina/parallel/buffer_pool.hpp"
@@ -32,9 +41,12 @@ class ModelState {
  public:
   using Exec = Kokkos::DefaultExecutionSpace;
   using Mem = Exec::memory_space;
+  using HostExec = Kokkos::DefaultHostExecutionSpace;
 
-  ModelState(MemoryTracker& tracker, const ModelConfig& model, const OptimizerConfig& opt, const ProcessGrid& grid,
-             const Partition& partition, int zero);
+  // dos: the Deep Optimizer States performance model (used by layers with optimizer =
+  // dynamic); device_budget: bytes the device tier may hold (0: unknown).
+  ModelState(MemoryTracker& tracker, const ModelConfig& model, const OptimizerConfig& opt, const MemoryConfig& memory,
+             const ProcessGrid& grid, const Partition& partition, int zero, const DosModel& dos);
   ModelState(const ModelState&) = delete;
   ModelState& operator=(const ModelState&) = delete;
 
@@ -48,8 +60,9 @@ class ModelState {
   // GPT-2 initial values (counter-based, identical for every layout).
   void init(std::uint64_t seed);
 
-  // Parameters of a layer: always present below ZeRO-3; at stage 3 from gather() to
-  // release(). gather() and release() count uses, so nested calls are fine.
+  // Parameters of a layer on the device: always there for device-resident layers below
+  // ZeRO-3; otherwise from gather() (all-gathered, or copied in from the host tier) to
+  // release(). Both count uses, so nested calls are fine.
   void gather(int layer);
   void release(int layer);
   float* params(int layer) const;
@@ -61,15 +74,19 @@ class ModelState {
 
   // Starts the data-parallel reduction of a layer's gradients (non-blocking).
   void reduce_grads(int layer);
-  // Waits for every reduction and adds the tied embedding's two halves (pp > 1).
+  // Waits for every reduction, adds the tied embedding's two halves (pp > 1), and starts
+  // copying gradients to the host for layers updated there.
   void finish_reductions();
   // Sum of squares of the gradients this rank is the one owner of (each element of the
   // model counted on exactly one rank); the caller sums it over the world.
   double grad_sq_norm_local() const;
-  // AdamW on the owned elements, then the all-gather that refreshes replicated copies.
+  // AdamW on the owned elements (where each layer's optimizer placement says), then the
+  // copies and all-gathers that refresh the parameters the compute reads.
   void optimizer_step(double lr, double grad_scale);
   std::int64_t optimizer_t() const { return t_; }
   void set_optimizer_t(std::int64_t t) { t_ = t; }
+  // The Deep Optimizer States placement of the last step, one line per dynamic layer.
+  std::vector<std::string> dos_schedule() const;
 
   EmbeddingTensors<Exec> embedding_params() const { return bind_embedding<Exec>(layout_, params(0)); }
   EmbeddingTensors<Exec> embedding_grads() const { return bind_embedding<Exec>(layout_, grads(0)); }
@@ -82,8 +99,8 @@ class ModelState {
   FinalNormTensors<Exec> final_params() const { return bind_final_norm<Exec>(layout_, params(layout_.final_layer())); }
   FinalNormTensors<Exec> final_grads() const { return bind_final_norm<Exec>(layout_, grads(layout_.final_layer())); }
 
-  // Whole-layer copies to and from the host (this rank's tensor-parallel shapes) for
-  // checks against references; parameters need ZeRO < 3, gradients ZeRO < 2.
+  // Whole-layer copies to and from the host (this rank's tensor-parallel shapes, layer
+  // replicated and on the device: ZeRO < 3 for parameters, < 2 for gradients).
   void set_params(int layer, const std::vector<float>& host);
   std::vector<float> params_host(int layer) const;
   std::vector<float> grads_host(int layer) const;
@@ -94,15 +111,25 @@ class ModelState {
   void read_checkpoint(CheckpointReader& reader);
 
  private:
+  using DeviceBuf = Buffer<float, Mem>;
+  using HostBuf = Buffer<float, Kokkos::HostSpace>;
   struct Slot {
     std::int64_t numel = 0, padded = 0, shard = 0;  // shard = padded / dp
-    Buffer<float, Mem> params, grads;               // full (below the ZeRO stage that shards them)
-    Buffer<float, Mem> param_shard, grad_shard;     // owned shards (ZeRO 3 / ZeRO >= 2)
-    Buffer<float, Mem> m, v;                        // AdamW moments: full at ZeRO 0, else the shard
-    float* gathered = nullptr;                      // ZeRO-3 parameters while in use
+    ParamPlacement params_at = ParamPlacement::device;
+    OptimizerPlacement optimizer_at = OptimizerPlacement::device;
+    // Parameters: the whole layer (below ZeRO-3) or the owned shard, on the device or the host.
+    DeviceBuf params;
+    HostBuf params_host;
+    // Gradients (device): full below ZeRO-2, else the owned shard plus transient full ones.
+    DeviceBuf grads, grad_shard;
+    // AdamW over the owned elements: on the device, or on the host with fp32 master weights
+    // (the host parameters themselves when they live there) and a host copy of the gradients.
+    DeviceBuf m, v;
+    HostBuf master_host, m_host, v_host, grads_host;
+    float* gathered = nullptr;  // device parameters while in use (when not resident)
     int gather_count = 0;
-    float* full_grads = nullptr;                    // ZeRO >= 2 gradients until reduced
-    bool reduced_this_step = false;
+    float* full_grads = nullptr;  // ZeRO >= 2 gradients until reduced
+    DosPlan plan;                 // optimizer = dynamic: the last step's split
   };
   struct Pending {
     int layer;
@@ -112,21 +139,34 @@ class ModelState {
   };
   Slot& slot(int layer) { return slots_.at(layer); }
   const Slot& slot(int layer) const { return slots_.at(layer); }
-  std::int64_t owned_begin(const Slot& s) const { return grid_.dp_rank() * s.shard; }
+  std::int64_t owned_begin(const Slot& s) const { return zero_ == 0 ? 0 : grid_.dp_rank() * s.shard; }
+  std::int64_t owned_end(const Slot& s) const {
+    return zero_ == 0 ? s.numel : std::min(s.numel, owned_begin(s) + s.shard);
+  }
+  bool resident(const Slot& s) const { return s.params_at == ParamPlacement::device && zero_ < 3; }
+  float* master_host(Slot& s);  // the fp32 master weights of the owned range, on the host
   void complete(Pending& p);
-  // The full (tensor-parallel local) contents of a layer's state in a pool buffer:
+  void update_on_device(int layer, Slot& s, const struct AdamWStep& step);
+  void update_on_host(int layer, Slot& s, const struct AdamWStep& step);
+  void update_dynamic(int layer, Slot& s, const struct AdamWStep& step);
+  void share_updated_params(Slot& s);
+  // The full (tensor-parallel local) contents of a layer's state, host-readable:
   // which 0 params, 1 exp_avg, 2 exp_avg_sq. Collective over the data-parallel group.
-  float* assemble(int layer, int which);
+  const float* assemble(int layer, int which, std::vector<float>& host);
+  void scatter(int layer, int which, const std::vector<float>& full);
 
   MemoryTracker& tracker_;
   ModelConfig model_;
   OptimizerConfig opt_;
+  MemoryConfig memory_;
   const ProcessGrid& grid_;
   int zero_;
+  DosModel dos_;
   ParamLayout layout_;
   std::map<int, Slot> slots_;
-  BufferPool<Mem> param_pool_, grad_pool_, staging_pool_;
+  BufferPool<Mem> param_pool_, grad_pool_, staging_pool_, dos_pool_;
   std::vector<Pending> pending_;
+  Exec transfer_;
   std::int64_t t_ = 0;
 };
 

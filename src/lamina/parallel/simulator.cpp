@@ -14,6 +14,10 @@ double compute_cost(const Chunk& c, Op op, const CostModel& cost) {
   double t = static_cast<double>(c.blocks()) * (fwd ? cost.forward_block : cost.backward_block);
   if (c.embedding) t += cost.embedding;
   if (c.head) t += fwd ? cost.head : 2.0 * cost.head;
+  if (!fwd) {
+    const auto it = cost.recomputed.find(c.index);
+    if (it != cost.recomputed.end()) t += it->second * cost.forward_block;
+  }
   return t;
 }
 

@@ -5,6 +5,7 @@
 // the timeline the formulas in the papers describe (bubble fractions), deterministic on
 // any machine. The executor keeps the same clock while it runs (messages carry the
 // sender's time), so what is predicted here is what the run reports.
+#include <map>
 #include <vector>
 
 #include "lamina/parallel/schedule.hpp"
@@ -17,6 +18,7 @@ struct CostModel {
   double embedding = 0.0;       // the embedding's forward; its backward counts the same
   double head = 0.0;            // final norm, LM head and loss; backward twice
   double p2p = 0.0;             // one activation or gradient message
+  std::map<int, int> recomputed;  // chunk -> blocks whose forward its backward repeats
 };
 
 // Compute cost of `op` (forward or backward) on chunk `c`.

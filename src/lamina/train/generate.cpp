@@ -15,7 +15,9 @@ std::vector<std::int32_t> generate_tokens(const ModelState& state, MemoryTracker
   const ModelConfig& model = state.model();
   const std::int64_t T = model.seq_len, V = model.vocab_size;
   const Dims dims = Dims::of(model, 1);
-  LayerRangeActs<Exec> acts(tracker, dims, 0, model.layers, true, true);
+  LayerRangeActs<Exec> acts(tracker, dims, 0, model.layers, true, true,
+                            std::vector<ActivationPolicy>(static_cast<std::size_t>(model.layers),
+                                                          ActivationPolicy::keep));
   WorkspaceBuffers<Exec> ws(tracker, dims);
   const ShardCombine whole;
   auto inputs = Kokkos::create_mirror_view(acts.inputs);
@@ -30,7 +32,10 @@ std::vector<std::int32_t> generate_tokens(const ModelState& state, MemoryTracker
     Kokkos::deep_copy(exec, acts.inputs, inputs);
     Kokkos::deep_copy(exec, acts.targets, 0);
     embed_forward(exec, state.embedding_params(), acts, whole);
-    for (std::int64_t b = 0; b < model.layers; ++b) block_forward(exec, state.block_params(b), acts, b, ws.ws, whole);
+    for (std::int64_t b = 0; b < model.layers; ++b) {
+      block_forward(exec, state.block_params(b), acts.block(b, acts.kept_inner(b)), acts.block_input(b), dims.NH,
+                    ws.ws, whole);
+    }
     head_forward(exec, state.embedding_params(), state.final_params(), acts, whole);
     auto row = Kokkos::subview(acts.head.logits, len - 1, Kokkos::ALL);
     auto logits = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), row);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "lamina/kernels/gemm.hpp"
+#include "lamina/optim/adamw.hpp"
 
 namespace lamina {
 
@@ -53,6 +54,49 @@ Measurement measure_triad_gbytes(std::int64_t n, int reps) {
         "lamina::stream_triad", Range<Exec>(exec, 0, n), KOKKOS_LAMBDA(std::int64_t i) { a(i) = b(i) + 3.0f * c(i); });
     exec.fence();
     if (r > 0) rates.push_back(12.0 * static_cast<double>(n) / seconds_since(t0) / 1e9);
+  }
+  return summarize(rates);
+}
+
+namespace {
+
+template <class E>
+Measurement adamw_rate(std::int64_t n, int reps) {
+  Vec<E> p("lamina::bench_p", n), g("lamina::bench_g", n), m("lamina::bench_m", n), v("lamina::bench_v", n);
+  Kokkos::deep_copy(p, 0.5f);
+  Kokkos::deep_copy(g, 0.01f);
+  const E exec;
+  std::vector<double> rates;
+  for (int r = 0; r <= reps; ++r) {
+    const AdamWStep s = AdamWStep::make(1e-4, 0.9, 0.95, 1e-8, r + 1, 1.0);
+    const auto t0 = std::chrono::steady_clock::now();
+    adamw_update(exec, p, m, v, ConstVec<E>(g), s, 0.1f);
+    exec.fence();
+    if (r > 0) rates.push_back(static_cast<double>(n) / seconds_since(t0));
+  }
+  return summarize(rates);
+}
+
+}  // namespace
+
+Measurement measure_adamw_rate(std::int64_t n, int reps, bool on_host) {
+  return on_host ? adamw_rate<Kokkos::DefaultHostExecutionSpace>(n, reps) : adamw_rate<Exec>(n, reps);
+}
+
+Measurement measure_copy_rate(std::int64_t n, int reps, bool to_device) {
+  Kokkos::View<float*, Kokkos::HostSpace> h("lamina::bench_host", n);
+  Vec<Exec> d("lamina::bench_device", n);
+  Kokkos::deep_copy(h, 1.0f);
+  std::vector<double> rates;
+  for (int r = 0; r <= reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (to_device) {
+      Kokkos::deep_copy(d, h);
+    } else {
+      Kokkos::deep_copy(h, d);
+    }
+    Kokkos::fence();
+    if (r > 0) rates.push_back(4.0 * static_cast<double>(n) / seconds_since(t0));
   }
   return summarize(rates);
 }

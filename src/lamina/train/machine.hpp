@@ -15,4 +15,10 @@ Measurement measure_gemm_gflops(std::int64_t n, int reps);
 // STREAM triad a = b + s c on float arrays of n elements, in GB/s (12 bytes per element).
 Measurement measure_triad_gbytes(std::int64_t n, int reps);
 
+// AdamW on n parameters in the default execution space (device) or the default host
+// execution space (host), in parameters per second.
+Measurement measure_adamw_rate(std::int64_t n, int reps, bool on_host);
+// Copies of n floats from host to device memory (to_device) or back, in bytes per second.
+Measurement measure_copy_rate(std::int64_t n, int reps, bool to_device);
+
 }  // namespace lamina

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "lamina/core/buffer.hpp"
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/core/memory_tracker.hpp"
@@ -26,7 +27,9 @@ namespace {
 
 // What one rank of pipeline stage `stage` allocates, mirroring ModelState, Executor and
 // the buffers they size from the schedule.
-std::map<std::string, std::int64_t> stage_bytes(const Deck& deck, const Schedule& schedule, int stage) {
+using Bytes = std::map<std::string, std::map<std::string, std::int64_t>>;  // space -> category -> bytes
+
+Bytes stage_bytes(const Deck& deck, const Schedule& schedule, int stage) {
   const ModelConfig& m = deck.model;
   const int dp = static_cast<int>(deck.parallel.dp), tp = static_cast<int>(deck.parallel.tp);
   const int zero = static_cast<int>(deck.parallel.zero);
@@ -70,42 +73,57 @@ std::map<std::string, std::int64_t> stage_bytes(const Deck& deck, const Schedule
 
   const Dims d = Dims::of(m, deck.data.micro_batch_size, tp, 0);
   const ActivationSizes a = activation_sizes(d);
-  std::int64_t acts = 0;
+  std::int64_t acts = 0, host_acts = 0;
+  bool recompute = false, offload = false;
   for (int c : part.chunks_of(stage)) {
     const Chunk& k = part.chunk(c);
-    acts += schedule.max_in_flight(c) *
-            (LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(a, k.blocks(), k.embedding, k.head) + a.tokens);
+    std::int64_t kept = 0, offloaded = 0;
+    for (std::int64_t b = k.first_block; b < k.last_block; ++b) {
+      const ActivationPolicy p = deck.memory.activations[static_cast<std::size_t>(b)];
+      kept += p == ActivationPolicy::keep;
+      offloaded += p == ActivationPolicy::offload;
+      recompute = recompute || p == ActivationPolicy::recompute;
+      offload = offload || p == ActivationPolicy::offload;
+    }
+    const std::int64_t slots = schedule.max_in_flight(c);
+    acts += slots * (LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(a, k.blocks(), kept, k.embedding, k.head) +
+                     a.tokens);
+    host_acts += slots * offloaded * a.inner;
   }
+  if (recompute) acts += a.inner;      // the scratch a recomputed block runs in
+  if (offload) acts += 2 * a.inner;    // staging for offloaded blocks, double-buffered
   std::int64_t ws = a.workspace + a.ones;
   if (deck.output.sample_tokens > 0) {  // a one-sequence replica for the text sample at the end
     const ActivationSizes s = activation_sizes(Dims::of(m, 1));
-    acts += LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(s, m.layers, true, true) + s.tokens;
+    acts += LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(s, m.layers, m.layers, true, true) + s.tokens;
     ws += s.workspace + s.ones;
   }
-  std::map<std::string, std::int64_t> out;
-  out[mem_category_name(MemCategory::parameters)] = 4 * params;
-  out[mem_category_name(MemCategory::gradients)] = 4 * grads;
-  out[mem_category_name(MemCategory::optimizer_state)] = 4 * moments;
-  out[mem_category_name(MemCategory::activations)] = 4 * acts;
-  out[mem_category_name(MemCategory::workspace)] = 4 * ws;
-  if (comm > 0) out[mem_category_name(MemCategory::communication)] = 4 * comm;
+  Bytes out;
+  auto& dev = out[tier_label(MemTier::device)];
+  dev[mem_category_name(MemCategory::parameters)] = 4 * params;
+  dev[mem_category_name(MemCategory::gradients)] = 4 * grads;
+  dev[mem_category_name(MemCategory::optimizer_state)] = 4 * moments;
+  dev[mem_category_name(MemCategory::activations)] = 4 * acts;
+  dev[mem_category_name(MemCategory::workspace)] = 4 * ws;
+  if (comm > 0) dev[mem_category_name(MemCategory::communication)] = 4 * comm;
+  if (host_acts > 0) out[tier_label(MemTier::host)][mem_category_name(MemCategory::activations)] = 4 * host_acts;
   return out;
 }
 
 }  // namespace
 
 MemoryEstimate estimate_memory(const Deck& deck) {
-  const std::string space = Kokkos::DefaultExecutionSpace::memory_space::name();
   const Schedule schedule = Schedule::build(deck.model.layers, schedule_options(deck));
   MemoryEstimate e;
   std::int64_t worst = -1;
   for (int s = 0; s < schedule.stages(); ++s) {
-    auto b = stage_bytes(deck, schedule, s);
+    Bytes b = stage_bytes(deck, schedule, s);
     std::int64_t total = 0;
-    for (const auto& kv : b) total += kv.second;
+    for (const auto& [space, cats] : b)
+      for (const auto& kv : cats) total += kv.second;
     if (total > worst) {
       worst = total;
-      e.bytes[space] = b;
+      e.bytes = b;
       e.stage = s;
     }
   }
@@ -113,8 +131,8 @@ MemoryEstimate estimate_memory(const Deck& deck) {
 }
 
 void check_memory_budget(const Deck& deck, const MemoryEstimate& estimate) {
-  const std::string device = Kokkos::DefaultExecutionSpace::memory_space::name();
-  const std::string host = Kokkos::HostSpace::name();
+  const std::string device = tier_label(MemTier::device);
+  const std::string host = tier_label(MemTier::host);
   auto check = [&](const std::string& space, std::int64_t budget, const char* key) {
     if (budget <= 0 || estimate.bytes.count(space) == 0) return;
     const std::int64_t need = estimate.total(space);

@@ -4,6 +4,9 @@
 
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
+#include "lamina/train/machine.hpp"
+
+#include <algorithm>
 
 namespace lamina {
 
@@ -34,14 +37,38 @@ CostModel cost_model(const ParallelConfig& p) {
 
 }  // namespace
 
+DosModel dos_model(const MemoryConfig& m) {
+  DosModel d;
+  d.host_rate = m.dos_host_rate;
+  d.device_rate = m.dos_device_rate;
+  d.h2d = m.dos_h2d;
+  d.d2h = m.dos_d2h;
+  const bool dynamic = std::any_of(m.optimizer.begin(), m.optimizer.end(),
+                                   [](OptimizerPlacement p) { return p == OptimizerPlacement::dynamic; });
+  if (!dynamic) return d;
+  // Inputs the deck leaves at 0 are measured now, on arrays of 4M parameters.
+  constexpr std::int64_t n = 1 << 22;
+  if (d.host_rate <= 0) d.host_rate = measure_adamw_rate(n, 5, true).median;
+  if (d.device_rate <= 0) d.device_rate = measure_adamw_rate(n, 5, false).median;
+  if (d.h2d <= 0) d.h2d = measure_copy_rate(n, 5, true).median;
+  if (d.d2h <= 0) d.d2h = measure_copy_rate(n, 5, false).median;
+  return d;
+}
+
 Runtime::Runtime(MemoryTracker& tracker, const Deck& deck, MPI_Comm world)
     : grid_(world, static_cast<int>(deck.parallel.dp), static_cast<int>(deck.parallel.tp),
             static_cast<int>(deck.parallel.pp)),
       schedule_(Schedule::build(deck.model.layers, schedule_options(deck))),
       dims_(Dims::of(deck.model, deck.data.micro_batch_size, grid_.tp_size(), grid_.tp_rank())) {
-  state_ = std::make_unique<ModelState>(tracker, deck.model, deck.optimizer, grid_, schedule_.partition(),
-                                        static_cast<int>(deck.parallel.zero));
-  executor_ = std::make_unique<Executor>(tracker, *state_, grid_, schedule_, dims_, cost_model(deck.parallel));
+  state_ = std::make_unique<ModelState>(tracker, deck.model, deck.optimizer, deck.memory, grid_, schedule_.partition(),
+                                        static_cast<int>(deck.parallel.zero), dos_model(deck.memory));
+  CostModel cost = cost_model(deck.parallel);
+  for (const Chunk& c : schedule_.partition().chunks()) {
+    for (std::int64_t b = c.first_block; b < c.last_block; ++b) {
+      if (deck.memory.activations[static_cast<std::size_t>(b)] == ActivationPolicy::recompute) ++cost.recomputed[c.index];
+    }
+  }
+  executor_ = std::make_unique<Executor>(tracker, *state_, grid_, schedule_, dims_, cost, deck.memory.activations);
 }
 
 Runtime::StepResult Runtime::forward_backward(const MicroBatchLoader& load, std::int64_t positions) {

@@ -36,6 +36,7 @@ Deck reference_deck(const ReferenceFile& ref) {
   d.optimizer.weight_decay = ref.weight_decay;
   d.optimizer.decay_biases_and_norms = true;  // torch.optim.AdamW with one parameter group
   d.optimizer.grad_clip = 0.0;
+  d.memory.defaults(ref.model.layers);
   return d;
 }
 
