@@ -42,6 +42,22 @@ std::string build_info() {
                            comm.c_str(), LAMINA_BUILD_INFO);
 }
 
+// `lamina bench dos` without a deck: the model of inputs/bench-torch.toml.
+const char* kDosDeck = R"([model]
+layers = 6
+d_model = 384
+heads = 6
+seq_len = 256
+vocab_size = 8192
+[data]
+format = "synthetic"
+batch_size = 4
+[train]
+steps = 10
+[optimizer]
+subgroup_size = 1048576
+)";
+
 // Thread-pool settings that are known to halve throughput, said once at start-up.
 void warn_about_environment(const lamina::Log& log) {
 #if defined(KOKKOS_ENABLE_OPENMP)
@@ -120,6 +136,16 @@ int main(int argc, char** argv) {
   bench_adam->add_option("--params", o.params, "parameters to update (default 16777216)")->check(CLI::PositiveNumber);
   bench_adam->add_option("--reps", o.reps, "timed repetitions (default 20)")->check(CLI::PositiveNumber);
   auto* bench_machine = bench->add_subcommand("machine", "GEMM rate and memory bandwidth of this machine");
+  auto* bench_memory = bench->add_subcommand("memory", "predicted against measured peak memory per space and category");
+  bench_memory->add_option("deck", o.deck, "input deck (TOML)")->required();
+  bench_memory->add_option("--set", o.sets, "override a deck key (repeatable)");
+  bench_memory->add_option("--steps", o.steps, "training steps measured (default 10)")->check(CLI::PositiveNumber);
+  auto* bench_dos = bench->add_subcommand(
+      "dos", "Deep Optimizer States: the performance model's inputs, then steps with the optimizer on the device, "
+             "the host and dynamic");
+  bench_dos->add_option("deck", o.deck, "input deck (TOML; default: the bench-torch model, 6 x 384)");
+  bench_dos->add_option("--set", o.sets, "override a deck key (repeatable)");
+  bench_dos->add_option("--steps", o.steps, "timed steps per placement (default 10)")->check(CLI::PositiveNumber);
 
   try {
     app.parse(static_cast<int>(app_args.size()), app_args.data());
@@ -159,6 +185,14 @@ int main(int argc, char** argv) {
       if (rank == 0) std::printf("%s\n", j.str().c_str());
     } else if (bench_machine->parsed()) {
       const auto j = lamina::bench_machine(log);
+      if (rank == 0) std::printf("%s\n", j.str().c_str());
+    } else if (bench_memory->parsed()) {
+      const auto j = lamina::bench_memory(lamina::load_deck(o.deck, o.sets), o.steps, log);
+      if (rank == 0) std::printf("%s\n", j.str().c_str());
+    } else if (bench_dos->parsed()) {
+      const lamina::Deck deck =
+          o.deck.empty() ? lamina::parse_deck(kDosDeck, "<bench dos default>", o.sets) : lamina::load_deck(o.deck, o.sets);
+      const auto j = lamina::bench_dos(deck, o.steps, log);
       if (rank == 0) std::printf("%s\n", j.str().c_str());
     }
   } catch (const lamina::Error& e) {

@@ -28,7 +28,7 @@ double dos_predicted_seconds(const std::vector<std::int64_t>& sizes, const std::
       device += kStateBytes * s / (m.contention * m.h2d) + s / m.device_rate + kStateBytes * s / (m.contention * m.d2h);
     }
   }
-  return std::max(host, device);
+  return m.concurrent ? std::max(host, device) : host + device;
 }
 
 DosPlan plan_dos(const std::vector<std::int64_t>& sizes, const DosModel& m, std::int64_t device_free, DosSplit split) {
@@ -42,6 +42,7 @@ DosPlan plan_dos(const std::vector<std::int64_t>& sizes, const DosModel& m, std:
       for (std::size_t x = 1; x < n; x += 2) p.site[x] = UpdateSite::device;
       break;
     case DosSplit::model:
+      if (!m.concurrent) break;  // a device subgroup would only add its transfers
       p.stride = dos_stride(m);
       for (std::size_t x = 0; x < n; ++x)
         if ((x + 1) % static_cast<std::size_t>(p.stride) == 0) p.site[x] = UpdateSite::device;

@@ -29,6 +29,9 @@ struct DosModel {
   double h2d = 0.0;          // bytes per second
   double d2h = 0.0;
   double contention = 1.0;   // gamma <= 1: link slowdown while the host update loads memory
+  // Whether device work runs beside the host's (a GPU); on a host-only build the "device"
+  // is the same cores, so the two sides add up and the model keeps every subgroup home.
+  bool concurrent = true;
 };
 
 enum class UpdateSite { host, device };
@@ -47,7 +50,8 @@ struct DosPlan {
 int dos_stride(const DosModel& m);
 
 // Predicted update-phase time of a placement: host updates run beside the device chain
-// (transfers in, update, transfers out), so the phase takes the longer of the two.
+// (transfers in, update, transfers out), so the phase takes the longer of the two (their
+// sum when nothing runs concurrently).
 double dos_predicted_seconds(const std::vector<std::int64_t>& sizes, const std::vector<UpdateSite>& site,
                              const DosModel& m);
 

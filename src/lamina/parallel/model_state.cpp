@@ -97,6 +97,9 @@ ModelState::ModelState(MemoryTracker& tracker, const ModelConfig& model, const O
         s.master_host = HostBuf(tracker, MemCategory::optimizer_state, "lamina::master_" + n, owned, h);
       }
     }
+    if (s.optimizer_at == OptimizerPlacement::dynamic) {
+      dos_stage_size_ = std::max(dos_stage_size_, std::min(opt_.subgroup_size, owned_end(s) - owned_begin(s)));
+    }
     slots_.emplace(l, std::move(s));
   }
 }
@@ -318,9 +321,9 @@ void ModelState::update_dynamic(int layer, Slot& s, const AdamWStep& step) {
   transfer_.fence();  // host gradients have arrived
   // Device subgroups first: their copies and kernels are queued on the device and run
   // while the host updates the others (on a host-only build they simply run in turn).
-  std::int64_t largest = 0;
-  for (std::size_t x = 0; x < groups.size(); ++x)
-    if (s.plan.site[x] == UpdateSite::device) largest = std::max(largest, sizes[x]);
+  // One staging size for every layer, so that the pool keeps just one set.
+  const bool any = std::any_of(s.plan.site.begin(), s.plan.site.end(), [](UpdateSite u) { return u == UpdateSite::device; });
+  const std::int64_t largest = any ? dos_stage_size_ : 0;
   float* stage[3] = {nullptr, nullptr, nullptr};
   if (largest > 0)
     for (auto& b : stage) b = dos_pool_.acquire(largest);
@@ -438,26 +441,27 @@ const float* ModelState::assemble(int layer, int which, std::vector<float>& out)
                       : which == 1 ? (on_device ? s.m.data() : s.m_host.data())
                                    : (on_device ? s.v.data() : s.v_host.data());
   const std::int64_t n = sharded ? s.shard : s.padded;
-  if (!sharded && !on_device) {
-    std::copy(part, part + n, out.begin());
+  if (!sharded) {  // whole already: straight to the host
+    if (on_device) {
+      Kokkos::deep_copy(host(out.data(), n), dev(const_cast<float*>(part), n));
+    } else {
+      std::copy(part, part + n, out.begin());
+    }
     return out.data();
   }
-  float* d = staging_pool_.acquire(s.padded);
+  // A shard: all-gathered over the data-parallel group on the device.
+  float* mine = staging_pool_.acquire(s.shard);
+  float* all = staging_pool_.acquire(s.padded);
   if (on_device) {
-    Kokkos::deep_copy(exec, dev(d, n), dev(const_cast<float*>(part), n));
+    Kokkos::deep_copy(exec, dev(mine, n), dev(const_cast<float*>(part), n));
   } else {
-    Kokkos::deep_copy(exec, dev(d, n), host(const_cast<float*>(part), n));
+    Kokkos::deep_copy(exec, dev(mine, n), host(const_cast<float*>(part), n));
   }
   exec.fence();
-  if (sharded) {
-    float* full = staging_pool_.acquire(s.padded);
-    grid_.dp().all_gather(d, full, s.shard);
-    Kokkos::deep_copy(host(out.data(), s.padded), dev(full, s.padded));
-    staging_pool_.release(full, s.padded);
-  } else {
-    Kokkos::deep_copy(host(out.data(), s.padded), dev(d, s.padded));
-  }
-  staging_pool_.release(d, s.padded);
+  grid_.dp().all_gather(mine, all, s.shard);
+  Kokkos::deep_copy(host(out.data(), s.padded), dev(all, s.padded));
+  staging_pool_.release(all, s.padded);
+  staging_pool_.release(mine, s.shard);
   return out.data();
 }
 

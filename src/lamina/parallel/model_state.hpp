@@ -167,6 +167,7 @@ class ModelState {
   BufferPool<Mem> param_pool_, grad_pool_, staging_pool_, dos_pool_;
   std::vector<Pending> pending_;
   Exec transfer_;
+  std::int64_t dos_stage_size_ = 0;  // floats of each Deep Optimizer States staging buffer
   std::int64_t t_ = 0;
 };
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
+#include <set>
 #include <vector>
 
 #include "lamina/core/format.hpp"
@@ -10,6 +12,8 @@
 #include "lamina/model/flops.hpp"
 #include "lamina/optim/adamw.hpp"
 #include "lamina/optim/grad_norm.hpp"
+#include "lamina/memory/dos_scheduler.hpp"
+#include "lamina/train/memory_estimate.hpp"
 #include "lamina/train/runtime.hpp"
 #include "lamina/train/machine.hpp"
 
@@ -30,25 +34,22 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-JsonObject bench_step(const Deck& deck, int steps, int warmup, const Log& log) {
+namespace {
+
+struct StepTimes {
+  std::vector<double> step_ms, fb_ms, opt_ms;
+};
+
+// Steps [0, warmup + steps) of the deck on synthetic tokens; times of the last `steps`.
+StepTimes run_synthetic(Runtime& rt, const Deck& deck, int steps, int warmup) {
   const ModelConfig& m = deck.model;
   const std::int64_t micro = deck.data.micro_batch_size;
   const std::int64_t positions = deck.data.batch_size * m.seq_len;
-  MemoryTracker tracker;
-  Runtime rt(tracker, deck, MPI_COMM_WORLD);
-  rt.state().init(deck.train.seed);
   const SyntheticTokenDataset data(m.vocab_size, deck.train.seed);
   std::vector<std::int32_t> window(static_cast<std::size_t>(m.seq_len + 1));
-  const double flops = training_flops_per_token(m) * static_cast<double>(positions);
-  const int world = rt.grid().world_size();
-  log.info(strprintf("bench step: %s, %lld parameters, batch %lld x %lld (micro-batch %lld), %.2f GFLOP per step, "
-                     "%d rank(s), schedule %s",
-                     deck.source.c_str(), static_cast<long long>(ParamLayout::gpt2(m).total_numel()),
-                     static_cast<long long>(deck.data.batch_size), static_cast<long long>(m.seq_len),
-                     static_cast<long long>(micro), flops / 1e9, world, rt.schedule().name().c_str()));
-  std::vector<double> step_ms, fb_ms, opt_ms;
-  const Exec exec;
   const std::int64_t per_rank = deck.data.batch_size / deck.parallel.dp;
+  const Exec exec;
+  StepTimes t;
   for (int s = 0; s < warmup + steps; ++s) {
     const std::int64_t first = s * deck.data.batch_size + rt.grid().dp_rank() * per_rank;
     const MicroBatchLoader load = [&](int mb, std::int32_t* inputs, std::int32_t* targets) {
@@ -69,18 +70,38 @@ JsonObject bench_step(const Deck& deck, int steps, int warmup, const Log& log) {
     rt.grid().world().barrier();
     const double total = ms_since(t0);
     if (s >= warmup) {
-      step_ms.push_back(total);
-      fb_ms.push_back(fb);
-      opt_ms.push_back(o);
+      t.step_ms.push_back(total);
+      t.fb_ms.push_back(fb);
+      t.opt_ms.push_back(o);
     }
   }
+  return t;
+}
+
+}  // namespace
+
+JsonObject bench_step(const Deck& deck, int steps, int warmup, const Log& log) {
+  const ModelConfig& m = deck.model;
+  const std::int64_t positions = deck.data.batch_size * m.seq_len;
+  MemoryTracker tracker;
+  Runtime rt(tracker, deck, MPI_COMM_WORLD);
+  rt.state().init(deck.train.seed);
+  const double flops = training_flops_per_token(m) * static_cast<double>(positions);
+  const int world = rt.grid().world_size();
+  log.info(strprintf("bench step: %s, %lld parameters, batch %lld x %lld (micro-batch %lld), %.2f GFLOP per step, "
+                     "%d rank(s), schedule %s",
+                     deck.source.c_str(), static_cast<long long>(ParamLayout::gpt2(m).total_numel()),
+                     static_cast<long long>(deck.data.batch_size), static_cast<long long>(m.seq_len),
+                     static_cast<long long>(deck.data.micro_batch_size), flops / 1e9, world,
+                     rt.schedule().name().c_str()));
+  const StepTimes t = run_synthetic(rt, deck, steps, warmup);
   const Measurement gemm = measure_gemm_gflops(2048, 5);
-  const double med = median(step_ms);
+  const double med = median(t.step_ms);
   const double tflops = flops / (med / 1e3) / 1e12;
   const double per_rank_gflops = tflops * 1e3 / world;
   log.info(strprintf("step %.1f ms median (min %.1f, max %.1f): forward+backward %.1f, optimizer %.1f", med,
-                     *std::min_element(step_ms.begin(), step_ms.end()),
-                     *std::max_element(step_ms.begin(), step_ms.end()), median(fb_ms), median(opt_ms)));
+                     *std::min_element(t.step_ms.begin(), t.step_ms.end()),
+                     *std::max_element(t.step_ms.begin(), t.step_ms.end()), median(t.fb_ms), median(t.opt_ms)));
   log.info(strprintf("%.0f tokens/s, %.1f GFLOP/s per rank = %.1f%% of the %.1f GFLOP/s float GEMM rate measured now",
                      positions / (med / 1e3), per_rank_gflops, 100.0 * per_rank_gflops / gemm.best, gemm.best));
   JsonObject j;
@@ -91,12 +112,140 @@ JsonObject bench_step(const Deck& deck, int steps, int warmup, const Log& log) {
       .add("flops_per_step", flops)
       .add("steps", steps)
       .add("step_ms_median", med)
-      .add("forward_backward_ms_median", median(fb_ms))
-      .add("optimizer_ms_median", median(opt_ms))
+      .add("forward_backward_ms_median", median(t.fb_ms))
+      .add("optimizer_ms_median", median(t.opt_ms))
       .add("tokens_per_s", positions / (med / 1e3))
       .add("tflops", tflops)
       .add("gemm_gflops", gemm.best)
       .add("gemm_fraction", per_rank_gflops / gemm.best);
+  return j;
+}
+
+JsonObject bench_memory(Deck deck, int steps, const Log& log) {
+  deck.data.format = DataFormat::synthetic;
+  deck.checkpoint.every = 0;
+  deck.checkpoint.save_final = false;
+  deck.output.sample_tokens = 0;
+  MemoryTracker tracker;
+  std::map<std::string, std::map<std::string, std::int64_t>> measured;
+  int stage = 0;
+  {
+    Runtime rt(tracker, deck, MPI_COMM_WORLD);
+    stage = rt.grid().pp_rank();
+    rt.state().init(deck.train.seed);
+    run_synthetic(rt, deck, steps, 0);
+    measured = tracker.peak_by_category();
+  }
+  const MemoryEstimate predicted = estimate_memory(deck, stage);
+  const auto peaks = tracker.peak_by_space();
+  JsonObject pred, meas, pred_cat, meas_cat;
+  double worst = 0.0;
+  std::set<std::string> spaces;
+  for (const auto& kv : predicted.bytes) spaces.insert(kv.first);
+  for (const auto& kv : peaks) spaces.insert(kv.first);
+  for (const auto& space : spaces) {
+    const std::int64_t p = predicted.total(space);
+    const auto it = peaks.find(space);
+    const std::int64_t q = it == peaks.end() ? 0 : it->second;
+    const double err = q > 0 ? std::fabs(static_cast<double>(p - q)) / static_cast<double>(q) : (p > 0 ? 1.0 : 0.0);
+    worst = std::max(worst, err);
+    pred.add(space, p);
+    meas.add(space, q);
+    log.info(strprintf("%s: predicted %s, measured %s (%+.2f%%)", space.c_str(), human_bytes(static_cast<double>(p)).c_str(),
+                       human_bytes(static_cast<double>(q)).c_str(), q > 0 ? 100.0 * (p - q) / q : 0.0));
+    std::set<std::string> cats;
+    if (predicted.bytes.count(space))
+      for (const auto& kv : predicted.bytes.at(space)) cats.insert(kv.first);
+    if (measured.count(space))
+      for (const auto& kv : measured.at(space)) cats.insert(kv.first);
+    std::map<std::string, std::int64_t> pc, mc;
+    for (const auto& c : cats) {
+      const std::int64_t a = predicted.bytes.count(space) && predicted.bytes.at(space).count(c) ? predicted.bytes.at(space).at(c) : 0;
+      const std::int64_t b = measured.count(space) && measured.at(space).count(c) ? measured.at(space).at(c) : 0;
+      pc[c] = a;
+      mc[c] = b;
+      log.info(strprintf("  %-16s predicted %12s, measured %12s", c.c_str(), human_bytes(static_cast<double>(a)).c_str(),
+                         human_bytes(static_cast<double>(b)).c_str()));
+    }
+    pred_cat.add(space, pc);
+    meas_cat.add(space, mc);
+  }
+  double world_worst = worst;
+  MPI_Allreduce(MPI_IN_PLACE, &world_worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  JsonObject j;
+  j.add("bench", "memory")
+      .add("deck", deck.source)
+      .add("stage", stage)
+      .add("predicted_bytes", pred)
+      .add("measured_bytes", meas)
+      .add("predicted_by_category", pred_cat)
+      .add("measured_by_category", meas_cat)
+      .add("max_relative_error", world_worst);
+  return j;
+}
+
+JsonObject bench_dos(Deck deck, int steps, const Log& log) {
+  constexpr std::int64_t n = 1 << 23;
+  const Measurement uh = measure_adamw_rate(n, 10, true), ud = measure_adamw_rate(n, 10, false);
+  const Measurement h2d = measure_copy_rate(n, 10, true), d2h = measure_copy_rate(n, 10, false);
+  DosModel model;
+  model.host_rate = uh.median;
+  model.device_rate = ud.median;
+  model.h2d = h2d.median;
+  model.d2h = d2h.median;
+  model.concurrent = !Kokkos::SpaceAccessibility<Kokkos::HostSpace, Kokkos::DefaultExecutionSpace::memory_space>::accessible;
+  log.info(strprintf("bench dos: host AdamW %.3g params/s (%s), device AdamW %.3g params/s (%s), host->device %.3g B/s, "
+                     "device->host %.3g B/s; stride k* = %d%s",
+                     model.host_rate, Kokkos::DefaultHostExecutionSpace::name(), model.device_rate, Exec::name(),
+                     model.h2d, model.d2h, dos_stride(model),
+                     model.concurrent ? "" : " (host and device are the same cores here: nothing overlaps)"));
+  deck.data.format = DataFormat::synthetic;
+  deck.memory.dos_host_rate = model.host_rate;
+  deck.memory.dos_device_rate = model.device_rate;
+  deck.memory.dos_h2d = model.h2d;
+  deck.memory.dos_d2h = model.d2h;
+  JsonObject j;
+  j.add("bench", "dos")
+      .add("deck", deck.source)
+      .add("host_update_params_per_s", model.host_rate)
+      .add("device_update_params_per_s", model.device_rate)
+      .add("h2d_bytes_per_s", model.h2d)
+      .add("d2h_bytes_per_s", model.d2h)
+      .add("stride", dos_stride(model));
+  const std::int64_t params = ParamLayout::gpt2(deck.model).total_numel();
+  const std::pair<const char*, OptimizerPlacement> modes[] = {
+      {"device", OptimizerPlacement::device}, {"host", OptimizerPlacement::host}, {"dynamic", OptimizerPlacement::dynamic}};
+  for (const auto& [name, placement] : modes) {
+    Deck d = deck;
+    std::fill(d.memory.optimizer.begin(), d.memory.optimizer.end(), placement);
+    MemoryTracker tracker;
+    Runtime rt(tracker, d, MPI_COMM_WORLD);
+    rt.state().init(d.train.seed);
+    const StepTimes t = run_synthetic(rt, d, steps, 1);
+    // The model's update phase: device, host (plus the copy of the parameters back), or the split.
+    double predicted = 0.0;
+    if (placement == OptimizerPlacement::device) {
+      predicted = static_cast<double>(params) / model.device_rate;
+    } else if (placement == OptimizerPlacement::host) {
+      predicted = static_cast<double>(params) / model.host_rate + 4.0 * static_cast<double>(params) / model.h2d;
+    } else {
+      for (const auto& line : rt.state().dos_schedule()) log.debug("dos " + line);
+      const auto groups = rt.state().layout().subgroups(d.optimizer.subgroup_size);
+      std::vector<std::int64_t> sizes;
+      for (const auto& g : groups) sizes.push_back(g.end - g.begin);
+      const DosPlan plan = plan_dos(sizes, model, -1, d.memory.dos_split);
+      double host_params = 0.0;
+      for (std::size_t x = 0; x < sizes.size(); ++x)
+        if (plan.site[x] == UpdateSite::host) host_params += static_cast<double>(sizes[x]);
+      predicted = plan.predicted_seconds + 4.0 * host_params / model.h2d;
+    }
+    const double measured = median(t.opt_ms) / 1e3;
+    log.info(strprintf("optimizer %-7s: step %.1f ms, update phase %.2f ms measured, %.2f ms predicted", name,
+                       median(t.step_ms), measured * 1e3, predicted * 1e3));
+    j.add(std::string("step_ms_") + name, median(t.step_ms));
+    j.add(std::string("update_ms_") + name, measured * 1e3);
+    j.add(std::string("update_ms_") + name + "_predicted", predicted * 1e3);
+  }
   return j;
 }
 

@@ -45,31 +45,58 @@ Bytes stage_bytes(const Deck& deck, const Schedule& schedule, int stage) {
   std::set<int> held;
   for (int c : part.chunks_of(stage))
     for (int l : layers_of(part.chunk(c))) held.insert(l);
-  auto shard = [&](int l) { return (layout.layers()[static_cast<std::size_t>(l)].numel + dp - 1) / dp; };
-  std::int64_t params = 0, grads = 0, moments = 0, comm = 0;
+  const bool checkpoints = deck.checkpoint.every > 0 || deck.checkpoint.save_final;
+  // Floats per tier and category, mirroring ModelState's buffers layer by layer.
+  std::int64_t params = 0, grads = 0, moments = 0, host_params = 0, host_grads = 0, host_moments = 0;
+  // Pools keep one list per buffer size: their peak is, per size, the most held at once.
+  std::set<std::int64_t> gathered, full_grads, shard_staging, full_staging;
+  std::int64_t dos_size = 0;
+  bool dos_used = false;
   for (int l : held) {
-    const std::int64_t s = shard(l), padded = s * dp;
-    params += zero < 3 ? padded : s;
-    grads += zero < 2 ? padded : s;
-    moments += 2 * (zero == 0 ? padded : s);
+    const std::int64_t numel = layout.layers()[static_cast<std::size_t>(l)].numel;
+    const std::int64_t shard = (numel + dp - 1) / dp, padded = shard * dp;
+    const std::int64_t stored = zero < 3 ? padded : shard, owned = zero == 0 ? padded : shard;
+    const ParamPlacement pa = MemoryConfig::of_layer(deck.memory.params, l);
+    const OptimizerPlacement op = MemoryConfig::of_layer(deck.memory.optimizer, l);
+    (pa == ParamPlacement::device ? params : host_params) += stored;
+    // Parameters that are not resident on the device are gathered or copied in per use.
+    if (pa == ParamPlacement::host || zero == 3) gathered.insert(padded);
+    if (pa == ParamPlacement::host && zero == 3) shard_staging.insert(shard);
+    grads += zero < 2 ? padded : shard;
+    if (zero >= 2) full_grads.insert(padded);  // until its reduce-scatter completes: two at a time
+    if (zero >= 1) shard_staging.insert(shard);  // reduce-scatter outputs, all-gather inputs
+    if ((zero == 1 || zero == 2) && pa == ParamPlacement::host) full_staging.insert(padded);
+    if (checkpoints && (zero >= 1 || (pa == ParamPlacement::host && zero == 3))) {
+      shard_staging.insert(shard);  // checkpoints gather sharded state on the device
+      full_staging.insert(padded);
+    }
+    if (op == OptimizerPlacement::device) {
+      moments += 2 * owned;
+    } else {
+      host_moments += 2 * owned + (pa == ParamPlacement::device ? owned : 0);  // m, v, fp32 master
+      host_grads += owned;
+      if (op == OptimizerPlacement::dynamic) {
+        // Master, m and v of the largest subgroup updated on the device: none when the split
+        // keeps everything home (forced, or the model on a build whose device is the host),
+        // else the largest the split can pick (the model's depends on rates measured at run time).
+        const bool host_only =
+            Kokkos::SpaceAccessibility<Kokkos::HostSpace, Kokkos::DefaultExecutionSpace::memory_space>::accessible;
+        const DosSplit split = deck.memory.dos_split;
+        const bool none = split == DosSplit::all_host || (split == DosSplit::model && host_only);
+        const std::int64_t sg = deck.optimizer.subgroup_size;
+        const std::int64_t len = zero == 0 ? numel : std::min(numel, shard);  // rank 0's owned elements
+        dos_size = std::max(dos_size, std::min(sg, len));
+        // Whether any subgroup can go to the device (the model's split depends on rates).
+        dos_used = dos_used || (!none && (split != DosSplit::alternate || len > sg));
+      }
+    }
   }
-  // Buffers that live part of a step come from pools that keep one list per buffer size:
-  // the peak is, per size, the most buffers of that size held at once.
-  std::map<std::int64_t, int> sizes;  // padded layer size -> layers of it on this stage
-  for (int l : held) ++sizes[shard(l) * dp];
-  std::int64_t one_of_each = 0, comm_sizes = 0;
-  for (const auto& kv : sizes) {
-    one_of_each += kv.first;
-    comm_sizes += kv.first / dp;
-  }
-  // ZeRO-3 gathers a layer just before it runs (the head: embedding and final norm
-  // together), or holds a breadth-first chunk: one buffer of each layer size.
-  if (zero == 3) params += one_of_each;
-  // ZeRO-2/3 accumulate a layer's full gradients from its backward until its
-  // reduce-scatter completes, one in flight: two of each size.
-  if (zero >= 2) grads += 2 * one_of_each;
-  // Reduce-scatter outputs and the shards the all-gathers send: one of each shard size.
-  if (zero >= 1) comm += comm_sizes;
+  for (const auto n : gathered) params += n;
+  for (const auto n : full_grads) grads += 2 * n;
+  if (dos_used) moments += 3 * dos_size;  // master, m and v of one subgroup, one size for all layers
+  std::int64_t comm = 0;
+  for (const auto n : shard_staging) comm += n;
+  for (const auto n : full_staging) comm += n;
 
   const Dims d = Dims::of(m, deck.data.micro_batch_size, tp, 0);
   const ActivationSizes a = activation_sizes(d);
@@ -106,7 +133,14 @@ Bytes stage_bytes(const Deck& deck, const Schedule& schedule, int stage) {
   dev[mem_category_name(MemCategory::activations)] = 4 * acts;
   dev[mem_category_name(MemCategory::workspace)] = 4 * ws;
   if (comm > 0) dev[mem_category_name(MemCategory::communication)] = 4 * comm;
-  if (host_acts > 0) out[tier_label(MemTier::host)][mem_category_name(MemCategory::activations)] = 4 * host_acts;
+  auto put_host = [&](MemCategory c, std::int64_t n) {
+    if (n > 0) out[tier_label(MemTier::host)][mem_category_name(c)] = 4 * n;
+  };
+  put_host(MemCategory::activations, host_acts);
+  put_host(MemCategory::parameters, host_params);
+  put_host(MemCategory::gradients, host_grads);
+  put_host(MemCategory::optimizer_state, host_moments);
+  if (moments == 0) dev.erase(mem_category_name(MemCategory::optimizer_state));
   return out;
 }
 
@@ -130,6 +164,14 @@ MemoryEstimate estimate_memory(const Deck& deck) {
   return e;
 }
 
+MemoryEstimate estimate_memory(const Deck& deck, int stage) {
+  const Schedule schedule = Schedule::build(deck.model.layers, schedule_options(deck));
+  MemoryEstimate e;
+  e.bytes = stage_bytes(deck, schedule, stage);
+  e.stage = stage;
+  return e;
+}
+
 void check_memory_budget(const Deck& deck, const MemoryEstimate& estimate) {
   const std::string device = tier_label(MemTier::device);
   const std::string host = tier_label(MemTier::host);
@@ -143,8 +185,9 @@ void check_memory_budget(const Deck& deck, const MemoryEstimate& estimate) {
     }
     throw InputError(strprintf(
         "%s: memory.%s = %s, but the run needs %s in %s per rank (%s over):%s\n"
-        "  activations and workspace scale with data.micro_batch_size (gradient accumulation keeps the global "
-        "batch); parameters, gradients and optimizer state shrink with parallel.zero, tp and pp",
+        "  what helps: memory.activations = \"recompute\" or \"offload\" (activations; they also scale with "
+        "data.micro_batch_size), memory.params = \"host\", memory.optimizer = \"host\" or \"dynamic\", "
+        "parallel.zero, tp and pp (parameters, gradients, optimizer state)",
         deck.source.c_str(), key, human_bytes(static_cast<double>(budget)).c_str(),
         human_bytes(static_cast<double>(need)).c_str(), space.c_str(),
         human_bytes(static_cast<double>(need - budget)).c_str(), parts.c_str()));

@@ -16,7 +16,10 @@ struct MemoryEstimate {
   std::int64_t total(const std::string& space) const;
 };
 
+// The pipeline stage that needs the most (all stages hold the same at pp = 1).
 MemoryEstimate estimate_memory(const Deck& deck);
+// One rank of one pipeline stage.
+MemoryEstimate estimate_memory(const Deck& deck, int stage);
 
 // Throws InputError when a budget in deck.memory is exceeded, naming what does not fit.
 void check_memory_budget(const Deck& deck, const MemoryEstimate& estimate);

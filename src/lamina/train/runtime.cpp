@@ -43,6 +43,7 @@ DosModel dos_model(const MemoryConfig& m) {
   d.device_rate = m.dos_device_rate;
   d.h2d = m.dos_h2d;
   d.d2h = m.dos_d2h;
+  d.concurrent = !Kokkos::SpaceAccessibility<Kokkos::HostSpace, Kokkos::DefaultExecutionSpace::memory_space>::accessible;
   const bool dynamic = std::any_of(m.optimizer.begin(), m.optimizer.end(),
                                    [](OptimizerPlacement p) { return p == OptimizerPlacement::dynamic; });
   if (!dynamic) return d;
