@@ -126,6 +126,7 @@ void Executor::forward(const Chunk& c, int mb, const MicroBatchLoader& load) {
   }
   for (std::int64_t b = c.first_block; b < c.last_block; ++b) {
     Hold h(state_, {state_.layout().block_layer(b)});
+    if (b + 1 < c.last_block) state_.prefetch(state_.layout().block_layer(b + 1));  // one layer ahead
     const ActivationPolicy policy = a.policy(b);
     // Inner activations: into the slot (keep), a scratch (recompute: dropped), or the first
     // staging buffer, copied to the host tier on the transfer instance (offload).
@@ -172,6 +173,7 @@ void Executor::backward(const Chunk& c, int mb, float loss_scale, bool reduce) {
   for (std::int64_t b = c.last_block; b-- > c.first_block;) {
     {
       Hold h(state_, {layout.block_layer(b)});
+      if (b > c.first_block) state_.prefetch(layout.block_layer(b - 1));  // one layer ahead
       state_.begin_grads(layout.block_layer(b));
       const BlockActs<Exec> s = restore(a, b);
       block_backward(exec, state_.block_grads(b), state_.block_params(b), s, a.block_input(b), a.dres, dims_.NH,

@@ -128,17 +128,35 @@ void ModelState::init(std::uint64_t seed) {
   Exec().fence();
 }
 
+void ModelState::prefetch(int layer) {
+  Slot& s = slot(layer);
+  if (resident(s) || s.prefetched || s.gather_count > 0) return;
+  fetch(s, transfer_);
+  ++s.gather_count;
+  s.prefetched = true;
+}
+
 void ModelState::gather(int layer) {
   Slot& s = slot(layer);
-  if (resident(s) || s.gather_count++ > 0) return;
+  if (resident(s)) return;
+  if (s.prefetched) {  // the prefetch's hold becomes this one
+    s.prefetched = false;
+    transfer_.fence();
+    return;
+  }
+  if (s.gather_count++ > 0) return;
+  fetch(s, Exec());
+  Exec().fence();
+}
+
+void ModelState::fetch(Slot& s, const Exec& copies) {
   s.gathered = param_pool_.acquire(s.padded);
   const Exec exec;
   if (s.params_at == ParamPlacement::device) {  // ZeRO-3: from the data-parallel peers
     exec.fence();
     grid_.dp().all_gather(s.params.data(), s.gathered, s.shard);
-  } else if (zero_ < 3) {  // host tier: copied in
-    Kokkos::deep_copy(exec, dev(s.gathered, s.padded), host(s.params_host.data(), s.padded));
-    exec.fence();
+  } else if (zero_ < 3) {  // host tier: copied in, on `copies` (the transfer instance when prefetching)
+    Kokkos::deep_copy(copies, dev(s.gathered, s.padded), host(s.params_host.data(), s.padded));
   } else {  // both: the owned shard in, then the all-gather
     float* mine = staging_pool_.acquire(s.shard);
     Kokkos::deep_copy(exec, dev(mine, s.shard), host(s.params_host.data(), s.shard));

@@ -65,6 +65,9 @@ class ModelState {
   // release(). Both count uses, so nested calls are fine.
   void gather(int layer);
   void release(int layer);
+  // Starts gathering a layer ahead of its use (copies from the host tier run on the
+  // transfer instance, overlapping the compute); its gather() then finds it ready.
+  void prefetch(int layer);
   float* params(int layer) const;
   // Full-size gradient accumulator of a layer; at ZeRO >= 2 it exists from the first
   // backward after a reduction until the next reduction, and begin_grads() makes it.
@@ -128,6 +131,7 @@ class ModelState {
     HostBuf master_host, m_host, v_host, grads_host;
     float* gathered = nullptr;  // device parameters while in use (when not resident)
     int gather_count = 0;
+    bool prefetched = false;    // gathered ahead; the next gather() takes over the hold
     float* full_grads = nullptr;  // ZeRO >= 2 gradients until reduced
     DosPlan plan;                 // optimizer = dynamic: the last step's split
   };
@@ -146,6 +150,7 @@ class ModelState {
   bool resident(const Slot& s) const { return s.params_at == ParamPlacement::device && zero_ < 3; }
   float* master_host(Slot& s);  // the fp32 master weights of the owned range, on the host
   void complete(Pending& p);
+  void fetch(Slot& s, const Exec& copies);
   void update_on_device(int layer, Slot& s, const struct AdamWStep& step);
   void update_on_host(int layer, Slot& s, const struct AdamWStep& step);
   void update_dynamic(int layer, Slot& s, const struct AdamWStep& step);

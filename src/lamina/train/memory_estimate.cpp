@@ -92,6 +92,19 @@ Bytes stage_bytes(const Deck& deck, const Schedule& schedule, int stage) {
     }
   }
   for (const auto n : gathered) params += n;
+  // Blocks are prefetched one ahead: a second buffer of the block size where a chunk has
+  // two non-resident blocks in a row.
+  for (int c : part.chunks_of(stage)) {
+    const Chunk& k = part.chunk(c);
+    if (k.blocks() < 2) continue;
+    const int l = layout.block_layer(k.first_block);
+    const bool away = MemoryConfig::of_layer(deck.memory.params, l) == ParamPlacement::host || zero == 3;
+    if (away) {
+      const std::int64_t numel = layout.layers()[static_cast<std::size_t>(l)].numel;
+      params += (numel + dp - 1) / dp * dp;
+      break;
+    }
+  }
   for (const auto n : full_grads) grads += 2 * n;
   if (dos_used) moments += 3 * dos_size;  // master, m and v of one subgroup, one size for all layers
   std::int64_t comm = 0;

@@ -159,6 +159,9 @@ class Trainer {
         ++skipped;
       } else {
         rt.optimizer_step(lr, clip_coefficient(r.grad_norm, deck_.optimizer.grad_clip));
+        for (const auto& line : rt.state().dos_schedule()) {
+          log_.debug(strprintf("step %lld deep optimizer states %s", static_cast<long long>(step + 1), line.c_str()));
+        }
       }
       Exec().fence();
       const double step_ms = seconds_since(t0) * 1e3;
@@ -290,9 +293,12 @@ class Trainer {
         .add("tflops_per_rank", tflops)
         .add("mfu", mfu)
         .add("mem_peak_bytes", tracker_.peak_by_space());
-    JsonObject by_cat;
+    JsonObject by_cat, now_by_cat;
     for (const auto& [space, cats] : tracker_.peak_by_category()) by_cat.add(space, cats);
+    for (const auto& [space, cats] : tracker_.current_by_category()) now_by_cat.add(space, cats);
     j.add("mem_peak_by_category", by_cat);
+    j.add("mem_current_bytes", tracker_.current_by_space());
+    j.add("mem_current_by_category", now_by_cat);
     j.add("comm_bytes", bytes);
     j.add("bubble_fraction", r.bubble);
     j.add("virtual_step_time", r.makespan);
