@@ -194,7 +194,19 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"dp2_pp2_zero3_layered", 4,
                              {"parallel.dp=2", "parallel.pp=2", "parallel.zero=3", "parallel.layered=true",
                               "parallel.schedule=modular"}},
-                      Layout{"tp2_pp2", 4, {"parallel.tp=2", "parallel.pp=2"}}),
+                      Layout{"tp2_pp2", 4, {"parallel.tp=2", "parallel.pp=2"}},
+                      // Memory options with ZeRO and pipeline ranks.
+                      Layout{"dp2_zero3_offload_host_dynamic", 2,
+                             {"parallel.dp=2", "parallel.zero=3", "memory.activations=offload", "memory.params=host",
+                              "memory.optimizer=dynamic", "memory.dos_split=alternate"}},
+                      Layout{"dp2_zero1_dynamic", 2,
+                             {"parallel.dp=2", "parallel.zero=1", "memory.optimizer=dynamic",
+                              "memory.dos_split=all_device"}},
+                      Layout{"pp2_recompute_host", 2,
+                             {"parallel.pp=2", "memory.activations=recompute", "memory.optimizer=host"}},
+                      Layout{"tp2_zero2_params_host", 4,
+                             {"parallel.tp=2", "parallel.dp=2", "parallel.zero=2", "memory.params=host",
+                              "memory.optimizer=host"}}),
     [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
 
 // Bytes of each layer's flat buffer, padded for a data-parallel group of dp.

@@ -1,0 +1,113 @@
+// Memory options change where data lives and when it is computed, never the numbers:
+// each of them, alone and combined, trains bit for bit like keeping everything on the
+// device (one kernel for host and device updates, exact copies, deterministic recompute).
+// And the analytic memory model predicts what the run allocates.
+#include <gtest/gtest.h>
+
+#include "lamina/core/error.hpp"
+#include "lamina/train/bench.hpp"
+#include "lamina/train/trainer.hpp"
+#include "training_fixture.hpp"
+
+namespace lamina::test {
+namespace {
+
+class MemoryOptions : public Training {
+ protected:
+  // Trains 3 steps with the options and compares the final checkpoint with the baseline's.
+  void expect_like_baseline(const std::string& name, const std::vector<std::string>& sets) {
+    if (!baseline_done_) {
+      run_training(deck("baseline", 3), quiet_, MPI_COMM_WORLD);
+      baseline_done_ = true;
+    }
+    const Deck d = deck(name, 3, sets);
+    run_training(d, quiet_, MPI_COMM_WORLD);
+    expect_identical_checkpoints(dir_ + "/baseline/checkpoints/step_00000003.h5",
+                                 dir_ + "/" + name + "/checkpoints/step_00000003.h5", d.model);
+  }
+  bool baseline_done_ = false;
+};
+
+TEST_F(MemoryOptions, ActivationPoliciesTrainBitIdentically) {
+  expect_like_baseline("recompute", {"memory.activations=recompute"});
+  expect_like_baseline("offload", {"memory.activations=offload"});
+  expect_like_baseline("mixed", {"memory.activations=[\"offload\", \"recompute\"]"});
+}
+
+TEST_F(MemoryOptions, ParameterAndOptimizerPlacementsTrainBitIdentically) {
+  expect_like_baseline("optimizer_host", {"memory.optimizer=host"});
+  expect_like_baseline("params_host", {"memory.params=host", "memory.optimizer=host"});
+  expect_like_baseline("per_layer", {"memory.params=[\"host\", \"device\"]", "memory.optimizer=[\"dynamic\", \"host\"]"});
+}
+
+TEST_F(MemoryOptions, DeepOptimizerStatesSplitsTrainBitIdentically) {
+  for (const char* split : {"all_host", "all_device", "alternate", "model"}) {
+    for (const char* subgroup : {"300", "1000", "100000"}) {
+      const std::string name = std::string("dos_") + split + "_" + subgroup;
+      expect_like_baseline(name, {"memory.optimizer=dynamic", std::string("memory.dos_split=") + split,
+                                  std::string("optimizer.subgroup_size=") + subgroup});
+    }
+  }
+}
+
+TEST_F(MemoryOptions, EverythingAtOnceTrainsBitIdentically) {
+  expect_like_baseline("all", {"memory.activations=[\"recompute\", \"offload\"]", "memory.params=host",
+                               "memory.optimizer=dynamic", "memory.dos_split=alternate",
+                               "optimizer.subgroup_size=500"});
+}
+
+TEST_F(MemoryOptions, PredictedPeakMemoryIsWhatTheRunAllocates) {
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{}, {"memory.activations=recompute"}, {"memory.activations=offload"},
+        {"memory.params=host", "memory.optimizer=host"}, {"memory.optimizer=dynamic", "memory.dos_split=alternate"},
+        {"memory.activations=[\"offload\", \"keep\"]", "memory.optimizer=dynamic",
+         "memory.dos_split=all_device"}}) {
+    const JsonObject j = bench_memory(deck("bench", 2, sets), 2, quiet_);
+    const std::string s = j.str();
+    const auto k = s.find("\"max_relative_error\": ");
+    ASSERT_NE(k, std::string::npos) << s;
+    EXPECT_LT(std::stod(s.substr(k + 22)), 1e-9) << s;
+  }
+}
+
+TEST_F(MemoryOptions, OffloadingMovesBytesToTheHostTier) {
+  auto peaks = [&](const std::vector<std::string>& sets) {
+    const std::string s = bench_memory(deck("tiers", 2, sets), 1, quiet_).str();
+    return s.substr(s.find("\"measured_bytes\""), s.find("\"predicted_by_category\"") - s.find("\"measured_bytes\""));
+  };
+  EXPECT_EQ(peaks({}).find("host tier"), std::string::npos);
+  EXPECT_NE(peaks({"memory.activations=offload"}).find("host tier"), std::string::npos);
+  EXPECT_NE(peaks({"memory.optimizer=host"}).find("host tier"), std::string::npos);
+}
+
+TEST_F(MemoryOptions, ABudgetTooSmallNamesTheOptionsThatHelp) {
+  try {
+    run_training(deck("budget", 3, {"memory.device_budget=64KiB"}), quiet_, MPI_COMM_WORLD);
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    for (const char* s : {"memory.device_budget = 64.00 KiB", "over", "memory.activations", "memory.optimizer",
+                          "parallel.zero"}) {
+      EXPECT_NE(msg.find(s), std::string::npos) << s << " in " << msg;
+    }
+  }
+}
+
+TEST_F(MemoryOptions, BadCombinationsAreDeckErrors) {
+  auto error_of = [&](const std::vector<std::string>& sets) {
+    try {
+      deck("bad", 3, sets);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(error_of({"memory.params=host", "memory.optimizer=device"}).find("use 'host' or 'dynamic'"),
+            std::string::npos);
+  EXPECT_NE(error_of({"memory.activations=[\"keep\"]"}).find("the list has 1 entries, model.layers = 2"),
+            std::string::npos);
+  EXPECT_NE(error_of({"memory.activations=recompte"}).find("(did you mean 'recompute'?)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lamina::test
