@@ -14,6 +14,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "lamina/core/deck.hpp"
@@ -270,6 +271,32 @@ TEST_F(ParallelTraining, PipelineMessagesAreTheActivationsAndTheirGradients) {
   const JobResult f = train(2, "bubble_1f1b", {"parallel.pp=2", "parallel.schedule=1f1b"});
   ASSERT_EQ(f.code, 0) << f.out;
   for (const double b : f.bubble) EXPECT_NEAR(b, 1.0 / 5.0, 1e-9);  // (p - 1) / (M + p - 1)
+}
+
+TEST_F(ParallelTraining, Bf16LayoutsTrainLikeOneBf16Rank) {
+  // Reductions in another order move fp32 gradients by rounding, which can flip a bf16
+  // rounding of a parameter: losses agree to float tolerance, the model to bf16's.
+  const JobResult one = train(1, "bf16_reference", {"train.precision=bf16"});
+  ASSERT_EQ(one.code, 0) << one.out;
+  ASSERT_EQ(one.losses.size(), 5u);
+  for (const auto& [name, np, sets] : std::vector<std::tuple<std::string, int, std::vector<std::string>>>{
+           {"bf16_dp2_zero1", 2, {"parallel.dp=2", "parallel.zero=1"}},
+           {"bf16_dp2_zero2_host", 2, {"parallel.dp=2", "parallel.zero=2", "memory.params=host", "memory.optimizer=host"}},
+           {"bf16_dp2_zero3_offload_dynamic", 2,
+            {"parallel.dp=2", "parallel.zero=3", "memory.activations=offload", "memory.params=host",
+             "memory.optimizer=dynamic", "memory.dos_split=alternate"}},
+           {"bf16_tp2", 2, {"parallel.tp=2"}},
+           {"bf16_pp2_recompute", 2, {"parallel.pp=2", "memory.activations=recompute"}}}) {
+    auto s = sets;
+    s.push_back("train.precision=bf16");
+    const JobResult r = train(np, name, s);
+    ASSERT_EQ(r.code, 0) << r.out;
+    ASSERT_EQ(r.losses.size(), 5u) << name;
+    for (std::size_t i = 0; i < 5; ++i) {
+      EXPECT_NEAR(r.losses[i], one.losses[i], 1e-5 * one.losses[i]) << name << " step " << i + 1;
+    }
+    expect_same_model(final_checkpoint(name), final_checkpoint("bf16_reference"), 1e-2);
+  }
 }
 
 TEST_F(ParallelTraining, CheckpointsRestartOnOtherLayouts) {

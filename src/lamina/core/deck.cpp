@@ -514,8 +514,7 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   auto& t = d.train;
   t.steps = r.integer("train", "steps", 0, 1, kMax, true);
   t.seed = static_cast<std::uint64_t>(r.integer("train", "seed", 1234, 0, kMax));
-  r.choice("train", "precision", "fp32", {"fp32"});
-  t.precision = Precision::fp32;
+  t.precision = r.choice("train", "precision", "fp32", {"fp32", "bf16"}) == "bf16" ? Precision::bf16 : Precision::fp32;
   t.skip_nonfinite = r.boolean("train", "skip_nonfinite", false);
 
   auto& o = d.optimizer;

@@ -163,16 +163,20 @@ BlockActs<Exec> bind_block_acts(float* inner, const Mat<Exec>& out, const Dims& 
 // block's input: the checkpoint recomputation restarts from) is always kept; its inner
 // activations follow the block's policy: kept here, dropped (recomputed from the input
 // before backward, in a scratch the executor owns), or offloaded to a host-tier buffer
-// kept here and copied back through staging the executor owns.
+// kept here and copied back through staging the executor owns. Under bf16 mixed precision
+// kept and offloaded inner activations are stored as bf16 (computed in the executor's
+// fp32 scratch and rounded; widened back there for backward); the residual stream stays fp32.
 template <class Exec>
 class LayerRangeActs {
  public:
   using Mem = typename Exec::memory_space;
   using TokenView = Kokkos::View<std::int32_t*, Kokkos::LayoutRight, Mem>;
   using HostView = Kokkos::View<float*, Kokkos::LayoutRight, Kokkos::HostSpace>;
+  using HostView16 = Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, Kokkos::HostSpace>;
 
-  // Device-tier floats a range needs (blocks with kept inner activations: `kept`); the
-  // token buffer comes on top, offloaded blocks' host buffers elsewhere.
+  // Device-tier floats a range needs (blocks with fp32 kept inner activations: `kept`); the
+  // token buffer and bf16 kept inner activations come on top, offloaded blocks' host
+  // buffers elsewhere.
   static std::int64_t floats(const ActivationSizes& s, std::int64_t blocks, std::int64_t kept, bool embedding,
                              bool head) {
     return (embedding ? s.embed : s.boundary) + blocks * (s.block - s.inner) + kept * s.inner +
@@ -181,14 +185,19 @@ class LayerRangeActs {
 
   // policy: one entry per block of the range.
   LayerRangeActs(MemoryTracker& tracker, const Dims& d, std::int64_t first, std::int64_t last, bool embedding,
-                 bool head, const std::vector<ActivationPolicy>& policy)
+                 bool head, const std::vector<ActivationPolicy>& policy, bool bf16 = false)
       : dims_(d), first_(first), policy_(policy) {
     const ActivationSizes s = activation_sizes(d);
     const std::int64_t N = d.N(), C = d.C;
     const std::int64_t kept = std::count(policy.begin(), policy.end(), ActivationPolicy::keep);
     const std::string range = std::to_string(first) + "-" + std::to_string(last);
     buf_ = Buffer<float, Mem>(tracker, MemCategory::activations, "lamina::acts_h" + range,
-                              floats(s, last - first, kept, embedding, head));
+                              floats(s, last - first, bf16 ? 0 : kept, embedding, head));
+    if (bf16 && kept > 0) {
+      buf16_ = Buffer<std::uint16_t, Mem>(tracker, MemCategory::activations, "lamina::acts_bf16_h" + range,
+                                          kept * s.inner);
+    }
+    std::uint16_t* p16 = buf16_.data();
     float* p = buf_.data();
     auto take = [&p](std::int64_t n) {
       float* q = p;
@@ -200,12 +209,21 @@ class LayerRangeActs {
     for (std::int64_t l = first; l < last; ++l) {
       out_.push_back(as_mat<Exec>(take(N * C), N, C));
       const ActivationPolicy pol = policy[static_cast<std::size_t>(l - first)];
-      inner_.push_back(pol == ActivationPolicy::keep ? take(s.inner) : nullptr);
+      const bool keep = pol == ActivationPolicy::keep;
+      inner_.push_back(keep && !bf16 ? take(s.inner) : nullptr);
+      inner16_.push_back(keep && bf16 ? p16 : nullptr);
+      if (keep && bf16) p16 += s.inner;
       host_.emplace_back();
+      host16_.emplace_back();
       if (pol == ActivationPolicy::offload) {
-        host_.back() = Buffer<float, Kokkos::HostSpace>(tracker, MemCategory::activations,
-                                                        "lamina::offloaded_h" + std::to_string(l), s.inner,
-                                                        MemTier::host);
+        const std::string label = "lamina::offloaded_h" + std::to_string(l);
+        if (bf16) {
+          host16_.back() = Buffer<std::uint16_t, Kokkos::HostSpace>(tracker, MemCategory::activations, label, s.inner,
+                                                                    MemTier::host);
+        } else {
+          host_.back() = Buffer<float, Kokkos::HostSpace>(tracker, MemCategory::activations, label, s.inner,
+                                                          MemTier::host);
+        }
       }
     }
     has_head = head;
@@ -240,7 +258,10 @@ class LayerRangeActs {
     return bind_block_acts<Exec>(inner, out_[l - first_], dims_);
   }
   float* kept_inner(std::int64_t l) const { return inner_[l - first_]; }
+  // Kept as bf16 (null otherwise): activation_sizes().inner values.
+  std::uint16_t* kept_inner_bf16(std::int64_t l) const { return inner16_[l - first_]; }
   const HostView& offloaded(std::int64_t l) const { return host_[l - first_].view(); }
+  const HostView16& offloaded_bf16(std::int64_t l) const { return host16_[l - first_].view(); }
 
   Mat<Exec> input;  // (N, C)
   HeadActs<Exec> head;
@@ -254,8 +275,11 @@ class LayerRangeActs {
   std::vector<ActivationPolicy> policy_;
   std::vector<Mat<Exec>> out_;
   std::vector<float*> inner_;
+  std::vector<std::uint16_t*> inner16_;
   std::vector<Buffer<float, Kokkos::HostSpace>> host_;
+  std::vector<Buffer<std::uint16_t, Kokkos::HostSpace>> host16_;
   Buffer<float, Mem> buf_;
+  Buffer<std::uint16_t, Mem> buf16_;
   Buffer<std::int32_t, Mem> tokens_;
 };
 

@@ -12,24 +12,24 @@
 
 namespace lamina {
 
-template <class Mem>
+template <class Mem, class T = float>
 class BufferPool {
  public:
-  BufferPool(MemoryTracker& tracker, MemCategory category, std::string label)
-      : tracker_(tracker), category_(category), label_(std::move(label)) {}
+  BufferPool(MemoryTracker& tracker, MemCategory category, std::string label, MemTier tier = default_tier<Mem>())
+      : tracker_(tracker), category_(category), label_(std::move(label)), tier_(tier) {}
 
   // A buffer of exactly n elements, contents undefined.
-  float* acquire(std::int64_t n) {
+  T* acquire(std::int64_t n) {
     auto& free = free_[n];
     if (!free.empty()) {
-      float* p = free.back();
+      T* p = free.back();
       free.pop_back();
       return p;
     }
-    owned_.emplace_back(tracker_, category_, label_, n);
+    owned_.emplace_back(tracker_, category_, label_, n, tier_);
     return owned_.back().data();
   }
-  void release(float* p, std::int64_t n) {
+  void release(T* p, std::int64_t n) {
     if (p != nullptr) free_[n].push_back(p);
   }
 
@@ -37,8 +37,9 @@ class BufferPool {
   MemoryTracker& tracker_;
   MemCategory category_;
   std::string label_;
-  std::vector<Buffer<float, Mem>> owned_;
-  std::map<std::int64_t, std::vector<float*>> free_;
+  MemTier tier_;
+  std::vector<Buffer<T, Mem>> owned_;
+  std::map<std::int64_t, std::vector<T*>> free_;
 };
 
 }  // namespace lamina

@@ -6,6 +6,7 @@
 
 #include "lamina/core/exec_instances.hpp"
 #include "lamina/core/format.hpp"
+#include "lamina/kernels/bf16.hpp"
 
 namespace lamina {
 
@@ -46,7 +47,8 @@ class Hold {
 }  // namespace
 
 Executor::Executor(MemoryTracker& tracker, ModelState& state, const ProcessGrid& grid, const Schedule& schedule,
-                   const Dims& dims, const CostModel& cost, const std::vector<ActivationPolicy>& activations)
+                   const Dims& dims, const CostModel& cost, const std::vector<ActivationPolicy>& activations,
+                   Precision precision)
     : state_(state),
       grid_(grid),
       schedule_(schedule),
@@ -56,29 +58,35 @@ Executor::Executor(MemoryTracker& tracker, ModelState& state, const ProcessGrid&
       ws_(tracker, dims),
       send_pool_(tracker, MemCategory::communication, "lamina::pipeline_sends"),
       transfer_(transfer_instance<Exec>()),
-      inner_size_(activation_sizes(dims).inner) {
+      inner_size_(activation_sizes(dims).inner),
+      bf16_(precision == Precision::bf16) {
   const Partition& part = schedule.partition();
-  bool recompute = false, offload = false;
+  bool scratch = false, offload = false;  // what needs the scratch, the staging buffers
   for (int c : part.chunks_of(grid.pp_rank())) {
     const Chunk& k = part.chunk(c);
     Slots& s = slots_[c];
     const std::vector<ActivationPolicy> policy(activations.begin() + k.first_block,
                                                activations.begin() + k.last_block);
     for (const auto p : policy) {
-      recompute = recompute || p == ActivationPolicy::recompute;
+      scratch = scratch || p == ActivationPolicy::recompute || (bf16_ && p != ActivationPolicy::recompute);
       offload = offload || p == ActivationPolicy::offload;
     }
     const int n = schedule.max_in_flight(c);
     for (int i = 0; i < n; ++i) {
       s.acts.push_back(std::make_unique<LayerRangeActs<Exec>>(tracker, dims, k.first_block, k.last_block, k.embedding,
-                                                              k.head, policy));
+                                                              k.head, policy, bf16_));
       s.free.push_back(n - 1 - i);
     }
     for (int l : state.layers_of(k)) ++users_[l];
   }
-  if (recompute) scratch_ = Buffer<float, ModelState::Mem>(tracker, MemCategory::activations, "lamina::recompute", inner_size_);
-  if (offload) {
-    for (auto& b : staging_) b = Buffer<float, ModelState::Mem>(tracker, MemCategory::activations, "lamina::offload_staging", inner_size_);
+  if (scratch) scratch_ = Buffer<float, ModelState::Mem>(tracker, MemCategory::activations, "lamina::acts_scratch", inner_size_);
+  for (int i = 0; i < 2 && offload; ++i) {
+    if (bf16_) {
+      staging16_[i] = Buffer<std::uint16_t, ModelState::Mem>(tracker, MemCategory::activations, "lamina::offload_staging",
+                                                             inner_size_);
+    } else {
+      staging_[i] = Buffer<float, ModelState::Mem>(tracker, MemCategory::activations, "lamina::offload_staging", inner_size_);
+    }
   }
 }
 
@@ -129,16 +137,26 @@ void Executor::forward(const Chunk& c, int mb, const MicroBatchLoader& load) {
     if (b + 1 < c.last_block) state_.prefetch(state_.layout().block_layer(b + 1));  // one layer ahead
     const ActivationPolicy policy = a.policy(b);
     // Inner activations: into the slot (keep), a scratch (recompute: dropped), or the first
-    // staging buffer, copied to the host tier on the transfer instance (offload).
-    if (policy == ActivationPolicy::offload) transfer_.fence();  // the staging buffer's last copy out is done
-    float* inner = policy == ActivationPolicy::keep        ? a.kept_inner(b)
-                   : policy == ActivationPolicy::recompute ? scratch_.data()
-                                                           : staging(0, nullptr, -1);
+    // staging buffer, copied to the host tier on the transfer instance (offload). bf16 ones
+    // are computed in the scratch and rounded into the slot or the staging buffer.
+    const bool offload = policy == ActivationPolicy::offload;
+    if (offload) transfer_.fence();  // the staging buffer's last copy out is done
+    float* inner = policy == ActivationPolicy::keep && !bf16_ ? a.kept_inner(b)
+                   : offload && !bf16_                        ? staging(0, nullptr, -1)
+                                                              : scratch_.data();
     block_forward(exec, state_.block_params(b), a.block(b, inner), a.block_input(b), dims_.NH, ws_.ws, tp_);
-    if (policy == ActivationPolicy::offload) {
+    if (policy == ActivationPolicy::keep && bf16_) {
+      to_bf16(exec, Bf16Vec<Exec>(a.kept_inner_bf16(b), inner_size_), as_vec<Exec>(inner, inner_size_));
+    }
+    if (offload && bf16_) {
+      to_bf16(exec, staging16_[0].view(), as_vec<Exec>(inner, inner_size_));
+      exec.fence();
+      Kokkos::deep_copy(transfer_, a.offloaded_bf16(b), staging16_[0].view());
+      staged_[0] = {&a, b};  // the staging buffer still holds it too
+    } else if (offload) {
       exec.fence();
       Kokkos::deep_copy(transfer_, a.offloaded(b), as_vec<Exec>(inner, inner_size_));
-      staged_[0] = {&a, b};  // the staging buffer still holds it too
+      staged_[0] = {&a, b};
     }
   }
   if (c.head) {
@@ -203,11 +221,16 @@ float* Executor::staging(int i, LayerRangeActs<Exec>* a, std::int64_t b) {
 BlockActs<Exec> Executor::restore(LayerRangeActs<Exec>& a, std::int64_t b) {
   const Exec exec;
   switch (a.policy(b)) {
-    case ActivationPolicy::keep: return a.block(b, a.kept_inner(b));
+    case ActivationPolicy::keep:
+      if (!bf16_) return a.block(b, a.kept_inner(b));
+      from_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_), Bf16Vec<Exec>(a.kept_inner_bf16(b), inner_size_));
+      return a.block(b, scratch_.data());
     case ActivationPolicy::recompute: {
-      // Re-run the forward from the kept block input (Chen et al. 2016), into the scratch.
+      // Re-run the forward from the kept block input (Chen et al. 2016), into the scratch;
+      // under bf16 rounded as stored ones are, so that every policy trains alike.
       const BlockActs<Exec> s = a.block(b, scratch_.data());
       block_forward(exec, state_.block_params(b), s, a.block_input(b), dims_.NH, ws_.ws, tp_);
+      if (bf16_) round_to_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_));
       return s;
     }
     case ActivationPolicy::offload: break;
@@ -219,13 +242,28 @@ BlockActs<Exec> Executor::restore(LayerRangeActs<Exec>& a, std::int64_t b) {
   transfer_.fence();
   if (i < 0) {
     i = 0;
-    Kokkos::deep_copy(exec, as_vec<Exec>(staging(i, &a, b), inner_size_), a.offloaded(b));
+    staging(i, &a, b);
+    copy_in(exec, i, a, b);
   }
   if (b > a.first_block() && a.policy(b - 1) == ActivationPolicy::offload) {
-    Kokkos::deep_copy(transfer_, as_vec<Exec>(staging(1 - i, &a, b - 1), inner_size_), a.offloaded(b - 1));
+    exec.fence();  // the previous backward has done reading the buffer about to be overwritten
+    staging(1 - i, &a, b - 1);
+    copy_in(transfer_, 1 - i, a, b - 1);
+  }
+  if (bf16_) {
+    from_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_), staging16_[i].view());
+    return a.block(b, scratch_.data());
   }
   exec.fence();
   return a.block(b, staging_[static_cast<std::size_t>(i)].data());
+}
+
+void Executor::copy_in(const Exec& on, int i, LayerRangeActs<Exec>& a, std::int64_t b) {
+  if (bf16_) {
+    Kokkos::deep_copy(on, staging16_[i].view(), a.offloaded_bf16(b));
+  } else {
+    Kokkos::deep_copy(on, staging_[i].view(), a.offloaded(b));
+  }
 }
 
 void Executor::send(Op op, int chunk, int mb, int peer) {

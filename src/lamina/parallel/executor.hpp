@@ -32,9 +32,11 @@ class Executor {
  public:
   using Exec = ModelState::Exec;
 
-  // activations: the policy of every transformer block of the model.
+  // activations: the policy of every transformer block of the model; bf16: kept
+  // activations are stored as bf16.
   Executor(MemoryTracker& tracker, ModelState& state, const ProcessGrid& grid, const Schedule& schedule,
-           const Dims& dims, const CostModel& cost, const std::vector<ActivationPolicy>& activations);
+           const Dims& dims, const CostModel& cost, const std::vector<ActivationPolicy>& activations,
+           Precision precision = Precision::fp32);
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
@@ -70,6 +72,8 @@ class Executor {
   BlockActs<Exec> restore(LayerRangeActs<Exec>& a, std::int64_t b);
   // Staging buffer i, now holding block b of range a (null: nothing yet).
   float* staging(int i, LayerRangeActs<Exec>* a, std::int64_t b);
+  // Offloaded block b of range a into staging buffer i, on instance `on`.
+  void copy_in(const Exec& on, int i, LayerRangeActs<Exec>& a, std::int64_t b);
   int tag(int kind, int receiving_chunk, int mb, int part) const;
 
   ModelState& state_;
@@ -85,8 +89,10 @@ class Executor {
   BufferPool<ModelState::Mem> send_pool_;
   Exec transfer_;                  // instance for activation offload copies
   std::int64_t inner_size_;        // floats of one block's inner activations
-  Buffer<float, ModelState::Mem> scratch_;     // recomputed block activations
+  bool bf16_;                      // kept and offloaded inner activations stored as bf16
+  Buffer<float, ModelState::Mem> scratch_;     // recomputed block activations, or bf16 ones widened
   Buffer<float, ModelState::Mem> staging_[2];  // offloaded blocks on their way in and out
+  Buffer<std::uint16_t, ModelState::Mem> staging16_[2];  // ... as bf16
   std::pair<LayerRangeActs<Exec>*, std::int64_t> staged_[2] = {{nullptr, -1}, {nullptr, -1}};
   std::vector<Outgoing> outgoing_;
   std::vector<std::vector<float>> stamps_;      // send buffers of virtual-clock timestamps

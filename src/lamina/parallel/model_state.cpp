@@ -4,6 +4,7 @@
 #include <set>
 
 #include "lamina/core/exec_instances.hpp"
+#include "lamina/kernels/bf16.hpp"
 #include "lamina/model/init.hpp"
 #include "lamina/optim/adamw.hpp"
 #include "lamina/optim/grad_norm.hpp"
@@ -17,10 +18,20 @@ using Mem = ModelState::Mem;
 using HostExec = ModelState::HostExec;
 using HostView = Kokkos::View<float*, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 using DeviceView = Kokkos::View<float*, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-constexpr bool kHostAccessible = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
+using HostView16 =
+    Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+using DeviceView16 = Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
 DeviceView dev(float* p, std::int64_t n) { return DeviceView(p, static_cast<std::size_t>(n)); }
 HostView host(float* p, std::int64_t n) { return HostView(p, static_cast<std::size_t>(n)); }
+DeviceView16 dev(std::uint16_t* p, std::int64_t n) { return DeviceView16(p, static_cast<std::size_t>(n)); }
+HostView16 host(std::uint16_t* p, std::int64_t n) { return HostView16(p, static_cast<std::size_t>(n)); }
+
+// An all-gather moves bytes without arithmetic, so bf16 pairs travel as float words
+// (bf16 shards have an even length).
+void all_gather_bf16(Communicator& c, const std::uint16_t* send, std::uint16_t* recv, std::int64_t count) {
+  c.all_gather(reinterpret_cast<const float*>(send), reinterpret_cast<float*>(recv), count / 2);
+}
 
 void fill(const Exec& exec, float* p, std::int64_t n, float value) { Kokkos::deep_copy(exec, dev(p, n), value); }
 
@@ -34,7 +45,7 @@ void add(const Exec& exec, float* dst, const float* src, std::int64_t n) {
 // A buffer whose element 0 is layer element `origin`, as views of layer elements [begin, end).
 template <class V>
 struct Window {
-  float* data;
+  typename V::value_type* data;
   std::int64_t origin;
   V operator()(std::int64_t begin, std::int64_t end) const {
     return V(data + (begin - origin), static_cast<std::size_t>(end - begin));
@@ -42,6 +53,8 @@ struct Window {
 };
 using DeviceWindow = Window<DeviceView>;
 using HostWindow = Window<HostView>;
+using DeviceWindow16 = Window<DeviceView16>;
+using HostWindow16 = Window<HostView16>;
 
 const char* kStateNames[3] = {"model/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"};
 
@@ -49,19 +62,21 @@ const char* kStateNames[3] = {"model/", "optimizer/exp_avg/", "optimizer/exp_avg
 
 ModelState::ModelState(MemoryTracker& tracker, const ModelConfig& model, const OptimizerConfig& opt,
                        const MemoryConfig& memory, const ProcessGrid& grid, const Partition& partition, int zero,
-                       const DosModel& dos)
+                       const DosModel& dos, Precision precision)
     : tracker_(tracker),
       model_(model),
       opt_(opt),
       memory_(memory),
       grid_(grid),
       zero_(zero),
+      bf16_(precision == Precision::bf16),
       dos_(dos),
       layout_(ParamLayout::gpt2(model, grid.tp_size(), grid.tp_rank())),
       param_pool_(tracker, MemCategory::parameters, "lamina::gathered_params"),
       grad_pool_(tracker, MemCategory::gradients, "lamina::full_grads"),
       staging_pool_(tracker, MemCategory::communication, "lamina::comm_staging"),
       dos_pool_(tracker, MemCategory::optimizer_state, "lamina::dos_staging"),
+      staging16_pool_(tracker, MemCategory::communication, "lamina::comm_staging_bf16"),
       transfer_(transfer_instance<Exec>()) {
   std::set<int> held;
   for (int c : partition.chunks_of(grid.pp_rank()))
@@ -72,15 +87,23 @@ ModelState::ModelState(MemoryTracker& tracker, const ModelConfig& model, const O
     Slot s;
     s.numel = spec.numel;
     s.shard = (s.numel + dp - 1) / dp;
+    if (bf16_) s.shard += s.shard % 2;  // see all_gather_bf16
     s.padded = s.shard * dp;
     s.params_at = MemoryConfig::of_layer(memory.params, l);
     s.optimizer_at = MemoryConfig::of_layer(memory.optimizer, l);
     const std::string& n = spec.name;
     const std::int64_t stored = zero_ < 3 ? s.padded : s.shard;
+    const MemTier h = MemTier::host;
     if (s.params_at == ParamPlacement::device) {
-      s.params = DeviceBuf(tracker, MemCategory::parameters, "lamina::params_" + n, stored);
+      if (bf16_) {
+        s.params16 = DeviceBuf16(tracker, MemCategory::parameters, "lamina::params_bf16_" + n, stored);
+      } else {
+        s.params = DeviceBuf(tracker, MemCategory::parameters, "lamina::params_" + n, stored);
+      }
+    } else if (bf16_) {
+      s.params16_host = HostBuf16(tracker, MemCategory::parameters, "lamina::params_bf16_" + n, stored, h);
     } else {
-      s.params_host = HostBuf(tracker, MemCategory::parameters, "lamina::params_" + n, stored, MemTier::host);
+      s.params_host = HostBuf(tracker, MemCategory::parameters, "lamina::params_" + n, stored, h);
     }
     if (zero_ < 2) s.grads = DeviceBuf(tracker, MemCategory::gradients, "lamina::grads_" + n, s.padded);
     if (zero_ >= 2) s.grad_shard = DeviceBuf(tracker, MemCategory::gradients, "lamina::grad_shard_" + n, s.shard);
@@ -88,13 +111,16 @@ ModelState::ModelState(MemoryTracker& tracker, const ModelConfig& model, const O
     if (s.optimizer_at == OptimizerPlacement::device) {
       s.m = DeviceBuf(tracker, MemCategory::optimizer_state, "lamina::exp_avg_" + n, owned);
       s.v = DeviceBuf(tracker, MemCategory::optimizer_state, "lamina::exp_avg_sq_" + n, owned);
+      if (bf16_) s.master = DeviceBuf(tracker, MemCategory::optimizer_state, "lamina::master_" + n, owned);
     } else {
-      const MemTier h = MemTier::host;
       s.m_host = HostBuf(tracker, MemCategory::optimizer_state, "lamina::exp_avg_" + n, owned, h);
       s.v_host = HostBuf(tracker, MemCategory::optimizer_state, "lamina::exp_avg_sq_" + n, owned, h);
       s.grads_host = HostBuf(tracker, MemCategory::gradients, "lamina::host_grads_" + n, owned, h);
-      if (s.params_at == ParamPlacement::device) {
+      if (s.params_at == ParamPlacement::device || bf16_) {
         s.master_host = HostBuf(tracker, MemCategory::optimizer_state, "lamina::master_" + n, owned, h);
+      }
+      if (s.params_at == ParamPlacement::device && bf16_) {
+        s.rounded_host = HostBuf16(tracker, MemCategory::parameters, "lamina::params_bf16_out_" + n, owned, h);
       }
     }
     if (s.optimizer_at == OptimizerPlacement::dynamic) {
@@ -113,9 +139,36 @@ std::vector<int> ModelState::layers_of(const Chunk& c) const {
 }
 
 float* ModelState::master_host(Slot& s) {
-  // Host parameters are the master weights; otherwise the host keeps a copy of the owned range.
-  if (s.params_at == ParamPlacement::host) return s.params_host.data() + (zero_ < 3 ? owned_begin(s) : 0);
+  // Host fp32 parameters are the master weights; otherwise the host keeps the owned range.
+  if (s.params_at == ParamPlacement::host && !bf16_) return s.params_host.data() + (zero_ < 3 ? owned_begin(s) : 0);
   return s.master_host.data();
+}
+
+void ModelState::publish_from_device(Slot& s, std::int64_t begin, std::int64_t end, float* values) {
+  const Exec exec;
+  const std::int64_t n = end - begin;
+  if (bf16_) {
+    to_bf16(exec, Bf16Vec<Exec>(dev(s.params16.data() + (begin - stored_begin(s)), n)), ConstVec<Exec>(dev(values, n)));
+    return;
+  }
+  float* p = s.params.data() + (begin - stored_begin(s));
+  if (p != values) Kokkos::deep_copy(exec, dev(p, n), dev(values, n));
+}
+
+void ModelState::publish_from_host(Slot& s, std::int64_t begin, std::int64_t end, float* values) {
+  const HostExec hexec;
+  const std::int64_t n = end - begin;
+  const std::int64_t at = begin - stored_begin(s);
+  if (!bf16_) {
+    if (s.params_at == ParamPlacement::device) Kokkos::deep_copy(Exec(), dev(s.params.data() + at, n), host(values, n));
+    return;  // host fp32 parameters are the master weights
+  }
+  // Rounded on the host, so that half the bytes cross to the device.
+  std::uint16_t* out = s.params_at == ParamPlacement::host ? s.params16_host.data() + at
+                                                            : s.rounded_host.data() + (begin - owned_begin(s));
+  to_bf16(hexec, Bf16Vec<HostExec>(host(out, n)), ConstVec<HostExec>(host(values, n)));
+  hexec.fence();
+  if (s.params_at == ParamPlacement::device) Kokkos::deep_copy(Exec(), dev(s.params16.data() + at, n), host(out, n));
 }
 
 void ModelState::init(std::uint64_t seed) {
@@ -142,16 +195,24 @@ void ModelState::gather(int layer) {
   if (s.prefetched) {  // the prefetch's hold becomes this one
     s.prefetched = false;
     transfer_.fence();
+    staging16_pool_.release(s.staged16, s.padded);
+    s.staged16 = nullptr;
     return;
   }
   if (s.gather_count++ > 0) return;
   fetch(s, Exec());
   Exec().fence();
+  staging16_pool_.release(s.staged16, s.padded);
+  s.staged16 = nullptr;
 }
 
 void ModelState::fetch(Slot& s, const Exec& copies) {
   s.gathered = param_pool_.acquire(s.padded);
   const Exec exec;
+  if (bf16_) {
+    fetch_bf16(s, copies);
+    return;
+  }
   if (s.params_at == ParamPlacement::device) {  // ZeRO-3: from the data-parallel peers
     exec.fence();
     grid_.dp().all_gather(s.params.data(), s.gathered, s.shard);
@@ -164,6 +225,35 @@ void ModelState::fetch(Slot& s, const Exec& copies) {
     grid_.dp().all_gather(mine, s.gathered, s.shard);
     staging_pool_.release(mine, s.shard);
   }
+}
+
+void ModelState::fetch_bf16(Slot& s, const Exec& copies) {
+  const Exec exec;
+  const Vec<Exec> out = dev(s.gathered, s.padded);
+  if (s.params_at == ParamPlacement::device && zero_ < 3) {
+    from_bf16(copies, out, Bf16Vec<Exec>(dev(s.params16.data(), s.padded)));
+    return;
+  }
+  if (s.params_at == ParamPlacement::host && zero_ < 3) {
+    // The staging buffer stays held until gather() has waited for the copies.
+    s.staged16 = staging16_pool_.acquire(s.padded);
+    Kokkos::deep_copy(copies, dev(s.staged16, s.padded), host(s.params16_host.data(), s.padded));
+    from_bf16(copies, out, Bf16Vec<Exec>(dev(s.staged16, s.padded)));
+    return;
+  }
+  // ZeRO-3: the bf16 shards are all-gathered (half the bytes of fp32), then widened.
+  std::uint16_t* all = staging16_pool_.acquire(s.padded);
+  std::uint16_t* mine = s.params16.data();
+  if (s.params_at == ParamPlacement::host) {
+    mine = staging16_pool_.acquire(s.shard);
+    Kokkos::deep_copy(exec, dev(mine, s.shard), host(s.params16_host.data(), s.shard));
+  }
+  exec.fence();
+  all_gather_bf16(grid_.dp(), mine, all, s.shard);
+  from_bf16(exec, out, Bf16Vec<Exec>(dev(all, s.padded)));
+  exec.fence();
+  if (s.params_at == ParamPlacement::host) staging16_pool_.release(mine, s.shard);
+  staging16_pool_.release(all, s.padded);
 }
 
 void ModelState::release(int layer) {
@@ -286,7 +376,8 @@ double ModelState::grad_sq_norm_local() const {
 void ModelState::update_on_device(int layer, Slot& s, const AdamWStep& step) {
   const Exec exec;
   const std::int64_t begin = owned_begin(s), end = owned_end(s);
-  const DeviceWindow p = zero_ == 3 ? DeviceWindow{s.params.data(), begin} : DeviceWindow{s.params.data(), 0};
+  // The master weights: the fp32 parameters themselves, or the owned range beside bf16 ones.
+  const DeviceWindow p = bf16_ ? DeviceWindow{s.master.data(), begin} : DeviceWindow{s.params.data(), stored_begin(s)};
   const DeviceWindow g = zero_ <= 1 ? DeviceWindow{s.grads.data(), 0} : DeviceWindow{s.grad_shard.data(), begin};
   const DeviceWindow m{s.m.data(), begin}, v{s.v.data(), begin};
   const std::int64_t matrix_end = layout_.layers()[static_cast<std::size_t>(layer)].matrix_numel;
@@ -295,6 +386,7 @@ void ModelState::update_on_device(int layer, Slot& s, const AdamWStep& step) {
                        ConstVec<Exec>(g(sg.begin, sg.end)), sg.begin, matrix_end, step,
                        static_cast<float>(opt_.weight_decay), opt_.decay_biases_and_norms);
   }
+  publish_from_device(s, begin, end, p(begin, end).data());
 }
 
 void ModelState::update_on_host(int layer, Slot& s, const AdamWStep& step) {
@@ -310,10 +402,7 @@ void ModelState::update_on_host(int layer, Slot& s, const AdamWStep& step) {
                        static_cast<float>(opt_.weight_decay), opt_.decay_biases_and_norms);
   }
   hexec.fence();
-  if (s.params_at == ParamPlacement::device) {  // the compute's copy of the owned range
-    const DeviceWindow d = zero_ == 3 ? DeviceWindow{s.params.data(), begin} : DeviceWindow{s.params.data(), 0};
-    Kokkos::deep_copy(Exec(), d(begin, end), p(begin, end));
-  }
+  publish_from_host(s, begin, end, p(begin, end).data());
 }
 
 void ModelState::update_dynamic(int layer, Slot& s, const AdamWStep& step) {
@@ -331,9 +420,7 @@ void ModelState::update_dynamic(int layer, Slot& s, const AdamWStep& step) {
   const HostWindow p{master_host(s), begin}, gh{s.grads_host.data(), begin};
   const HostWindow m{s.m_host.data(), begin}, v{s.v_host.data(), begin};
   const DeviceWindow gd = zero_ <= 1 ? DeviceWindow{s.grads.data(), 0} : DeviceWindow{s.grad_shard.data(), begin};
-  const DeviceWindow pd = s.params_at == ParamPlacement::host ? DeviceWindow{nullptr, 0}
-                          : zero_ == 3                        ? DeviceWindow{s.params.data(), begin}
-                                                              : DeviceWindow{s.params.data(), 0};
+  const bool device_params = s.params_at == ParamPlacement::device;
   const std::int64_t matrix_end = layout_.layers()[static_cast<std::size_t>(layer)].matrix_numel;
   const float wd = static_cast<float>(opt_.weight_decay);
   transfer_.fence();  // host gradients have arrived
@@ -354,7 +441,7 @@ void ModelState::update_dynamic(int layer, Slot& s, const AdamWStep& step) {
     Kokkos::deep_copy(exec, dev(stage[2], n), v(g.begin, g.end));
     adamw_update_range(exec, dev(stage[0], n), dev(stage[1], n), dev(stage[2], n), ConstVec<Exec>(gd(g.begin, g.end)),
                        g.begin, matrix_end, step, wd, opt_.decay_biases_and_norms);
-    if (pd.data != nullptr) Kokkos::deep_copy(exec, pd(g.begin, g.end), dev(stage[0], n));
+    if (device_params) publish_from_device(s, g.begin, g.end, stage[0]);
     Kokkos::deep_copy(exec, p(g.begin, g.end), dev(stage[0], n));
     Kokkos::deep_copy(exec, m(g.begin, g.end), dev(stage[1], n));
     Kokkos::deep_copy(exec, v(g.begin, g.end), dev(stage[2], n));
@@ -367,10 +454,10 @@ void ModelState::update_dynamic(int layer, Slot& s, const AdamWStep& step) {
                        opt_.decay_biases_and_norms);
   }
   hexec.fence();
-  if (pd.data != nullptr) {
-    for (std::size_t x = 0; x < groups.size(); ++x) {
-      if (s.plan.site[x] == UpdateSite::host) Kokkos::deep_copy(exec, pd(groups[x].begin, groups[x].end), p(groups[x].begin, groups[x].end));
-    }
+  exec.fence();  // device subgroups are back in the host master weights too
+  for (std::size_t x = 0; x < groups.size(); ++x) {
+    const Subgroup& g = groups[x];
+    if (s.plan.site[x] == UpdateSite::host || !device_params) publish_from_host(s, g.begin, g.end, p(g.begin, g.end).data());
   }
   exec.fence();
   if (largest > 0)
@@ -380,6 +467,24 @@ void ModelState::update_dynamic(int layer, Slot& s, const AdamWStep& step) {
 void ModelState::share_updated_params(Slot& s) {
   // ZeRO-1/2: every rank updated its shard of the replicated parameters; share them.
   const Exec exec;
+  if (bf16_) {
+    std::uint16_t* mine = staging16_pool_.acquire(s.shard);
+    if (s.params_at == ParamPlacement::device) {
+      Kokkos::deep_copy(exec, dev(mine, s.shard), dev(s.params16.data() + owned_begin(s), s.shard));
+      exec.fence();
+      all_gather_bf16(grid_.dp(), mine, s.params16.data(), s.shard);
+    } else {
+      std::uint16_t* full = staging16_pool_.acquire(s.padded);
+      Kokkos::deep_copy(exec, dev(mine, s.shard), host(s.params16_host.data() + owned_begin(s), s.shard));
+      exec.fence();
+      all_gather_bf16(grid_.dp(), mine, full, s.shard);
+      Kokkos::deep_copy(exec, host(s.params16_host.data(), s.padded), dev(full, s.padded));
+      exec.fence();
+      staging16_pool_.release(full, s.padded);
+    }
+    staging16_pool_.release(mine, s.shard);
+    return;
+  }
   float* mine = staging_pool_.acquire(s.shard);
   if (s.params_at == ParamPlacement::device) {
     Kokkos::deep_copy(exec, dev(mine, s.shard), dev(s.params.data() + owned_begin(s), s.shard));
@@ -432,7 +537,15 @@ void ModelState::set_params(int layer, const std::vector<float>& values) {
 std::vector<float> ModelState::params_host(int layer) const {
   const Slot& s = slot(layer);
   std::vector<float> out(static_cast<std::size_t>(s.numel));
-  if (s.params_at == ParamPlacement::host) {
+  if (bf16_) {
+    std::vector<std::uint16_t> b(out.size());
+    if (s.params_at == ParamPlacement::host) {
+      std::copy(s.params16_host.data(), s.params16_host.data() + s.numel, b.begin());
+    } else {
+      Kokkos::deep_copy(host(b.data(), s.numel), dev(const_cast<std::uint16_t*>(s.params16.data()), s.numel));
+    }
+    std::transform(b.begin(), b.end(), out.begin(), [](std::uint16_t x) { return from_bf16(x); });
+  } else if (s.params_at == ParamPlacement::host) {
     std::copy(s.params_host.data(), s.params_host.data() + s.numel, out.begin());
   } else {
     Kokkos::deep_copy(host(out.data(), s.numel), dev(s.params.data(), s.numel));
@@ -451,11 +564,13 @@ const float* ModelState::assemble(int layer, int which, std::vector<float>& out)
   Slot& s = slot(layer);
   const Exec exec;
   out.assign(static_cast<std::size_t>(s.padded), 0.0f);
-  const bool on_device = which == 0 ? s.params_at == ParamPlacement::device
-                                    : s.optimizer_at == OptimizerPlacement::device;
-  const bool sharded = which == 0 ? zero_ == 3 : zero_ >= 1;
-  // The stored part: parameters (whole or shard), or the moments of the owned range.
-  const float* part = which == 0 ? (on_device ? s.params.data() : s.params_host.data())
+  // The stored part: fp32 parameters (whole or shard), or the master weights (under bf16)
+  // and moments of the owned range.
+  const bool params = which == 0 && !bf16_;
+  const bool on_device = params ? s.params_at == ParamPlacement::device : s.optimizer_at == OptimizerPlacement::device;
+  const bool sharded = params ? zero_ == 3 : zero_ >= 1;
+  const float* part = params       ? (on_device ? s.params.data() : s.params_host.data())
+                      : which == 0 ? (on_device ? s.master.data() : s.master_host.data())
                       : which == 1 ? (on_device ? s.m.data() : s.m_host.data())
                                    : (on_device ? s.v.data() : s.v_host.data());
   const std::int64_t n = sharded ? s.shard : s.padded;
@@ -489,7 +604,22 @@ void ModelState::scatter(int layer, int which, const std::vector<float>& full) {
   const Exec exec;
   float* f = const_cast<float*>(full.data());
   const std::int64_t ob = owned_begin(s), on = zero_ == 0 ? s.padded : s.shard;
-  if (which == 0) {
+  if (which == 0 && bf16_) {
+    if (s.optimizer_at == OptimizerPlacement::device) {
+      Kokkos::deep_copy(exec, dev(s.master.data(), on), host(f + ob, on));
+    } else {
+      std::copy(f + ob, f + ob + on, s.master_host.data());
+    }
+    const std::int64_t from = stored_begin(s), n = zero_ == 3 ? s.shard : s.padded;
+    std::vector<std::uint16_t> b(static_cast<std::size_t>(n));
+    std::transform(f + from, f + from + n, b.begin(), [](float x) { return to_bf16(x); });
+    if (s.params_at == ParamPlacement::device) {
+      Kokkos::deep_copy(exec, dev(s.params16.data(), n), host(b.data(), n));
+    } else {
+      std::copy(b.begin(), b.end(), s.params16_host.data());
+    }
+    exec.fence();
+  } else if (which == 0) {
     const std::int64_t from = zero_ == 3 ? grid_.dp_rank() * s.shard : 0, n = zero_ == 3 ? s.shard : s.padded;
     if (s.params_at == ParamPlacement::device) {
       Kokkos::deep_copy(exec, dev(s.params.data(), n), host(f + from, n));

@@ -14,6 +14,11 @@
 //                        same AdamW kernel on the host execution space (ZeRO-Offload)
 //   optimizer = dynamic  the same state, but every step a performance model sends some
 //                        subgroups to the device to be updated there (Deep Optimizer States)
+// Under bf16 mixed precision the stored parameters are bf16 (2 bytes), converted to fp32
+// per use like a gather (the host has no bf16 GEMM), and AdamW updates separate fp32
+// master weights of the owned range (beside m and v), then rounds them into the bf16
+// copy. Gradients stay fp32, as Megatron-LM's main_grad: 2 + 4 + 12 bytes per parameter
+// before sharding.
 // A layer's flat buffer is padded to a multiple of dp; data-parallel rank r owns the
 // contiguous shard [r s, (r+1) s). The first and last pipeline stages both hold the
 // embedding layer (the LM head is tied to it) and add their gradients before updating.
@@ -44,9 +49,10 @@ class ModelState {
   using HostExec = Kokkos::DefaultHostExecutionSpace;
 
   // dos: the Deep Optimizer States performance model (used by layers with optimizer =
-  // dynamic); device_budget: bytes the device tier may hold (0: unknown).
+  // dynamic).
   ModelState(MemoryTracker& tracker, const ModelConfig& model, const OptimizerConfig& opt, const MemoryConfig& memory,
-             const ProcessGrid& grid, const Partition& partition, int zero, const DosModel& dos);
+             const ProcessGrid& grid, const Partition& partition, int zero, const DosModel& dos,
+             Precision precision = Precision::fp32);
   ModelState(const ModelState&) = delete;
   ModelState& operator=(const ModelState&) = delete;
 
@@ -60,9 +66,9 @@ class ModelState {
   // GPT-2 initial values (counter-based, identical for every layout).
   void init(std::uint64_t seed);
 
-  // Parameters of a layer on the device: always there for device-resident layers below
-  // ZeRO-3; otherwise from gather() (all-gathered, or copied in from the host tier) to
-  // release(). Both count uses, so nested calls are fine.
+  // Parameters of a layer on the device, fp32: always there for device-resident fp32
+  // layers below ZeRO-3; otherwise from gather() (all-gathered, copied in from the host
+  // tier, converted from bf16) to release(). Both count uses, so nested calls are fine.
   void gather(int layer);
   void release(int layer);
   // Starts gathering a layer ahead of its use (copies from the host tier run on the
@@ -116,20 +122,28 @@ class ModelState {
  private:
   using DeviceBuf = Buffer<float, Mem>;
   using HostBuf = Buffer<float, Kokkos::HostSpace>;
+  using DeviceBuf16 = Buffer<std::uint16_t, Mem>;
+  using HostBuf16 = Buffer<std::uint16_t, Kokkos::HostSpace>;
   struct Slot {
     std::int64_t numel = 0, padded = 0, shard = 0;  // shard = padded / dp
     ParamPlacement params_at = ParamPlacement::device;
     OptimizerPlacement optimizer_at = OptimizerPlacement::device;
-    // Parameters: the whole layer (below ZeRO-3) or the owned shard, on the device or the host.
+    // Parameters: the whole layer (below ZeRO-3) or the owned shard, on the device or the
+    // host, fp32 (params, params_host) or bf16 (params16, params16_host).
     DeviceBuf params;
     HostBuf params_host;
+    DeviceBuf16 params16;
+    HostBuf16 params16_host;
     // Gradients (device): full below ZeRO-2, else the owned shard plus transient full ones.
     DeviceBuf grads, grad_shard;
-    // AdamW over the owned elements: on the device, or on the host with fp32 master weights
-    // (the host parameters themselves when they live there) and a host copy of the gradients.
-    DeviceBuf m, v;
+    // AdamW over the owned elements: on the device (fp32 master weights: the parameters
+    // themselves, or `master` under bf16), or on the host with fp32 master weights (the host
+    // parameters themselves when they live there in fp32) and a host copy of the gradients.
+    DeviceBuf m, v, master;
     HostBuf master_host, m_host, v_host, grads_host;
+    HostBuf16 rounded_host;  // bf16 of host-updated master weights, on their way to the device
     float* gathered = nullptr;  // device parameters while in use (when not resident)
+    std::uint16_t* staged16 = nullptr;  // bf16 copied in from the host tier, until gathered
     int gather_count = 0;
     bool prefetched = false;    // gathered ahead; the next gather() takes over the hold
     float* full_grads = nullptr;  // ZeRO >= 2 gradients until reduced
@@ -147,10 +161,16 @@ class ModelState {
   std::int64_t owned_end(const Slot& s) const {
     return zero_ == 0 ? s.numel : std::min(s.numel, owned_begin(s) + s.shard);
   }
-  bool resident(const Slot& s) const { return s.params_at == ParamPlacement::device && zero_ < 3; }
+  bool resident(const Slot& s) const { return s.params_at == ParamPlacement::device && zero_ < 3 && !bf16_; }
   float* master_host(Slot& s);  // the fp32 master weights of the owned range, on the host
+  // The stored parameters of layer elements [begin, end) from updated fp32 values (a no-op
+  // where those are the stored parameters themselves).
+  void publish_from_device(Slot& s, std::int64_t begin, std::int64_t end, float* values);
+  void publish_from_host(Slot& s, std::int64_t begin, std::int64_t end, float* values);
+  std::int64_t stored_begin(const Slot& s) const { return zero_ == 3 ? owned_begin(s) : 0; }
   void complete(Pending& p);
   void fetch(Slot& s, const Exec& copies);
+  void fetch_bf16(Slot& s, const Exec& copies);
   void update_on_device(int layer, Slot& s, const struct AdamWStep& step);
   void update_on_host(int layer, Slot& s, const struct AdamWStep& step);
   void update_dynamic(int layer, Slot& s, const struct AdamWStep& step);
@@ -166,10 +186,12 @@ class ModelState {
   MemoryConfig memory_;
   const ProcessGrid& grid_;
   int zero_;
+  bool bf16_;
   DosModel dos_;
   ParamLayout layout_;
   std::map<int, Slot> slots_;
   BufferPool<Mem> param_pool_, grad_pool_, staging_pool_, dos_pool_;
+  BufferPool<Mem, std::uint16_t> staging16_pool_;
   std::vector<Pending> pending_;
   Exec transfer_;
   std::int64_t dos_stage_size_ = 0;  // floats of each Deep Optimizer States staging buffer

@@ -8,7 +8,7 @@
 
 namespace lamina {
 
-std::vector<std::int32_t> generate_tokens(const ModelState& state, MemoryTracker& tracker,
+std::vector<std::int32_t> generate_tokens(ModelState& state, MemoryTracker& tracker,
                                           std::vector<std::int32_t> prompt, std::int64_t count, double temperature,
                                           std::uint64_t seed) {
   using Exec = ModelState::Exec;
@@ -31,12 +31,21 @@ std::vector<std::int32_t> generate_tokens(const ModelState& state, MemoryTracker
     for (std::int64_t t = 0; t < T; ++t) inputs(t) = t < len ? prompt[prompt.size() - len + t] : 0;
     Kokkos::deep_copy(exec, acts.inputs, inputs);
     Kokkos::deep_copy(exec, acts.targets, 0);
+    // Parameters as training uses them: gathered (or widened from bf16) per layer.
+    const int last = state.layout().final_layer();
+    state.gather(0);
     embed_forward(exec, state.embedding_params(), acts, whole);
     for (std::int64_t b = 0; b < model.layers; ++b) {
+      const int l = state.layout().block_layer(b);
+      state.gather(l);
       block_forward(exec, state.block_params(b), acts.block(b, acts.kept_inner(b)), acts.block_input(b), dims.NH,
                     ws.ws, whole);
+      state.release(l);
     }
+    state.gather(last);
     head_forward(exec, state.embedding_params(), state.final_params(), acts, whole);
+    state.release(last);
+    state.release(0);
     auto row = Kokkos::subview(acts.head.logits, len - 1, Kokkos::ALL);
     auto logits = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), row);
     double mx = -INFINITY, z = 0.0;

@@ -11,9 +11,10 @@ namespace lamina {
 
 // Continues `prompt` by `count` tokens drawn from softmax(logits / temperature), with
 // counter-based randomness from `seed` (the same call gives the same text). Needs the
-// whole model on this rank (no tensor or pipeline split, ZeRO below 3); uses its own
-// one-sequence activations, so the training buffers are left as they were.
-std::vector<std::int32_t> generate_tokens(const ModelState& state, MemoryTracker& tracker,
+// whole model on this rank (no tensor or pipeline split; collective over the data-parallel
+// group at ZeRO-3); uses its own one-sequence activations, so the training buffers are
+// left as they were.
+std::vector<std::int32_t> generate_tokens(ModelState& state, MemoryTracker& tracker,
                                           std::vector<std::int32_t> prompt, std::int64_t count, double temperature,
                                           std::uint64_t seed);
 

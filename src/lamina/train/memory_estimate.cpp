@@ -46,35 +46,45 @@ Bytes stage_bytes(const Deck& deck, const Schedule& schedule, int stage) {
   for (int c : part.chunks_of(stage))
     for (int l : layers_of(part.chunk(c))) held.insert(l);
   const bool checkpoints = deck.checkpoint.every > 0 || deck.checkpoint.save_final;
-  // Floats per tier and category, mirroring ModelState's buffers layer by layer.
+  const bool bf16 = deck.train.precision == Precision::bf16;
+  // Bytes per tier and category, mirroring ModelState's buffers layer by layer.
   std::int64_t params = 0, grads = 0, moments = 0, host_params = 0, host_grads = 0, host_moments = 0;
   // Pools keep one list per buffer size: their peak is, per size, the most held at once.
-  std::set<std::int64_t> gathered, full_grads, shard_staging, full_staging;
+  // Sizes in floats, or in bf16 values for the bf16 staging pool.
+  std::set<std::int64_t> gathered, full_grads, shard_staging, full_staging, staging16;
   std::int64_t dos_size = 0;
   bool dos_used = false;
   for (int l : held) {
     const std::int64_t numel = layout.layers()[static_cast<std::size_t>(l)].numel;
-    const std::int64_t shard = (numel + dp - 1) / dp, padded = shard * dp;
+    std::int64_t shard = (numel + dp - 1) / dp;
+    if (bf16) shard += shard % 2;  // bf16 shards travel in float words
+    const std::int64_t padded = shard * dp;
     const std::int64_t stored = zero < 3 ? padded : shard, owned = zero == 0 ? padded : shard;
     const ParamPlacement pa = MemoryConfig::of_layer(deck.memory.params, l);
     const OptimizerPlacement op = MemoryConfig::of_layer(deck.memory.optimizer, l);
-    (pa == ParamPlacement::device ? params : host_params) += stored;
-    // Parameters that are not resident on the device are gathered or copied in per use.
-    if (pa == ParamPlacement::host || zero == 3) gathered.insert(padded);
-    if (pa == ParamPlacement::host && zero == 3) shard_staging.insert(shard);
-    grads += zero < 2 ? padded : shard;
+    const bool on_device = pa == ParamPlacement::device;
+    (on_device ? params : host_params) += (bf16 ? 2 : 4) * stored;
+    // Parameters that are not resident on the device in fp32 are gathered, copied in or
+    // widened per use.
+    if (!on_device || zero == 3 || bf16) gathered.insert(padded);
+    if (!on_device && zero == 3) (bf16 ? staging16 : shard_staging).insert(shard);
+    if (bf16 && (zero == 3 || !on_device)) staging16.insert(padded);
+    if (bf16 && (zero == 1 || zero == 2)) staging16.insert(shard);  // sharing updated parameters
+    if (bf16 && (zero == 1 || zero == 2) && !on_device) staging16.insert(padded);
+    grads += 4 * (zero < 2 ? padded : shard);
     if (zero >= 2) full_grads.insert(padded);  // until its reduce-scatter completes: two at a time
     if (zero >= 1) shard_staging.insert(shard);  // reduce-scatter outputs, all-gather inputs
-    if ((zero == 1 || zero == 2) && pa == ParamPlacement::host) full_staging.insert(padded);
-    if (checkpoints && (zero >= 1 || (pa == ParamPlacement::host && zero == 3))) {
+    if ((zero == 1 || zero == 2) && !on_device && !bf16) full_staging.insert(padded);
+    if (checkpoints && zero >= 1) {
       shard_staging.insert(shard);  // checkpoints gather sharded state on the device
       full_staging.insert(padded);
     }
     if (op == OptimizerPlacement::device) {
-      moments += 2 * owned;
+      moments += 4 * (bf16 ? 3 : 2) * owned;  // m, v and, beside bf16 parameters, fp32 master weights
     } else {
-      host_moments += 2 * owned + (pa == ParamPlacement::device ? owned : 0);  // m, v, fp32 master
-      host_grads += owned;
+      host_moments += 4 * (on_device || bf16 ? 3 : 2) * owned;  // m, v, fp32 master (unless the parameters)
+      if (on_device && bf16) host_params += 2 * owned;          // rounded, on their way to the device
+      host_grads += 4 * owned;
       if (op == OptimizerPlacement::dynamic) {
         // Master, m and v of the largest subgroup updated on the device: none when the split
         // keeps everything home (forced, or the model on a build whose device is the host),
@@ -91,30 +101,33 @@ Bytes stage_bytes(const Deck& deck, const Schedule& schedule, int stage) {
       }
     }
   }
-  for (const auto n : gathered) params += n;
+  for (const auto n : gathered) params += 4 * n;
   // Blocks are prefetched one ahead: a second buffer of the block size where a chunk has
   // two non-resident blocks in a row.
   for (int c : part.chunks_of(stage)) {
     const Chunk& k = part.chunk(c);
     if (k.blocks() < 2) continue;
     const int l = layout.block_layer(k.first_block);
-    const bool away = MemoryConfig::of_layer(deck.memory.params, l) == ParamPlacement::host || zero == 3;
+    const bool away = MemoryConfig::of_layer(deck.memory.params, l) == ParamPlacement::host || zero == 3 || bf16;
     if (away) {
       const std::int64_t numel = layout.layers()[static_cast<std::size_t>(l)].numel;
-      params += (numel + dp - 1) / dp * dp;
+      std::int64_t shard = (numel + dp - 1) / dp;
+      if (bf16) shard += shard % 2;
+      params += 4 * shard * dp;
       break;
     }
   }
-  for (const auto n : full_grads) grads += 2 * n;
-  if (dos_used) moments += 3 * dos_size;  // master, m and v of one subgroup, one size for all layers
+  for (const auto n : full_grads) grads += 4 * 2 * n;
+  if (dos_used) moments += 4 * 3 * dos_size;  // master, m and v of one subgroup, one size for all layers
   std::int64_t comm = 0;
-  for (const auto n : shard_staging) comm += n;
-  for (const auto n : full_staging) comm += n;
+  for (const auto n : shard_staging) comm += 4 * n;
+  for (const auto n : full_staging) comm += 4 * n;
+  for (const auto n : staging16) comm += 2 * n;
 
   const Dims d = Dims::of(m, deck.data.micro_batch_size, tp, 0);
   const ActivationSizes a = activation_sizes(d);
-  std::int64_t acts = 0, host_acts = 0;
-  bool recompute = false, offload = false;
+  std::int64_t acts = 0, host_acts = 0;  // bytes
+  bool scratch = false, offload = false;
   for (int c : part.chunks_of(stage)) {
     const Chunk& k = part.chunk(c);
     std::int64_t kept = 0, offloaded = 0;
@@ -122,32 +135,35 @@ Bytes stage_bytes(const Deck& deck, const Schedule& schedule, int stage) {
       const ActivationPolicy p = deck.memory.activations[static_cast<std::size_t>(b)];
       kept += p == ActivationPolicy::keep;
       offloaded += p == ActivationPolicy::offload;
-      recompute = recompute || p == ActivationPolicy::recompute;
+      scratch = scratch || p == ActivationPolicy::recompute || (bf16 && p != ActivationPolicy::recompute);
       offload = offload || p == ActivationPolicy::offload;
     }
     const std::int64_t slots = schedule.max_in_flight(c);
-    acts += slots * (LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(a, k.blocks(), kept, k.embedding, k.head) +
-                     a.tokens);
-    host_acts += slots * offloaded * a.inner;
+    const std::int64_t fp32_kept = bf16 ? 0 : kept;
+    acts += slots * (4 * (LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(a, k.blocks(), fp32_kept, k.embedding,
+                                                                                 k.head) +
+                          a.tokens) +
+                     2 * (kept - fp32_kept) * a.inner);
+    host_acts += (bf16 ? 2 : 4) * slots * offloaded * a.inner;
   }
-  if (recompute) acts += a.inner;      // the scratch a recomputed block runs in
-  if (offload) acts += 2 * a.inner;    // staging for offloaded blocks, double-buffered
+  if (scratch) acts += 4 * a.inner;                   // where a recomputed or bf16-stored block runs
+  if (offload) acts += (bf16 ? 2 : 4) * 2 * a.inner;  // staging for offloaded blocks, double-buffered
   std::int64_t ws = a.workspace + a.ones;
   if (deck.output.sample_tokens > 0) {  // a one-sequence replica for the text sample at the end
     const ActivationSizes s = activation_sizes(Dims::of(m, 1));
-    acts += LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(s, m.layers, m.layers, true, true) + s.tokens;
+    acts += 4 * (LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(s, m.layers, m.layers, true, true) + s.tokens);
     ws += s.workspace + s.ones;
   }
   Bytes out;
   auto& dev = out[tier_label(MemTier::device)];
-  dev[mem_category_name(MemCategory::parameters)] = 4 * params;
-  dev[mem_category_name(MemCategory::gradients)] = 4 * grads;
-  dev[mem_category_name(MemCategory::optimizer_state)] = 4 * moments;
-  dev[mem_category_name(MemCategory::activations)] = 4 * acts;
+  dev[mem_category_name(MemCategory::parameters)] = params;
+  dev[mem_category_name(MemCategory::gradients)] = grads;
+  dev[mem_category_name(MemCategory::optimizer_state)] = moments;
+  dev[mem_category_name(MemCategory::activations)] = acts;
   dev[mem_category_name(MemCategory::workspace)] = 4 * ws;
-  if (comm > 0) dev[mem_category_name(MemCategory::communication)] = 4 * comm;
-  auto put_host = [&](MemCategory c, std::int64_t n) {
-    if (n > 0) out[tier_label(MemTier::host)][mem_category_name(c)] = 4 * n;
+  if (comm > 0) dev[mem_category_name(MemCategory::communication)] = comm;
+  auto put_host = [&](MemCategory c, std::int64_t bytes) {
+    if (bytes > 0) out[tier_label(MemTier::host)][mem_category_name(c)] = bytes;
   };
   put_host(MemCategory::activations, host_acts);
   put_host(MemCategory::parameters, host_params);

@@ -62,14 +62,16 @@ Runtime::Runtime(MemoryTracker& tracker, const Deck& deck, MPI_Comm world)
       schedule_(Schedule::build(deck.model.layers, schedule_options(deck))),
       dims_(Dims::of(deck.model, deck.data.micro_batch_size, grid_.tp_size(), grid_.tp_rank())) {
   state_ = std::make_unique<ModelState>(tracker, deck.model, deck.optimizer, deck.memory, grid_, schedule_.partition(),
-                                        static_cast<int>(deck.parallel.zero), dos_model(deck.memory));
+                                        static_cast<int>(deck.parallel.zero), dos_model(deck.memory),
+                                        deck.train.precision);
   CostModel cost = cost_model(deck.parallel);
   for (const Chunk& c : schedule_.partition().chunks()) {
     for (std::int64_t b = c.first_block; b < c.last_block; ++b) {
       if (deck.memory.activations[static_cast<std::size_t>(b)] == ActivationPolicy::recompute) ++cost.recomputed[c.index];
     }
   }
-  executor_ = std::make_unique<Executor>(tracker, *state_, grid_, schedule_, dims_, cost, deck.memory.activations);
+  executor_ = std::make_unique<Executor>(tracker, *state_, grid_, schedule_, dims_, cost, deck.memory.activations,
+                                         deck.train.precision);
 }
 
 Runtime::StepResult Runtime::forward_backward(const MicroBatchLoader& load, std::int64_t positions) {

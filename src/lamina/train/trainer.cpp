@@ -233,8 +233,8 @@ class Trainer {
   // continuation, so that what a byte-level model has learnt can be read.
   void print_sample(Runtime& rt, std::int64_t step) {
     const ProcessGrid& g = rt.grid();
-    if (g.tp_size() > 1 || g.pp_size() > 1 || deck_.parallel.zero == 3) {
-      log_.info("sample: skipped (printing a sample needs the whole model on one rank: tp = pp = 1, zero < 3)");
+    if (g.tp_size() > 1 || g.pp_size() > 1) {
+      log_.info("sample: skipped (printing a sample needs every layer on each rank: tp = pp = 1)");
       return;
     }
     const std::int64_t T = deck_.model.seq_len;

@@ -1,0 +1,55 @@
+#pragma once
+// bfloat16 storage: the upper 16 bits of an IEEE float (8 exponent bits, 7 mantissa
+// bits), kept as std::uint16_t so that it works with every Kokkos version and back-end
+// (Kokkos 3.4 has no bhalf_t; a host-only Kokkos 4 build makes it a 4-byte float). Values
+// are computed in float and rounded to nearest-even when stored.
+#include <cstdint>
+#include <cstring>
+
+#include "lamina/kernels/common.hpp"
+
+namespace lamina {
+
+KOKKOS_FORCEINLINE_FUNCTION std::uint16_t to_bf16(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) return static_cast<std::uint16_t>((u >> 16) | 0x40u);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+KOKKOS_FORCEINLINE_FUNCTION float from_bf16(std::uint16_t b) {
+  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+}
+
+template <class Exec>
+using Bf16Vec = Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, typename Exec::memory_space>;
+
+// dst = bf16(src); dst, src: (n)
+template <class Exec>
+void to_bf16(const Exec& exec, const Bf16Vec<Exec>& dst, const ConstVec<Exec>& src) {
+  Kokkos::parallel_for(
+      "lamina::to_bf16", Range<Exec>(exec, 0, static_cast<std::int64_t>(dst.extent(0))),
+      KOKKOS_LAMBDA(std::int64_t i) { dst(i) = to_bf16(src(i)); });
+}
+
+// dst = float(src)
+template <class Exec>
+void from_bf16(const Exec& exec, const Vec<Exec>& dst, const Bf16Vec<Exec>& src) {
+  Kokkos::parallel_for(
+      "lamina::from_bf16", Range<Exec>(exec, 0, static_cast<std::int64_t>(dst.extent(0))),
+      KOKKOS_LAMBDA(std::int64_t i) { dst(i) = from_bf16(src(i)); });
+}
+
+// x = float(bf16(x)): what storing as bf16 and reading back gives, in place.
+template <class Exec>
+void round_to_bf16(const Exec& exec, const Vec<Exec>& x) {
+  Kokkos::parallel_for(
+      "lamina::round_to_bf16", Range<Exec>(exec, 0, static_cast<std::int64_t>(x.extent(0))),
+      KOKKOS_LAMBDA(std::int64_t i) { x(i) = from_bf16(to_bf16(x(i))); });
+}
+
+}  // namespace lamina

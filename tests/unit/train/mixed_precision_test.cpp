@@ -1,0 +1,124 @@
+// bf16 mixed precision: bf16 parameters and stored activations, fp32 master weights,
+// moments and gradients. Every memory option trains bit for bit like the bf16 run that
+// keeps everything (stored activations are bf16 whatever the policy); the memory model
+// predicts what the run allocates; and the demo learns as well as in fp32.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "lamina/model/gpt_activations.hpp"
+#include "lamina/train/bench.hpp"
+#include "lamina/train/trainer.hpp"
+#include "training_fixture.hpp"
+
+namespace lamina::test {
+namespace {
+
+class MixedPrecision : public Training {
+ protected:
+  void expect_like_bf16_baseline(const std::string& name, std::vector<std::string> sets) {
+    if (!baseline_done_) {
+      run_training(deck("bf16", 3, {"train.precision=bf16"}), quiet_, MPI_COMM_WORLD);
+      baseline_done_ = true;
+    }
+    sets.push_back("train.precision=bf16");
+    const Deck d = deck(name, 3, sets);
+    run_training(d, quiet_, MPI_COMM_WORLD);
+    expect_identical_checkpoints(dir_ + "/bf16/checkpoints/step_00000003.h5",
+                                 dir_ + "/" + name + "/checkpoints/step_00000003.h5", d.model);
+  }
+  // Measured peak bytes of one category in one memory tier, from `lamina bench memory`.
+  std::int64_t measured(const std::vector<std::string>& sets, MemTier tier, const std::string& category) {
+    const std::string s = bench_memory(deck("peak", 2, sets), 1, quiet_).str();
+    const auto space = s.find("\"" + tier_label(tier) + "\": {", s.find("\"measured_by_category\""));
+    const auto k = s.find("\"" + category + "\": ", space);
+    EXPECT_TRUE(space != std::string::npos && k != std::string::npos && k < s.find('}', space)) << s;
+    return k == std::string::npos ? 0 : std::stoll(s.substr(k + category.size() + 4));
+  }
+  bool baseline_done_ = false;
+};
+
+TEST_F(MixedPrecision, MemoryOptionsTrainBitIdenticallyInBf16) {
+  expect_like_bf16_baseline("recompute", {"memory.activations=recompute"});
+  expect_like_bf16_baseline("offload", {"memory.activations=offload"});
+  expect_like_bf16_baseline("host", {"memory.params=host", "memory.optimizer=host"});
+  expect_like_bf16_baseline("dynamic", {"memory.optimizer=dynamic", "memory.dos_split=alternate",
+                                        "optimizer.subgroup_size=300"});
+  expect_like_bf16_baseline("mixed", {"memory.activations=[\"offload\", \"recompute\"]",
+                                      "memory.params=[\"device\", \"host\"]",
+                                      "memory.optimizer=[\"dynamic\", \"host\"]", "memory.dos_split=all_device"});
+}
+
+TEST_F(MixedPrecision, Bf16DiffersFromFp32ButOnlyByRounding) {
+  run_training(deck("fp32", 3), quiet_, MPI_COMM_WORLD);
+  run_training(deck("bf16", 3, {"train.precision=bf16"}), quiet_, MPI_COMM_WORLD);
+  const auto a = metric_lines(dir_ + "/fp32/metrics.jsonl"), b = metric_lines(dir_ + "/bf16/metrics.jsonl");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_NE(loss_of(a[0]), loss_of(b[0]));  // bf16 parameters change the very first forward
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_NEAR(std::stod(loss_of(b[i])), std::stod(loss_of(a[i])), 2e-2) << i;
+  // The checkpoint holds the fp32 master weights, not their bf16 rounding.
+  const auto w = dataset(dir_ + "/bf16/checkpoints/step_00000003.h5", "model/h.0.mlp.c_fc.weight");
+  std::size_t not_bf16 = 0;
+  for (const float x : w) {
+    std::uint32_t u;
+    std::memcpy(&u, &x, sizeof(u));
+    not_bf16 += (u & 0xffffu) != 0;
+  }
+  EXPECT_GT(not_bf16, w.size() / 2);
+}
+
+TEST_F(MixedPrecision, PredictedPeakMemoryIsWhatTheRunAllocates) {
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{}, {"memory.activations=recompute"}, {"memory.activations=offload"},
+        {"memory.params=host", "memory.optimizer=host"}, {"memory.optimizer=dynamic", "memory.dos_split=alternate"},
+        {"memory.activations=[\"offload\", \"keep\"]", "memory.optimizer=dynamic", "memory.dos_split=all_device",
+         "memory.params=host"}}) {
+    auto with = sets;
+    with.push_back("train.precision=bf16");
+    const std::string s = bench_memory(deck("bench", 2, with), 2, quiet_).str();
+    const auto k = s.find("\"max_relative_error\": ");
+    ASSERT_NE(k, std::string::npos) << s;
+    EXPECT_LT(std::stod(s.substr(k + 22)), 1e-9) << s;
+  }
+}
+
+TEST_F(MixedPrecision, StoredParametersAndActivationsTakeHalfTheBytes) {
+  // With parameters and optimizer in the host tier, its parameter bytes are the stored copy.
+  const std::vector<std::string> fp32 = {"model.layers=4", "memory.params=host", "memory.optimizer=host"};
+  std::vector<std::string> bf16 = fp32;
+  bf16.push_back("train.precision=bf16");
+  const MemTier host = MemTier::host, device = MemTier::device;
+  EXPECT_NEAR(measured(bf16, host, "parameters"), measured(fp32, host, "parameters") / 2, 8 * 6);  // 6 layers' padding
+  // fp32 master weights join m and v: 12 bytes per parameter instead of 8.
+  EXPECT_NEAR(measured(bf16, host, "optimizer_state"), measured(fp32, host, "optimizer_state") * 3 / 2, 12 * 6);
+  // Kept inner activations take half the bytes, less the fp32 scratch where a block runs
+  // (the residual stream and the logits stay fp32).
+  const Deck d = deck("sizes", 2, fp32);
+  const std::int64_t inner = activation_sizes(Dims::of(d.model, d.data.micro_batch_size)).inner;
+  EXPECT_EQ(measured(fp32, device, "activations") - measured(bf16, device, "activations"), 4 * 2 * inner - 4 * inner);
+}
+
+TEST_F(MixedPrecision, TheDemoLearnsAsInFp32Over200Steps) {
+  std::vector<double> last[2];
+  for (int bf16 = 0; bf16 < 2; ++bf16) {
+    const std::string run = bf16 ? "demo_bf16" : "demo_fp32";
+    const Deck d = load_deck(std::string(LAMINA_SOURCE_DIR) + "/inputs/demo.toml",
+                             {"train.steps=200", "output.dir=" + dir_ + "/" + run, "output.sample_tokens=0", "output.log_every=1",
+                              "checkpoint.every=0", "checkpoint.save_final=false",
+                              std::string("train.precision=") + (bf16 ? "bf16" : "fp32")});
+    run_training(d, quiet_, MPI_COMM_WORLD);
+    const auto lines = metric_lines(dir_ + "/" + run + "/metrics.jsonl");
+    ASSERT_EQ(lines.size(), 200u);
+    for (std::size_t i = 180; i < 200; ++i) last[bf16].push_back(std::stod(loss_of(lines[i])));
+  }
+  const double fp32 = std::accumulate(last[0].begin(), last[0].end(), 0.0) / 20;
+  const double bf16 = std::accumulate(last[1].begin(), last[1].end(), 0.0) / 20;
+  EXPECT_LT(fp32, 2.3);  // well below the text's unigram entropy (3.2 nats): it learnt
+  EXPECT_NEAR(bf16, fp32, 0.03 * fp32) << "mean loss of steps 181-200";
+}
+
+}  // namespace
+}  // namespace lamina::test
