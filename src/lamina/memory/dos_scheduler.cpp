@@ -67,9 +67,13 @@ DosPlan plan_dos(const std::vector<std::int64_t>& sizes, const DosModel& m, std:
 std::string DosPlan::describe() const {
   std::string sites;
   for (const UpdateSite s : site) sites += s == UpdateSite::device ? 'D' : 'h';
-  return strprintf("%zu subgroups [%s], stride %d, %s, predicted %.3f ms (all host %.3f ms)%s", site.size(),
-                   sites.c_str(), stride, human_bytes(static_cast<double>(device_bytes)).c_str(),
-                   predicted_seconds * 1e3, all_host_seconds * 1e3,
+  // A forced split runs without the model's inputs: nothing to predict from.
+  const std::string prediction =
+      std::isfinite(predicted_seconds)
+          ? strprintf(", predicted %.3f ms (all host %.3f ms)", predicted_seconds * 1e3, all_host_seconds * 1e3)
+          : "";
+  return strprintf("%zu subgroups [%s], stride %d, %s%s%s", site.size(), sites.c_str(), stride,
+                   human_bytes(static_cast<double>(device_bytes)).c_str(), prediction.c_str(),
                    memory_limited ? ", device memory too small: all host" : "");
 }
 

@@ -3,6 +3,7 @@
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <chrono>
+#include <unistd.h>
 #include <vector>
 
 #include "lamina/kernels/gemm.hpp"
@@ -22,6 +23,32 @@ Measurement summarize(std::vector<double> v) {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// Writes over more than the last-level cache before each repetition, so that a
+// measurement starts from memory the way a training step's optimizer update does (its
+// state was last touched a step ago; large last-level caches would otherwise hold a
+// benchmark's arrays and flatter its rate). Off: does nothing.
+template <class E>
+class CacheEvictor {
+ public:
+  explicit CacheEvictor(bool on) {
+    if (!on) return;
+    std::int64_t bytes = 32 << 20;
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+    bytes = std::max<std::int64_t>(bytes, 2 * static_cast<std::int64_t>(sysconf(_SC_LEVEL3_CACHE_SIZE)));
+#endif
+    bytes = std::min<std::int64_t>(bytes, std::int64_t(1) << 30);
+    buf_ = Vec<E>("lamina::cache_evictor", static_cast<std::size_t>(bytes / 4));
+  }
+  void operator()(const E& exec) const {
+    if (buf_.extent(0) == 0) return;
+    Kokkos::deep_copy(exec, buf_, 1.0f);
+    exec.fence();
+  }
+
+ private:
+  Vec<E> buf_;
+};
 
 }  // namespace
 
@@ -61,14 +88,16 @@ Measurement measure_triad_gbytes(std::int64_t n, int reps) {
 namespace {
 
 template <class E>
-Measurement adamw_rate(std::int64_t n, int reps) {
+Measurement adamw_rate(std::int64_t n, int reps, bool cold) {
   Vec<E> p("lamina::bench_p", n), g("lamina::bench_g", n), m("lamina::bench_m", n), v("lamina::bench_v", n);
   Kokkos::deep_copy(p, 0.5f);
   Kokkos::deep_copy(g, 0.01f);
   const E exec;
+  const CacheEvictor<E> evict(cold);
   std::vector<double> rates;
   for (int r = 0; r <= reps; ++r) {
     const AdamWStep s = AdamWStep::make(1e-4, 0.9, 0.95, 1e-8, r + 1, 1.0);
+    evict(exec);
     const auto t0 = std::chrono::steady_clock::now();
     adamw_update(exec, p, m, v, ConstVec<E>(g), s, 0.1f);
     exec.fence();
@@ -79,16 +108,18 @@ Measurement adamw_rate(std::int64_t n, int reps) {
 
 }  // namespace
 
-Measurement measure_adamw_rate(std::int64_t n, int reps, bool on_host) {
-  return on_host ? adamw_rate<Kokkos::DefaultHostExecutionSpace>(n, reps) : adamw_rate<Exec>(n, reps);
+Measurement measure_adamw_rate(std::int64_t n, int reps, bool on_host, bool cold) {
+  return on_host ? adamw_rate<Kokkos::DefaultHostExecutionSpace>(n, reps, cold) : adamw_rate<Exec>(n, reps, cold);
 }
 
-Measurement measure_copy_rate(std::int64_t n, int reps, bool to_device) {
+Measurement measure_copy_rate(std::int64_t n, int reps, bool to_device, bool cold) {
   Kokkos::View<float*, Kokkos::HostSpace> h("lamina::bench_host", n);
   Vec<Exec> d("lamina::bench_device", n);
   Kokkos::deep_copy(h, 1.0f);
+  const CacheEvictor<Kokkos::DefaultHostExecutionSpace> evict(cold);
   std::vector<double> rates;
   for (int r = 0; r <= reps; ++r) {
+    evict(Kokkos::DefaultHostExecutionSpace());
     const auto t0 = std::chrono::steady_clock::now();
     if (to_device) {
       Kokkos::deep_copy(d, h);

@@ -16,9 +16,10 @@ Measurement measure_gemm_gflops(std::int64_t n, int reps);
 Measurement measure_triad_gbytes(std::int64_t n, int reps);
 
 // AdamW on n parameters in the default execution space (device) or the default host
-// execution space (host), in parameters per second.
-Measurement measure_adamw_rate(std::int64_t n, int reps, bool on_host);
+// execution space (host), in parameters per second; cold: each repetition starts with
+// the arrays out of the caches (as in a training step), else they may be cached.
+Measurement measure_adamw_rate(std::int64_t n, int reps, bool on_host, bool cold = false);
 // Copies of n floats from host to device memory (to_device) or back, in bytes per second.
-Measurement measure_copy_rate(std::int64_t n, int reps, bool to_device);
+Measurement measure_copy_rate(std::int64_t n, int reps, bool to_device, bool cold = false);
 
 }  // namespace lamina

@@ -51,7 +51,11 @@ Bytes stage_bytes(const Deck& deck, const Schedule& schedule, int stage) {
   std::int64_t params = 0, grads = 0, moments = 0, host_params = 0, host_grads = 0, host_moments = 0;
   // Pools keep one list per buffer size: their peak is, per size, the most held at once.
   // Sizes in floats, or in bf16 values for the bf16 staging pool.
-  std::set<std::int64_t> gathered, full_grads, shard_staging, full_staging, staging16;
+  std::set<std::int64_t> gathered, shard_staging, full_staging, staging16;
+  std::map<std::int64_t, int> full_grads;  // size -> buffers of it held at once
+  bool head = false;
+  for (int c : part.chunks_of(stage)) head = head || part.chunk(c).head;
+  const ScheduleOptions so = schedule_options(deck);
   std::int64_t dos_size = 0;
   bool dos_used = false;
   for (int l : held) {
@@ -72,7 +76,15 @@ Bytes stage_bytes(const Deck& deck, const Schedule& schedule, int stage) {
     if (bf16 && (zero == 1 || zero == 2)) staging16.insert(shard);  // sharing updated parameters
     if (bf16 && (zero == 1 || zero == 2) && !on_device) staging16.insert(padded);
     grads += 4 * (zero < 2 ? padded : shard);
-    if (zero >= 2) full_grads.insert(padded);  // until its reduce-scatter completes: two at a time
+    if (zero >= 2) {
+      // Full-size accumulators live until their reduce-scatter completes, one in flight:
+      // a size shared by two layers has one accumulating and one reducing. The tied
+      // embedding alone has its own size; next to the LM head it has two too when each
+      // micro-batch reduces (its reduction ends one backward, the next head starts anew).
+      const bool twice = l == 0 && head && so.micro_batches > 1 && !so.layered;
+      int& n = full_grads[padded];
+      n = std::min(2, n + (twice ? 2 : 1));
+    }
     if (zero >= 1) shard_staging.insert(shard);  // reduce-scatter outputs, all-gather inputs
     if ((zero == 1 || zero == 2) && !on_device && !bf16) full_staging.insert(padded);
     if (checkpoints && zero >= 1) {
@@ -117,7 +129,7 @@ Bytes stage_bytes(const Deck& deck, const Schedule& schedule, int stage) {
       break;
     }
   }
-  for (const auto n : full_grads) grads += 4 * 2 * n;
+  for (const auto& [size, n] : full_grads) grads += 4 * n * size;
   if (dos_used) moments += 4 * 3 * dos_size;  // master, m and v of one subgroup, one size for all layers
   std::int64_t comm = 0;
   for (const auto n : shard_staging) comm += 4 * n;
@@ -216,7 +228,8 @@ void check_memory_budget(const Deck& deck, const MemoryEstimate& estimate) {
         "%s: memory.%s = %s, but the run needs %s in %s per rank (%s over):%s\n"
         "  what helps: memory.activations = \"recompute\" or \"offload\" (activations; they also scale with "
         "data.micro_batch_size), memory.params = \"host\", memory.optimizer = \"host\" or \"dynamic\", "
-        "parallel.zero, tp and pp (parameters, gradients, optimizer state)",
+        "train.precision = \"bf16\" (stored parameters and activations), parallel.zero, tp and pp (parameters, "
+        "gradients, optimizer state)",
         deck.source.c_str(), key, human_bytes(static_cast<double>(budget)).c_str(),
         human_bytes(static_cast<double>(need)).c_str(), space.c_str(),
         human_bytes(static_cast<double>(need - budget)).c_str(), parts.c_str()));

@@ -37,22 +37,24 @@ CostModel cost_model(const ParallelConfig& p) {
 
 }  // namespace
 
-DosModel dos_model(const MemoryConfig& m) {
+DosModel dos_model(const MemoryConfig& m, bool measure) {
   DosModel d;
   d.host_rate = m.dos_host_rate;
   d.device_rate = m.dos_device_rate;
   d.h2d = m.dos_h2d;
   d.d2h = m.dos_d2h;
   d.concurrent = !Kokkos::SpaceAccessibility<Kokkos::HostSpace, Kokkos::DefaultExecutionSpace::memory_space>::accessible;
+  // Only the model's split reads them (a forced split does not).
   const bool dynamic = std::any_of(m.optimizer.begin(), m.optimizer.end(),
                                    [](OptimizerPlacement p) { return p == OptimizerPlacement::dynamic; });
-  if (!dynamic) return d;
-  // Inputs the deck leaves at 0 are measured now, on arrays of 4M parameters.
-  constexpr std::int64_t n = 1 << 22;
-  if (d.host_rate <= 0) d.host_rate = measure_adamw_rate(n, 5, true).median;
-  if (d.device_rate <= 0) d.device_rate = measure_adamw_rate(n, 5, false).median;
-  if (d.h2d <= 0) d.h2d = measure_copy_rate(n, 5, true).median;
-  if (d.d2h <= 0) d.d2h = measure_copy_rate(n, 5, false).median;
+  if (!(dynamic && m.dos_split == DosSplit::model) && !measure) return d;
+  // Inputs the deck leaves at 0 are measured now, on arrays of 8M parameters out of cache
+  // (the optimizer state a step updates was last touched a step ago).
+  constexpr std::int64_t n = 1 << 23;
+  if (d.host_rate <= 0) d.host_rate = measure_adamw_rate(n, 5, true, true).median;
+  if (d.device_rate <= 0) d.device_rate = measure_adamw_rate(n, 5, false, true).median;
+  if (d.h2d <= 0) d.h2d = measure_copy_rate(n, 5, true, true).median;
+  if (d.d2h <= 0) d.d2h = measure_copy_rate(n, 5, false, true).median;
   return d;
 }
 
