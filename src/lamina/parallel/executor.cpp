@@ -186,7 +186,7 @@ void Executor::backward(const Chunk& c, int mb, float loss_scale, bool reduce) {
       head_backward(exec, state_.embedding_grads(), state_.final_grads(), state_.embedding_params(),
                     state_.final_params(), a, ws_.ws, loss_scale, tp_);
     }
-    if (reduce) reduce_layer(layout.final_layer());
+    if (reduce) reduce_layer(layout.final_layer(), mb);
   }
   for (std::int64_t b = c.last_block; b-- > c.first_block;) {
     {
@@ -197,13 +197,13 @@ void Executor::backward(const Chunk& c, int mb, float loss_scale, bool reduce) {
       block_backward(exec, state_.block_grads(b), state_.block_params(b), s, a.block_input(b), a.dres, dims_.NH,
                      ws_.ws, tp_);
     }
-    if (reduce) reduce_layer(layout.block_layer(b));
+    if (reduce) reduce_layer(layout.block_layer(b), mb);
   }
   if (c.embedding) {
     state_.begin_grads(0);
     embed_backward(exec, state_.embedding_grads(), a);  // needs no parameters
   }
-  if (reduce && (c.embedding || c.head)) reduce_layer(0);  // the tied embedding: lookup and head both done
+  if (reduce && (c.embedding || c.head)) reduce_layer(0, mb);  // the tied embedding: lookup and head both done
   if (c.index > 0 && schedule_.partition().chunk(c.index - 1).stage == c.stage) {
     copy(slot(c.index - 1, mb).dres, a.dres);  // hand the input gradient to the previous chunk
   }
@@ -311,11 +311,11 @@ void Executor::recv(Op op, int chunk, int mb, int peer) {
   clock_ = std::max(clock_, arrival);
 }
 
-void Executor::reduce_layer(int layer) {
+void Executor::reduce_layer(int layer, int mb) {
   // A layer used by several local chunks (the tied embedding) is reduced after the last.
   if (++reduced_[layer] < users_[layer]) return;
   reduced_[layer] = 0;
-  state_.reduce_grads(layer);
+  state_.reduce_grads(layer, mb == schedule_.micro_batches() - 1);
 }
 
 StageResult Executor::run(const MicroBatchLoader& load, float loss_scale) {

@@ -67,7 +67,7 @@ class Executor {
   void backward(const Chunk& c, int mb, float loss_scale, bool reduce);
   void send(Op op, int chunk, int mb, int peer);
   void recv(Op op, int chunk, int mb, int peer);
-  void reduce_layer(int layer);
+  void reduce_layer(int layer, int mb);  // after micro-batch mb's backward
   // Block b's activations for its backward, recomputed or brought back as its policy says.
   BlockActs<Exec> restore(LayerRangeActs<Exec>& a, std::int64_t b);
   // Staging buffer i, now holding block b of range a (null: nothing yet).

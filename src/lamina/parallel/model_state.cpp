@@ -287,17 +287,42 @@ void ModelState::zero_grads() {
   for (auto& [l, s] : slots_) {
     if (zero_ < 2) fill(exec, s.grads.data(), s.padded, 0.0f);
     if (zero_ >= 2) fill(exec, s.grad_shard.data(), s.shard, 0.0f);
+    s.flushed = false;
   }
 }
 
-void ModelState::reduce_grads(int layer) {
+void ModelState::flush_grads(int layer, Slot& s) {
+  s.flushed = true;
+  const std::int64_t begin = owned_begin(s), end = owned_end(s);
+  if (s.optimizer_at == OptimizerPlacement::device || end <= begin) return;
+  const auto groups = layout_.subgroups(layer, begin, end, opt_.subgroup_size);
+  if (s.optimizer_at == OptimizerPlacement::dynamic) {
+    // Placed now, with the device memory free now (what the budget leaves; unknown
+    // without one), so that device subgroups' gradients never leave the device.
+    std::vector<std::int64_t> sizes;
+    for (const Subgroup& g : groups) sizes.push_back(g.end - g.begin);
+    const std::int64_t budget = memory_.device_budget;
+    const std::int64_t free = budget > 0 ? budget - tracker_.current(tier_label(MemTier::device)) : -1;
+    s.plan = plan_dos(sizes, dos_, free, memory_.dos_split);
+  }
+  const DeviceWindow g = zero_ <= 1 ? DeviceWindow{s.grads.data(), 0} : DeviceWindow{s.grad_shard.data(), begin};
+  const HostWindow h{s.grads_host.data(), begin};
+  for (std::size_t x = 0; x < groups.size(); ++x) {
+    if (s.optimizer_at == OptimizerPlacement::dynamic && s.plan.site[x] == UpdateSite::device) continue;
+    Kokkos::deep_copy(transfer_, h(groups[x].begin, groups[x].end), g(groups[x].begin, groups[x].end));
+  }
+}
+
+void ModelState::reduce_grads(int layer, bool final) {
   Slot& s = slot(layer);
   Exec().fence();  // the gradients are complete before the network reads them
   if (zero_ == 0) {
     // Subgroup-sized buckets: each can start as soon as it is ready and keeps messages bounded.
     for (std::int64_t b = 0; b < s.padded; b += opt_.subgroup_size) {
       const std::int64_t n = std::min(opt_.subgroup_size, s.padded - b);
-      pending_.push_back({layer, grid_.dp().iallreduce(s.grads.data() + b, n, ReduceOp::sum), nullptr, nullptr});
+      const bool last = b + n == s.padded;
+      pending_.push_back({layer, grid_.dp().iallreduce(s.grads.data() + b, n, ReduceOp::sum), nullptr, nullptr,
+                          final && last});
     }
     return;
   }
@@ -309,7 +334,8 @@ void ModelState::reduce_grads(int layer) {
   }
   float* full = zero_ == 1 ? s.grads.data() : s.full_grads;
   float* temp = staging_pool_.acquire(s.shard);
-  pending_.push_back({layer, grid_.dp().ireduce_scatter(full, temp, s.shard), temp, zero_ >= 2 ? full : nullptr});
+  pending_.push_back(
+      {layer, grid_.dp().ireduce_scatter(full, temp, s.shard), temp, zero_ >= 2 ? full : nullptr, final});
   if (zero_ >= 2) s.full_grads = nullptr;  // the next backward starts a fresh accumulator
 }
 
@@ -328,6 +354,13 @@ void ModelState::complete(Pending& p) {
     staging_pool_.release(p.temp, s.shard);
   }
   if (p.full != nullptr) grad_pool_.release(p.full, s.padded);
+  // The step's gradients of this layer are complete: those updated on the host start
+  // their way there on the transfer instance, overlapping the rest of the backward pass
+  // (the tied embedding waits for the other pipeline end's part).
+  if (p.final && !(p.layer == 0 && grid_.pp_size() > 1)) {
+    exec.fence();
+    flush_grads(p.layer, s);
+  }
 }
 
 void ModelState::finish_reductions() {
@@ -346,15 +379,10 @@ void ModelState::finish_reductions() {
       grid_.embedding().allreduce(s.grad_shard.data(), s.shard, ReduceOp::sum);
     }
   }
-  // Gradients of layers updated on the host start their way there (the transfer instance
-  // overlaps them with whatever the compute does next; the update waits for them).
+  // Gradients not on their way to the host yet (the update waits for them).
   exec.fence();
-  for (auto& [l, s] : slots_) {
-    if (s.optimizer_at == OptimizerPlacement::device) continue;
-    const std::int64_t n = owned_end(s) - owned_begin(s);
-    float* g = zero_ <= 1 ? s.grads.data() + owned_begin(s) : s.grad_shard.data();
-    Kokkos::deep_copy(transfer_, host(s.grads_host.data(), n), dev(g, n));
-  }
+  for (auto& [l, s] : slots_)
+    if (!s.flushed) flush_grads(l, s);
 }
 
 double ModelState::grad_sq_norm_local() const {
@@ -409,13 +437,7 @@ void ModelState::update_dynamic(int layer, Slot& s, const AdamWStep& step) {
   const Exec exec;
   const HostExec hexec;
   const std::int64_t begin = owned_begin(s), end = owned_end(s);
-  const auto groups = layout_.subgroups(layer, begin, end, opt_.subgroup_size);
-  std::vector<std::int64_t> sizes;
-  for (const Subgroup& g : groups) sizes.push_back(g.end - g.begin);
-  // Device memory free now: what the budget leaves (unknown without a budget).
-  const std::int64_t budget = memory_.device_budget;
-  const std::int64_t free = budget > 0 ? budget - tracker_.current(tier_label(MemTier::device)) : -1;
-  s.plan = plan_dos(sizes, dos_, free, memory_.dos_split);
+  const auto groups = layout_.subgroups(layer, begin, end, opt_.subgroup_size);  // placed in s.plan by flush_grads
 
   const HostWindow p{master_host(s), begin}, gh{s.grads_host.data(), begin};
   const HostWindow m{s.m_host.data(), begin}, v{s.v_host.data(), begin};

@@ -81,10 +81,12 @@ class ModelState {
   float* grads(int layer) const;
   void zero_grads();
 
-  // Starts the data-parallel reduction of a layer's gradients (non-blocking).
-  void reduce_grads(int layer);
+  // Starts the data-parallel reduction of a layer's gradients (non-blocking); final: the
+  // step's last for this layer, after which its gradients start their way to the host
+  // where the optimizer updates them there.
+  void reduce_grads(int layer, bool final = true);
   // Waits for every reduction, adds the tied embedding's two halves (pp > 1), and starts
-  // copying gradients to the host for layers updated there.
+  // copying the gradients not on their way to the host yet.
   void finish_reductions();
   // Sum of squares of the gradients this rank is the one owner of (each element of the
   // model counted on exactly one rank); the caller sums it over the world.
@@ -147,13 +149,15 @@ class ModelState {
     int gather_count = 0;
     bool prefetched = false;    // gathered ahead; the next gather() takes over the hold
     float* full_grads = nullptr;  // ZeRO >= 2 gradients until reduced
-    DosPlan plan;                 // optimizer = dynamic: the last step's split
+    DosPlan plan;                 // optimizer = dynamic: this step's split
+    bool flushed = false;         // this step's gradients are on their way to the host
   };
   struct Pending {
     int layer;
     Request request;
     float* temp = nullptr;  // reduce-scatter output to add into the shard, if any
     float* full = nullptr;  // ZeRO >= 2 full gradients to release
+    bool final = false;     // the layer's last reduction of the step
   };
   Slot& slot(int layer) { return slots_.at(layer); }
   const Slot& slot(int layer) const { return slots_.at(layer); }
@@ -169,6 +173,9 @@ class ModelState {
   void publish_from_host(Slot& s, std::int64_t begin, std::int64_t end, float* values);
   std::int64_t stored_begin(const Slot& s) const { return zero_ == 3 ? owned_begin(s) : 0; }
   void complete(Pending& p);
+  // Starts copying a layer's gradients to the host for its host-updated subgroups
+  // (placing them first where the optimizer is dynamic).
+  void flush_grads(int layer, Slot& s);
   void fetch(Slot& s, const Exec& copies);
   void fetch_bf16(Slot& s, const Exec& copies);
   void update_on_device(int layer, Slot& s, const struct AdamWStep& step);
