@@ -324,6 +324,12 @@ void ModelState::reduce_grads(int layer, bool final) {
       pending_.push_back({layer, grid_.dp().iallreduce(s.grads.data() + b, n, ReduceOp::sum), nullptr, nullptr,
                           final && last});
     }
+    // Reductions already done complete now (in order, so a layer's last bucket completes
+    // after its others): host-updated gradients leave before the rest of the backward pass.
+    while (!pending_.empty() && pending_.front().request.test()) {
+      complete(pending_.front());
+      pending_.erase(pending_.begin());
+    }
     return;
   }
   // One reduce-scatter in flight (overlapping the backward of the layer before): each
