@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "lamina/core/deck.hpp"
 #include "lamina/parallel/partition.hpp"
 
 namespace lamina {
@@ -44,6 +45,9 @@ struct ScheduleOptions {
   bool layered = false;    // breadth-first over micro-batches (layered gradient accumulation)
   int zero = 0;            // ZeRO stage, for gathers and reduction points
 };
+
+// The schedule options a deck asks for (micro-batches per data-parallel rank and step).
+ScheduleOptions schedule_options(const Deck& deck);
 
 class Schedule {
  public:

@@ -13,7 +13,7 @@
 #include "lamina/optim/adamw.hpp"
 #include "lamina/optim/grad_norm.hpp"
 #include "lamina/memory/dos_scheduler.hpp"
-#include "lamina/train/memory_estimate.hpp"
+#include "lamina/memory/memory_estimate.hpp"
 #include "lamina/train/runtime.hpp"
 #include "lamina/train/machine.hpp"
 

@@ -10,21 +10,6 @@
 
 namespace lamina {
 
-ScheduleOptions schedule_options(const Deck& deck) {
-  const ParallelConfig& p = deck.parallel;
-  ScheduleOptions o;
-  o.kind = p.schedule == "gpipe"         ? ScheduleKind::gpipe
-           : p.schedule == "interleaved" ? ScheduleKind::interleaved
-           : p.schedule == "modular"     ? ScheduleKind::modular
-                                         : ScheduleKind::one_f_one_b;
-  o.stages = static_cast<int>(p.pp);
-  o.micro_batches = static_cast<int>(deck.data.batch_size / (deck.data.micro_batch_size * p.dp));
-  o.virtual_stages = static_cast<int>(p.virtual_stages);
-  o.layered = p.layered;
-  o.zero = static_cast<int>(p.zero);
-  return o;
-}
-
 namespace {
 
 CostModel cost_model(const ParallelConfig& p) {

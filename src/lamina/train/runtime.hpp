@@ -17,8 +17,6 @@
 
 namespace lamina {
 
-// The schedule options a deck asks for (micro-batches per data-parallel rank and step).
-ScheduleOptions schedule_options(const Deck& deck);
 // The Deep Optimizer States model a deck asks for; inputs it leaves at 0 are measured
 // when some layer's optimizer is dynamic with the model's split, or when `measure` asks.
 DosModel dos_model(const MemoryConfig& memory, bool measure = false);

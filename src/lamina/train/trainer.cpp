@@ -20,7 +20,7 @@
 #include "lamina/train/generate.hpp"
 #include "lamina/train/runtime.hpp"
 #include "lamina/train/machine.hpp"
-#include "lamina/train/memory_estimate.hpp"
+#include "lamina/memory/memory_estimate.hpp"
 
 namespace lamina {
 

@@ -1,4 +1,4 @@
-#include "lamina/train/memory_estimate.hpp"
+#include "lamina/memory/memory_estimate.hpp"
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
@@ -11,7 +11,6 @@
 #include "lamina/model/gpt_activations.hpp"
 #include "lamina/model/param_layout.hpp"
 #include "lamina/parallel/schedule.hpp"
-#include "lamina/train/runtime.hpp"
 
 namespace lamina {
 
