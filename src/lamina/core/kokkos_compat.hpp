@@ -7,6 +7,23 @@
 #define KOKKOS_VERSION_GREATER_EQUAL(M, m, p) (KOKKOS_VERSION >= ((M)*10000 + (m)*100 + (p)))
 #endif
 
+namespace lamina {
+
+// The host memory tier (offloaded activations, parameters and optimizer state): page-locked
+// where a GPU copies to and from it, so that those copies run asynchronously on a transfer
+// instance at the link's bandwidth (pageable memory makes them synchronous and staged);
+// plain host memory where the compute runs on the host. Kokkos 4 names it for every
+// backend; Kokkos 3 only per backend.
+#if defined(KOKKOS_HAS_SHARED_HOST_PINNED_SPACE)
+using HostTierSpace = Kokkos::SharedHostPinnedSpace;
+#elif defined(KOKKOS_ENABLE_CUDA)
+using HostTierSpace = Kokkos::CudaHostPinnedSpace;
+#else
+using HostTierSpace = Kokkos::HostSpace;
+#endif
+
+}  // namespace lamina
+
 namespace lamina::math {
 
 // Math functions moved from Kokkos::Experimental to Kokkos in 3.7.

@@ -171,8 +171,8 @@ class LayerRangeActs {
  public:
   using Mem = typename Exec::memory_space;
   using TokenView = Kokkos::View<std::int32_t*, Kokkos::LayoutRight, Mem>;
-  using HostView = Kokkos::View<float*, Kokkos::LayoutRight, Kokkos::HostSpace>;
-  using HostView16 = Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, Kokkos::HostSpace>;
+  using HostView = Kokkos::View<float*, Kokkos::LayoutRight, HostTierSpace>;
+  using HostView16 = Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, HostTierSpace>;
 
   // Device-tier floats a range needs (blocks with fp32 kept inner activations: `kept`); the
   // token buffer and bf16 kept inner activations come on top, offloaded blocks' host
@@ -218,10 +218,10 @@ class LayerRangeActs {
       if (pol == ActivationPolicy::offload) {
         const std::string label = "lamina::offloaded_h" + std::to_string(l);
         if (bf16) {
-          host16_.back() = Buffer<std::uint16_t, Kokkos::HostSpace>(tracker, MemCategory::activations, label, s.inner,
+          host16_.back() = Buffer<std::uint16_t, HostTierSpace>(tracker, MemCategory::activations, label, s.inner,
                                                                     MemTier::host);
         } else {
-          host_.back() = Buffer<float, Kokkos::HostSpace>(tracker, MemCategory::activations, label, s.inner,
+          host_.back() = Buffer<float, HostTierSpace>(tracker, MemCategory::activations, label, s.inner,
                                                           MemTier::host);
         }
       }
@@ -276,8 +276,8 @@ class LayerRangeActs {
   std::vector<Mat<Exec>> out_;
   std::vector<float*> inner_;
   std::vector<std::uint16_t*> inner16_;
-  std::vector<Buffer<float, Kokkos::HostSpace>> host_;
-  std::vector<Buffer<std::uint16_t, Kokkos::HostSpace>> host16_;
+  std::vector<Buffer<float, HostTierSpace>> host_;
+  std::vector<Buffer<std::uint16_t, HostTierSpace>> host16_;
   Buffer<float, Mem> buf_;
   Buffer<std::uint16_t, Mem> buf16_;
   Buffer<std::int32_t, Mem> tokens_;

@@ -16,6 +16,8 @@ namespace {
 using Exec = ModelState::Exec;
 using Mem = ModelState::Mem;
 using HostExec = ModelState::HostExec;
+// Windows into host-tier buffers (page-locked on GPU builds) as the host memory the host
+// execution space's kernels take.
 using HostView = Kokkos::View<float*, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 using DeviceView = Kokkos::View<float*, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 using HostView16 =

@@ -32,6 +32,7 @@
 #include "lamina/comm/communicator.hpp"
 #include "lamina/core/buffer.hpp"
 #include "lamina/core/deck.hpp"
+#include "lamina/core/kokkos_compat.hpp"
 #include "lamina/io/checkpoint.hpp"
 #include "lamina/memory/dos_scheduler.hpp"
 #include "lamina/model/gpt_tensors.hpp"
@@ -123,9 +124,9 @@ class ModelState {
 
  private:
   using DeviceBuf = Buffer<float, Mem>;
-  using HostBuf = Buffer<float, Kokkos::HostSpace>;
+  using HostBuf = Buffer<float, HostTierSpace>;
   using DeviceBuf16 = Buffer<std::uint16_t, Mem>;
-  using HostBuf16 = Buffer<std::uint16_t, Kokkos::HostSpace>;
+  using HostBuf16 = Buffer<std::uint16_t, HostTierSpace>;
   struct Slot {
     std::int64_t numel = 0, padded = 0, shard = 0;  // shard = padded / dp
     ParamPlacement params_at = ParamPlacement::device;

@@ -113,7 +113,7 @@ Measurement measure_adamw_rate(std::int64_t n, int reps, bool on_host, bool cold
 }
 
 Measurement measure_copy_rate(std::int64_t n, int reps, bool to_device, bool cold) {
-  Kokkos::View<float*, Kokkos::HostSpace> h("lamina::bench_host", n);
+  Kokkos::View<float*, HostTierSpace> h("lamina::bench_host", n);  // as the offloaded state
   Vec<Exec> d("lamina::bench_device", n);
   Kokkos::deep_copy(h, 1.0f);
   const CacheEvictor<Kokkos::DefaultHostExecutionSpace> evict(cold);
