@@ -32,6 +32,12 @@ class BufferPool {
   void release(T* p, std::int64_t n) {
     if (p != nullptr) free_[n].push_back(p);
   }
+  // Bytes allocated but not held now: free for whatever this pool hands out next.
+  std::int64_t idle_bytes() const {
+    std::int64_t n = 0;
+    for (const auto& [size, list] : free_) n += size * static_cast<std::int64_t>(list.size() * sizeof(T));
+    return n;
+  }
 
  private:
   MemoryTracker& tracker_;

@@ -300,11 +300,13 @@ void ModelState::flush_grads(int layer, Slot& s) {
   const auto groups = layout_.subgroups(layer, begin, end, opt_.subgroup_size);
   if (s.optimizer_at == OptimizerPlacement::dynamic) {
     // Placed now, with the device memory free now (what the budget leaves; unknown
-    // without one), so that device subgroups' gradients never leave the device.
+    // without one), so that device subgroups' gradients never leave the device. Staging
+    // the pool kept from an earlier update is free for this one.
     std::vector<std::int64_t> sizes;
     for (const Subgroup& g : groups) sizes.push_back(g.end - g.begin);
     const std::int64_t budget = memory_.device_budget;
-    const std::int64_t free = budget > 0 ? budget - tracker_.current(tier_label(MemTier::device)) : -1;
+    const std::int64_t used = tracker_.current(tier_label(MemTier::device)) - dos_pool_.idle_bytes();
+    const std::int64_t free = budget > 0 ? budget - used : -1;
     s.plan = plan_dos(sizes, dos_, free, memory_.dos_split);
   }
   const DeviceWindow g = zero_ <= 1 ? DeviceWindow{s.grads.data(), 0} : DeviceWindow{s.grad_shard.data(), begin};
