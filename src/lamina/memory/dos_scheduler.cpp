@@ -59,6 +59,8 @@ DosPlan plan_dos(const std::vector<std::int64_t>& sizes, const DosModel& m, std:
     p.device_bytes = 0;
   }
   if (std::none_of(p.site.begin(), p.site.end(), [](UpdateSite s) { return s == UpdateSite::device; })) p.stride = 0;
+  for (std::size_t x = 0; x < n; ++x)
+    if (p.site[x] == UpdateSite::host) p.host_params += sizes[x];
   p.predicted_seconds = dos_predicted_seconds(sizes, p.site, m);
   p.all_host_seconds = dos_predicted_seconds(sizes, std::vector<UpdateSite>(n, UpdateSite::host), m);
   return p;

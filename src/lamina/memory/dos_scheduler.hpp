@@ -43,6 +43,7 @@ struct DosPlan {
   double predicted_seconds = 0.0;
   double all_host_seconds = 0.0;
   std::int64_t device_bytes = 0;  // staging the plan needs on the device
+  std::int64_t host_params = 0;   // parameters the host updates
   std::string describe() const;
 };
 

@@ -550,6 +550,13 @@ void ModelState::optimizer_step(double lr, double grad_scale) {
   Exec().fence();
 }
 
+std::vector<DosPlan> ModelState::dos_plans() const {
+  std::vector<DosPlan> out;
+  for (const auto& [l, s] : slots_)
+    if (s.optimizer_at == OptimizerPlacement::dynamic && !s.plan.site.empty()) out.push_back(s.plan);
+  return out;
+}
+
 std::vector<std::string> ModelState::dos_schedule() const {
   std::vector<std::string> out;
   for (const auto& [l, s] : slots_) {

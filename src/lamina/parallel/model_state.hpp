@@ -97,7 +97,9 @@ class ModelState {
   void optimizer_step(double lr, double grad_scale);
   std::int64_t optimizer_t() const { return t_; }
   void set_optimizer_t(std::int64_t t) { t_ = t; }
-  // The Deep Optimizer States placement of the last step, one line per dynamic layer.
+  // The Deep Optimizer States placement of the last step, per dynamic layer, as plans and
+  // as one line each.
+  std::vector<DosPlan> dos_plans() const;
   std::vector<std::string> dos_schedule() const;
 
   EmbeddingTensors<Exec> embedding_params() const { return bind_embedding<Exec>(layout_, params(0)); }

@@ -222,14 +222,9 @@ JsonObject bench_dos(Deck deck, int steps, const Log& log) {
       predicted = static_cast<double>(params) / model.host_rate + 4.0 * static_cast<double>(params) / model.h2d;
     } else {
       for (const auto& line : rt.state().dos_schedule()) log.debug("dos " + line);
-      const auto groups = rt.state().layout().subgroups(d.optimizer.subgroup_size);
-      std::vector<std::int64_t> sizes;
-      for (const auto& g : groups) sizes.push_back(g.end - g.begin);
-      const DosPlan plan = plan_dos(sizes, model, -1, d.memory.dos_split);
-      double host_params = 0.0;
-      for (std::size_t x = 0; x < sizes.size(); ++x)
-        if (plan.site[x] == UpdateSite::host) host_params += static_cast<double>(sizes[x]);
-      predicted = plan.predicted_seconds + 4.0 * host_params / model.h2d;
+      // The plans the step ran, layer by layer (a layer's update completes before the next).
+      for (const DosPlan& plan : rt.state().dos_plans())
+        predicted += plan.predicted_seconds + 4.0 * static_cast<double>(plan.host_params) / model.h2d;
     }
     const double measured = median(t.opt_ms) / 1e3;
     log.info(strprintf("optimizer %-7s: step %.1f ms, update phase %.2f ms measured, %.2f ms predicted", name,

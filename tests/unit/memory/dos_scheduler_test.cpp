@@ -95,6 +95,7 @@ TEST(DosScheduler, ForcedSplitsAndTheHostOnlyCase) {
   EXPECT_EQ(count_device(alt), 2);
   EXPECT_EQ(alt.site[1], UpdateSite::device);
   EXPECT_EQ(alt.site[3], UpdateSite::device);
+  EXPECT_EQ(alt.host_params, 300);  // subgroups 0, 2 and 4
   DosModel serial = m;
   serial.concurrent = false;  // a device subgroup would only add its transfers
   EXPECT_EQ(count_device(plan_dos(sizes, serial, -1, DosSplit::model)), 0);
