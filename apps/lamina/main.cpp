@@ -42,7 +42,8 @@ std::string build_info() {
                            comm.c_str(), LAMINA_BUILD_INFO);
 }
 
-// `lamina bench dos` without a deck: the model of inputs/bench-torch.toml.
+// `lamina bench dos` without a deck: the model and batch of inputs/bench-torch.toml (the
+// optimizer's hyperparameters do not change its timings).
 const char* kDosDeck = R"([model]
 layers = 6
 d_model = 384
@@ -164,7 +165,7 @@ int main(int argc, char** argv) {
   int kargc = static_cast<int>(kokkos_args.size());
   int code = 0;
   Kokkos::initialize(kargc, kokkos_args.data());
-  warn_about_environment(log);
+  if (rank == 0) warn_about_environment(log);  // the same environment on every rank
   try {
     if (train->parsed()) {
       const lamina::Deck deck = lamina::load_deck(o.deck, o.sets);

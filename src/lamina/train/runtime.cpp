@@ -29,10 +29,11 @@ DosModel dos_model(const MemoryConfig& m, bool measure) {
   d.h2d = m.dos_h2d;
   d.d2h = m.dos_d2h;
   d.concurrent = !Kokkos::SpaceAccessibility<Kokkos::HostSpace, Kokkos::DefaultExecutionSpace::memory_space>::accessible;
-  // Only the model's split reads them (a forced split does not).
+  // Only the model's split reads them (a forced split does not), and only where host and
+  // device updates can run at the same time.
   const bool dynamic = std::any_of(m.optimizer.begin(), m.optimizer.end(),
                                    [](OptimizerPlacement p) { return p == OptimizerPlacement::dynamic; });
-  if (!(dynamic && m.dos_split == DosSplit::model) && !measure) return d;
+  if (!(dynamic && m.dos_split == DosSplit::model && d.concurrent) && !measure) return d;
   // Inputs the deck leaves at 0 are measured now, on arrays of 8M parameters out of cache
   // (the optimizer state a step updates was last touched a step ago).
   constexpr std::int64_t n = 1 << 23;

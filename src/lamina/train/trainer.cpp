@@ -210,7 +210,8 @@ class Trainer {
     std::string line = "data: " + dataset_->describe() +
                        strprintf(", %s windows of %lld+1 tokens", human_count(static_cast<double>(sampler_->num_windows())).c_str(),
                                  static_cast<long long>(deck_.model.seq_len));
-    if (deck_.data.format != DataFormat::synthetic && deck_.model.vocab_size <= (1 << 24)) {
+    // Only rank 0 prints it: the other ranks skip reading the sample.
+    if (log_.rank() == 0 && deck_.data.format != DataFormat::synthetic && deck_.model.vocab_size <= (1 << 24)) {
       const double h = unigram_entropy(*dataset_, deck_.model.vocab_size, kEntropySampleTokens);
       line += strprintf("; unigram entropy %.3f nats (a model ignoring context cannot beat it), uniform %.3f", h,
                         std::log(static_cast<double>(deck_.model.vocab_size)));
