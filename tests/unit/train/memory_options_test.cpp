@@ -12,21 +12,7 @@
 namespace lamina::test {
 namespace {
 
-class MemoryOptions : public Training {
- protected:
-  // Trains 3 steps with the options and compares the final checkpoint with the baseline's.
-  void expect_like_baseline(const std::string& name, const std::vector<std::string>& sets) {
-    if (!baseline_done_) {
-      run_training(deck("baseline", 3), quiet_, MPI_COMM_WORLD);
-      baseline_done_ = true;
-    }
-    const Deck d = deck(name, 3, sets);
-    run_training(d, quiet_, MPI_COMM_WORLD);
-    expect_identical_checkpoints(dir_ + "/baseline/checkpoints/step_00000003.h5",
-                                 dir_ + "/" + name + "/checkpoints/step_00000003.h5", d.model);
-  }
-  bool baseline_done_ = false;
-};
+using MemoryOptions = Training;
 
 TEST_F(MemoryOptions, ActivationPoliciesTrainBitIdentically) {
   expect_like_baseline("recompute", {"memory.activations=recompute"});

@@ -18,16 +18,8 @@ namespace {
 
 class MixedPrecision : public Training {
  protected:
-  void expect_like_bf16_baseline(const std::string& name, std::vector<std::string> sets) {
-    if (!baseline_done_) {
-      run_training(deck("bf16", 3, {"train.precision=bf16"}), quiet_, MPI_COMM_WORLD);
-      baseline_done_ = true;
-    }
-    sets.push_back("train.precision=bf16");
-    const Deck d = deck(name, 3, sets);
-    run_training(d, quiet_, MPI_COMM_WORLD);
-    expect_identical_checkpoints(dir_ + "/bf16/checkpoints/step_00000003.h5",
-                                 dir_ + "/" + name + "/checkpoints/step_00000003.h5", d.model);
+  void expect_like_bf16_baseline(const std::string& name, const std::vector<std::string>& sets) {
+    expect_like_baseline(name, sets, {"train.precision=bf16"});
   }
   // Measured peak bytes of one category in one memory tier, from `lamina bench memory`.
   std::int64_t measured(const std::vector<std::string>& sets, MemTier tier, const std::string& category) {
@@ -37,7 +29,6 @@ class MixedPrecision : public Training {
     EXPECT_TRUE(space != std::string::npos && k != std::string::npos && k < s.find('}', space)) << s;
     return k == std::string::npos ? 0 : std::stoll(s.substr(k + category.size() + 4));
   }
-  bool baseline_done_ = false;
 };
 
 TEST_F(MixedPrecision, MemoryOptionsTrainBitIdenticallyInBf16) {

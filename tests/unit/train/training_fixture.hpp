@@ -12,6 +12,7 @@
 #include "lamina/core/log.hpp"
 #include "lamina/io/hdf5_file.hpp"
 #include "lamina/model/param_layout.hpp"
+#include "lamina/train/trainer.hpp"
 
 namespace lamina::test {
 
@@ -86,8 +87,24 @@ subgroup_size = 1000
     }
   }
 
+  // Trains 3 steps with `sets` (and `common`) and compares the final checkpoint bit for bit
+  // with a baseline's that trained with `common` alone (once per test).
+  void expect_like_baseline(const std::string& name, std::vector<std::string> sets,
+                            const std::vector<std::string>& common = {}) {
+    if (!baseline_done_) {
+      run_training(deck("baseline", 3, common), quiet_, MPI_COMM_WORLD);
+      baseline_done_ = true;
+    }
+    sets.insert(sets.end(), common.begin(), common.end());
+    const Deck d = deck(name, 3, sets);
+    run_training(d, quiet_, MPI_COMM_WORLD);
+    expect_identical_checkpoints(dir_ + "/baseline/checkpoints/step_00000003.h5",
+                                 dir_ + "/" + name + "/checkpoints/step_00000003.h5", d.model);
+  }
+
   Log quiet_{0, Log::Level::warn};
   std::string dir_;
+  bool baseline_done_ = false;
 };
 
 }  // namespace lamina::test
