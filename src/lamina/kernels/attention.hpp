@@ -16,6 +16,32 @@ namespace detail {
 template <class Exec>
 using HeadsPolicy = Kokkos::MDRangePolicy<Exec, Kokkos::Rank<4>, Kokkos::IndexType<std::int64_t>>;
 
+// (B*NH, T, hd) q, k, v -> (B*T, 3C) columns [q | k | v]
+template <class Exec>
+struct HeadsToQkvRows {
+  Mat<Exec> rows;
+  Mats<Exec> q, k, v;
+  std::int64_t NH, T, hd, C;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t d) const {
+    rows(b * T + t, h * hd + d) = q(b * NH + h, t, d);
+    rows(b * T + t, C + h * hd + d) = k(b * NH + h, t, d);
+    rows(b * T + t, 2 * C + h * hd + d) = v(b * NH + h, t, d);
+  }
+};
+
+// (B*T, 3C) columns [q | k | v] -> (B*NH, T, hd) q, k, v
+template <class Exec>
+struct QkvRowsToHeads {
+  Mat<Exec> rows;
+  Mats<Exec> q, k, v;
+  std::int64_t NH, T, hd, C;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t d) const {
+    q(b * NH + h, t, d) = rows(b * T + t, h * hd + d);
+    k(b * NH + h, t, d) = rows(b * T + t, C + h * hd + d);
+    v(b * NH + h, t, d) = rows(b * T + t, 2 * C + h * hd + d);
+  }
+};
+
 // Scatter (B*T, 3C) columns into per-head (B*NH, T, hd) q, k, v, or gather back (to_rows).
 template <class Exec>
 void permute_heads(const Exec& exec, const char* label, const Mat<Exec>& rows, const Mats<Exec>& q,
@@ -26,21 +52,33 @@ void permute_heads(const Exec& exec, const char* label, const Mat<Exec>& rows, c
   const std::int64_t C = NH * hd;
   const HeadsPolicy<Exec> policy(exec, {0, 0, 0, 0}, {B, NH, T, hd});
   if (to_rows) {
-    Kokkos::parallel_for(
-        label, policy, KOKKOS_LAMBDA(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t d) {
-          rows(b * T + t, h * hd + d) = q(b * NH + h, t, d);
-          rows(b * T + t, C + h * hd + d) = k(b * NH + h, t, d);
-          rows(b * T + t, 2 * C + h * hd + d) = v(b * NH + h, t, d);
-        });
+    Kokkos::parallel_for(label, policy, HeadsToQkvRows<Exec>{rows, q, k, v, NH, T, hd, C});
   } else {
-    Kokkos::parallel_for(
-        label, policy, KOKKOS_LAMBDA(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t d) {
-          q(b * NH + h, t, d) = rows(b * T + t, h * hd + d);
-          k(b * NH + h, t, d) = rows(b * T + t, C + h * hd + d);
-          v(b * NH + h, t, d) = rows(b * T + t, 2 * C + h * hd + d);
-        });
+    Kokkos::parallel_for(label, policy, QkvRowsToHeads<Exec>{rows, q, k, v, NH, T, hd, C});
   }
 }
+
+// (B*NH, T, hd) heads -> (B*T, C) rows
+template <class Exec>
+struct HeadsToRows {
+  Mat<Exec> rows;
+  Mats<Exec> heads;
+  std::int64_t NH, T, hd;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t d) const {
+    rows(b * T + t, h * hd + d) = heads(b * NH + h, t, d);
+  }
+};
+
+// (B*T, C) rows -> (B*NH, T, hd) heads
+template <class Exec>
+struct RowsToHeads {
+  Mat<Exec> rows;
+  Mats<Exec> heads;
+  std::int64_t NH, T, hd;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t d) const {
+    heads(b * NH + h, t, d) = rows(b * T + t, h * hd + d);
+  }
+};
 
 // (B*T, C) rows <-> (B*NH, T, hd) heads for a single tensor.
 template <class Exec>
@@ -51,17 +89,52 @@ void split_heads(const Exec& exec, const char* label, const Mat<Exec>& rows, con
   const std::int64_t hd = static_cast<std::int64_t>(heads.extent(2));
   const HeadsPolicy<Exec> policy(exec, {0, 0, 0, 0}, {B, NH, T, hd});
   if (to_rows) {
-    Kokkos::parallel_for(
-        label, policy, KOKKOS_LAMBDA(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t d) {
-          rows(b * T + t, h * hd + d) = heads(b * NH + h, t, d);
-        });
+    Kokkos::parallel_for(label, policy, HeadsToRows<Exec>{rows, heads, NH, T, hd});
   } else {
-    Kokkos::parallel_for(
-        label, policy, KOKKOS_LAMBDA(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t d) {
-          heads(b * NH + h, t, d) = rows(b * T + t, h * hd + d);
-        });
+    Kokkos::parallel_for(label, policy, RowsToHeads<Exec>{rows, heads, NH, T, hd});
   }
 }
+
+// Causal softmax in place, one team per score row (b*NH + h, t); entries past t become 0.
+template <class Exec>
+struct AttentionSoftmaxForward {
+  Mats<Exec> att;
+  std::int64_t T;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
+    const float mx = team_max(team, t + 1, [&](std::int64_t j) { return att(bh, t, j); });
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t + 1),
+                         [&](std::int64_t j) { att(bh, t, j) = fast_exp(att(bh, t, j) - mx); });
+    team.team_barrier();
+    const float inv = 1.0f / team_sum(team, t + 1, [&](std::int64_t j) { return att(bh, t, j); });
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, T),
+                         [&](std::int64_t j) { att(bh, t, j) = j <= t ? att(bh, t, j) * inv : 0.0f; });
+  }
+};
+
+// Softmax backward in place on datt, one team per score row (see attention_backward).
+template <class Exec>
+struct AttentionSoftmaxBackward {
+  Mats<Exec> datt, att;
+  std::int64_t T;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
+    const float dot = team_sum(team, t + 1, [&](std::int64_t j) { return att(bh, t, j) * datt(bh, t, j); });
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, T), [&](std::int64_t j) {
+      datt(bh, t, j) = j <= t ? att(bh, t, j) * (datt(bh, t, j) - dot) : 0.0f;
+    });
+  }
+};
+
+// dbias += sums on the q and v parts only (see qkv_bias_backward).
+template <class Exec>
+struct QkvBiasBackward {
+  Vec<Exec> dbias, sums;
+  std::int64_t C;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t j) const {
+    if (j < C || j >= 2 * C) dbias(j) += sums(j);
+  }
+};
 
 }  // namespace detail
 
@@ -72,24 +145,14 @@ template <class Exec>
 void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>& q, const Mats<Exec>& k,
                        const Mats<Exec>& v, const Mats<Exec>& att, const Mats<Exec>& y, const Mat<Exec>& qkv,
                        std::int64_t NH) {
-  using member = typename Teams<Exec>::member_type;
   const std::int64_t BNH = static_cast<std::int64_t>(q.extent(0));
   const std::int64_t T = static_cast<std::int64_t>(q.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(q.extent(2));
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
   detail::permute_heads(exec, "lamina::attention_forward_split", qkv, q, k, v, NH, false);
   batched_gemm<Exec>(exec, "N", "T", scale, q, k, 0.0f, att);
-  Kokkos::parallel_for(
-      "lamina::attention_forward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO), KOKKOS_LAMBDA(const member& team) {
-        const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
-        const float mx = team_max(team, t + 1, [&](std::int64_t j) { return att(bh, t, j); });
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t + 1),
-                             [&](std::int64_t j) { att(bh, t, j) = fast_exp(att(bh, t, j) - mx); });
-        team.team_barrier();
-        const float inv = 1.0f / team_sum(team, t + 1, [&](std::int64_t j) { return att(bh, t, j); });
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, T),
-                             [&](std::int64_t j) { att(bh, t, j) = j <= t ? att(bh, t, j) * inv : 0.0f; });
-      });
+  Kokkos::parallel_for("lamina::attention_forward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
+                       detail::AttentionSoftmaxForward<Exec>{att, T});
   batched_gemm<Exec>(exec, "N", "N", 1.0f, att, v, 0.0f, y);
   detail::split_heads(exec, "lamina::attention_forward_merge", out, y, NH, true);
 }
@@ -102,7 +165,6 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
                         const Mats<Exec>& dv, const Mats<Exec>& datt, const Mats<Exec>& dy, const Mat<Exec>& dout,
                         const Mats<Exec>& q, const Mats<Exec>& k, const Mats<Exec>& v, const Mats<Exec>& att,
                         std::int64_t NH) {
-  using member = typename Teams<Exec>::member_type;
   const std::int64_t BNH = static_cast<std::int64_t>(q.extent(0));
   const std::int64_t T = static_cast<std::int64_t>(q.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(q.extent(2));
@@ -111,15 +173,8 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
   batched_gemm<Exec>(exec, "N", "T", 1.0f, dy, v, 0.0f, datt);   // dP = dy v^T
   batched_gemm<Exec>(exec, "T", "N", 1.0f, att, dy, 0.0f, dv);   // dv = P^T dy
   // Softmax backward, row by row: dS = P * (dP - sum_j P dP); masked entries are zero.
-  Kokkos::parallel_for(
-      "lamina::attention_backward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const member& team) {
-        const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
-        const float dot = team_sum(team, t + 1, [&](std::int64_t j) { return att(bh, t, j) * datt(bh, t, j); });
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, T), [&](std::int64_t j) {
-          datt(bh, t, j) = j <= t ? att(bh, t, j) * (datt(bh, t, j) - dot) : 0.0f;
-        });
-      });
+  Kokkos::parallel_for("lamina::attention_backward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
+                       detail::AttentionSoftmaxBackward<Exec>{datt, att, T});
   batched_gemm<Exec>(exec, "N", "N", scale, datt, k, 0.0f, dq);  // dq = scale dS k
   batched_gemm<Exec>(exec, "T", "N", scale, datt, q, 0.0f, dk);  // dk = scale dS^T q
   detail::permute_heads(exec, "lamina::attention_backward_merge", dqkv, dq, dk, dv, NH, true);
@@ -137,10 +192,8 @@ void qkv_bias_backward(const Exec& exec, const Vec<Exec>& dbias, const ConstMat<
   const std::int64_t C3 = static_cast<std::int64_t>(dqkv.extent(1)), C = C3 / 3;
   Kokkos::deep_copy(exec, sums, 0.0f);
   add_column_sums(exec, sums, dqkv, ones);
-  Kokkos::parallel_for(
-      "lamina::qkv_bias_backward", Range<Exec>(exec, 0, C3), KOKKOS_LAMBDA(std::int64_t j) {
-        if (j < C || j >= 2 * C) dbias(j) += sums(j);
-      });
+  Kokkos::parallel_for("lamina::qkv_bias_backward", Range<Exec>(exec, 0, C3),
+                       detail::QkvBiasBackward<Exec>{dbias, sums, C});
 }
 
 }  // namespace lamina

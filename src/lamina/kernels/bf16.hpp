@@ -28,28 +28,45 @@ KOKKOS_FORCEINLINE_FUNCTION float from_bf16(std::uint16_t b) {
 template <class Exec>
 using Bf16Vec = Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, typename Exec::memory_space>;
 
+template <class Exec>
+struct ToBf16 {
+  Bf16Vec<Exec> dst;
+  ConstVec<Exec> src;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { dst(i) = to_bf16(src(i)); }
+};
+
+template <class Exec>
+struct FromBf16 {
+  Vec<Exec> dst;
+  Bf16Vec<Exec> src;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { dst(i) = from_bf16(src(i)); }
+};
+
+template <class Exec>
+struct RoundToBf16 {
+  Vec<Exec> x;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { x(i) = from_bf16(to_bf16(x(i))); }
+};
+
 // dst = bf16(src); dst, src: (n)
 template <class Exec>
 void to_bf16(const Exec& exec, const Bf16Vec<Exec>& dst, const ConstVec<Exec>& src) {
-  Kokkos::parallel_for(
-      "lamina::to_bf16", Range<Exec>(exec, 0, static_cast<std::int64_t>(dst.extent(0))),
-      KOKKOS_LAMBDA(std::int64_t i) { dst(i) = to_bf16(src(i)); });
+  Kokkos::parallel_for("lamina::to_bf16", Range<Exec>(exec, 0, static_cast<std::int64_t>(dst.extent(0))),
+                       ToBf16<Exec>{dst, src});
 }
 
 // dst = float(src)
 template <class Exec>
 void from_bf16(const Exec& exec, const Vec<Exec>& dst, const Bf16Vec<Exec>& src) {
-  Kokkos::parallel_for(
-      "lamina::from_bf16", Range<Exec>(exec, 0, static_cast<std::int64_t>(dst.extent(0))),
-      KOKKOS_LAMBDA(std::int64_t i) { dst(i) = from_bf16(src(i)); });
+  Kokkos::parallel_for("lamina::from_bf16", Range<Exec>(exec, 0, static_cast<std::int64_t>(dst.extent(0))),
+                       FromBf16<Exec>{dst, src});
 }
 
 // x = float(bf16(x)): what storing as bf16 and reading back gives, in place.
 template <class Exec>
 void round_to_bf16(const Exec& exec, const Vec<Exec>& x) {
-  Kokkos::parallel_for(
-      "lamina::round_to_bf16", Range<Exec>(exec, 0, static_cast<std::int64_t>(x.extent(0))),
-      KOKKOS_LAMBDA(std::int64_t i) { x(i) = from_bf16(to_bf16(x(i))); });
+  Kokkos::parallel_for("lamina::round_to_bf16", Range<Exec>(exec, 0, static_cast<std::int64_t>(x.extent(0))),
+                       RoundToBf16<Exec>{x});
 }
 
 }  // namespace lamina

@@ -20,6 +20,12 @@
 //     instance; nothing fences: whoever reads a result on the host fences.
 //   - Reductions run in a fixed order (no atomics) so that results are bitwise
 //     reproducible run to run, which bit-identical restarts rely on.
+//   - Kernels in headers are named functors, never KOKKOS_LAMBDA (a lint test checks).
+//     nvcc type-erases an extended __host__ __device__ lambda through function pointers
+//     kept in per-translation-unit statics (an unnamed namespace), while the wrapper's
+//     copy/destroy/call members are weak: a kernel template instantiated in several .cpp
+//     files can construct the closure with one TU's code and copy it with another's,
+//     whose pointers are still null (the CUDA adamw_update crash). Functors are plain types.
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 

@@ -7,6 +7,18 @@
 
 namespace lamina {
 
+template <class Exec>
+struct TokenEmbeddingForward {
+  Mat<Exec> out;
+  Tokens<Exec> tokens;
+  ConstMat<Exec> wte;
+  std::int64_t vocab_begin, V;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t c) const {
+    const std::int64_t row = tokens(i) - vocab_begin;
+    out(i, c) = (row >= 0 && row < V) ? wte(row, c) : 0.0f;
+  }
+};
+
 // out: (B*T, C) overwritten; tokens: (B*T); wte: (V, C), rows for ids vocab_begin..
 template <class Exec>
 void token_embedding_forward(const Exec& exec, const Mat<Exec>& out, const Tokens<Exec>& tokens,
@@ -17,11 +29,22 @@ void token_embedding_forward(const Exec& exec, const Mat<Exec>& out, const Token
   Kokkos::parallel_for(
       "lamina::token_embedding_forward",
       Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {N, C}),
-      KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) {
-        const std::int64_t row = tokens(i) - vocab_begin;
-        out(i, c) = (row >= 0 && row < V) ? wte(row, c) : 0.0f;
-      });
+      TokenEmbeddingForward<Exec>{out, tokens, wte, vocab_begin, V});
 }
+
+template <class Exec>
+struct TokenEmbeddingBackward {
+  Mat<Exec> dwte;
+  ConstMat<Exec> dout;
+  Tokens<Exec> tokens;
+  std::int64_t vocab_begin, N, V;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t c) const {
+    for (std::int64_t i = 0; i < N; ++i) {
+      const std::int64_t row = tokens(i) - vocab_begin;
+      if (row >= 0 && row < V) dwte(row, c) += dout(i, c);
+    }
+  }
+};
 
 // dwte: (V, C) +=; dout: (B*T, C).
 // One thread per channel walks all rows in order: no atomics, so repeated tokens sum
@@ -32,14 +55,17 @@ void token_embedding_backward(const Exec& exec, const Mat<Exec>& dwte, const Con
   const std::int64_t N = static_cast<std::int64_t>(dout.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(dout.extent(1));
   const std::int64_t V = static_cast<std::int64_t>(dwte.extent(0));
-  Kokkos::parallel_for(
-      "lamina::token_embedding_backward", Range<Exec>(exec, 0, C), KOKKOS_LAMBDA(std::int64_t c) {
-        for (std::int64_t i = 0; i < N; ++i) {
-          const std::int64_t row = tokens(i) - vocab_begin;
-          if (row >= 0 && row < V) dwte(row, c) += dout(i, c);
-        }
-      });
+  Kokkos::parallel_for("lamina::token_embedding_backward", Range<Exec>(exec, 0, C),
+                       TokenEmbeddingBackward<Exec>{dwte, dout, tokens, vocab_begin, N, V});
 }
+
+template <class Exec>
+struct PositionEmbeddingForward {
+  Mat<Exec> out;
+  ConstMat<Exec> wpe;
+  std::int64_t T;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t c) const { out(i, c) += wpe(i % T, c); }
+};
 
 // out: (B*T, C) += wpe[t]; wpe: (>=T, C)
 template <class Exec>
@@ -49,8 +75,20 @@ void position_embedding_forward(const Exec& exec, const Mat<Exec>& out, const Co
   Kokkos::parallel_for(
       "lamina::position_embedding_forward",
       Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {N, C}),
-      KOKKOS_LAMBDA(std::int64_t i, std::int64_t c) { out(i, c) += wpe(i % T, c); });
+      PositionEmbeddingForward<Exec>{out, wpe, T});
 }
+
+template <class Exec>
+struct PositionEmbeddingBackward {
+  Mat<Exec> dwpe;
+  ConstMat<Exec> dout;
+  std::int64_t T, B;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t t, std::int64_t c) const {
+    float s = 0.0f;
+    for (std::int64_t b = 0; b < B; ++b) s += dout(b * T + t, c);
+    dwpe(t, c) += s;
+  }
+};
 
 // dwpe: (>=T, C) +=, summed over the sequences of dout: (B*T, C)
 template <class Exec>
@@ -62,11 +100,7 @@ void position_embedding_backward(const Exec& exec, const Mat<Exec>& dwpe, const 
   Kokkos::parallel_for(
       "lamina::position_embedding_backward",
       Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {T, C}),
-      KOKKOS_LAMBDA(std::int64_t t, std::int64_t c) {
-        float s = 0.0f;
-        for (std::int64_t b = 0; b < B; ++b) s += dout(b * T + t, c);
-        dwpe(t, c) += s;
-      });
+      PositionEmbeddingBackward<Exec>{dwpe, dout, T, B});
 }
 
 }  // namespace lamina

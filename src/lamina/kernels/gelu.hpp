@@ -9,28 +9,40 @@ namespace lamina {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 
+template <class Exec>
+struct GeluForward {
+  Vec<Exec> out;
+  ConstVec<Exec> inp;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
+    const float x = inp(i);
+    out(i) = 0.5f * x * (1.0f + fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x)));
+  }
+};
+
 // out, inp: (n) flattened
 template <class Exec>
 void gelu_forward(const Exec& exec, const Vec<Exec>& out, const ConstVec<Exec>& inp) {
-  Kokkos::parallel_for(
-      "lamina::gelu_forward", Range<Exec>(exec, 0, static_cast<std::int64_t>(out.extent(0))),
-      KOKKOS_LAMBDA(std::int64_t i) {
-        const float x = inp(i);
-        out(i) = 0.5f * x * (1.0f + fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x)));
-      });
+  Kokkos::parallel_for("lamina::gelu_forward", Range<Exec>(exec, 0, static_cast<std::int64_t>(out.extent(0))),
+                       GeluForward<Exec>{out, inp});
 }
+
+template <class Exec>
+struct GeluBackward {
+  Vec<Exec> dinp;
+  ConstVec<Exec> inp, dout;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
+    const float x = inp(i);
+    const float th = fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x));
+    const float dth = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x) * (1.0f - th * th);
+    dinp(i) = (0.5f * (1.0f + th) + 0.5f * x * dth) * dout(i);
+  }
+};
 
 // dinp = gelu'(inp) * dout; dinp, dout, inp: (n) flattened
 template <class Exec>
 void gelu_backward(const Exec& exec, const Vec<Exec>& dinp, const ConstVec<Exec>& inp, const ConstVec<Exec>& dout) {
-  Kokkos::parallel_for(
-      "lamina::gelu_backward", Range<Exec>(exec, 0, static_cast<std::int64_t>(dinp.extent(0))),
-      KOKKOS_LAMBDA(std::int64_t i) {
-        const float x = inp(i);
-        const float th = fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x));
-        const float dth = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x) * (1.0f - th * th);
-        dinp(i) = (0.5f * (1.0f + th) + 0.5f * x * dth) * dout(i);
-      });
+  Kokkos::parallel_for("lamina::gelu_backward", Range<Exec>(exec, 0, static_cast<std::int64_t>(dinp.extent(0))),
+                       GeluBackward<Exec>{dinp, inp, dout});
 }
 
 }  // namespace lamina

@@ -5,6 +5,13 @@
 
 namespace lamina {
 
+template <class Exec>
+struct LinearBiasBroadcast {
+  Mat<Exec> out;
+  ConstVec<Exec> bias;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t j) const { out(i, j) = bias(j); }
+};
+
 // out: (N, OC); inp: (N, IC); weight: (IC, OC); bias: (OC), or empty for none (a
 // row-parallel shard whose bias another rank adds)
 template <class Exec>
@@ -21,7 +28,7 @@ void linear_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>
   Kokkos::parallel_for(
       "lamina::linear_forward_bias",
       Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {N, OC}),
-      KOKKOS_LAMBDA(std::int64_t i, std::int64_t j) { out(i, j) = bias(j); });
+      LinearBiasBroadcast<Exec>{out, bias});
   gemm(exec, "N", "N", 1.0f, inp, weight, 1.0f, out);
 }
 

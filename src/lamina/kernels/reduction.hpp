@@ -46,22 +46,31 @@ KOKKOS_INLINE_FUNCTION float team_max(const Member& team, std::int64_t n, const 
   return n >= 8 ? math::max(body, n > 8 * blocks ? tail : body) : tail;
 }
 
+// Sum of squares of the blocks of eight [8b, 8b + 8) of x.
+template <class Exec>
+struct SumOfSquaresBlocks {
+  ConstVec<Exec> x;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b, double& s) const {
+    float t[8];
+    for (int k = 0; k < 8; ++k) t[k] = x(8 * b + k) * x(8 * b + k);
+    s += static_cast<double>(((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7])));
+  }
+};
+
+template <class Exec>
+struct SumOfSquaresTail {
+  ConstVec<Exec> x;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t j, double& s) const { s += static_cast<double>(x(j) * x(j)); }
+};
+
 // Sum of squares of x over the whole execution space, accumulated in double.
 template <class Exec>
 double sum_of_squares(const Exec& exec, const ConstVec<Exec>& x) {
   const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), blocks = n / 8;
   double body = 0.0, tail = 0.0;
-  Kokkos::parallel_reduce(
-      "lamina::sum_of_squares", Range<Exec>(exec, 0, blocks),
-      KOKKOS_LAMBDA(std::int64_t b, double& s) {
-        float t[8];
-        for (int k = 0; k < 8; ++k) t[k] = x(8 * b + k) * x(8 * b + k);
-        s += static_cast<double>(((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7])));
-      },
-      body);
-  Kokkos::parallel_reduce(
-      "lamina::sum_of_squares_tail", Range<Exec>(exec, 8 * blocks, n),
-      KOKKOS_LAMBDA(std::int64_t j, double& s) { s += static_cast<double>(x(j) * x(j)); }, tail);
+  Kokkos::parallel_reduce("lamina::sum_of_squares", Range<Exec>(exec, 0, blocks), SumOfSquaresBlocks<Exec>{x}, body);
+  Kokkos::parallel_reduce("lamina::sum_of_squares_tail", Range<Exec>(exec, 8 * blocks, n), SumOfSquaresTail<Exec>{x},
+                          tail);
   return body + tail;
 }
 

@@ -6,12 +6,18 @@
 
 namespace lamina {
 
+template <class Exec>
+struct ResidualForward {
+  Vec<Exec> out;
+  ConstVec<Exec> a, b;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { out(i) = a(i) + b(i); }
+};
+
 // out, a, b: (n) flattened
 template <class Exec>
 void residual_forward(const Exec& exec, const Vec<Exec>& out, const ConstVec<Exec>& a, const ConstVec<Exec>& b) {
-  Kokkos::parallel_for(
-      "lamina::residual_forward", Range<Exec>(exec, 0, static_cast<std::int64_t>(out.extent(0))),
-      KOKKOS_LAMBDA(std::int64_t i) { out(i) = a(i) + b(i); });
+  Kokkos::parallel_for("lamina::residual_forward", Range<Exec>(exec, 0, static_cast<std::int64_t>(out.extent(0))),
+                       ResidualForward<Exec>{out, a, b});
 }
 
 }  // namespace lamina

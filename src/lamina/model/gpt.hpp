@@ -147,14 +147,19 @@ void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const Fin
   Kokkos::Profiling::popRegion();
 }
 
+template <class Exec>
+struct SumLosses {
+  Vec<Exec> losses;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, double& s) const { s += losses(i); }
+};
+
 // Sum of the per-position losses of the last forward pass, accumulated in double (fences).
 template <class Exec>
 double sum_losses(const Exec& exec, const LayerRangeActs<Exec>& a) {
   const Vec<Exec> losses = a.head.losses;
   double total = 0.0;
-  Kokkos::parallel_reduce(
-      "lamina::sum_losses", Range<Exec>(exec, 0, static_cast<std::int64_t>(losses.extent(0))),
-      KOKKOS_LAMBDA(std::int64_t i, double& s) { s += losses(i); }, total);
+  Kokkos::parallel_reduce("lamina::sum_losses", Range<Exec>(exec, 0, static_cast<std::int64_t>(losses.extent(0))),
+                          SumLosses<Exec>{losses}, total);
   return total;
 }
 

@@ -31,6 +31,22 @@ inline AdamWStep AdamWStep::make(double lr, double beta1, double beta2, double e
   return s;
 }
 
+template <class Exec>
+struct AdamWUpdate {
+  Vec<Exec> params, m, v;
+  ConstVec<Exec> grads;
+  float decay, one_minus_b1, one_minus_b2, step_size, bc2_sqrt, eps, b2, gs;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
+    const float g = grads(i) * gs;
+    const float mi = m(i) + one_minus_b1 * (g - m(i));  // torch: exp_avg.lerp_(grad, 1 - beta1)
+    const float vi = b2 * v(i) + one_minus_b2 * g * g;
+    const float denom = math::sqrt(vi) / bc2_sqrt + eps;
+    params(i) = params(i) * decay - step_size * (mi / denom);
+    m(i) = mi;
+    v(i) = vi;
+  }
+};
+
 // params, m, v: (n) updated in place; grads: (n). All four are slices of the same range.
 template <class Exec>
 void adamw_update(const Exec& exec, const Vec<Exec>& params, const Vec<Exec>& m, const Vec<Exec>& v,
@@ -42,15 +58,7 @@ void adamw_update(const Exec& exec, const Vec<Exec>& params, const Vec<Exec>& m,
   const float gs = s.grad_scale;
   Kokkos::parallel_for(
       "lamina::adamw_update", Range<Exec>(exec, 0, static_cast<std::int64_t>(params.extent(0))),
-      KOKKOS_LAMBDA(std::int64_t i) {
-        const float g = grads(i) * gs;
-        const float mi = m(i) + one_minus_b1 * (g - m(i));  // torch: exp_avg.lerp_(grad, 1 - beta1)
-        const float vi = b2 * v(i) + one_minus_b2 * g * g;
-        const float denom = math::sqrt(vi) / bc2_sqrt + eps;
-        params(i) = params(i) * decay - step_size * (mi / denom);
-        m(i) = mi;
-        v(i) = vi;
-      });
+      AdamWUpdate<Exec>{params, m, v, grads, decay, one_minus_b1, one_minus_b2, step_size, bc2_sqrt, eps, b2, gs});
 }
 
 // Updates elements [begin, begin + n) of one layer's flat buffer; the four views start
