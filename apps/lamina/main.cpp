@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
     if (train->parsed()) {
       const lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
       if (o.check) {
-        lamina::check_deck(deck, log);
+        lamina::check_deck(deck, log, world);
       } else {
         log.info(build_info() + lamina::strprintf(", %d rank(s)", world));
         lamina::run_training(deck, log, MPI_COMM_WORLD);

@@ -8,13 +8,10 @@
 #include <type_traits>
 #include <utility>
 
+#include "lamina/core/memory_tier.hpp"
 #include "lamina/core/memory_tracker.hpp"
 
 namespace lamina {
-
-// Where a buffer lives in the memory hierarchy: next to the compute (the default
-// execution space's memory) or in host memory that the compute reaches by copies.
-enum class MemTier { device, host };
 
 // The name memory in a tier is reported under (see memory_tracker.hpp).
 inline std::string tier_label(MemTier tier) {

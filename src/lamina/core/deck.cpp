@@ -15,6 +15,12 @@
 
 namespace lamina {
 
+std::string Deck::where(const std::string& key) const {
+  auto it = locations.find(key);
+  if (it == locations.end()) it = locations.find(key.substr(0, key.find('.')));  // the key's table
+  return it == locations.end() ? source : it->second;
+}
+
 const char* data_format_name(DataFormat f) {
   switch (f) {
     case DataFormat::text: return "text";
@@ -367,6 +373,20 @@ class DeckReader {
     return v;
   }
 
+  // Where every key that was given came from.
+  std::map<std::string, std::string> locations() const {
+    std::map<std::string, std::string> out;
+    for (const auto& sec : schema()) {
+      const toml::table* t = root_[sec.name].as_table();
+      if (t != nullptr && t->source().begin.line > 0) {
+        out[sec.name] = strprintf("%s:%u:%u", file_.c_str(), t->source().begin.line, t->source().begin.column);
+      }
+      for (const auto& key : sec.keys)
+        if (const toml::node* n = find(sec.name, key)) out[sec.name + "." + key] = where_node(*n, sec.name + "." + key);
+    }
+    return out;
+  }
+
   std::string resolved_toml() {
     std::ostringstream os;
     for (const auto& sec : schema()) {
@@ -535,24 +555,10 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   auto& mem = d.memory;
   mem.device_budget = r.bytes("memory", "device_budget", 0);
   mem.host_budget = r.bytes("memory", "host_budget", 0);
-  for (const auto& x : r.per_layer("memory", "activations", "keep", {"keep", "recompute", "offload"}, m.layers)) {
-    mem.activations.push_back(x == "recompute" ? ActivationPolicy::recompute
-                              : x == "offload" ? ActivationPolicy::offload
-                                               : ActivationPolicy::keep);
-  }
-  for (const auto& x : r.per_layer("memory", "params", "device", {"device", "host"}, m.layers)) {
-    mem.params.push_back(x == "host" ? ParamPlacement::host : ParamPlacement::device);
-  }
-  for (const auto& x : r.per_layer("memory", "optimizer", "device", {"device", "host", "dynamic"}, m.layers)) {
-    mem.optimizer.push_back(x == "host"      ? OptimizerPlacement::host
-                            : x == "dynamic" ? OptimizerPlacement::dynamic
-                                             : OptimizerPlacement::device);
-  }
-  const std::string split = r.choice("memory", "dos_split", "model", {"model", "all_host", "all_device", "alternate"});
-  mem.dos_split = split == "all_host"     ? DosSplit::all_host
-                  : split == "all_device" ? DosSplit::all_device
-                  : split == "alternate"  ? DosSplit::alternate
-                                          : DosSplit::model;
+  mem.activations = r.per_layer("memory", "activations", "keep", {"keep", "recompute", "offload"}, m.layers);
+  mem.params = r.per_layer("memory", "params", "device", {"device", "host"}, m.layers);
+  mem.optimizer = r.per_layer("memory", "optimizer", "device", {"device", "host", "dynamic"}, m.layers);
+  mem.dos_split = r.choice("memory", "dos_split", "model", {"model", "all_host", "all_device", "alternate"});
   mem.dos_host_rate = r.real("memory", "dos_host_rate", 0.0, 0.0, kInf);
   mem.dos_device_rate = r.real("memory", "dos_device_rate", 0.0, 0.0, kInf);
   mem.dos_h2d = r.real("memory", "dos_h2d", 0.0, 0.0, kInf);
@@ -587,22 +593,6 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
                strprintf("%lld is smaller than 256, the byte vocabulary of data.format = 'text'",
                          static_cast<long long>(m.vocab_size)));
   }
-  const std::int64_t per_step = dc.micro_batch_size * p.dp;
-  if (dc.batch_size > 0 && dc.micro_batch_size > 0 && dc.batch_size % per_step != 0) {
-    r.error_at("data", "batch_size",
-               strprintf("%lld is not a multiple of micro_batch_size x parallel.dp = %lld x %lld",
-                         static_cast<long long>(dc.batch_size), static_cast<long long>(dc.micro_batch_size),
-                         static_cast<long long>(p.dp)));
-  }
-  for (std::size_t i = 0; i < mem.params.size() && i < mem.optimizer.size(); ++i) {
-    if (mem.params[i] == ParamPlacement::host && mem.optimizer[i] == OptimizerPlacement::device) {
-      r.error_at("memory", "optimizer",
-                 strprintf("block %zu has memory.params = 'host' (its fp32 master weights live on the host) but "
-                           "memory.optimizer = 'device'; use 'host' or 'dynamic' for it",
-                           i));
-      break;
-    }
-  }
   if (out.sample_tokens > 0 && dc.format != DataFormat::text) {
     r.error_at("output", "sample_tokens", "samples are printed as text, which needs data.format = 'text' (bytes)");
   }
@@ -613,21 +603,6 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
     r.error_at("optimizer", "warmup_steps",
                strprintf("%lld exceeds train.steps (%lld)", static_cast<long long>(o.warmup_steps),
                          static_cast<long long>(t.steps)));
-  }
-  if (p.schedule == "interleaved" && p.virtual_stages < 2 && p.pp > 1) {
-    r.error_at("parallel", "virtual_stages", "the interleaved schedule needs virtual_stages >= 2");
-  }
-  if (p.tp > 1 && m.heads > 0 && m.heads % p.tp != 0) {
-    r.error_at("parallel", "tp", strprintf("model.heads = %lld must be divisible by tp = %lld (each rank takes whole "
-                                           "heads)",
-                                           static_cast<long long>(m.heads), static_cast<long long>(p.tp)));
-  }
-  if (p.tp > 1 && m.vocab_size > 0 && m.vocab_size % p.tp != 0) {
-    r.error_at("model", "vocab_size",
-               strprintf("%lld is not divisible by parallel.tp = %lld (the embedding is split by rows); pad it, "
-                         "e.g. to %lld",
-                         static_cast<long long>(m.vocab_size), static_cast<long long>(p.tp),
-                         static_cast<long long>((m.vocab_size + 128 * p.tp - 1) / (128 * p.tp) * 128 * p.tp)));
   }
   if (c.resume != "" && c.resume != "latest" && c.resume.size() < 4) {
     r.error_at("checkpoint", "resume", "'" + c.resume + "' must be \"latest\" or a checkpoint file path");
@@ -641,6 +616,7 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
     throw InputError(msg);
   }
   d.resolved_toml = r.resolved_toml();
+  d.locations = r.locations();
   return d;
 }
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "lamina/core/deck.hpp"
+#include "lamina/core/config.hpp"
 
 namespace lamina {
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "lamina/core/deck.hpp"
+#include "lamina/optim/placement.hpp"
 
 namespace lamina {
 
@@ -34,7 +34,9 @@ struct DosModel {
   bool concurrent = true;
 };
 
-enum class UpdateSite { host, device };
+// Which subgroups a dynamic layer updates on the device: as the model says, or forced
+// (tests and experiments).
+enum class DosSplit { model, all_host, all_device, alternate };
 
 struct DosPlan {
   std::vector<UpdateSite> site;  // per subgroup

@@ -6,7 +6,7 @@
 // scores; recomputation not counted).
 #include <cstdint>
 
-#include "lamina/core/deck.hpp"
+#include "lamina/core/config.hpp"
 
 namespace lamina {
 

@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "lamina/core/buffer.hpp"
-#include "lamina/core/deck.hpp"
+#include "lamina/core/config.hpp"
+#include "lamina/model/activation_policy.hpp"
 #include "lamina/kernels/common.hpp"
 
 namespace lamina {

@@ -3,7 +3,7 @@
 // (GPT-3 paper, sec. B; the nanoGPT/Megatron convention).
 #include <cstdint>
 
-#include "lamina/core/deck.hpp"
+#include "lamina/core/config.hpp"
 
 namespace lamina {
 

@@ -11,7 +11,6 @@
 #include <string>
 
 #include "lamina/comm/communicator.hpp"
-#include "lamina/core/deck.hpp"
 
 namespace lamina {
 

@@ -2,54 +2,139 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
+#include <stdexcept>
+#include <tuple>
 
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
-#include "lamina/parallel/simulator.hpp"
 
 namespace lamina {
-
-ScheduleOptions schedule_options(const Deck& deck) {
-  const ParallelConfig& p = deck.parallel;
-  ScheduleOptions o;
-  o.kind = p.schedule == "gpipe"         ? ScheduleKind::gpipe
-           : p.schedule == "interleaved" ? ScheduleKind::interleaved
-           : p.schedule == "modular"     ? ScheduleKind::modular
-                                         : ScheduleKind::one_f_one_b;
-  o.stages = static_cast<int>(p.pp);
-  o.micro_batches = static_cast<int>(deck.data.batch_size / (deck.data.micro_batch_size * p.dp));
-  o.virtual_stages = static_cast<int>(p.virtual_stages);
-  o.layered = p.layered;
-  o.zero = static_cast<int>(p.zero);
-  return o;
-}
 
 const char* op_name(Op op) {
   switch (op) {
     case Op::forward: return "F";
     case Op::backward: return "B";
+    case Op::recompute: return "recompute";
     case Op::send_activation: return "send_act";
     case Op::recv_activation: return "recv_act";
     case Op::send_gradient: return "send_grad";
     case Op::recv_gradient: return "recv_grad";
     case Op::gather_params: return "gather";
+    case Op::prefetch_params: return "prefetch";
     case Op::release_params: return "release";
+    case Op::offload_activations: return "offload";
+    case Op::prefetch_activations: return "prefetch_acts";
+    case Op::reload_activations: return "reload";
     case Op::reduce_grads: return "reduce";
-    case Op::optimizer_step: return "step";
+    case Op::sync_grads: return "sync_grads";
+    case Op::flush_grads: return "flush";
+    case Op::optimizer_update: return "update";
+    case Op::publish_params: return "publish";
+    case Op::share_params: return "share";
   }
   return "?";
+}
+
+const char* stream_name(Stream s) {
+  switch (s) {
+    case Stream::compute: return "compute";
+    case Stream::collective: return "collective";
+    case Stream::p2p: return "p2p";
+    case Stream::host_to_device: return "h2d";
+    case Stream::device_to_host: return "d2h";
+    case Stream::host: return "host";
+  }
+  return "?";
+}
+
+bool resident_params(const StepSpec& spec, int layer) {
+  return policy_of_layer(spec.blocks, layer).params == MemTier::device && spec.layout.zero < 3 &&
+         spec.precision == Precision::fp32;
+}
+
+std::vector<ScheduleProblem> schedule_problems(std::int64_t layers, const ParallelLayout& o) {
+  std::vector<ScheduleProblem> out;
+  const int pp = o.pp, M = o.micro_batches;
+  auto add = [&](const char* key, std::string msg) { out.push_back({key, std::move(msg)}); };
+  const long long L = static_cast<long long>(layers);
+  if (o.layered && o.schedule == ScheduleKind::one_f_one_b && pp > 1) {
+    add("parallel.layered", "layered gradient accumulation runs each layer over all micro-batches, which 1F1B's "
+                            "alternation does not allow: use parallel.schedule = \"gpipe\" or \"modular\"");
+  }
+  if (o.layered && o.schedule == ScheduleKind::interleaved) {
+    add("parallel.layered", "layered gradient accumulation with the interleaved schedule: use parallel.schedule = "
+                            "\"modular\" (one layer per chunk, breadth-first)");
+  }
+  if (o.schedule == ScheduleKind::interleaved && o.virtual_stages < 2 && pp > 1) {
+    add("parallel.virtual_stages", "the interleaved schedule needs virtual_stages >= 2");
+  }
+  if (pp > layers) {
+    add("parallel.pp", strprintf("%d pipeline stages for model.layers = %lld: every stage needs at least one layer; "
+                                 "use parallel.pp <= %lld",
+                                 pp, L, L));
+    return out;
+  }
+  switch (o.schedule) {
+    case ScheduleKind::gpipe:
+    case ScheduleKind::one_f_one_b:
+      if (!o.layered && layers % pp != 0) {
+        add("parallel.pp", strprintf("model.layers = %lld cannot be cut into parallel.pp = %d equal stages; use a pp "
+                                     "that divides the layers",
+                                     L, pp));
+      }
+      break;
+    case ScheduleKind::interleaved: {
+      const int chunks = o.virtual_stages * pp;
+      if (o.virtual_stages >= 2 && layers % chunks != 0) {
+        add("parallel.virtual_stages",
+            strprintf("model.layers = %lld cannot be cut into virtual_stages x pp = %d x %d = %d equal chunks; choose "
+                      "virtual_stages so that it divides the layers per stage",
+                      L, o.virtual_stages, pp, chunks));
+      }
+      if (!o.layered && M % pp != 0) {
+        add("data.micro_batch_size",
+            strprintf("the interleaved schedule needs the micro-batches per step (%d) to be a multiple of "
+                      "parallel.pp = %d; change data.micro_batch_size or data.batch_size",
+                      M, pp));
+      }
+      break;
+    }
+    case ScheduleKind::modular:
+      if (layers % pp != 0) {
+        add("parallel.pp", strprintf("the modular pipeline places layer l on stage l mod pp: model.layers = %lld must "
+                                     "be a multiple of parallel.pp = %d",
+                                     L, pp));
+      } else if (!o.layered && M % pp != 0) {
+        add("data.micro_batch_size",
+            strprintf("the modular schedule without layered accumulation is interleaved 1F1B: the micro-batches per "
+                      "step (%d) must be a multiple of parallel.pp = %d; change data.micro_batch_size or "
+                      "data.batch_size, or set parallel.layered = true",
+                      M, pp));
+      }
+      break;
+  }
+  return out;
 }
 
 namespace {
 
 using Program = std::vector<Instruction>;
 
-Instruction F(int c, int m) { return {Op::forward, c, m, -1}; }
-Instruction B(int c, int m) { return {Op::backward, c, m, -1}; }
+// A chunk-level step of the compute order: the forward or backward of a whole chunk.
+struct ChunkStep {
+  bool forward = true;
+  int chunk = 0;
+  int mb = 0;
+};
+using Order = std::vector<ChunkStep>;
+
+ChunkStep F(int c, int m) { return {true, c, m}; }
+ChunkStep B(int c, int m) { return {false, c, m}; }
 
 // Forward and backward orders of one stage.
-Program depth_first(const std::vector<int>& local, int M) {
-  Program p;
+Order depth_first(const std::vector<int>& local, int M) {
+  Order p;
   for (int m = 0; m < M; ++m)
     for (int c : local) p.push_back(F(c, m));
   for (int m = 0; m < M; ++m)
@@ -57,8 +142,8 @@ Program depth_first(const std::vector<int>& local, int M) {
   return p;
 }
 
-Program breadth_first(const std::vector<int>& local, int M) {
-  Program p;
+Order breadth_first(const std::vector<int>& local, int M) {
+  Order p;
   for (int c : local)
     for (int m = 0; m < M; ++m) p.push_back(F(c, m));
   for (auto it = local.rbegin(); it != local.rend(); ++it)
@@ -68,8 +153,8 @@ Program breadth_first(const std::vector<int>& local, int M) {
 
 // PipeDream-flush (Narayanan et al. 2021): pp - s - 1 warm-up forwards, then one forward
 // and one backward alternately, then the remaining backwards.
-Program one_f_one_b(int chunk, int stage, int stages, int M) {
-  Program p;
+Order one_f_one_b(int chunk, int stage, int stages, int M) {
+  Order p;
   const int warmup = std::min(stages - stage - 1, M);
   for (int m = 0; m < warmup; ++m) p.push_back(F(chunk, m));
   for (int i = 0; i < M - warmup; ++i) {
@@ -82,7 +167,7 @@ Program one_f_one_b(int chunk, int stage, int stages, int M) {
 
 // Megatron's interleaved 1F1B: micro-step k of a stage runs virtual chunk (k / pp) mod v
 // (reversed in backward) on micro-batch (k / (pp v)) pp + k mod pp.
-Program interleaved(int stage, int stages, int v, int M) {
+Order interleaved(int stage, int stages, int v, int M) {
   const int total = M * v;
   auto chunk_of = [&](int k, bool forward) {
     const int vi = (k / stages) % v;
@@ -90,7 +175,7 @@ Program interleaved(int stage, int stages, int v, int M) {
   };
   auto mb_of = [&](int k) { return (k / (stages * v)) * stages + k % stages; };
   int warmup = M == stages ? total : std::min(total, (stages - stage - 1) * 2 + (v - 1) * stages);
-  Program p;
+  Order p;
   for (int k = 0; k < warmup; ++k) p.push_back(F(chunk_of(k, true), mb_of(k)));
   for (int k = 0; k < total - warmup; ++k) {
     p.push_back(F(chunk_of(k + warmup, true), mb_of(k + warmup)));
@@ -100,150 +185,375 @@ Program interleaved(int stage, int stages, int v, int M) {
   return p;
 }
 
-// Point-to-point messages where neighbouring chunks sit on different stages.
-Program with_messages(const Program& compute, const Partition& part) {
-  Program p;
-  const int last = part.num_chunks() - 1;
-  for (const Instruction& i : compute) {
-    const Chunk& c = part.chunk(i.chunk);
-    if (i.op == Op::forward) {
-      if (i.chunk > 0 && part.chunk(i.chunk - 1).stage != c.stage)
-        p.push_back({Op::recv_activation, i.chunk, i.micro_batch, part.chunk(i.chunk - 1).stage});
-      p.push_back(i);
-      if (i.chunk < last && part.chunk(i.chunk + 1).stage != c.stage)
-        p.push_back({Op::send_activation, i.chunk, i.micro_batch, part.chunk(i.chunk + 1).stage});
-    } else {
-      if (i.chunk < last && part.chunk(i.chunk + 1).stage != c.stage)
-        p.push_back({Op::recv_gradient, i.chunk, i.micro_batch, part.chunk(i.chunk + 1).stage});
-      p.push_back(i);
-      if (i.chunk > 0 && part.chunk(i.chunk - 1).stage != c.stage)
-        p.push_back({Op::send_gradient, i.chunk, i.micro_batch, part.chunk(i.chunk - 1).stage});
-    }
-  }
-  return p;
+Instruction make(Op op, Stream stream, int chunk, int layer, int mb) {
+  Instruction i;
+  i.op = op;
+  i.stream = stream;
+  i.chunk = chunk;
+  i.layer = layer;
+  i.micro_batch = mb;
+  return i;
 }
 
-// ZeRO-3 gathers, data-parallel reductions after the backward that completes a chunk's
-// gradients, and the optimizer step. Depth-first, the executor gathers each layer's
-// parameters just before it runs and drops them after, every micro-batch; breadth-first,
-// gather_params holds a chunk's parameters across its run of micro-batches, so they are
-// gathered once per pass. Gradients are reduced once per step, or every micro-batch where
-// the ZeRO stage keeps no full copy of them (2 and 3) and the schedule is depth-first.
-Program with_zero(const Program& in, int zero, bool layered, int M) {
-  auto is_compute = [](const Instruction& i) { return i.op == Op::forward || i.op == Op::backward; };
-  std::vector<const Instruction*> compute;
-  for (const Instruction& i : in)
-    if (is_compute(i)) compute.push_back(&i);
-  // A breadth-first run: consecutive compute ops of the same pass over the same chunk.
-  auto same_run = [&](std::size_t a, std::size_t b) {
-    return layered && compute[a]->chunk == compute[b]->chunk && compute[a]->op == compute[b]->op;
-  };
-  Program p;
-  std::map<int, int> backwards;  // per chunk, so far
-  std::size_t k = 0;             // index of the next compute op
-  for (const Instruction& ins : in) {
-    if (!is_compute(ins)) {
-      p.push_back(ins);
-      continue;
-    }
-    const bool hold = zero == 3 && layered;
-    if (hold && !(k > 0 && same_run(k - 1, k))) p.push_back({Op::gather_params, ins.chunk, ins.micro_batch, -1});
-    p.push_back(ins);
-    if (hold && !(k + 1 < compute.size() && same_run(k, k + 1)))
-      p.push_back({Op::release_params, ins.chunk, ins.micro_batch, -1});
-    if (ins.op == Op::backward) {
-      const int n = ++backwards[ins.chunk];
-      if ((zero >= 2 && !layered) || n == M) p.push_back({Op::reduce_grads, ins.chunk, ins.micro_batch, -1});
-    }
-    ++k;
+// Turns one stage's chunk-level order into its instruction list.
+class StageBuilder {
+ public:
+  StageBuilder(const Schedule& s, const StepSpec& spec, int stage) : s_(s), spec_(spec), stage_(stage) {
+    for (int c : s.partition().chunks_of(stage))
+      for (int l : s.layers_of(s.partition().chunk(c))) ++users_[l];
   }
-  p.push_back({Op::optimizer_step, -1, -1, -1});
-  return p;
+
+  Program build(const Order& order) {
+    const Partition& part = s_.partition();
+    const int last = part.num_chunks() - 1;
+    const bool layered = spec_.layout.layered;
+    // A breadth-first run: consecutive steps of the same pass over the same chunk; under
+    // ZeRO-3 it holds the chunk's parameters from its first step to its last.
+    auto same_run = [&](std::size_t a, std::size_t b) {
+      return layered && order[a].chunk == order[b].chunk && order[a].forward == order[b].forward;
+    };
+    const bool hold_runs = layered && spec_.layout.zero == 3;
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      const ChunkStep& st = order[k];
+      const Chunk& c = part.chunk(st.chunk);
+      const bool run_start = !(k > 0 && same_run(k - 1, k));
+      const bool run_end = !(k + 1 < order.size() && same_run(k, k + 1));
+      auto hold = [&] {
+        if (!(hold_runs && run_start)) return;
+        for (int l : s_.layers_of(c)) gather(l);
+        held_ = true;
+      };
+      auto unhold = [&] {
+        if (!(hold_runs && run_end)) return;
+        for (int l : s_.layers_of(c)) release(l);
+        held_ = false;
+      };
+      if (st.forward) {
+        if (st.chunk > 0 && part.chunk(st.chunk - 1).stage != c.stage)
+          message(Op::recv_activation, st.chunk, st.mb, part.chunk(st.chunk - 1).stage);
+        hold();
+        forward(c, st.mb);
+        unhold();
+        if (st.chunk < last && part.chunk(st.chunk + 1).stage != c.stage)
+          message(Op::send_activation, st.chunk, st.mb, part.chunk(st.chunk + 1).stage);
+      } else {
+        if (st.chunk < last && part.chunk(st.chunk + 1).stage != c.stage)
+          message(Op::recv_gradient, st.chunk, st.mb, part.chunk(st.chunk + 1).stage);
+        hold();
+        const int n = ++backwards_[st.chunk];
+        const bool reduce = (spec_.layout.zero >= 2 && !layered) || n == spec_.layout.micro_batches;
+        backward(c, st.mb, reduce);
+        unhold();
+        if (st.chunk > 0 && part.chunk(st.chunk - 1).stage != c.stage)
+          message(Op::send_gradient, st.chunk, st.mb, part.chunk(st.chunk - 1).stage);
+      }
+    }
+    p_.push_back(make(Op::sync_grads, Stream::collective, -1, -1, -1));
+    for (int l : s_.layers_of_stage(stage_))
+      if (host_updated(l) && !flushed_.count(l)) flush(l);
+    return p_;
+  }
+
+ private:
+  bool resident(int l) const { return resident_params(spec_, l); }
+  bool host_updated(int l) const { return policy_of_layer(spec_.blocks, l).optimizer != OptimizerPlacement::device; }
+  Stream gather_stream(int l) const {
+    if (spec_.layout.zero == 3) return Stream::collective;
+    return policy_of_layer(spec_.blocks, l).params == MemTier::host ? Stream::host_to_device : Stream::compute;
+  }
+  ActivationPolicy policy(std::int64_t block) const {
+    return spec_.blocks[static_cast<std::size_t>(block)].activations;
+  }
+
+  void gather(int l) {
+    if (!resident(l)) p_.push_back(make(Op::gather_params, gather_stream(l), -1, l, -1));
+  }
+  void release(int l) {
+    if (!resident(l)) p_.push_back(make(Op::release_params, Stream::compute, -1, l, -1));
+  }
+  // Per use, unless a breadth-first run holds the chunk's parameters.
+  void use(int l) {
+    if (!held_) gather(l);
+  }
+  void unuse(int l) {
+    if (!held_) release(l);
+  }
+  void prefetch(int l) {
+    if (!resident(l)) p_.push_back(make(Op::prefetch_params, gather_stream(l), -1, l, -1));
+  }
+  void message(Op op, int chunk, int mb, int peer) {
+    Instruction i = make(op, Stream::p2p, chunk, -1, mb);
+    i.peer = peer;
+    p_.push_back(i);
+  }
+  void compute(Op op, const Chunk& c, int l, int mb) { p_.push_back(make(op, Stream::compute, c.index, l, mb)); }
+
+  void forward(const Chunk& c, int mb) {
+    const int head = s_.final_layer();
+    if (c.embedding) {
+      use(0);
+      compute(Op::forward, c, 0, mb);
+      unuse(0);
+    }
+    for (std::int64_t b = c.first_block; b < c.last_block; ++b) {
+      const int l = static_cast<int>(b) + 1;
+      use(l);
+      if (b + 1 < c.last_block && !held_) prefetch(l + 1);  // one layer ahead
+      compute(Op::forward, c, l, mb);
+      if (policy(b) == ActivationPolicy::offload)
+        p_.push_back(make(Op::offload_activations, Stream::device_to_host, c.index, l, mb));
+      unuse(l);
+    }
+    if (c.head) {
+      use(0);
+      use(head);
+      compute(Op::forward, c, head, mb);
+      unuse(0);
+      unuse(head);
+    }
+  }
+
+  void backward(const Chunk& c, int mb, bool reduce) {
+    const int head = s_.final_layer();
+    const bool final = mb == spec_.layout.micro_batches - 1;
+    if (c.head) {
+      use(0);
+      use(head);
+      compute(Op::backward, c, head, mb);
+      unuse(0);
+      unuse(head);
+      if (reduce) reduce_layer(head, final);
+    }
+    for (std::int64_t b = c.last_block; b-- > c.first_block;) {
+      const int l = static_cast<int>(b) + 1;
+      use(l);
+      if (b > c.first_block && !held_) prefetch(l - 1);  // one layer ahead
+      if (policy(b) == ActivationPolicy::recompute) compute(Op::recompute, c, l, mb);
+      if (policy(b) == ActivationPolicy::offload) {
+        p_.push_back(make(Op::reload_activations, Stream::host_to_device, c.index, l, mb));
+        // The previous block's come back into the other staging buffer meanwhile.
+        if (b > c.first_block && policy(b - 1) == ActivationPolicy::offload)
+          p_.push_back(make(Op::prefetch_activations, Stream::host_to_device, c.index, l - 1, mb));
+      }
+      compute(Op::backward, c, l, mb);
+      unuse(l);
+      if (reduce) reduce_layer(l, final);
+    }
+    if (c.embedding) compute(Op::backward, c, 0, mb);  // needs no parameters
+    if (reduce && (c.embedding || c.head)) reduce_layer(0, final);
+  }
+
+  // A layer used by several local chunks (the tied embedding) is reduced after the last.
+  void reduce_layer(int l, bool final) {
+    if (++requested_[l] < users_[l]) return;
+    requested_[l] = 0;
+    Instruction i = make(Op::reduce_grads, Stream::collective, -1, l, -1);
+    i.final = final;
+    p_.push_back(i);
+    // Reductions started before this one are done by now (one reduce-scatter in flight);
+    // those that completed a host-updated layer's gradients start their copies to the
+    // host, overlapping the rest of the backward pass. The tied embedding waits for the
+    // other pipeline end's part (sync_grads).
+    for (int f : final_) flush(f);
+    final_.clear();
+    if (final && host_updated(l) && !(l == 0 && spec_.layout.pp > 1)) final_.push_back(l);
+  }
+  void flush(int l) {
+    p_.push_back(make(Op::flush_grads, Stream::device_to_host, -1, l, -1));
+    flushed_.insert(l);
+  }
+
+  const Schedule& s_;
+  const StepSpec& spec_;
+  int stage_;
+  Program p_;
+  bool held_ = false;
+  std::map<int, int> users_, requested_, backwards_;
+  std::vector<int> final_;
+  std::set<int> flushed_;
+};
+
+// Every receive has its send and no stage waits forever: runs the message dependencies.
+void check_messages(const std::string& name, const std::vector<Program>& programs) {
+  const int stages = static_cast<int>(programs.size());
+  std::set<std::tuple<int, int, int>> sent;  // (kind, receiving chunk, micro-batch)
+  std::vector<std::size_t> ip(static_cast<std::size_t>(stages), 0);
+  std::size_t remaining = 0;
+  for (const auto& p : programs) remaining += p.size();
+  while (remaining > 0) {
+    bool progress = false;
+    for (int st = 0; st < stages; ++st) {
+      const auto& prog = programs[static_cast<std::size_t>(st)];
+      auto& i = ip[static_cast<std::size_t>(st)];
+      while (i < prog.size()) {
+        const Instruction& ins = prog[i];
+        if (ins.op == Op::recv_activation || ins.op == Op::recv_gradient) {
+          const auto key = std::make_tuple(ins.op == Op::recv_activation ? 0 : 1, ins.chunk, ins.micro_batch);
+          if (!sent.erase(key)) break;  // not sent yet: this stage waits
+        } else if (ins.op == Op::send_activation) {
+          sent.insert(std::make_tuple(0, ins.chunk + 1, ins.micro_batch));
+        } else if (ins.op == Op::send_gradient) {
+          sent.insert(std::make_tuple(1, ins.chunk - 1, ins.micro_batch));
+        }
+        ++i;
+        --remaining;
+        progress = true;
+      }
+    }
+    if (!progress) {
+      std::string where;
+      for (int st = 0; st < stages; ++st) {
+        const auto& prog = programs[static_cast<std::size_t>(st)];
+        const auto i = ip[static_cast<std::size_t>(st)];
+        if (i < prog.size()) {
+          where += strprintf(" stage %d at %s(chunk %d, micro-batch %d);", st, op_name(prog[i].op), prog[i].chunk,
+                             prog[i].micro_batch);
+        }
+      }
+      throw std::logic_error("schedule '" + name + "' deadlocks:" + where);
+    }
+  }
+  if (!sent.empty()) throw std::logic_error("schedule '" + name + "' sends messages nobody receives");
+}
+
+std::string layer_name(int layer, int final_layer, bool compute) {
+  if (layer == 0) return "embedding";
+  if (layer == final_layer) return compute ? "head" : "ln_f";
+  return strprintf("h.%d", layer - 1);
 }
 
 }  // namespace
 
-Schedule Schedule::build(std::int64_t layers, const ScheduleOptions& o) {
-  const int pp = o.stages, M = o.micro_batches;
+std::vector<int> Schedule::layers_of(const Chunk& c) const {
+  std::vector<int> out;
+  if (c.embedding || c.head) out.push_back(0);
+  for (std::int64_t b = c.first_block; b < c.last_block; ++b) out.push_back(static_cast<int>(b) + 1);
+  if (c.head) out.push_back(final_layer());
+  return out;
+}
+
+std::vector<int> Schedule::layers_of_stage(int stage) const {
+  std::set<int> held;
+  for (int c : partition_.chunks_of(stage))
+    for (int l : layers_of(partition_.chunk(c))) held.insert(l);
+  return {held.begin(), held.end()};
+}
+
+Schedule Schedule::build(const StepSpec& spec) {
+  const ParallelLayout& o = spec.layout;
+  const auto problems = schedule_problems(spec.layers, o);
+  if (!problems.empty()) throw InputError(problems.front().key + ": " + problems.front().message);
+  const std::int64_t layers = spec.layers;
+  const int pp = o.pp, M = o.micro_batches;
   Schedule s;
-  s.options_ = o;
-  std::vector<Program> compute(static_cast<std::size_t>(pp));
-  switch (o.kind) {
+  s.spec_ = spec;
+  std::vector<Order> order(static_cast<std::size_t>(pp));
+  switch (o.schedule) {
     case ScheduleKind::gpipe:
     case ScheduleKind::one_f_one_b: {
-      const bool gpipe = o.kind == ScheduleKind::gpipe || o.layered;
-      if (o.layered && o.kind == ScheduleKind::one_f_one_b && pp > 1) {
-        throw InputError("parallel.layered = true runs each layer over all micro-batches, which 1F1B's alternation "
-                         "does not allow: use parallel.schedule = \"gpipe\" or \"modular\"");
-      }
+      const bool gpipe = o.schedule == ScheduleKind::gpipe || o.layered;
       // Layered: one block per chunk, consecutive blocks on each stage.
       s.partition_ = Partition::make(layers, pp, o.layered ? static_cast<int>(layers) : pp, false);
       s.name_ = o.layered ? "gpipe, layer by layer" : gpipe ? "gpipe" : "1f1b";
       for (int st = 0; st < pp; ++st) {
         const auto local = s.partition_.chunks_of(st);
-        compute[st] = o.layered ? breadth_first(local, M)
-                      : gpipe   ? depth_first(local, M)
-                                : one_f_one_b(local.front(), st, pp, M);
+        order[st] = o.layered ? breadth_first(local, M) : gpipe ? depth_first(local, M)
+                                                                : one_f_one_b(local.front(), st, pp, M);
       }
       break;
     }
     case ScheduleKind::interleaved:
     case ScheduleKind::modular: {
-      const bool modular = o.kind == ScheduleKind::modular;
+      const bool modular = o.schedule == ScheduleKind::modular;
       const int v = modular ? static_cast<int>(layers / pp) : o.virtual_stages;
-      if (modular && layers % pp != 0) {
-        throw InputError(strprintf("the modular pipeline places layer l on stage l mod pp: model.layers = %lld must "
-                                   "be a multiple of parallel.pp = %d",
-                                   static_cast<long long>(layers), pp));
-      }
       s.partition_ = Partition::make(layers, pp, v * pp, true);
       if (o.layered) {
-        if (!modular) {
-          throw InputError("parallel.layered = true with the interleaved schedule: use parallel.schedule = "
-                           "\"modular\" (one layer per chunk, breadth-first)");
-        }
         s.name_ = "modular, layer by layer";
-        for (int st = 0; st < pp; ++st) compute[st] = breadth_first(s.partition_.chunks_of(st), M);
+        for (int st = 0; st < pp; ++st) order[st] = breadth_first(s.partition_.chunks_of(st), M);
       } else {
-        if (M % pp != 0) {
-          throw InputError(strprintf("the interleaved schedule needs the micro-batches per step (%d) to be a multiple "
-                                     "of parallel.pp = %d; change data.micro_batch_size or data.batch_size",
-                                     M, pp));
-        }
         s.name_ = modular ? "modular (interleaved 1F1B, one layer per chunk)"
                           : strprintf("interleaved 1F1B, %d chunks per stage", v);
-        for (int st = 0; st < pp; ++st) compute[st] = interleaved(st, pp, v, M);
+        for (int st = 0; st < pp; ++st) order[st] = interleaved(st, pp, v, M);
       }
       break;
     }
   }
-  for (int st = 0; st < pp; ++st) {
-    s.programs_.push_back(with_zero(with_messages(compute[st], s.partition_), o.zero, o.layered, M));
-  }
-  // Every receive has its send and no stage waits forever: the simulator would throw.
-  simulate(s, CostModel{});
+  for (int st = 0; st < pp; ++st) s.programs_.push_back(StageBuilder(s, spec, st).build(order[st]));
+  check_messages(s.name_, s.programs_);
   return s;
 }
 
 int Schedule::max_in_flight(int chunk) const {
-  const int stage = partition_.chunk(chunk).stage;
-  int now = 0, peak = 0;
-  for (const Instruction& i : program(stage)) {
+  const Chunk& c = partition_.chunk(chunk);
+  const int first_layer = c.embedding ? 0 : static_cast<int>(c.first_block) + 1;
+  std::set<int> open;  // micro-batches whose activations the chunk holds
+  std::size_t peak = 0;
+  for (const Instruction& i : program(c.stage)) {
     if (i.chunk != chunk) continue;
-    if (i.op == Op::forward) peak = std::max(peak, ++now);
-    if (i.op == Op::backward) --now;
+    if (i.op == Op::recv_activation || i.op == Op::forward) open.insert(i.micro_batch);
+    if (i.op == Op::backward && i.layer == first_layer) open.erase(i.micro_batch);
+    peak = std::max(peak, open.size());
   }
-  return peak;
+  return static_cast<int>(peak);
 }
 
-std::string Schedule::describe(int stage) const {
+std::string Schedule::describe(int stage) const { return lamina::describe(program(stage), final_layer()); }
+
+std::vector<Instruction> update_program(const std::vector<LayerUpdate>& layers, int zero) {
+  std::vector<Instruction> p;
+  for (const LayerUpdate& u : layers) {
+    if (u.sites.empty()) continue;
+    // Device subgroups first: their copies and kernels are queued on the device and run
+    // while the host updates the others.
+    for (const UpdateSite pass : {UpdateSite::device, UpdateSite::host}) {
+      for (std::size_t g = 0; g < u.sites.size(); ++g) {
+        if (u.sites[g] != pass) continue;
+        Instruction i = make(Op::optimizer_update, pass == UpdateSite::device ? Stream::compute : Stream::host, -1,
+                             u.layer, -1);
+        i.subgroup = static_cast<int>(g);
+        i.site = pass;
+        p.push_back(i);
+      }
+    }
+    const Stream publish = u.placement == OptimizerPlacement::device ? Stream::compute : Stream::host_to_device;
+    p.push_back(make(Op::publish_params, publish, -1, u.layer, -1));
+  }
+  if (zero == 1 || zero == 2)
+    for (const LayerUpdate& u : layers) p.push_back(make(Op::share_params, Stream::collective, -1, u.layer, -1));
+  return p;
+}
+
+std::string describe(const std::vector<Instruction>& program, int final_layer) {
   std::string out;
-  for (const Instruction& i : program(stage)) {
+  for (const Instruction& i : program) {
     if (!out.empty()) out += ' ';
     out += op_name(i.op);
-    if (i.chunk >= 0) out += strprintf("(%d,%d)", i.chunk, i.micro_batch);
+    const bool compute = i.op == Op::forward || i.op == Op::backward || i.op == Op::recompute;
+    std::string args;
+    if (i.layer >= 0) args += layer_name(i.layer, final_layer, compute);
+    if (i.op == Op::send_activation || i.op == Op::recv_activation || i.op == Op::send_gradient ||
+        i.op == Op::recv_gradient) {
+      args += strprintf("c%d,%s%d", i.chunk, i.op == Op::send_activation || i.op == Op::send_gradient ? "to " : "from ",
+                        i.peer);
+    }
+    if (i.micro_batch >= 0) args += strprintf("%sm%d", args.empty() ? "" : ",", i.micro_batch);
+    if (i.op == Op::optimizer_update) args += strprintf(",g%d,%s", i.subgroup, i.site == UpdateSite::device ? "device" : "host");
+    if (i.op == Op::reduce_grads && i.final) args += ",final";
+    if (!args.empty()) out += "(" + args + ")";
   }
   return out;
+}
+
+double clock_price(const Instruction& i, const ClockPrices& prices, int final_layer) {
+  const bool block = i.layer > 0 && i.layer < final_layer;
+  switch (i.op) {
+    case Op::forward:
+      return block ? prices.forward_block : i.layer == 0 ? prices.embedding : prices.head;
+    case Op::recompute: return prices.forward_block;
+    case Op::backward:
+      return block ? prices.backward_block : i.layer == 0 ? prices.embedding : 2.0 * prices.head;
+    default: return 0.0;
+  }
 }
 
 }  // namespace lamina

@@ -1,74 +1,143 @@
 #pragma once
 // A training step as data (DESIGN.md idea 3): for each pipeline stage, the list of
-// instructions it runs. Builders emit GPipe, 1F1B, interleaved 1F1B and modular
-// schedules, depth-first or breadth-first over micro-batches (layered gradient
-// accumulation), with the ZeRO gathers and data-parallel reductions placed where each
-// strategy needs them. The executor runs a schedule on Kokkos and a communicator; the
-// simulator runs the same list on a cost model. A schedule never knows about Kokkos.
+// instructions it runs, one per layer and micro-batch, memory actions included. Builders
+// emit GPipe, 1F1B, interleaved 1F1B and modular schedules, depth-first or breadth-first
+// over micro-batches (layered gradient accumulation), then place around each layer's
+// compute what its plan needs: parameter gathers and prefetches (ZeRO-3, host-tier or
+// bf16 parameters), activation offloads, reloads and recomputation, gradient reductions
+// and their flushes to the host. update_program() lists one rank's optimizer step per
+// subgroup and site. The executor (executor.hpp) interprets these lists; the planner's
+// simulator (plan/simulator.hpp) prices the same lists. A schedule never knows about Kokkos.
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "lamina/core/deck.hpp"
+#include "lamina/core/precision.hpp"
+#include "lamina/parallel/layout.hpp"
 #include "lamina/parallel/partition.hpp"
 
 namespace lamina {
 
 enum class Op : std::uint8_t {
-  forward,          // chunk, micro_batch
-  backward,         // chunk, micro_batch
-  send_activation,  // chunk's output of micro_batch, to stage `peer`
-  recv_activation,  // chunk's input of micro_batch, from stage `peer`
-  send_gradient,    // gradient of chunk's input, to `peer`
-  recv_gradient,    // gradient of chunk's output, from `peer`
-  gather_params,    // ZeRO-3: hold the parameters chunk uses (gathered) until release
-  release_params,   // ZeRO-3: end of that hold
-  reduce_grads,     // start the data-parallel reduction of chunk's gradients (non-blocking)
-  optimizer_step,   // finish reductions, clip, update
+  // compute: `layer` 0 is the embedding lookup, 1..L the blocks, L+1 the head (final
+  // norm, tied LM head and loss)
+  forward,
+  backward,           // accumulates the layer's gradients (starting its accumulator)
+  recompute,          // a block's forward again, from its kept input, before its backward
+  // pipeline messages between stages
+  send_activation,    // chunk's output of micro_batch, to stage `peer`
+  recv_activation,    // chunk's input of micro_batch, from stage `peer`
+  send_gradient,      // gradient of chunk's input, to `peer`
+  recv_gradient,      // gradient of chunk's output, from `peer`
+  // parameters that are not resident on the device in fp32 (ZeRO-3 shards, host tier, bf16)
+  gather_params,      // make the layer's fp32 parameters present (or take over its prefetch)
+  prefetch_params,    // the same, started ahead of use on its own stream
+  release_params,     // end of a gather's hold
+  // inner activations of blocks whose policy is offload
+  offload_activations,   // the block's inner activations to the host tier, after its forward
+  prefetch_activations,  // back from the host tier ahead of use, into the spare staging buffer
+  reload_activations,    // present for the backward (waits for the prefetch, or copies now)
+  // gradients
+  reduce_grads,       // start the data-parallel reduction of the layer's gradients
+  sync_grads,         // wait for every reduction; add the tied embedding's two halves (pp > 1)
+  flush_grads,        // the layer's reduced gradients leave for the host, where it is updated there
+  // optimizer step (update_program)
+  optimizer_update,   // AdamW on one subgroup of the owned elements, on the host or the device
+  publish_params,     // updated fp32 values into the stored parameters (bf16, other tier)
+  share_params,       // ZeRO-1/2: all-gather every rank's updated shard
 };
 const char* op_name(Op op);
 
+// Where an instruction runs: the compute stream, collectives over a group, pipeline
+// messages, copies each way between the memory tiers, or the host's cores.
+enum class Stream : std::uint8_t { compute, collective, p2p, host_to_device, device_to_host, host };
+const char* stream_name(Stream s);
+
 struct Instruction {
   Op op = Op::forward;
-  int chunk = -1;
+  Stream stream = Stream::compute;
+  int chunk = -1;        // compute, messages and activation moves
+  int layer = -1;        // parameter-layout layer
   int micro_batch = -1;
-  int peer = -1;
+  int peer = -1;         // messages: the other stage
+  int subgroup = -1;     // optimizer_update: index among the layer's owned subgroups
+  UpdateSite site = UpdateSite::device;  // optimizer_update
+  bool final = false;    // reduce_grads: the layer's last reduction of the step
 };
 
-enum class ScheduleKind { gpipe, one_f_one_b, interleaved, modular };
-
-struct ScheduleOptions {
-  ScheduleKind kind = ScheduleKind::one_f_one_b;
-  int stages = 1;
-  int micro_batches = 1;
-  int virtual_stages = 1;  // interleaved: chunks per stage
-  bool layered = false;    // breadth-first over micro-batches (layered gradient accumulation)
-  int zero = 0;            // ZeRO stage, for gathers and reduction points
+// What one step runs, as given by a plan.
+struct StepSpec {
+  std::int64_t layers = 0;  // transformer blocks
+  ParallelLayout layout;
+  std::vector<LayerPolicy> blocks;  // one per transformer block
+  Precision precision = Precision::fp32;
 };
 
-// The schedule options a deck asks for (micro-batches per data-parallel rank and step).
-ScheduleOptions schedule_options(const Deck& deck);
+// Parameters of a layer live on the device in fp32 between uses: nothing to gather.
+bool resident_params(const StepSpec& spec, int layer);
+
+// A layout the builders cannot schedule: the message and the deck key to change.
+struct ScheduleProblem {
+  std::string key;  // "parallel.pp", "data.micro_batch_size", ...
+  std::string message;
+};
+std::vector<ScheduleProblem> schedule_problems(std::int64_t layers, const ParallelLayout& layout);
 
 class Schedule {
  public:
-  // Throws InputError for combinations no builder supports (with what to change).
-  static Schedule build(std::int64_t layers, const ScheduleOptions& options);
+  // Throws InputError for layouts schedule_problems() rejects.
+  static Schedule build(const StepSpec& spec);
 
   const std::string& name() const { return name_; }
   const Partition& partition() const { return partition_; }
-  const ScheduleOptions& options() const { return options_; }
-  int micro_batches() const { return options_.micro_batches; }
-  const std::vector<Instruction>& program(int stage) const { return programs_[static_cast<std::size_t>(stage)]; }
+  const StepSpec& spec() const { return spec_; }
+  int micro_batches() const { return spec_.layout.micro_batches; }
   int stages() const { return static_cast<int>(programs_.size()); }
+  // Forward and backward of the step on one stage, ending with gradients complete.
+  const std::vector<Instruction>& program(int stage) const { return programs_[static_cast<std::size_t>(stage)]; }
   // Micro-batches of `chunk` whose forward has run but not yet the backward, at most.
   int max_in_flight(int chunk) const;
+  // Parameter-layout layers a chunk reads: the embedding (lookup or tied head), its
+  // blocks, the final norm (head).
+  std::vector<int> layers_of(const Chunk& c) const;
+  // The layers a stage holds.
+  std::vector<int> layers_of_stage(int stage) const;
+  int final_layer() const { return static_cast<int>(spec_.layers) + 1; }
+  // One line per instruction group, readable (`-v` prints it).
   std::string describe(int stage) const;
 
  private:
   std::string name_;
   Partition partition_;
-  ScheduleOptions options_;
+  StepSpec spec_;
   std::vector<std::vector<Instruction>> programs_;
 };
+
+// One layer's optimizer step on one rank: its subgroups (of the owned elements) in order,
+// each with the site it is updated on.
+struct LayerUpdate {
+  int layer = 0;
+  OptimizerPlacement placement = OptimizerPlacement::device;
+  std::vector<UpdateSite> sites;  // one per subgroup; empty: this rank owns none of the layer
+};
+// Updates layer by layer (device subgroups of a dynamic layer first, so that their copies
+// and kernels run while the host updates the rest), each layer's parameters published when
+// its update is done, then the ZeRO-1/2 all-gathers.
+std::vector<Instruction> update_program(const std::vector<LayerUpdate>& layers, int zero);
+
+std::string describe(const std::vector<Instruction>& program, int final_layer);
+
+// Prices of the executor's virtual clock (any unit): one block's forward and backward on
+// a micro-batch, the embedding and the head (whose backward counts twice), a pipeline
+// message. Pipeline bubbles are measured in this clock.
+struct ClockPrices {
+  double forward_block = 1.0;
+  double backward_block = 2.0;
+  double embedding = 0.0;
+  double head = 0.0;
+  double p2p = 0.0;
+};
+// Virtual time of a compute instruction (0 for every other).
+double clock_price(const Instruction& i, const ClockPrices& prices, int final_layer);
 
 }  // namespace lamina

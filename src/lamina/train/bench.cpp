@@ -13,7 +13,6 @@
 #include "lamina/optim/adamw.hpp"
 #include "lamina/optim/grad_norm.hpp"
 #include "lamina/memory/dos_scheduler.hpp"
-#include "lamina/memory/memory_estimate.hpp"
 #include "lamina/train/runtime.hpp"
 #include "lamina/train/machine.hpp"
 
@@ -40,14 +39,20 @@ struct StepTimes {
   std::vector<double> step_ms, fb_ms, opt_ms;
 };
 
+int world_size() {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  return world;
+}
+
 // Steps [0, warmup + steps) of the deck on synthetic tokens; times of the last `steps`.
 StepTimes run_synthetic(Runtime& rt, const Deck& deck, int steps, int warmup) {
   const ModelConfig& m = deck.model;
-  const std::int64_t micro = deck.data.micro_batch_size;
+  const std::int64_t micro = rt.plan().layout.micro_batch_size;
   const std::int64_t positions = deck.data.batch_size * m.seq_len;
   const SyntheticTokenDataset data(m.vocab_size, deck.train.seed);
   std::vector<std::int32_t> window(static_cast<std::size_t>(m.seq_len + 1));
-  const std::int64_t per_rank = deck.data.batch_size / deck.parallel.dp;
+  const std::int64_t per_rank = deck.data.batch_size / rt.plan().layout.dp;
   const Exec exec;
   StepTimes t;
   for (int s = 0; s < warmup + steps; ++s) {
@@ -84,7 +89,9 @@ JsonObject bench_step(const Deck& deck, int steps, int warmup, const Log& log) {
   const ModelConfig& m = deck.model;
   const std::int64_t positions = deck.data.batch_size * m.seq_len;
   MemoryTracker tracker;
-  Runtime rt(tracker, deck, MPI_COMM_WORLD);
+  Plan plan = plan_from_deck(deck, world_size());
+  measure_dos_inputs(plan);
+  Runtime rt(tracker, m, deck.optimizer, plan, RunExtras{}, MPI_COMM_WORLD);
   rt.state().init(deck.train.seed);
   const double flops = training_flops_per_token(m) * static_cast<double>(positions);
   const int world = rt.grid().world_size();
@@ -92,7 +99,7 @@ JsonObject bench_step(const Deck& deck, int steps, int warmup, const Log& log) {
                      "%d rank(s), schedule %s",
                      deck.source.c_str(), static_cast<long long>(ParamLayout::gpt2(m).total_numel()),
                      static_cast<long long>(deck.data.batch_size), static_cast<long long>(m.seq_len),
-                     static_cast<long long>(deck.data.micro_batch_size), flops / 1e9, world,
+                     static_cast<long long>(plan.layout.micro_batch_size), flops / 1e9, world,
                      rt.schedule().name().c_str()));
   const StepTimes t = run_synthetic(rt, deck, steps, warmup);
   const Measurement gemm = measure_gemm_gflops(2048, 5);
@@ -129,14 +136,17 @@ JsonObject bench_memory(Deck deck, int steps, const Log& log) {
   MemoryTracker tracker;
   std::map<std::string, std::map<std::string, std::int64_t>> measured;
   int stage = 0;
+  Plan plan = plan_from_deck(deck, world_size());
+  measure_dos_inputs(plan);
+  const RunExtras extras = RunExtras::of(deck.checkpoint, deck.output);
   {
-    Runtime rt(tracker, deck, MPI_COMM_WORLD);
+    Runtime rt(tracker, deck.model, deck.optimizer, plan, extras, MPI_COMM_WORLD);
     stage = rt.grid().pp_rank();
     rt.state().init(deck.train.seed);
     run_synthetic(rt, deck, steps, 0);
     measured = tracker.peak_by_category();
   }
-  const MemoryEstimate predicted = estimate_memory(deck, stage);
+  const MemoryEstimate predicted = estimate_memory(deck.model, plan, extras, stage);
   const auto peaks = tracker.peak_by_space();
   JsonObject pred, meas, pred_cat, meas_cat;
   double worst = 0.0;
@@ -185,17 +195,15 @@ JsonObject bench_memory(Deck deck, int steps, const Log& log) {
 }
 
 JsonObject bench_dos(Deck deck, int steps, const Log& log) {
-  const DosModel model = dos_model(MemoryConfig{}, true);
+  deck.data.format = DataFormat::synthetic;
+  Plan plan = plan_from_deck(deck, world_size());
+  measure_dos_inputs(plan, true);
+  const DosModel model = dos_model(plan);
   log.info(strprintf("bench dos: host AdamW %.3g params/s (%s), device AdamW %.3g params/s (%s), host->device %.3g B/s, "
                      "device->host %.3g B/s; stride k* = %d%s",
                      model.host_rate, Kokkos::DefaultHostExecutionSpace::name(), model.device_rate, Exec::name(),
                      model.h2d, model.d2h, dos_stride(model),
                      model.concurrent ? "" : " (host and device are the same cores here: nothing overlaps)"));
-  deck.data.format = DataFormat::synthetic;
-  deck.memory.dos_host_rate = model.host_rate;
-  deck.memory.dos_device_rate = model.device_rate;
-  deck.memory.dos_h2d = model.h2d;
-  deck.memory.dos_d2h = model.d2h;
   JsonObject j;
   j.add("bench", "dos")
       .add("deck", deck.source)
@@ -208,12 +216,12 @@ JsonObject bench_dos(Deck deck, int steps, const Log& log) {
   const std::pair<const char*, OptimizerPlacement> modes[] = {
       {"device", OptimizerPlacement::device}, {"host", OptimizerPlacement::host}, {"dynamic", OptimizerPlacement::dynamic}};
   for (const auto& [name, placement] : modes) {
-    Deck d = deck;
-    std::fill(d.memory.optimizer.begin(), d.memory.optimizer.end(), placement);
+    Plan p = plan;
+    for (LayerPolicy& b : p.blocks) b.optimizer = placement;
     MemoryTracker tracker;
-    Runtime rt(tracker, d, MPI_COMM_WORLD);
-    rt.state().init(d.train.seed);
-    const StepTimes t = run_synthetic(rt, d, steps, 1);
+    Runtime rt(tracker, deck.model, deck.optimizer, p, RunExtras{}, MPI_COMM_WORLD);
+    rt.state().init(deck.train.seed);
+    const StepTimes t = run_synthetic(rt, deck, steps, 1);
     // The model's update phase: device, host (plus the copy of the parameters back), or the split.
     double predicted = 0.0;
     if (placement == OptimizerPlacement::device) {
@@ -221,10 +229,10 @@ JsonObject bench_dos(Deck deck, int steps, const Log& log) {
     } else if (placement == OptimizerPlacement::host) {
       predicted = static_cast<double>(params) / model.host_rate + 4.0 * static_cast<double>(params) / model.h2d;
     } else {
-      for (const auto& line : rt.state().dos_schedule()) log.debug("dos " + line);
+      for (const auto& line : rt.dos_schedule()) log.debug("dos " + line);
       // The plans the step ran, layer by layer (a layer's update completes before the next).
-      for (const DosPlan& plan : rt.state().dos_plans())
-        predicted += plan.predicted_seconds + 4.0 * static_cast<double>(plan.host_params) / model.h2d;
+      for (const auto& [l, plan_l] : rt.dos_plans())
+        predicted += plan_l.predicted_seconds + 4.0 * static_cast<double>(plan_l.host_params) / model.h2d;
     }
     const double measured = median(t.opt_ms) / 1e3;
     log.info(strprintf("optimizer %-7s: step %.1f ms, update phase %.2f ms measured, %.2f ms predicted", name,

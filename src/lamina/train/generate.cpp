@@ -8,10 +8,10 @@
 
 namespace lamina {
 
-std::vector<std::int32_t> generate_tokens(ModelState& state, MemoryTracker& tracker,
+std::vector<std::int32_t> generate_tokens(RankState& state, MemoryTracker& tracker,
                                           std::vector<std::int32_t> prompt, std::int64_t count, double temperature,
                                           std::uint64_t seed) {
-  using Exec = ModelState::Exec;
+  using Exec = RankState::Exec;
   const ModelConfig& model = state.model();
   const std::int64_t T = model.seq_len, V = model.vocab_size;
   const Dims dims = Dims::of(model, 1);
@@ -33,19 +33,19 @@ std::vector<std::int32_t> generate_tokens(ModelState& state, MemoryTracker& trac
     Kokkos::deep_copy(exec, acts.targets, 0);
     // Parameters as training uses them: gathered (or widened from bf16) per layer.
     const int last = state.layout().final_layer();
-    state.gather(0);
+    state.store().gather(0);
     embed_forward(exec, state.embedding_params(), acts, whole);
     for (std::int64_t b = 0; b < model.layers; ++b) {
       const int l = state.layout().block_layer(b);
-      state.gather(l);
+      state.store().gather(l);
       block_forward(exec, state.block_params(b), acts.block(b, acts.kept_inner(b)), acts.block_input(b), dims.NH,
                     ws.ws, whole);
-      state.release(l);
+      state.store().release(l);
     }
-    state.gather(last);
+    state.store().gather(last);
     head_forward(exec, state.embedding_params(), state.final_params(), acts, whole);
-    state.release(last);
-    state.release(0);
+    state.store().release(last);
+    state.store().release(0);
     auto row = Kokkos::subview(acts.head.logits, len - 1, Kokkos::ALL);
     auto logits = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), row);
     double mx = -INFINITY, z = 0.0;

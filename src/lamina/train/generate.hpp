@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "lamina/core/memory_tracker.hpp"
-#include "lamina/parallel/model_state.hpp"
+#include "lamina/parallel/rank_state.hpp"
 
 namespace lamina {
 
@@ -14,7 +14,7 @@ namespace lamina {
 // whole model on this rank (no tensor or pipeline split; collective over the data-parallel
 // group at ZeRO-3); uses its own one-sequence activations, so the training buffers are
 // left as they were.
-std::vector<std::int32_t> generate_tokens(ModelState& state, MemoryTracker& tracker,
+std::vector<std::int32_t> generate_tokens(RankState& state, MemoryTracker& tracker,
                                           std::vector<std::int32_t> prompt, std::int64_t count, double temperature,
                                           std::uint64_t seed);
 

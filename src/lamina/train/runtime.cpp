@@ -1,71 +1,62 @@
 #include "lamina/train/runtime.hpp"
 
+#include <algorithm>
 #include <cmath>
 
-#include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
+#include "lamina/memory/optimizer_updaters.hpp"
 #include "lamina/train/machine.hpp"
-
-#include <algorithm>
 
 namespace lamina {
 
-namespace {
-
-CostModel cost_model(const ParallelConfig& p) {
-  CostModel c;
-  c.forward_block = p.cost_forward;
-  c.backward_block = p.cost_backward;
-  c.p2p = p.cost_p2p;
-  return c;
-}
-
-}  // namespace
-
-DosModel dos_model(const MemoryConfig& m, bool measure) {
-  DosModel d;
-  d.host_rate = m.dos_host_rate;
-  d.device_rate = m.dos_device_rate;
-  d.h2d = m.dos_h2d;
-  d.d2h = m.dos_d2h;
-  d.concurrent = !Kokkos::SpaceAccessibility<Kokkos::HostSpace, Kokkos::DefaultExecutionSpace::memory_space>::accessible;
+void measure_dos_inputs(Plan& plan, bool force) {
+  const DosModel d = dos_model(plan);
   // Only the model's split reads them (a forced split does not), and only where host and
   // device updates can run at the same time.
-  const bool dynamic = std::any_of(m.optimizer.begin(), m.optimizer.end(),
-                                   [](OptimizerPlacement p) { return p == OptimizerPlacement::dynamic; });
-  if (!(dynamic && m.dos_split == DosSplit::model && d.concurrent) && !measure) return d;
-  // Inputs the deck leaves at 0 are measured now, on arrays of 8M parameters out of cache
+  const bool needed = plan.any_optimizer(OptimizerPlacement::dynamic) && plan.dos.split == DosSplit::model && d.concurrent;
+  if (!needed && !force) return;
+  // Inputs the plan leaves at 0 are measured now, on arrays of 8M parameters out of cache
   // (the optimizer state a step updates was last touched a step ago).
   constexpr std::int64_t n = 1 << 23;
-  if (d.host_rate <= 0) d.host_rate = measure_adamw_rate(n, 5, true, true).median;
-  if (d.device_rate <= 0) d.device_rate = measure_adamw_rate(n, 5, false, true).median;
-  if (d.h2d <= 0) d.h2d = measure_copy_rate(n, 5, true, true).median;
-  if (d.d2h <= 0) d.d2h = measure_copy_rate(n, 5, false, true).median;
-  return d;
+  if (plan.dos.host_rate <= 0) plan.dos.host_rate = measure_adamw_rate(n, 5, true, true).median;
+  if (plan.dos.device_rate <= 0) plan.dos.device_rate = measure_adamw_rate(n, 5, false, true).median;
+  if (plan.dos.h2d <= 0) plan.dos.h2d = measure_copy_rate(n, 5, true, true).median;
+  if (plan.dos.d2h <= 0) plan.dos.d2h = measure_copy_rate(n, 5, false, true).median;
 }
 
-Runtime::Runtime(MemoryTracker& tracker, const Deck& deck, MPI_Comm world)
-    : grid_(world, static_cast<int>(deck.parallel.dp), static_cast<int>(deck.parallel.tp),
-            static_cast<int>(deck.parallel.pp)),
-      schedule_(Schedule::build(deck.model.layers, schedule_options(deck))),
-      dims_(Dims::of(deck.model, deck.data.micro_batch_size, grid_.tp_size(), grid_.tp_rank())) {
-  state_ = std::make_unique<ModelState>(tracker, deck.model, deck.optimizer, deck.memory, grid_, schedule_.partition(),
-                                        static_cast<int>(deck.parallel.zero), dos_model(deck.memory),
-                                        deck.train.precision);
-  CostModel cost = cost_model(deck.parallel);
-  for (const Chunk& c : schedule_.partition().chunks()) {
-    for (std::int64_t b = c.first_block; b < c.last_block; ++b) {
-      if (deck.memory.activations[static_cast<std::size_t>(b)] == ActivationPolicy::recompute) ++cost.recomputed[c.index];
-    }
+Runtime::Runtime(MemoryTracker& tracker, const ModelConfig& model, const OptimizerConfig& optimizer, const Plan& plan,
+                 const RunExtras& extras, MPI_Comm world)
+    : plan_(plan),
+      optimizer_config_(optimizer),
+      grid_(world, plan.layout.dp, plan.layout.tp, plan.layout.pp),
+      schedule_(Schedule::build(step_spec(plan, model))),
+      layout_(ParamLayout::gpt2(model, grid_.tp_size(), grid_.tp_rank())),
+      dims_(Dims::of(model, plan.layout.micro_batch_size, grid_.tp_size(), grid_.tp_rank())),
+      pools_(tracker) {
+  const std::vector<int> held = schedule_.layers_of_stage(grid_.pp_rank());
+  const bool dynamic = plan.any_optimizer(OptimizerPlacement::dynamic);
+  const std::int64_t free = dynamic ? dos_device_free(model, plan, extras, grid_.pp_rank()) : -1;
+  optimizers_ = plan_rank_optimizers(plan, layout_, held, grid_.dp_rank(), dos_model(plan), free);
+  auto store = std::make_unique<ParameterStore>(tracker, layout_, grid_, held, plan.blocks, plan.layout.zero,
+                                                plan.precision, pools_);
+  auto reducer = std::make_unique<GradientReducer>(tracker, layout_, grid_, held, plan.layout.zero, plan.precision,
+                                                   plan.subgroup_size, pools_);
+  std::map<int, std::unique_ptr<LayerOptimizer>> layer_optimizers;
+  for (const auto& [l, spec] : optimizers_.layers) {
+    layer_optimizers[l] = make_layer_optimizer(tracker, layout_.layers()[static_cast<std::size_t>(l)].name, spec,
+                                               optimizer, pools_.dos, optimizers_.dos_stage);
   }
-  executor_ = std::make_unique<Executor>(tracker, *state_, grid_, schedule_, dims_, cost, deck.memory.activations,
-                                         deck.train.precision);
+  state_ = std::make_unique<RankState>(model, layout_, grid_, plan.layout.zero, plan.precision, std::move(store),
+                                       std::move(reducer), std::move(layer_optimizers), pools_);
+  executor_ = std::make_unique<Executor>(tracker, *state_, grid_, schedule_, dims_, plan.clock);
+  update_program_ = lamina::update_program(optimizers_.updates(), plan.layout.zero);
 }
 
 Runtime::StepResult Runtime::forward_backward(const MicroBatchLoader& load, std::int64_t positions) {
   const StageResult r = executor_->run(load, static_cast<float>(1.0 / static_cast<double>(positions)));
   // One contribution per loss value: the last stage's first tensor-parallel rank of each replica.
-  double v[3] = {grid_.last_stage() && grid_.tp_rank() == 0 ? r.loss_sum : 0.0, state_->grad_sq_norm_local(), 0.0};
+  double v[3] = {grid_.last_stage() && grid_.tp_rank() == 0 ? r.loss_sum : 0.0, state_->reducer().sq_norm_local(),
+                 0.0};
   grid_.world().allreduce(v, 2, ReduceOp::sum);
   double makespan = r.clock;
   grid_.world().allreduce(&makespan, 1, ReduceOp::max);
@@ -76,6 +67,18 @@ Runtime::StepResult Runtime::forward_backward(const MicroBatchLoader& load, std:
   out.grad_norm = std::sqrt(v[1]);
   out.makespan = makespan;
   out.bubble = idle / grid_.world_size();
+  return out;
+}
+
+void Runtime::optimizer_step(double lr, double grad_scale) {
+  ++t_;
+  const OptimizerConfig& o = optimizer_config_;
+  executor_->update(update_program_, AdamWStep::make(lr, o.beta1, o.beta2, o.eps, t_, grad_scale));
+}
+
+std::vector<std::string> Runtime::dos_schedule() const {
+  std::vector<std::string> out;
+  for (const auto& [l, p] : optimizers_.dos) out.push_back(layout_.layers()[static_cast<std::size_t>(l)].name + ": " + p.describe());
   return out;
 }
 

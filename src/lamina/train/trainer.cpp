@@ -11,6 +11,7 @@
 #include "lamina/core/format.hpp"
 #include "lamina/core/json.hpp"
 #include "lamina/io/checkpoint.hpp"
+#include "lamina/io/model_checkpoint.hpp"
 #include "lamina/io/metrics_writer.hpp"
 #include "lamina/io/sampler.hpp"
 #include "lamina/io/token_dataset.hpp"
@@ -18,9 +19,8 @@
 #include "lamina/optim/grad_norm.hpp"
 #include "lamina/optim/lr_schedule.hpp"
 #include "lamina/train/generate.hpp"
-#include "lamina/train/runtime.hpp"
 #include "lamina/train/machine.hpp"
-#include "lamina/memory/memory_estimate.hpp"
+#include "lamina/train/runtime.hpp"
 
 namespace lamina {
 
@@ -43,11 +43,6 @@ std::string model_signature(const ModelConfig& m) {
                    static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size));
 }
 
-std::string layout_string(const ParallelConfig& p) {
-  return strprintf("dp=%lld tp=%lld pp=%lld zero=%lld", static_cast<long long>(p.dp), static_cast<long long>(p.tp),
-                   static_cast<long long>(p.pp), static_cast<long long>(p.zero));
-}
-
 // Keeps the lines of metrics.jsonl up to `step` (inclusive): a resumed run replaces
 // whatever the interrupted run logged after its last checkpoint.
 void truncate_metrics(const std::string& path, std::int64_t step) {
@@ -67,7 +62,11 @@ void truncate_metrics(const std::string& path, std::int64_t step) {
 
 class Trainer {
  public:
-  Trainer(const Deck& deck, const Log& log, MPI_Comm comm) : deck_(deck), log_(log), comm_(comm) {}
+  Trainer(const Deck& deck, const Log& log, MPI_Comm comm) : deck_(deck), log_(log), comm_(comm) {
+    int world = 1;
+    MPI_Comm_size(comm, &world);
+    plan_ = plan_from_deck(deck, world);
+  }
 
   TrainSummary run() {
     int world = 1, rank = 0;
@@ -78,8 +77,11 @@ class Trainer {
     positions_per_step_ = d.batch_size * m.seq_len;
 
     log_.info("resolved deck (" + deck_.source + "):\n" + deck_.resolved_toml);
-    const MemoryEstimate estimate = estimate_memory(deck_);
-    check_memory_budget(deck_, estimate);
+    log_.info(describe(plan_));
+    measure_dos_inputs(plan_);
+    const RunExtras extras = RunExtras::of(deck_.checkpoint, deck_.output);
+    const MemoryEstimate estimate = estimate_memory(m, plan_, extras);
+    check_memory_budget(plan_, estimate, deck_.source);
     log_.info(format_memory_estimate(estimate));
 
     std::error_code ec;
@@ -91,21 +93,23 @@ class Trainer {
     }
 
     open_data();
-    Runtime rt(tracker_, deck_, comm_);
+    Runtime rt(tracker_, m, deck_.optimizer, plan_, extras, comm_);
     const ParamLayout full = ParamLayout::gpt2(m);
     log_.info(rt.grid().describe());
     log_.info(strprintf("schedule: %s; %s", rt.schedule().name().c_str(), rt.schedule().partition().describe().c_str()));
     for (int s = 0; s < rt.schedule().stages(); ++s) {
       log_.debug(strprintf("stage %d program: %s", s, rt.schedule().describe(s).c_str()));
     }
+    log_.debug("rank 0 optimizer program: " + describe(rt.update_program(), rt.schedule().final_layer()));
+    for (const auto& line : rt.dos_schedule()) log_.debug("deep optimizer states " + line);
     log_.info(strprintf("model: GPT-2, %s parameters (%s), ZeRO stage %lld, optimizer subgroups of <= %lld",
                         human_count(static_cast<double>(full.total_numel())).c_str(), model_signature(m).c_str(),
-                        static_cast<long long>(deck_.parallel.zero),
+                        static_cast<long long>(plan_.layout.zero),
                         static_cast<long long>(deck_.optimizer.subgroup_size)));
     log_.info(strprintf("batch: %lld sequences x %lld tokens per step = dp %lld x %d micro-batch(es) of %lld",
                         static_cast<long long>(d.batch_size), static_cast<long long>(m.seq_len),
-                        static_cast<long long>(deck_.parallel.dp), rt.micro_batches(),
-                        static_cast<long long>(d.micro_batch_size)));
+                        static_cast<long long>(plan_.layout.dp), rt.micro_batches(),
+                        static_cast<long long>(plan_.layout.micro_batch_size)));
 
     std::int64_t start_step = 0;
     samples_ = 0;
@@ -131,7 +135,7 @@ class Trainer {
     measure_peak();
 
     const double flops_per_step = training_flops_per_token(m) * static_cast<double>(positions_per_step_);
-    const std::int64_t per_rank = d.batch_size / deck_.parallel.dp;
+    const std::int64_t per_rank = d.batch_size / plan_.layout.dp;
     const std::int64_t rank_offset = rt.grid().dp_rank() * per_rank;
     std::vector<std::int32_t> window(static_cast<std::size_t>(m.seq_len + 1));
     const auto run_start = std::chrono::steady_clock::now();
@@ -142,7 +146,7 @@ class Trainer {
       const auto t0 = std::chrono::steady_clock::now();
       const std::int64_t first = samples_ + rank_offset;
       const MicroBatchLoader load = [&](int mb, std::int32_t* inputs, std::int32_t* targets) {
-        load_micro_batch(first + mb * d.micro_batch_size, inputs, targets, window);
+        load_micro_batch(first + mb * plan_.layout.micro_batch_size, inputs, targets, window);
       };
       const Runtime::StepResult r = rt.forward_backward(load, positions_per_step_);
       const double lr = learning_rate(deck_.optimizer, step, deck_.train.steps);
@@ -159,9 +163,6 @@ class Trainer {
         ++skipped;
       } else {
         rt.optimizer_step(lr, clip_coefficient(r.grad_norm, deck_.optimizer.grad_clip));
-        for (const auto& line : rt.state().dos_schedule()) {
-          log_.debug(strprintf("step %lld deep optimizer states %s", static_cast<long long>(step + 1), line.c_str()));
-        }
       }
       Exec().fence();
       const double step_ms = seconds_since(t0) * 1e3;
@@ -223,7 +224,7 @@ class Trainer {
   void load_micro_batch(std::int64_t first_sample, std::int32_t* inputs, std::int32_t* targets,
                         std::vector<std::int32_t>& window) const {
     const std::int64_t T = deck_.model.seq_len;
-    for (std::int64_t s = 0; s < deck_.data.micro_batch_size; ++s) {
+    for (std::int64_t s = 0; s < plan_.layout.micro_batch_size; ++s) {
       dataset_->read(sampler_->window_start(first_sample + s), T + 1, window.data());
       std::copy(window.begin(), window.end() - 1, inputs + s * T);
       std::copy(window.begin() + 1, window.end(), targets + s * T);
@@ -321,12 +322,12 @@ class Trainer {
                           static_cast<unsigned long long>(meta.seed), static_cast<unsigned long long>(deck_.train.seed)));
     }
     const auto t0 = std::chrono::steady_clock::now();
-    rt.state().read_checkpoint(reader);
-    rt.state().set_optimizer_t(meta.optimizer_step);
+    read_model_state(reader, rt.state().layout(), rt.state());
+    rt.set_optimizer_t(meta.optimizer_step);
     samples_ = meta.samples_consumed;
     log_.info(strprintf("resumed from %s: step %lld, %lld samples consumed, written with %s, read with %s [%.2f s]",
                         path.c_str(), static_cast<long long>(meta.step), static_cast<long long>(meta.samples_consumed),
-                        meta.layout.c_str(), layout_string(deck_.parallel).c_str(), seconds_since(t0)));
+                        meta.layout.c_str(), plan_summary(plan_).c_str(), seconds_since(t0)));
     return meta.step;
   }
 
@@ -335,14 +336,14 @@ class Trainer {
     log_.info(strprintf("checkpoint: writing step %lld to %s ...", static_cast<long long>(step),
                         deck_.checkpoint.dir.c_str()));
     CheckpointWriter writer(deck_.checkpoint.dir, step, comm_);
-    rt.state().write_checkpoint(writer);
+    write_model_state(writer, rt.state().layout(), rt.state());
     CheckpointMeta meta;
     meta.step = step;
     meta.samples_consumed = samples_;
-    meta.optimizer_step = rt.state().optimizer_t();
+    meta.optimizer_step = rt.optimizer_t();
     meta.seed = deck_.train.seed;
     meta.deck = deck_.resolved_toml;
-    meta.layout = layout_string(deck_.parallel);
+    meta.layout = plan_summary(plan_);
     meta.model = model_signature(deck_.model);
     double bytes = static_cast<double>(writer.bytes_written());
     MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_SUM, comm_);
@@ -353,6 +354,7 @@ class Trainer {
   }
 
   const Deck& deck_;
+  Plan plan_;
   const Log& log_;
   MPI_Comm comm_;
   MemoryTracker tracker_;
@@ -368,13 +370,18 @@ class Trainer {
 
 TrainSummary run_training(const Deck& deck, const Log& log, MPI_Comm comm) { return Trainer(deck, log, comm).run(); }
 
-void check_deck(const Deck& deck, const Log& log) {
+void check_deck(const Deck& deck, const Log& log, int world) {
   log.info("resolved deck (" + deck.source + "):\n" + deck.resolved_toml);
-  const MemoryEstimate estimate = estimate_memory(deck);
+  const Plan plan = plan_from_deck(deck, world);
+  log.info(describe(plan));
+  const MemoryEstimate estimate = estimate_memory(deck.model, plan, RunExtras::of(deck.checkpoint, deck.output));
   log.info(format_memory_estimate(estimate));
-  check_memory_budget(deck, estimate);
-  const Schedule schedule = Schedule::build(deck.model.layers, schedule_options(deck));
+  check_memory_budget(plan, estimate, deck.source);
+  const Schedule schedule = Schedule::build(step_spec(plan, deck.model));
   log.info(strprintf("schedule: %s; %s", schedule.name().c_str(), schedule.partition().describe().c_str()));
+  for (int s = 0; s < schedule.stages(); ++s) {
+    log.debug(strprintf("stage %d program: %s", s, schedule.describe(s).c_str()));
+  }
   auto ds = open_dataset(deck.data, deck.model.vocab_size, deck.train.seed);
   SequenceSampler sampler(ds->num_tokens(), deck.model.seq_len, deck.train.seed, deck.data.shuffle);
   log.info("data: " + ds->describe());

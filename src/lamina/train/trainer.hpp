@@ -21,6 +21,6 @@ TrainSummary run_training(const Deck& deck, const Log& log, MPI_Comm comm);
 
 // `lamina train --check`: validates what can be validated without training (data files,
 // checkpoint to resume, memory budget) and prints the resolved deck and memory estimate.
-void check_deck(const Deck& deck, const Log& log);
+void check_deck(const Deck& deck, const Log& log, int world = 0);
 
 }  // namespace lamina

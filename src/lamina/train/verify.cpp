@@ -20,24 +20,25 @@ double rel_error(const float* got, const std::vector<double>& want) {
   return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-// The run a reference file describes: one micro-batch of its batch, torch's AdamW.
-Deck reference_deck(const ReferenceFile& ref) {
-  Deck d;
-  d.source = ref.path;
-  d.model = ref.model;
-  d.data.format = DataFormat::synthetic;
-  d.data.batch_size = ref.batch;
-  d.data.micro_batch_size = ref.batch;
-  d.train.steps = 1;
-  d.optimizer.lr = ref.lr;
-  d.optimizer.beta1 = ref.beta1;
-  d.optimizer.beta2 = ref.beta2;
-  d.optimizer.eps = ref.eps;
-  d.optimizer.weight_decay = ref.weight_decay;
-  d.optimizer.decay_biases_and_norms = true;  // torch.optim.AdamW with one parameter group
-  d.optimizer.grad_clip = 0.0;
-  d.memory.defaults(ref.model.layers);
-  return d;
+// The run a reference file describes: one micro-batch of its batch on one rank, torch's
+// AdamW (one parameter group: every tensor decays), no clipping.
+Plan reference_plan(const ReferenceFile& ref) {
+  Plan p;
+  p.layout.micro_batch_size = ref.batch;
+  p.blocks.assign(static_cast<std::size_t>(ref.model.layers), LayerPolicy{});
+  return p;
+}
+
+OptimizerConfig reference_optimizer(const ReferenceFile& ref) {
+  OptimizerConfig o;
+  o.lr = ref.lr;
+  o.beta1 = ref.beta1;
+  o.beta2 = ref.beta2;
+  o.eps = ref.eps;
+  o.weight_decay = ref.weight_decay;
+  o.decay_biases_and_norms = true;
+  o.grad_clip = 0.0;
+  return o;
 }
 
 }  // namespace
@@ -50,10 +51,9 @@ double VerifyReport::max_rel_error() const {
 
 VerifyReport verify_reference(const std::string& path) {
   ReferenceFile ref = read_reference_header(path);
-  const Deck deck = reference_deck(ref);
   MemoryTracker tracker;
-  Runtime rt(tracker, deck, MPI_COMM_SELF);
-  ModelState& state = rt.state();
+  Runtime rt(tracker, ref.model, reference_optimizer(ref), reference_plan(ref), RunExtras{}, MPI_COMM_SELF);
+  RankState& state = rt.state();
   const ParamLayout& layout = state.layout();
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> expected;
   for (const auto& l : layout.layers())
@@ -85,7 +85,7 @@ VerifyReport verify_reference(const std::string& path) {
       report.items.push_back({"grad/" + t.name, rel_error(g.data() + t.offset, ref.tensors.at(t.name).grad)});
     }
   }
-  state.set_optimizer_t(ref.adam_step - 1);
+  rt.set_optimizer_t(ref.adam_step - 1);
   rt.optimizer_step(ref.lr, 1.0);
   for (int i = 0; i < layout.num_layers(); ++i) {
     const auto p = state.params_host(i);

@@ -125,8 +125,6 @@ INSTANTIATE_TEST_SUITE_P(
         BadDeck{"heads_do_not_divide", with("heads = 4", "heads = 5"), {},
                 {"deck.toml:5:9: model.heads: d_model (64) must be divisible by heads (5)"}},
         BadDeck{"missing_required", with("steps = 100", ""), {}, {"missing required key train.steps (an integer)"}},
-        BadDeck{"micro_batch_does_not_divide", with("micro_batch_size = 4", "micro_batch_size = 3"), {},
-                {"data.batch_size: 8 is not a multiple of micro_batch_size x parallel.dp = 3 x 1"}},
         BadDeck{"unknown_format", with("format = \"text\"", "format = \"parquet\""), {},
                 {"data.format: 'parquet' is not one of 'text', 'megatron', 'llmc', 'synthetic'"}},
         BadDeck{"choice_typo_gets_hint", with("lr = 1e-3", "lr = 1e-3\nschedule = \"cosin\""), {},

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "lamina/core/error.hpp"
+#include "lamina/plan/plan.hpp"
 #include "lamina/train/bench.hpp"
 #include "lamina/train/trainer.hpp"
 #include "training_fixture.hpp"
@@ -94,7 +95,7 @@ TEST_F(MemoryOptions, ABudgetTooSmallNamesTheOptionsThatHelp) {
 TEST_F(MemoryOptions, BadCombinationsAreDeckErrors) {
   auto error_of = [&](const std::vector<std::string>& sets) {
     try {
-      deck("bad", 3, sets);
+      plan_from_deck(deck("bad", 3, sets));
     } catch (const InputError& e) {
       return std::string(e.what());
     }

@@ -11,7 +11,7 @@
 #include "lamina/core/error.hpp"
 #include "lamina/io/checkpoint.hpp"
 #include "lamina/io/hdf5_file.hpp"
-#include "lamina/memory/memory_estimate.hpp"
+#include "lamina/plan/memory_estimate.hpp"
 #include "training_fixture.hpp"
 
 namespace lamina::test {

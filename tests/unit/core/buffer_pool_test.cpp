@@ -1,5 +1,5 @@
 // Pools reuse released buffers of the same size; what they hold idle is free for reuse.
-#include "lamina/parallel/buffer_pool.hpp"
+#include "lamina/core/buffer_pool.hpp"
 
 #include <gtest/gtest.h>
 

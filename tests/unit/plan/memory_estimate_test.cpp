@@ -2,7 +2,7 @@
 // ZeRO-Offload count (Rajbhandari et al. 2020, Ren et al. 2021), the activation bytes each
 // policy keeps or moves, and the budget check. That the model equals what a run
 // allocates is tested against the trainer (tests/unit/train/memory_options_test.cpp).
-#include "lamina/memory/memory_estimate.hpp"
+#include "lamina/plan/memory_estimate.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,0 +1,74 @@
+#pragma once
+// Typed configuration of a job, one struct per deck section that is not part of the plan
+// (the model, the data, the run, the optimizer's hyperparameters, checkpoints, output).
+// Layers below the command line take these (or the Plan, plan/plan.hpp), never the parsed
+// deck; core/deck.hpp fills them from TOML.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lamina/core/precision.hpp"
+
+namespace lamina {
+
+struct ModelConfig {
+  std::int64_t layers = 0;
+  std::int64_t d_model = 0;
+  std::int64_t heads = 0;
+  std::int64_t seq_len = 0;  // context length = size of the position table
+  std::int64_t vocab_size = 0;
+  double init_std = 0.02;
+};
+
+enum class DataFormat { text, megatron, llmc, synthetic };
+const char* data_format_name(DataFormat f);
+
+struct DataConfig {
+  DataFormat format = DataFormat::text;
+  std::vector<std::string> paths;  // text/llmc: files; megatron: prefixes (P -> P.bin, P.idx)
+  std::int64_t batch_size = 0;        // global sequences per optimizer step
+  std::int64_t micro_batch_size = 0;  // sequences per forward/backward pass on one rank
+  bool shuffle = true;
+};
+
+struct TrainConfig {
+  std::int64_t steps = 0;
+  std::uint64_t seed = 1234;
+  Precision precision = Precision::fp32;
+  bool skip_nonfinite = false;  // skip steps with non-finite loss/gradients instead of stopping
+};
+
+enum class LrSchedule { constant, cosine };
+
+struct OptimizerConfig {
+  double lr = 3e-4;
+  double min_lr = 0.0;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // global-norm clipping threshold; 0 disables
+  std::int64_t warmup_steps = 0;
+  std::int64_t decay_steps = 0;  // cosine: steps from the end of warm-up to min_lr (0: until train.steps)
+  LrSchedule schedule = LrSchedule::cosine;
+  std::int64_t subgroup_size = 1 << 22;  // elements per optimizer-state subgroup
+  bool decay_biases_and_norms = false;   // PyTorch's AdamW default decays every tensor
+};
+
+struct CheckpointConfig {
+  std::string dir;            // default: <output.dir>/checkpoints
+  std::int64_t every = 0;     // steps between checkpoints; 0: only at the end
+  std::int64_t keep = 3;      // newest checkpoints kept on disk
+  std::string resume;         // "", "latest" or a checkpoint file
+  bool save_final = true;
+};
+
+struct OutputConfig {
+  std::string dir;  // default: runs/<deck file stem>
+  std::int64_t log_every = 1;
+  double peak_tflops = 0.0;  // per rank, for MFU; 0: measure a GEMM at start-up
+  std::int64_t sample_tokens = 0;  // text data: bytes of model output printed at the end
+  double sample_temperature = 0.8;
+};
+
+}  // namespace lamina

@@ -1,0 +1,172 @@
+#include "lamina/parallel/grad_reducer.hpp"
+
+#include <algorithm>
+
+#include "lamina/core/tier_views.hpp"
+#include "lamina/optim/grad_norm.hpp"
+
+namespace lamina {
+
+namespace {
+
+using Exec = GradientReducer::Exec;
+
+void fill(const Exec& exec, float* p, std::int64_t n, float value) { Kokkos::deep_copy(exec, dev(p, n), value); }
+
+// dst += src
+struct AccumulateShard {
+  DeviceView dst, src;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { dst(i) += src(i); }
+};
+
+void add(const Exec& exec, float* dst, const float* src, std::int64_t n) {
+  Kokkos::parallel_for("lamina::accumulate_shard", Range<Exec>(exec, 0, n),
+                       AccumulateShard{dev(dst, n), dev(const_cast<float*>(src), n)});
+}
+
+}  // namespace
+
+GradientReducer::GradientReducer(MemoryTracker& tracker, const ParamLayout& layout, const ProcessGrid& grid,
+                                 const std::vector<int>& held, int zero, Precision precision, std::int64_t bucket,
+                                 DevicePools& pools)
+    : layout_(layout), grid_(grid), zero_(zero), bucket_(bucket), pools_(pools) {
+  for (int l : held) {
+    const LayerSpec& spec = layout.layers()[static_cast<std::size_t>(l)];
+    Slot s;
+    s.shard = LayerShard::of(spec.numel, grid.dp_size(), precision == Precision::bf16);
+    const StoredGrads n = StoredGrads::of(s.shard, zero);
+    if (n.full) s.grads = Buffer<float, DeviceMem>(tracker, MemCategory::gradients, "lamina::grads_" + spec.name, n.full);
+    if (n.shard) {
+      s.grad_shard = Buffer<float, DeviceMem>(tracker, MemCategory::gradients, "lamina::grad_shard_" + spec.name, n.shard);
+    }
+    slots_.emplace(l, std::move(s));
+  }
+}
+
+void GradientReducer::zero_grads() {
+  const Exec exec;
+  for (auto& [l, s] : slots_) {
+    if (zero_ < 2) fill(exec, s.grads.data(), s.shard.padded, 0.0f);
+    if (zero_ >= 2) fill(exec, s.grad_shard.data(), s.shard.shard, 0.0f);
+  }
+}
+
+void GradientReducer::begin(int layer) {
+  if (zero_ < 2) return;
+  Slot& s = slot(layer);
+  if (s.full_grads != nullptr) return;
+  s.full_grads = pools_.grads.acquire(s.shard.padded);
+  fill(Exec(), s.full_grads, s.shard.padded, 0.0f);
+}
+
+float* GradientReducer::grads(int layer) const {
+  const Slot& s = slot(layer);
+  return zero_ < 2 ? s.grads.data() : s.full_grads;
+}
+
+void GradientReducer::reduce(int layer) {
+  Slot& s = slot(layer);
+  Exec().fence();  // the gradients are complete before the network reads them
+  if (zero_ == 0) {
+    // Subgroup-sized buckets: each can start as soon as it is ready and keeps messages bounded.
+    for (std::int64_t b = 0; b < s.shard.padded; b += bucket_) {
+      const std::int64_t n = std::min(bucket_, s.shard.padded - b);
+      pending_.push_back({layer, grid_.dp().iallreduce(s.grads.data() + b, n, ReduceOp::sum), nullptr, nullptr});
+    }
+    // Reductions already done complete now, in order (test() also lets MPI progress).
+    while (!pending_.empty() && pending_.front().request.test()) {
+      complete(pending_.front());
+      pending_.erase(pending_.begin());
+    }
+    return;
+  }
+  // One reduce-scatter in flight (overlapping the backward of the layer before): each
+  // holds a full-size gradient buffer (ZeRO-2/3) until it completes.
+  while (!pending_.empty()) {
+    complete(pending_.front());
+    pending_.erase(pending_.begin());
+  }
+  float* full = zero_ == 1 ? s.grads.data() : s.full_grads;
+  float* temp = pools_.staging.acquire(s.shard.shard);
+  pending_.push_back({layer, grid_.dp().ireduce_scatter(full, temp, s.shard.shard), temp, zero_ >= 2 ? full : nullptr});
+  if (zero_ >= 2) s.full_grads = nullptr;  // the next backward starts a fresh accumulator
+}
+
+void GradientReducer::complete(Pending& p) {
+  p.request.wait();
+  Slot& s = slot(p.layer);
+  const Exec exec;
+  if (p.temp != nullptr) {
+    const std::int64_t owned = s.shard.owned_begin(grid_.dp_rank(), zero_);
+    if (zero_ == 1) {
+      // ZeRO-1 keeps its full gradient buffer; the reduced shard goes back into its place.
+      Kokkos::deep_copy(exec, dev(s.grads.data() + owned, s.shard.shard), dev(p.temp, s.shard.shard));
+    } else {
+      add(exec, s.grad_shard.data(), p.temp, s.shard.shard);
+    }
+    exec.fence();
+    pools_.staging.release(p.temp, s.shard.shard);
+  }
+  if (p.full != nullptr) pools_.grads.release(p.full, s.shard.padded);
+}
+
+void GradientReducer::wait(int layer) {
+  // In order, up to the layer's last entry (a layer's buckets complete after the ones before).
+  auto last = std::find_if(pending_.rbegin(), pending_.rend(), [&](const Pending& p) { return p.layer == layer; });
+  if (last == pending_.rend()) return;
+  const auto end = last.base();
+  for (auto it = pending_.begin(); it != end; ++it) complete(*it);
+  pending_.erase(pending_.begin(), end);
+  Exec().fence();
+}
+
+void GradientReducer::sync() {
+  for (auto& p : pending_) complete(p);
+  pending_.clear();
+  const Exec exec;
+  if (grid_.pp_size() > 1 && slots_.count(0)) {
+    // The tied embedding: the first stage has the lookup's gradient, the last the head's.
+    Slot& s = slot(0);
+    exec.fence();
+    if (zero_ == 0) {
+      grid_.embedding().allreduce(s.grads.data(), s.shard.padded, ReduceOp::sum);
+    } else if (zero_ == 1) {
+      grid_.embedding().allreduce(s.grads.data() + s.shard.owned_begin(grid_.dp_rank(), zero_), s.shard.shard,
+                                  ReduceOp::sum);
+    } else {
+      grid_.embedding().allreduce(s.grad_shard.data(), s.shard.shard, ReduceOp::sum);
+    }
+  }
+  exec.fence();
+}
+
+const float* GradientReducer::owned(int layer) const {
+  const Slot& s = slot(layer);
+  return zero_ <= 1 ? s.grads.data() + s.shard.owned_begin(grid_.dp_rank(), zero_) : s.grad_shard.data();
+}
+
+double GradientReducer::sq_norm_local() const {
+  const Exec exec;
+  double sum = 0.0;
+  for (const auto& [l, s] : slots_) {
+    if (l == 0 && !grid_.first_stage()) continue;  // the last stage's copy of the tied embedding
+    const std::int64_t begin = grid_.dp_rank() * s.shard.shard, end = std::min(s.shard.numel, begin + s.shard.shard);
+    const DeviceWindow g = zero_ <= 1 ? DeviceWindow{const_cast<float*>(s.grads.data()), 0}
+                                      : DeviceWindow{const_cast<float*>(s.grad_shard.data()), begin};
+    for (const TensorSpec& t : layout_.layers()[static_cast<std::size_t>(l)].tensors) {
+      if (t.replicated() && grid_.tp_rank() != 0) continue;
+      const std::int64_t b = std::max(begin, t.offset), e = std::min(end, t.offset + t.numel());
+      if (b < e) sum += sum_of_squares(exec, ConstVec<Exec>(g(b, e)));
+    }
+  }
+  return sum;
+}
+
+std::vector<float> GradientReducer::full_host(int layer) const {
+  const Slot& s = slot(layer);
+  std::vector<float> out(static_cast<std::size_t>(s.shard.numel));
+  Kokkos::deep_copy(host(out.data(), s.shard.numel), dev(const_cast<float*>(s.grads.data()), s.shard.numel));
+  return out;
+}
+
+}  // namespace lamina

@@ -1,0 +1,85 @@
+#pragma once
+// The gradients one rank accumulates and their data-parallel reduction, by ZeRO stage
+// (Rajbhandari et al. 2020):
+//   stage 0  full gradients, all-reduced in subgroup-sized buckets as soon as a layer is
+//            done (the bucket reductions overlap the backward of earlier layers)
+//   stage 1  full gradients, reduce-scattered: the owned shard is reduced in place
+//   stage 2+ only the owned shard is kept; full-size accumulators come from a pool for
+//            the micro-batches between two reductions and return to it once reduce-scattered
+// One reduce-scatter is in flight at a time (it holds a full-size buffer). The first and
+// last pipeline stages both hold the tied token embedding and add their halves in sync().
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "lamina/comm/communicator.hpp"
+#include "lamina/model/param_layout.hpp"
+#include "lamina/parallel/param_store.hpp"
+
+namespace lamina {
+
+// Elements of a layer's gradient buffers: the full one (below ZeRO-2) or the shard.
+struct StoredGrads {
+  std::int64_t full = 0, shard = 0;
+  static StoredGrads of(const LayerShard& s, int zero) {
+    return zero < 2 ? StoredGrads{s.padded, 0} : StoredGrads{0, s.shard};
+  }
+};
+
+class GradientReducer {
+ public:
+  using Exec = DeviceExec;
+
+  // bucket: elements per ZeRO-0 all-reduce.
+  GradientReducer(MemoryTracker& tracker, const ParamLayout& layout, const ProcessGrid& grid,
+                  const std::vector<int>& held, int zero, Precision precision, std::int64_t bucket,
+                  DevicePools& pools);
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  void zero_grads();
+  // The full-size accumulator of a layer (ZeRO >= 2 starts one on the first backward after
+  // a reduction); gradients accumulate into grads().
+  void begin(int layer);
+  float* grads(int layer) const;
+
+  // Starts the data-parallel reduction of a layer's gradients (non-blocking).
+  void reduce(int layer);
+  // Waits for the layer's reductions.
+  void wait(int layer);
+  // Waits for every reduction and adds the tied embedding's two halves (pp > 1).
+  void sync();
+  // The reduced gradients of the owned elements, device memory, at the first owned element.
+  const float* owned(int layer) const;
+  // Sum of squares of the gradients this rank is the one owner of (each element of the
+  // model counted on exactly one rank); the caller sums it over the world.
+  double sq_norm_local() const;
+  // A layer's full gradients on the host (below ZeRO-2, one data-parallel rank's view).
+  std::vector<float> full_host(int layer) const;
+
+ private:
+  struct Slot {
+    LayerShard shard;
+    Buffer<float, DeviceMem> grads, grad_shard;
+    float* full_grads = nullptr;  // ZeRO >= 2: the accumulator until reduced
+  };
+  struct Pending {
+    int layer;
+    Request request;
+    float* temp = nullptr;  // reduce-scatter output to add into the shard, if any
+    float* full = nullptr;  // ZeRO >= 2 full gradients to release
+  };
+  Slot& slot(int layer) { return slots_.at(layer); }
+  const Slot& slot(int layer) const { return slots_.at(layer); }
+  void complete(Pending& p);
+
+  const ParamLayout& layout_;
+  const ProcessGrid& grid_;
+  int zero_;
+  std::int64_t bucket_;
+  std::map<int, Slot> slots_;
+  DevicePools& pools_;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace lamina

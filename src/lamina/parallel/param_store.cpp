@@ -1,0 +1,288 @@
+#include "lamina/parallel/param_store.hpp"
+
+#include <algorithm>
+
+#include "lamina/core/exec_instances.hpp"
+#include "lamina/kernels/bf16.hpp"
+#include "lamina/core/tier_views.hpp"
+
+namespace lamina {
+
+namespace {
+
+using Exec = ParameterStore::Exec;
+using HostExec = ParameterStore::HostExec;
+
+// An all-gather moves bytes without arithmetic, so bf16 pairs travel as float words
+// (bf16 shards have an even length).
+void all_gather_bf16(Communicator& c, const std::uint16_t* send, std::uint16_t* recv, std::int64_t count) {
+  c.all_gather(reinterpret_cast<const float*>(send), reinterpret_cast<float*>(recv), count / 2);
+}
+
+}  // namespace
+
+StoredParams StoredParams::of(const LayerShard& s, const LayerPolicy& p, int zero, Precision precision) {
+  StoredParams out;
+  const bool bf16 = precision == Precision::bf16;
+  const std::int64_t stored = s.stored_size(zero);
+  if (p.params == MemTier::device) {
+    (bf16 ? out.device_bf16 : out.device_fp32) = stored;
+  } else {
+    (bf16 ? out.host_bf16 : out.host_fp32) = stored;
+  }
+  if (p.optimizer != OptimizerPlacement::device && p.params == MemTier::device && bf16) {
+    out.host_rounded = s.owned_size(zero);
+  }
+  return out;
+}
+
+ParameterStore::ParameterStore(MemoryTracker& tracker, const ParamLayout& layout, const ProcessGrid& grid,
+                               const std::vector<int>& held, const std::vector<LayerPolicy>& blocks, int zero,
+                               Precision precision, DevicePools& pools)
+    : grid_(grid),
+      zero_(zero),
+      bf16_(precision == Precision::bf16),
+      pools_(pools),
+      transfer_(transfer_instance<Exec>()) {
+  for (int l : held) {
+    const LayerSpec& spec = layout.layers()[static_cast<std::size_t>(l)];
+    const LayerPolicy& policy = policy_of_layer(blocks, l);
+    Slot s;
+    s.shard = LayerShard::of(spec.numel, grid.dp_size(), bf16_);
+    s.tier = policy.params;
+    s.owned_begin = s.shard.owned_begin(grid.dp_rank(), zero);
+    const StoredParams n = StoredParams::of(s.shard, policy, zero, precision);
+    const std::string& name = spec.name;
+    const MemTier h = MemTier::host;
+    const MemCategory c = MemCategory::parameters;
+    if (n.device_fp32) s.params = DeviceBuf(tracker, c, "lamina::params_" + name, n.device_fp32);
+    if (n.device_bf16) s.params16 = DeviceBuf16(tracker, c, "lamina::params_bf16_" + name, n.device_bf16);
+    if (n.host_fp32) s.params_host = HostBuf(tracker, c, "lamina::params_" + name, n.host_fp32, h);
+    if (n.host_bf16) s.params16_host = HostBuf16(tracker, c, "lamina::params_bf16_" + name, n.host_bf16, h);
+    if (n.host_rounded) s.rounded_host = HostBuf16(tracker, c, "lamina::params_bf16_out_" + name, n.host_rounded, h);
+    slots_.emplace(l, std::move(s));
+  }
+}
+
+bool ParameterStore::resident(int layer) const {
+  return slot(layer).tier == MemTier::device && zero_ < 3 && !bf16_;
+}
+
+void ParameterStore::prefetch(int layer) {
+  Slot& s = slot(layer);
+  if (resident(layer) || s.prefetched || s.gather_count > 0) return;
+  fetch(s, transfer_);
+  ++s.gather_count;
+  s.prefetched = true;
+}
+
+void ParameterStore::gather(int layer) {
+  Slot& s = slot(layer);
+  if (resident(layer)) return;
+  if (s.prefetched) {  // the prefetch's hold becomes this one
+    s.prefetched = false;
+    transfer_.fence();
+    pools_.staging16.release(s.staged16, s.shard.padded);
+    s.staged16 = nullptr;
+    return;
+  }
+  if (s.gather_count++ > 0) return;
+  fetch(s, Exec());
+  Exec().fence();
+  pools_.staging16.release(s.staged16, s.shard.padded);
+  s.staged16 = nullptr;
+}
+
+void ParameterStore::fetch(Slot& s, const Exec& copies) {
+  const LayerShard& sh = s.shard;
+  s.gathered = pools_.params.acquire(sh.padded);
+  const Exec exec;
+  if (bf16_) {
+    fetch_bf16(s, copies);
+    return;
+  }
+  if (s.tier == MemTier::device) {  // ZeRO-3: from the data-parallel peers
+    exec.fence();
+    grid_.dp().all_gather(s.params.data(), s.gathered, sh.shard);
+  } else if (zero_ < 3) {  // host tier: copied in, on `copies` (the transfer instance when prefetching)
+    Kokkos::deep_copy(copies, dev(s.gathered, sh.padded), host(s.params_host.data(), sh.padded));
+  } else {  // both: the owned shard in, then the all-gather
+    float* mine = pools_.staging.acquire(sh.shard);
+    Kokkos::deep_copy(exec, dev(mine, sh.shard), host(s.params_host.data(), sh.shard));
+    exec.fence();
+    grid_.dp().all_gather(mine, s.gathered, sh.shard);
+    pools_.staging.release(mine, sh.shard);
+  }
+}
+
+void ParameterStore::fetch_bf16(Slot& s, const Exec& copies) {
+  const LayerShard& sh = s.shard;
+  const Exec exec;
+  const Vec<Exec> out = dev(s.gathered, sh.padded);
+  if (s.tier == MemTier::device && zero_ < 3) {
+    from_bf16(copies, out, Bf16Vec<Exec>(dev(s.params16.data(), sh.padded)));
+    return;
+  }
+  if (s.tier == MemTier::host && zero_ < 3) {
+    // The staging buffer stays held until gather() has waited for the copies.
+    s.staged16 = pools_.staging16.acquire(sh.padded);
+    Kokkos::deep_copy(copies, dev(s.staged16, sh.padded), host(s.params16_host.data(), sh.padded));
+    from_bf16(copies, out, Bf16Vec<Exec>(dev(s.staged16, sh.padded)));
+    return;
+  }
+  // ZeRO-3: the bf16 shards are all-gathered (half the bytes of fp32), then widened.
+  std::uint16_t* all = pools_.staging16.acquire(sh.padded);
+  std::uint16_t* mine = s.params16.data();
+  if (s.tier == MemTier::host) {
+    mine = pools_.staging16.acquire(sh.shard);
+    Kokkos::deep_copy(exec, dev(mine, sh.shard), host(s.params16_host.data(), sh.shard));
+  }
+  exec.fence();
+  all_gather_bf16(grid_.dp(), mine, all, sh.shard);
+  from_bf16(exec, out, Bf16Vec<Exec>(dev(all, sh.padded)));
+  exec.fence();
+  if (s.tier == MemTier::host) pools_.staging16.release(mine, sh.shard);
+  pools_.staging16.release(all, sh.padded);
+}
+
+void ParameterStore::release(int layer) {
+  Slot& s = slot(layer);
+  if (resident(layer) || --s.gather_count > 0) return;
+  Exec().fence();
+  pools_.params.release(s.gathered, s.shard.padded);
+  s.gathered = nullptr;
+}
+
+float* ParameterStore::params(int layer) const {
+  const Slot& s = slot(layer);
+  return resident(layer) ? s.params.data() : s.gathered;
+}
+
+float* ParameterStore::device_master(int layer) {
+  Slot& s = slot(layer);
+  if (s.tier != MemTier::device || bf16_) return nullptr;
+  return s.params.data() + (s.owned_begin - stored_begin(s));
+}
+
+float* ParameterStore::host_master(int layer) {
+  Slot& s = slot(layer);
+  if (s.tier != MemTier::host || bf16_) return nullptr;
+  return s.params_host.data() + (zero_ < 3 ? s.owned_begin : 0);
+}
+
+void ParameterStore::from_device(int layer, std::int64_t begin, std::int64_t end, float* values) {
+  Slot& s = slot(layer);
+  const Exec exec;
+  const std::int64_t n = end - begin;
+  if (bf16_) {
+    to_bf16(exec, Bf16Vec<Exec>(dev(s.params16.data() + (begin - stored_begin(s)), n)), ConstVec<Exec>(dev(values, n)));
+    return;
+  }
+  float* p = s.params.data() + (begin - stored_begin(s));
+  if (p != values) Kokkos::deep_copy(exec, dev(p, n), dev(values, n));
+}
+
+void ParameterStore::from_host(int layer, std::int64_t begin, std::int64_t end, float* values) {
+  Slot& s = slot(layer);
+  const HostExec hexec;
+  const std::int64_t n = end - begin;
+  const std::int64_t at = begin - stored_begin(s);
+  if (!bf16_) {
+    if (s.tier == MemTier::device) Kokkos::deep_copy(Exec(), dev(s.params.data() + at, n), host(values, n));
+    return;  // host fp32 parameters are the master weights
+  }
+  // Rounded on the host, so that half the bytes cross to the device.
+  std::uint16_t* out =
+      s.tier == MemTier::host ? s.params16_host.data() + at : s.rounded_host.data() + (begin - s.owned_begin);
+  to_bf16(hexec, Bf16Vec<HostExec>(host(out, n)), ConstVec<HostExec>(host(values, n)));
+  hexec.fence();
+  if (s.tier == MemTier::device) Kokkos::deep_copy(Exec(), dev(s.params16.data() + at, n), host(out, n));
+}
+
+void ParameterStore::share(int layer) {
+  Slot& s = slot(layer);
+  const LayerShard& sh = s.shard;
+  const Exec exec;
+  if (bf16_) {
+    std::uint16_t* mine = pools_.staging16.acquire(sh.shard);
+    if (s.tier == MemTier::device) {
+      Kokkos::deep_copy(exec, dev(mine, sh.shard), dev(s.params16.data() + s.owned_begin, sh.shard));
+      exec.fence();
+      all_gather_bf16(grid_.dp(), mine, s.params16.data(), sh.shard);
+    } else {
+      std::uint16_t* full = pools_.staging16.acquire(sh.padded);
+      Kokkos::deep_copy(exec, dev(mine, sh.shard), host(s.params16_host.data() + s.owned_begin, sh.shard));
+      exec.fence();
+      all_gather_bf16(grid_.dp(), mine, full, sh.shard);
+      Kokkos::deep_copy(exec, host(s.params16_host.data(), sh.padded), dev(full, sh.padded));
+      exec.fence();
+      pools_.staging16.release(full, sh.padded);
+    }
+    pools_.staging16.release(mine, sh.shard);
+    return;
+  }
+  float* mine = pools_.staging.acquire(sh.shard);
+  if (s.tier == MemTier::device) {
+    Kokkos::deep_copy(exec, dev(mine, sh.shard), dev(s.params.data() + s.owned_begin, sh.shard));
+    exec.fence();
+    grid_.dp().all_gather(mine, s.params.data(), sh.shard);
+  } else {
+    float* full = pools_.staging.acquire(sh.padded);
+    Kokkos::deep_copy(exec, dev(mine, sh.shard), host(s.params_host.data() + s.owned_begin, sh.shard));
+    exec.fence();
+    grid_.dp().all_gather(mine, full, sh.shard);
+    Kokkos::deep_copy(exec, host(s.params_host.data(), sh.padded), dev(full, sh.padded));
+    exec.fence();
+    pools_.staging.release(full, sh.padded);
+  }
+  pools_.staging.release(mine, sh.shard);
+}
+
+const float* ParameterStore::stored_fp32(int layer, bool& on_device) const {
+  const Slot& s = slot(layer);
+  on_device = s.tier == MemTier::device;
+  if (bf16_) return nullptr;
+  return on_device ? s.params.data() : s.params_host.data();
+}
+
+void ParameterStore::read_stored(int layer, std::vector<float>& out) const {
+  const Slot& s = slot(layer);
+  const std::int64_t n = s.shard.stored_size(zero_);
+  out.assign(static_cast<std::size_t>(n), 0.0f);
+  if (bf16_) {
+    std::vector<std::uint16_t> b(out.size());
+    if (s.tier == MemTier::host) {
+      std::copy(s.params16_host.data(), s.params16_host.data() + n, b.begin());
+    } else {
+      Kokkos::deep_copy(host(b.data(), n), dev(const_cast<std::uint16_t*>(s.params16.data()), n));
+    }
+    std::transform(b.begin(), b.end(), out.begin(), [](std::uint16_t x) { return from_bf16(x); });
+  } else if (s.tier == MemTier::host) {
+    std::copy(s.params_host.data(), s.params_host.data() + n, out.begin());
+  } else {
+    Kokkos::deep_copy(host(out.data(), n), dev(s.params.data(), n));
+  }
+}
+
+void ParameterStore::write_stored(int layer, const std::vector<float>& full) {
+  Slot& s = slot(layer);
+  const Exec exec;
+  float* f = const_cast<float*>(full.data());
+  const std::int64_t from = stored_begin(s), n = s.shard.stored_size(zero_);
+  if (bf16_) {
+    std::vector<std::uint16_t> b(static_cast<std::size_t>(n));
+    std::transform(f + from, f + from + n, b.begin(), [](float x) { return to_bf16(x); });
+    if (s.tier == MemTier::device) {
+      Kokkos::deep_copy(exec, dev(s.params16.data(), n), host(b.data(), n));
+    } else {
+      std::copy(b.begin(), b.end(), s.params16_host.data());
+    }
+  } else if (s.tier == MemTier::device) {
+    Kokkos::deep_copy(exec, dev(s.params.data(), n), host(f + from, n));
+  } else {
+    std::copy(f + from, f + from + n, s.params_host.data());
+  }
+  exec.fence();
+}
+
+}  // namespace lamina

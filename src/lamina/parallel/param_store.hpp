@@ -1,0 +1,127 @@
+#pragma once
+// The parameters one rank stores, layer by layer: the whole layer (below ZeRO-3) or its
+// data-parallel shard (ZeRO-3), in the device tier or the host tier (ZeRO-Infinity's
+// parameter offload), in fp32 or bf16. Compute reads fp32 parameters on the device: for
+// layers stored so (resident) directly, for the others through gather() ... release(),
+// which all-gathers the shards, copies them in from the host tier and/or widens bf16 into
+// a pooled buffer; prefetch() starts that one layer ahead on the transfer instance. The
+// optimizer writes updated values back through the ParamSink interface, and ZeRO-1/2
+// ranks share their updated shards with share().
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "lamina/core/buffer.hpp"
+#include "lamina/core/buffer_pool.hpp"
+#include "lamina/core/kokkos_compat.hpp"
+#include "lamina/core/precision.hpp"
+#include "lamina/model/param_layout.hpp"
+#include "lamina/optim/layer_optimizer.hpp"
+#include "lamina/parallel/layout.hpp"
+#include "lamina/parallel/process_grid.hpp"
+#include "lamina/parallel/shard.hpp"
+
+namespace lamina {
+
+using DeviceExec = Kokkos::DefaultExecutionSpace;
+using DeviceMem = DeviceExec::memory_space;
+
+// Transient device buffers shared by the parts of a rank's state (one pool per kind, as
+// the memory estimate counts them): gathered parameters, full-size gradients before their
+// reduce-scatter, communication staging (fp32 and bf16), Deep Optimizer States staging.
+struct DevicePools {
+  explicit DevicePools(MemoryTracker& tracker)
+      : params(tracker, MemCategory::parameters, "lamina::gathered_params"),
+        grads(tracker, MemCategory::gradients, "lamina::full_grads"),
+        staging(tracker, MemCategory::communication, "lamina::comm_staging"),
+        staging16(tracker, MemCategory::communication, "lamina::comm_staging_bf16"),
+        dos(tracker, MemCategory::optimizer_state, "lamina::dos_staging") {}
+  BufferPool<DeviceMem> params, grads, staging;
+  BufferPool<DeviceMem, std::uint16_t> staging16;
+  BufferPool<DeviceMem> dos;
+};
+
+// Elements of each stored buffer of a layer; the store allocates these and the memory
+// estimate counts them.
+struct StoredParams {
+  std::int64_t device_fp32 = 0, device_bf16 = 0, host_fp32 = 0, host_bf16 = 0;
+  std::int64_t host_rounded = 0;  // bf16 of host-updated master weights on their way to the device
+  static StoredParams of(const LayerShard& s, const LayerPolicy& p, int zero, Precision precision);
+};
+
+class ParameterStore : public ParamSink {
+ public:
+  using Exec = DeviceExec;
+  using Mem = DeviceMem;
+  using HostExec = Kokkos::DefaultHostExecutionSpace;
+
+  // held: the layers this rank's pipeline stage holds; blocks: the plan's policies.
+  ParameterStore(MemoryTracker& tracker, const ParamLayout& layout, const ProcessGrid& grid,
+                 const std::vector<int>& held, const std::vector<LayerPolicy>& blocks, int zero, Precision precision,
+                 DevicePools& pools);
+  ParameterStore(const ParameterStore&) = delete;
+  ParameterStore& operator=(const ParameterStore&) = delete;
+
+  bool holds(int layer) const { return slots_.count(layer) != 0; }
+  const LayerShard& shard(int layer) const { return slot(layer).shard; }
+  // fp32 on the device between uses: gather() and release() do nothing.
+  bool resident(int layer) const;
+
+  // Parameters of a layer on the device, fp32: always there for resident layers, else from
+  // gather() to release(). Both count uses, so nested calls are fine.
+  void gather(int layer);
+  void release(int layer);
+  // Starts gathering a layer ahead of its use (copies from the host tier on the transfer
+  // instance, overlapping the compute); its gather() then takes the hold over.
+  void prefetch(int layer);
+  float* params(int layer) const;
+
+  // ParamSink: updated values into the stored parameters.
+  void from_device(int layer, std::int64_t begin, std::int64_t end, float* values) override;
+  void from_host(int layer, std::int64_t begin, std::int64_t end, float* values) override;
+  float* device_master(int layer) override;
+  float* host_master(int layer) override;
+  // ZeRO-1/2: every rank updated its shard of the replicated parameters; all-gather them.
+  void share(int layer);
+
+  // The stored parameters as fp32 (bf16 widened): the whole layer, or the shard (ZeRO-3).
+  void read_stored(int layer, std::vector<float>& out) const;
+  // Sets the stored parameters from the whole layer's values (rounded to bf16 where stored so).
+  void write_stored(int layer, const std::vector<float>& full);
+  // fp32 stored parameters, whole or shard, and whether they are in device memory (null under bf16).
+  const float* stored_fp32(int layer, bool& on_device) const;
+
+ private:
+  using DeviceBuf = Buffer<float, Mem>;
+  using HostBuf = Buffer<float, HostTierSpace>;
+  using DeviceBuf16 = Buffer<std::uint16_t, Mem>;
+  using HostBuf16 = Buffer<std::uint16_t, HostTierSpace>;
+  struct Slot {
+    LayerShard shard;
+    MemTier tier = MemTier::device;
+    std::int64_t owned_begin = 0;
+    DeviceBuf params;
+    HostBuf params_host;
+    DeviceBuf16 params16;
+    HostBuf16 params16_host, rounded_host;
+    float* gathered = nullptr;          // device parameters while in use (when not resident)
+    std::uint16_t* staged16 = nullptr;  // bf16 copied in from the host tier, until gathered
+    int gather_count = 0;
+    bool prefetched = false;  // gathered ahead; the next gather() takes over the hold
+  };
+  Slot& slot(int layer) { return slots_.at(layer); }
+  const Slot& slot(int layer) const { return slots_.at(layer); }
+  std::int64_t stored_begin(const Slot& s) const { return s.shard.stored_begin(grid_.dp_rank(), zero_); }
+  void fetch(Slot& s, const Exec& copies);
+  void fetch_bf16(Slot& s, const Exec& copies);
+
+  const ProcessGrid& grid_;
+  int zero_;
+  bool bf16_;
+  std::map<int, Slot> slots_;
+  DevicePools& pools_;
+  Exec transfer_;
+};
+
+}  // namespace lamina

@@ -1,0 +1,51 @@
+#pragma once
+// Bytes a run allocates, per memory space and category, predicted from the plan. Buffers
+// that live the whole run are sized by the functions their owners allocate with
+// (StoredParams, StoredGrads, OptimizerBuffers, LayerRangeActs::floats, activation_sizes);
+// buffers that live part of a step come from pools, and their peak is found by replaying
+// the schedule's instruction lists (the step program, the update program and a
+// checkpoint's gathers) against the same pool rules the runtime follows: a pool keeps
+// every buffer it ever allocated and hands out a free one of the same size first.
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "lamina/core/config.hpp"
+#include "lamina/plan/plan.hpp"
+
+namespace lamina {
+
+struct MemoryEstimate {
+  // space -> category -> bytes, for one rank of the pipeline stage that needs the most
+  std::map<std::string, std::map<std::string, std::int64_t>> bytes;
+  int stage = 0;
+  std::int64_t total(const std::string& space) const;
+};
+
+// What a run allocates besides its steps.
+struct RunExtras {
+  bool checkpoints = false;  // checkpoints gather sharded state through device staging
+  bool sample = false;       // a one-sequence replica of the model for the text sample at the end
+  static RunExtras of(const CheckpointConfig& checkpoint, const OutputConfig& output);
+};
+
+// The pipeline stage that needs the most (all stages hold the same at pp = 1).
+MemoryEstimate estimate_memory(const ModelConfig& model, const Plan& plan, const RunExtras& extras);
+// One rank (data- and tensor-parallel rank 0) of one pipeline stage.
+MemoryEstimate estimate_memory(const ModelConfig& model, const Plan& plan, const RunExtras& extras, int stage);
+
+// Device memory Deep Optimizer States may stage into at update time on `stage`: what the
+// budget leaves beside everything else (negative: no budget, so unknown).
+std::int64_t dos_device_free(const ModelConfig& model, const Plan& plan, const RunExtras& extras, int stage);
+
+// Throws InputError when a budget of the plan is exceeded, naming what does not fit and
+// the options that help. source: the deck (for the message).
+void check_memory_budget(const Plan& plan, const MemoryEstimate& estimate, const std::string& source);
+
+// The same for the plan a deck describes, with the extras its checkpoint and output keys ask for.
+MemoryEstimate estimate_memory(const Deck& deck);
+void check_memory_budget(const Deck& deck, const MemoryEstimate& estimate);
+
+std::string format_memory_estimate(const MemoryEstimate& estimate);
+
+}  // namespace lamina

@@ -1,0 +1,192 @@
+#include "lamina/plan/plan.hpp"
+
+#include <algorithm>
+#include <functional>
+
+#include "lamina/core/error.hpp"
+#include "lamina/core/format.hpp"
+
+namespace lamina {
+
+namespace {
+
+ScheduleKind schedule_kind(const std::string& s) {
+  return s == "gpipe"         ? ScheduleKind::gpipe
+         : s == "interleaved" ? ScheduleKind::interleaved
+         : s == "modular"     ? ScheduleKind::modular
+                              : ScheduleKind::one_f_one_b;
+}
+
+ActivationPolicy activation_policy(const std::string& s) {
+  return s == "recompute" ? ActivationPolicy::recompute : s == "offload" ? ActivationPolicy::offload : ActivationPolicy::keep;
+}
+
+OptimizerPlacement optimizer_placement(const std::string& s) {
+  return s == "host" ? OptimizerPlacement::host : s == "dynamic" ? OptimizerPlacement::dynamic : OptimizerPlacement::device;
+}
+
+DosSplit dos_split(const std::string& s) {
+  return s == "all_host"     ? DosSplit::all_host
+         : s == "all_device" ? DosSplit::all_device
+         : s == "alternate"  ? DosSplit::alternate
+                             : DosSplit::model;
+}
+
+const char* dos_split_name(DosSplit s) {
+  switch (s) {
+    case DosSplit::model: return "model";
+    case DosSplit::all_host: return "all_host";
+    case DosSplit::all_device: return "all_device";
+    case DosSplit::alternate: return "alternate";
+  }
+  return "?";
+}
+
+// Runs of equal values over the blocks: "keep" or "keep x4, recompute x2".
+template <class F>
+std::string runs(const std::vector<LayerPolicy>& blocks, F name) {
+  std::string out;
+  for (std::size_t i = 0; i < blocks.size();) {
+    std::size_t j = i;
+    while (j < blocks.size() && std::string(name(blocks[j])) == name(blocks[i])) ++j;
+    if (!out.empty()) out += ",";
+    out += name(blocks[i]);
+    if (i != 0 || j != blocks.size()) out += strprintf("*%zu", j - i);
+    i = j;
+  }
+  return out;
+}
+
+long long ll(std::int64_t v) { return static_cast<long long>(v); }
+
+}  // namespace
+
+bool Plan::any_optimizer(OptimizerPlacement p) const {
+  return std::any_of(blocks.begin(), blocks.end(), [p](const LayerPolicy& b) { return b.optimizer == p; });
+}
+
+Plan plan_from_deck(const Deck& deck, int world) {
+  std::vector<std::string> errors;
+  auto error = [&](const std::string& key, const std::string& msg) {
+    errors.push_back(deck.where(key) + ": " + key + ": " + msg);
+  };
+  const ModelConfig& m = deck.model;
+  const ParallelSection& p = deck.parallel;
+  const MemorySection& mem = deck.memory;
+  Plan plan;
+  ParallelLayout& o = plan.layout;
+  o.dp = static_cast<int>(p.dp);
+  o.tp = static_cast<int>(p.tp);
+  o.pp = static_cast<int>(p.pp);
+  o.zero = static_cast<int>(p.zero);
+  o.schedule = schedule_kind(p.schedule);
+  o.virtual_stages = static_cast<int>(p.virtual_stages);
+  o.layered = p.layered;
+  o.micro_batch_size = deck.data.micro_batch_size;
+  const std::int64_t per_step = o.micro_batch_size * o.dp;
+  if (deck.data.batch_size % per_step != 0) {
+    error("data.batch_size", strprintf("%lld is not a multiple of micro_batch_size x parallel.dp = %lld x %d",
+                                       ll(deck.data.batch_size), ll(o.micro_batch_size), o.dp));
+  }
+  o.micro_batches = static_cast<int>(std::max<std::int64_t>(1, deck.data.batch_size / per_step));
+  if (o.tp > 1 && m.heads % o.tp != 0) {
+    error("parallel.tp", strprintf("model.heads = %lld must be divisible by tp = %d (each rank takes whole heads)",
+                                   ll(m.heads), o.tp));
+  }
+  if (o.tp > 1 && m.vocab_size % o.tp != 0) {
+    error("model.vocab_size", strprintf("%lld is not divisible by parallel.tp = %d (the embedding is split by rows); "
+                                        "pad it, e.g. to %lld",
+                                        ll(m.vocab_size), o.tp,
+                                        ll((m.vocab_size + 128 * o.tp - 1) / (128 * o.tp) * 128 * o.tp)));
+  }
+  for (const ScheduleProblem& sp : schedule_problems(m.layers, o)) error(sp.key, sp.message);
+  if (world > 0 && o.ranks() != world) {
+    error("parallel.dp", strprintf("dp x tp x pp = %d x %d x %d = %d ranks, but the job runs on %d; change "
+                                   "parallel.dp, tp or pp, or the number of ranks (mpirun -np %d)",
+                                   o.dp, o.tp, o.pp, o.ranks(), world, o.ranks()));
+  }
+
+  for (std::int64_t b = 0; b < m.layers; ++b) {
+    const auto i = static_cast<std::size_t>(b);
+    LayerPolicy lp;
+    lp.activations = activation_policy(mem.activations[i]);
+    lp.params = mem.params[i] == "host" ? MemTier::host : MemTier::device;
+    lp.optimizer = optimizer_placement(mem.optimizer[i]);
+    plan.blocks.push_back(lp);
+  }
+  for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+    if (plan.blocks[i].params == MemTier::host && plan.blocks[i].optimizer == OptimizerPlacement::device) {
+      error("memory.optimizer",
+            strprintf("block %zu has memory.params = 'host' (its fp32 master weights live on the host) but "
+                      "memory.optimizer = 'device'; use 'host' or 'dynamic' for it",
+                      i));
+      break;
+    }
+  }
+  plan.precision = deck.train.precision;
+  plan.subgroup_size = deck.optimizer.subgroup_size;
+  plan.budget = {mem.device_budget, mem.host_budget};
+  plan.dos = {dos_split(mem.dos_split), mem.dos_host_rate, mem.dos_device_rate, mem.dos_h2d, mem.dos_d2h};
+  plan.clock.forward_block = p.cost_forward;
+  plan.clock.backward_block = p.cost_backward;
+  plan.clock.p2p = p.cost_p2p;
+
+  if (!errors.empty()) {
+    std::string msg = errors.size() == 1 ? "" : strprintf("%zu problems in the deck:\n", errors.size());
+    for (std::size_t i = 0; i < errors.size(); ++i) msg += (i ? "\n" : "") + errors[i];
+    throw InputError(msg);
+  }
+  return plan;
+}
+
+StepSpec step_spec(const Plan& plan, const ModelConfig& model) {
+  StepSpec s;
+  s.layers = model.layers;
+  s.layout = plan.layout;
+  s.blocks = plan.blocks;
+  s.precision = plan.precision;
+  return s;
+}
+
+std::string describe(const Plan& plan) {
+  const ParallelLayout& o = plan.layout;
+  std::string out = strprintf("plan: dp %d x tp %d x pp %d = %d rank(s), ZeRO stage %d, schedule %s", o.dp, o.tp, o.pp,
+                              o.ranks(), o.zero, schedule_kind_name(o.schedule));
+  if (o.schedule == ScheduleKind::interleaved) out += strprintf(" (%d chunks per stage)", o.virtual_stages);
+  if (o.layered) out += ", layered gradient accumulation";
+  out += strprintf(", %d micro-batch(es) of %lld sequence(s) per rank, %s, optimizer subgroups of %lld", o.micro_batches,
+                   ll(o.micro_batch_size), plan.precision == Precision::bf16 ? "bf16" : "fp32",
+                   ll(plan.subgroup_size));
+  if (plan.budget.device > 0) out += ", device budget " + human_bytes(static_cast<double>(plan.budget.device));
+  if (plan.budget.host > 0) out += ", host budget " + human_bytes(static_cast<double>(plan.budget.host));
+  // Consecutive blocks with the same policies, as ranges.
+  const auto& b = plan.blocks;
+  for (std::size_t i = 0; i < b.size();) {
+    std::size_t j = i;
+    while (j < b.size() && b[j].activations == b[i].activations && b[j].params == b[i].params &&
+           b[j].optimizer == b[i].optimizer)
+      ++j;
+    out += strprintf("\n  blocks %zu-%zu: activations %s, parameters %s, optimizer %s", i, j - 1,
+                     activation_policy_name(b[i].activations), mem_tier_name(b[i].params),
+                     optimizer_placement_name(b[i].optimizer));
+    i = j;
+  }
+  if (plan.any_optimizer(OptimizerPlacement::dynamic)) {
+    out += strprintf("\n  deep optimizer states: split %s", dos_split_name(plan.dos.split));
+  }
+  return out;
+}
+
+std::string plan_summary(const Plan& plan) {
+  const ParallelLayout& o = plan.layout;
+  return strprintf("dp=%d tp=%d pp=%d zero=%d schedule=%s virtual_stages=%d layered=%s micro_batch_size=%lld "
+                   "micro_batches=%d precision=%s activations=%s params=%s optimizer=%s",
+                   o.dp, o.tp, o.pp, o.zero, schedule_kind_name(o.schedule), o.virtual_stages,
+                   o.layered ? "true" : "false", ll(o.micro_batch_size), o.micro_batches,
+                   plan.precision == Precision::bf16 ? "bf16" : "fp32",
+                   runs(plan.blocks, [](const LayerPolicy& p) { return activation_policy_name(p.activations); }).c_str(),
+                   runs(plan.blocks, [](const LayerPolicy& p) { return mem_tier_name(p.params); }).c_str(),
+                   runs(plan.blocks, [](const LayerPolicy& p) { return optimizer_placement_name(p.optimizer); }).c_str());
+}
+
+}  // namespace lamina

@@ -1,0 +1,86 @@
+#pragma once
+// Runs a schedule's instruction lists (parallel/schedule.hpp) on a cost model instead of
+// hardware: the same lists the executor interprets. Each pipeline stage has a host thread
+// that issues instructions in program order and one clock per stream (compute,
+// collectives, host-to-device and device-to-host copies, the host's cores); an
+// instruction starts when its stream is free and what it needs is ready, and blocking ones
+// (gathers, reloads, ZeRO-1+ reductions waiting for the previous one, syncs, receives)
+// hold the host thread until they end, as the executor's fences do:
+//   compute        forward, backward, recompute (after the layer's parameters and, for an
+//                  offloaded block, its reload; a block whose activations go to the host
+//                  waits for the previous copy out of the staging buffer)
+//   collectives    ZeRO-3 gathers, gradient reductions (ZeRO-0 all-reduces queue, ZeRO-1+
+//                  reduce-scatters run one at a time), the tied embedding's sum at sync
+//   copies         prefetches of parameters and activations, offloads, gradient flushes
+//   messages       arrive at the sender's time plus their price (no link contention)
+// With the default prices (only compute costs time) this is the executor's virtual clock,
+// and bubble fractions equal the closed forms of the papers.
+// simulate_update() does the same for one rank's optimizer program: device subgroups
+// queue on the device while the host updates the others (Deep Optimizer States).
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "lamina/parallel/schedule.hpp"
+#include "lamina/parallel/shard.hpp"
+
+namespace lamina {
+
+// Seconds (or virtual units) an instruction takes on stage `stage`.
+using Pricer = std::function<double(const Instruction& i, int stage)>;
+
+// The executor's virtual clock: compute instructions at the ClockPrices, messages at p2p.
+Pricer clock_pricer(const ClockPrices& prices, int final_layer);
+
+struct Timeline {
+  std::vector<double> busy;    // compute time per stage
+  std::vector<double> finish;  // when each stage's last instruction ends
+  // Busy time per stream kind (summed over stages), for reports.
+  std::map<Stream, double> stream_busy;
+  double makespan = 0.0;
+  // Mean over stages of the time a stage waits: (makespan - busy) / makespan.
+  double bubble_fraction() const;
+};
+
+// Throws std::logic_error when a receive has no matching send or the stages deadlock.
+Timeline simulate(const Schedule& schedule, const Pricer& price);
+
+struct UpdateTimeline {
+  double seconds = 0.0;  // the update program's length
+  double host = 0.0;     // host busy time (host-site subgroups)
+  double device = 0.0;   // device busy time (device subgroups, their copies)
+};
+// flushed: when each host-updated layer's gradients have arrived on the host, relative to
+// the start of the update (0: already there).
+UpdateTimeline simulate_update(const std::vector<Instruction>& program, const Pricer& price,
+                               const std::map<int, double>& flushed = {});
+
+// Memory: what one rank allocates for part of a step comes from pools that keep every
+// buffer they allocate and hand out a free one of the same size first (core/buffer_pool.hpp),
+// so their peak is, per size, the most buffers held at once. simulate_memory() replays a
+// stage's program, the rank's update program and a checkpoint's gathers against the rules
+// by which the parameter store, the gradient reducer and the optimizers take buffers
+// (parallel/param_store.cpp, grad_reducer.cpp, memory/optimizer_updaters.cpp), in program
+// order, as the host issues them.
+struct MemoryModel {
+  struct Layer {
+    LayerShard shard;
+    bool resident = true;  // fp32 parameters on the device: nothing gathered
+    MemTier tier = MemTier::device;
+    bool dynamic = false;  // optimizer: Deep Optimizer States
+  };
+  std::map<int, Layer> layers;  // the layers the stage holds
+  int zero = 0;
+  bool bf16 = false;
+  std::int64_t dos_stage = 0;  // elements of each Deep Optimizer States staging buffer
+  bool checkpoint = false;     // the run writes checkpoints (they gather sharded state)
+};
+// Peak bytes of each device pool: gathered parameters, full-size gradients, communication
+// staging (fp32 and bf16), Deep Optimizer States staging.
+struct PoolPeaks {
+  std::int64_t params = 0, grads = 0, communication = 0, dos = 0;
+};
+PoolPeaks simulate_memory(const Schedule& schedule, int stage, const std::vector<Instruction>& update,
+                          const MemoryModel& model);
+
+}  // namespace lamina

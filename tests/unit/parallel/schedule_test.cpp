@@ -1,0 +1,121 @@
+// The instruction lists the builders emit: how many activations each schedule keeps in
+// flight, where ZeRO gathers and reductions go, the memory actions each policy adds around
+// a layer, and the optimizer program's order.
+#include "lamina/parallel/schedule.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "lamina/core/error.hpp"
+#include "schedule_spec.hpp"
+
+namespace lamina::test {
+namespace {
+
+int count(const std::vector<Instruction>& p, Op op, int layer = -2) {
+  return static_cast<int>(std::count_if(p.begin(), p.end(), [&](const Instruction& i) {
+    return i.op == op && (layer == -2 || i.layer == layer);
+  }));
+}
+
+// Index of the first instruction matching op and layer (and micro-batch, when given).
+std::size_t find(const std::vector<Instruction>& p, Op op, int layer, int mb = -1) {
+  for (std::size_t k = 0; k < p.size(); ++k)
+    if (p[k].op == op && p[k].layer == layer && (mb < 0 || p[k].micro_batch == mb)) return k;
+  return p.size();
+}
+
+TEST(Schedule, InFlightMicroBatchesPerSchedule) {
+  const Schedule f1b = Schedule::build(spec(4, ScheduleKind::one_f_one_b, 4, 8));
+  for (int c = 0; c < 4; ++c) EXPECT_EQ(f1b.max_in_flight(c), 4 - c);  // pp - stage
+  const Schedule gp = Schedule::build(spec(4, ScheduleKind::gpipe, 4, 8));
+  for (int c = 0; c < 4; ++c) EXPECT_EQ(gp.max_in_flight(c), 8);
+  const Schedule single = Schedule::build(spec(3, ScheduleKind::one_f_one_b, 1, 5));
+  EXPECT_EQ(single.max_in_flight(0), 1);  // plain gradient accumulation
+  const Schedule layered = Schedule::build(spec(3, ScheduleKind::gpipe, 1, 5, 1, true));
+  EXPECT_EQ(layered.partition().num_chunks(), 3);
+  EXPECT_EQ(layered.max_in_flight(1), 5);  // every micro-batch's layer input is kept
+}
+
+TEST(Schedule, ZeroThreeLayeredGathersOncePerPassAndReducesOncePerStep) {
+  const int L = 3, M = 4;
+  const Schedule layered = Schedule::build(spec(L, ScheduleKind::gpipe, 1, M, 1, true, 3));
+  const auto& p = layered.program(0);
+  for (int l = 1; l <= L; ++l) {
+    EXPECT_EQ(count(p, Op::gather_params, l), 2) << "block " << l - 1;  // the forward pass, the backward pass
+    EXPECT_EQ(count(p, Op::reduce_grads, l), 1);
+  }
+  // Depth-first, ZeRO-3 gathers each layer for every micro-batch's forward and backward and
+  // reduces after each micro-batch (no full gradient is kept).
+  const Schedule depth = Schedule::build(spec(L, ScheduleKind::one_f_one_b, 1, M, 1, false, 3));
+  for (int l = 1; l <= L; ++l) {
+    EXPECT_EQ(count(depth.program(0), Op::gather_params, l), 2 * M);
+    EXPECT_EQ(count(depth.program(0), Op::reduce_grads, l), M);
+  }
+  // Plain data parallelism: parameters stay, one reduction per layer per step.
+  const Schedule dp = Schedule::build(spec(L, ScheduleKind::one_f_one_b, 1, M, 1, false, 0));
+  EXPECT_EQ(count(dp.program(0), Op::gather_params), 0);
+  EXPECT_EQ(count(dp.program(0), Op::reduce_grads), L + 2);  // blocks, embedding, final norm
+  EXPECT_EQ(dp.program(0).back().op, Op::sync_grads);
+}
+
+TEST(Schedule, MemoryPoliciesAddTheirInstructionsAroundEachLayer) {
+  StepSpec s = spec(3, ScheduleKind::one_f_one_b, 1, 1);
+  s.blocks[0].activations = ActivationPolicy::offload;
+  s.blocks[1].activations = ActivationPolicy::offload;
+  s.blocks[2].activations = ActivationPolicy::recompute;
+  s.blocks[2].params = MemTier::host;
+  s.blocks[2].optimizer = OptimizerPlacement::host;  // also the final norm's (it follows the last block)
+  const Schedule schedule = Schedule::build(s);
+  const auto& p = schedule.program(0);
+  // Offloaded blocks go out after their forward and come back before their backward; block
+  // 0's comes back into the spare staging buffer while block 1's backward runs.
+  EXPECT_LT(find(p, Op::forward, 1), find(p, Op::offload_activations, 1));
+  EXPECT_LT(find(p, Op::reload_activations, 2), find(p, Op::prefetch_activations, 1));
+  EXPECT_LT(find(p, Op::prefetch_activations, 1), find(p, Op::backward, 2));
+  EXPECT_LT(find(p, Op::reload_activations, 1), find(p, Op::backward, 1));
+  EXPECT_EQ(count(p, Op::recompute), 1);
+  EXPECT_EQ(find(p, Op::recompute, 3) + 1, find(p, Op::backward, 3));
+  // Host-tier parameters: prefetched one block ahead in forward, gathered per use, released.
+  EXPECT_LT(find(p, Op::prefetch_params, 3), find(p, Op::forward, 2));
+  EXPECT_EQ(count(p, Op::gather_params, 3), 2);
+  EXPECT_EQ(count(p, Op::release_params, 3), 2);
+  EXPECT_EQ(count(p, Op::gather_params, 1), 0);  // resident
+  // Host-updated layers' gradients leave once their reduction is done; the rest stay.
+  EXPECT_EQ(count(p, Op::flush_grads), 2);
+  EXPECT_LT(find(p, Op::reduce_grads, 3), find(p, Op::flush_grads, 3));
+  EXPECT_LT(find(p, Op::reduce_grads, 4), find(p, Op::flush_grads, 4));
+}
+
+TEST(Schedule, UpdateProgramPutsDeviceSubgroupsFirstAndSharesLast) {
+  LayerUpdate dynamic{1, OptimizerPlacement::dynamic, {UpdateSite::host, UpdateSite::device, UpdateSite::host}};
+  LayerUpdate device{2, OptimizerPlacement::device, {UpdateSite::device, UpdateSite::device}};
+  LayerUpdate none{3, OptimizerPlacement::host, {}};  // this rank owns none of it
+  const auto p = update_program({dynamic, device, none}, 1);
+  ASSERT_EQ(p.size(), 4u + 3u + 3u);
+  EXPECT_EQ(p[0].subgroup, 1);
+  EXPECT_EQ(p[0].site, UpdateSite::device);
+  EXPECT_EQ(p[1].subgroup, 0);
+  EXPECT_EQ(p[2].subgroup, 2);
+  EXPECT_EQ(p[3].op, Op::publish_params);
+  EXPECT_EQ(p[6].op, Op::publish_params);
+  for (std::size_t k = 7; k < p.size(); ++k) EXPECT_EQ(p[k].op, Op::share_params);  // every layer, ZeRO-1
+}
+
+TEST(Schedule, LayoutsNoBuilderSupportsNameTheirKey) {
+  auto key = [](std::int64_t layers, const StepSpec& s) {
+    const auto problems = schedule_problems(layers, s.layout);
+    return problems.empty() ? std::string() : problems.front().key;
+  };
+  EXPECT_EQ(key(4, spec(4, ScheduleKind::one_f_one_b, 2, 4, 1, true)), "parallel.layered");
+  EXPECT_EQ(key(4, spec(4, ScheduleKind::interleaved, 2, 3, 2)), "data.micro_batch_size");  // M % pp
+  EXPECT_EQ(key(5, spec(5, ScheduleKind::modular, 2, 4)), "parallel.pp");                  // L % pp
+  EXPECT_EQ(key(3, spec(3, ScheduleKind::gpipe, 2, 4)), "parallel.pp");                    // L % pp
+  EXPECT_EQ(key(2, spec(2, ScheduleKind::gpipe, 4, 4)), "parallel.pp");                    // more stages than layers
+  EXPECT_EQ(key(6, spec(6, ScheduleKind::interleaved, 2, 4, 4)), "parallel.virtual_stages");
+  EXPECT_THROW(Schedule::build(spec(3, ScheduleKind::gpipe, 2, 4)), InputError);
+}
+
+}  // namespace
+}  // namespace lamina::test

@@ -1,0 +1,95 @@
+// A deck's [parallel] and [memory] keys become a Plan in one place: every layout and policy
+// problem is reported at once, each at the deck line (or --set) to change.
+#include "lamina/plan/plan.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "lamina/core/error.hpp"
+
+namespace lamina::test {
+namespace {
+
+const char* kDeck = R"([model]
+layers = 4
+d_model = 32
+heads = 4
+seq_len = 16
+vocab_size = 64
+[data]
+format = "synthetic"
+batch_size = 8
+[train]
+steps = 1
+[parallel]
+pp = 2
+schedule = "gpipe"
+[memory]
+activations = ["keep", "keep", "recompute", "offload"]
+)";
+
+std::string error_of(const std::vector<std::string>& sets, int world = 0) {
+  try {
+    plan_from_deck(parse_deck(kDeck, "deck.toml", sets), world);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Plan, ComesFromTheDeckWithEveryKeyResolved) {
+  const Plan p = plan_from_deck(parse_deck(kDeck, "deck.toml", {"parallel.dp=2", "data.micro_batch_size=2"}), 4);
+  EXPECT_EQ(p.layout.pp, 2);
+  EXPECT_EQ(p.layout.dp, 2);
+  EXPECT_EQ(p.layout.schedule, ScheduleKind::gpipe);
+  EXPECT_EQ(p.layout.micro_batches, 2);  // 8 sequences = dp 2 x 2 micro-batches of 2
+  ASSERT_EQ(p.blocks.size(), 4u);
+  EXPECT_EQ(p.blocks[2].activations, ActivationPolicy::recompute);
+  EXPECT_EQ(p.blocks[3].activations, ActivationPolicy::offload);
+  EXPECT_EQ(p.layer(0).activations, ActivationPolicy::keep);      // the embedding follows block 0
+  EXPECT_EQ(p.layer(5).activations, ActivationPolicy::offload);   // the final norm the last block
+  EXPECT_EQ(plan_summary(p),
+            "dp=2 tp=1 pp=2 zero=0 schedule=gpipe virtual_stages=1 layered=false micro_batch_size=2 micro_batches=2 "
+            "precision=fp32 activations=keep*2,recompute*1,offload*1 params=device optimizer=device");
+  const std::string d = describe(p);
+  EXPECT_NE(d.find("blocks 0-1: activations keep"), std::string::npos) << d;
+  EXPECT_NE(d.find("blocks 3-3: activations offload"), std::string::npos) << d;
+}
+
+TEST(Plan, LayoutProblemsPointAtTheKeyToChange) {
+  // Three stages for four layers: at the deck line of parallel.pp.
+  EXPECT_NE(error_of({"parallel.pp=3"}).find("--set parallel.pp=3: parallel.pp: model.layers = 4 cannot be cut"),
+            std::string::npos)
+      << error_of({"parallel.pp=3"});
+  const std::string pp5 = error_of({"parallel.pp=5"});
+  EXPECT_NE(pp5.find("every stage needs at least one layer"), std::string::npos) << pp5;
+  const std::string world = error_of({}, 3);
+  EXPECT_NE(world.find("deck.toml:12:1: parallel.dp: dp x tp x pp = 1 x 1 x 2 = 2 ranks, but the job runs on 3"),
+            std::string::npos)
+      << world;
+  const std::string v = error_of({"parallel.schedule=interleaved", "parallel.virtual_stages=3"});
+  EXPECT_NE(v.find("--set parallel.virtual_stages=3: parallel.virtual_stages"), std::string::npos) << v;
+  // All at once.
+  const std::string both = error_of({"parallel.tp=3", "parallel.layered=true", "parallel.schedule=1f1b"});
+  EXPECT_NE(both.find("problems in the deck"), std::string::npos) << both;
+  EXPECT_NE(both.find("parallel.tp: model.heads = 4 must be divisible by tp = 3"), std::string::npos) << both;
+  EXPECT_NE(both.find("parallel.layered: layered gradient accumulation runs each layer"), std::string::npos) << both;
+}
+
+TEST(Plan, ABatchThatMicroBatchesDoNotDivideIsADeckError) {
+  const std::string e = error_of({"data.micro_batch_size=3"});
+  EXPECT_NE(e.find("deck.toml:9:14: data.batch_size: 8 is not a multiple of micro_batch_size x parallel.dp = 3 x 1"),
+            std::string::npos)
+      << e;
+}
+
+TEST(Plan, PolicyProblemsAreDeckErrors) {
+  const std::string e = error_of({"memory.params=host"});
+  EXPECT_NE(e.find("memory.optimizer: block 0 has memory.params = 'host'"), std::string::npos) << e;
+  EXPECT_EQ(error_of({"memory.params=host", "memory.optimizer=dynamic"}), "(no error)");
+}
+
+}  // namespace
+}  // namespace lamina::test

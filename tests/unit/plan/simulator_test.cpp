@@ -1,0 +1,123 @@
+// Pipeline schedules on the simulator with the virtual clock's prices: bubble fractions
+// against the closed forms of the papers (Narayanan et al. 2021; Lamy-Poirier 2021), and
+// hand-computed timelines where copies and collectives take time too.
+#include "lamina/plan/simulator.hpp"
+
+#include <gtest/gtest.h>
+
+#include "schedule_spec.hpp"
+
+namespace lamina::test {
+namespace {
+
+double bubble(const StepSpec& s) {
+  const Schedule schedule = Schedule::build(s);
+  return simulate(schedule, clock_pricer(ClockPrices{}, schedule.final_layer())).bubble_fraction();
+}
+
+TEST(Simulator, GPipeAnd1F1BBubbleIsPMinus1OverMPlusPMinus1) {
+  for (int pp : {2, 3, 4}) {
+    for (int M : {1, 2, 4, 8}) {
+      const double want = (pp - 1.0) / (M + pp - 1.0);
+      EXPECT_NEAR(bubble(spec(pp * 2, ScheduleKind::gpipe, pp, M)), want, 1e-12) << pp << " " << M;
+      EXPECT_NEAR(bubble(spec(pp * 2, ScheduleKind::one_f_one_b, pp, M)), want, 1e-12) << pp << " " << M;
+    }
+  }
+}
+
+TEST(Simulator, InterleavedBubbleShrinksByTheVirtualStages) {
+  for (int pp : {2, 4}) {
+    for (int v : {2, 3}) {
+      for (int M : {pp, 2 * pp, 4 * pp}) {
+        const double want = (pp - 1.0) / (v * M + pp - 1.0);
+        EXPECT_NEAR(bubble(spec(pp * v, ScheduleKind::interleaved, pp, M, v)), want, 1e-12)
+            << "pp " << pp << " v " << v << " M " << M;
+      }
+    }
+  }
+}
+
+TEST(Simulator, ModularLayeredBubbleIsPMinus1OverMTimesMbPlusPMinus1) {
+  for (int pp : {2, 3, 4}) {
+    for (int m : {1, 2, 4}) {  // layers per stage
+      for (int M : {pp, pp + 1, 8}) {
+        const double want = (pp - 1.0) / (m * M + pp - 1.0);
+        EXPECT_NEAR(bubble(spec(pp * m, ScheduleKind::modular, pp, M, 1, true)), want, 1e-12)
+            << "pp " << pp << " m " << m << " M " << M;
+      }
+    }
+  }
+}
+
+TEST(Simulator, ModularWithFewerMicroBatchesThanStagesIdlesMore) {
+  // Each loop around the ring waits (pp - M) extra slots when M < pp.
+  const int pp = 4, m = 2, M = 2;
+  EXPECT_GT(bubble(spec(pp * m, ScheduleKind::modular, pp, M, 1, true)), (pp - 1.0) / (m * M + pp - 1.0) + 0.05);
+}
+
+// Prices by instruction kind, for hand-computed timelines: blocks' forward and backward,
+// gathers, prefetches and reductions; the embedding and the head are free.
+Pricer prices(int final_layer, double forward, double backward, double gather, double prefetch, double reduce) {
+  return [=](const Instruction& i, int) {
+    const bool block = i.layer > 0 && i.layer < final_layer;
+    switch (i.op) {
+      case Op::forward: return block ? forward : 0.0;
+      case Op::backward: return block ? backward : 0.0;
+      case Op::gather_params: return gather;
+      case Op::prefetch_params: return prefetch;
+      case Op::reduce_grads: return reduce;
+      default: return 0.0;
+    }
+  };
+}
+
+TEST(Simulator, PrefetchedParametersOverlapTheComputeOfTheLayerBefore) {
+  // One rank, 2 blocks, ZeRO-3 (forward 2, backward 3, gather 1, prefetch p). Forward:
+  // gather emb [0,1], h.0 [1,2]; prefetch h.1 [2,2+p] beside F(h.0) [2,4]; gather h.1 takes
+  // the prefetch over; F(h.1) [max(4,2+p), +2]; the head gathers emb and ln_f (2). Backward:
+  // gathers emb, ln_f (2); gather h.1 (1), prefetch h.0 beside B(h.1) (3); B(h.0) (3).
+  const Schedule s = Schedule::build(spec(2, ScheduleKind::one_f_one_b, 1, 1, 1, false, 3));
+  const int f = s.final_layer();
+  const Timeline t = simulate(s, prices(f, 2.0, 3.0, 1.0, 1.0, 0.0));
+  EXPECT_DOUBLE_EQ(t.makespan, 17.0);  // 2 + 2 + 2 + 4 | 1 + 3 + 3
+  EXPECT_DOUBLE_EQ(t.busy[0], 10.0);
+  // A prefetch longer than the compute beside it shows by the difference: 1 more in the
+  // forward (3 beside 2), none in the backward (3 beside 3).
+  EXPECT_DOUBLE_EQ(simulate(s, prices(f, 2.0, 3.0, 1.0, 3.0, 0.0)).makespan, 18.0);
+}
+
+TEST(Simulator, ZeroOneReductionsRunOneAtATimeBehindTheBackward) {
+  // One rank, 3 blocks, ZeRO-1, one micro-batch (forward 1, backward 2, reduction r):
+  // each layer's reduce-scatter starts after its backward and waits for the one before.
+  const Schedule s = Schedule::build(spec(3, ScheduleKind::one_f_one_b, 1, 1, 1, false, 1));
+  auto run = [&](double r) { return simulate(s, prices(s.final_layer(), 1.0, 2.0, 0.0, 0.0, r)).makespan; };
+  EXPECT_DOUBLE_EQ(run(0.0), 9.0);  // forward 3, backward 6
+  // r = 1 < backward: each hides behind the next backward; the last two (h.0 after B(h.0)
+  // at 9, then the embedding's) end at 11.
+  EXPECT_DOUBLE_EQ(run(1.0), 11.0);
+  // r = 3 > backward: the five reductions (ln_f, h.2, h.1, h.0, embedding) run back to back
+  // from the end of the forward: 3 + 5 x 3.
+  EXPECT_DOUBLE_EQ(run(3.0), 18.0);
+}
+
+TEST(Simulator, UpdateProgramRunsDeviceSubgroupsBesideTheHost) {
+  LayerUpdate u;
+  u.layer = 1;
+  u.placement = OptimizerPlacement::dynamic;
+  u.sites = {UpdateSite::host, UpdateSite::device, UpdateSite::host, UpdateSite::device};
+  const auto program = update_program({u}, 0);
+  const Pricer price = [](const Instruction& i, int) {
+    if (i.op == Op::optimizer_update) return i.site == UpdateSite::host ? 2.0 : 3.0;
+    return i.op == Op::publish_params ? 0.5 : 0.0;
+  };
+  // Device subgroups queue (3 + 3) while the host runs its two (2 + 2); publish waits for both.
+  const UpdateTimeline t = simulate_update(program, price);
+  EXPECT_DOUBLE_EQ(t.host, 4.0);
+  EXPECT_DOUBLE_EQ(t.device, 6.0);
+  EXPECT_DOUBLE_EQ(t.seconds, 6.5);
+  // Gradients still arriving delay the host's part.
+  EXPECT_DOUBLE_EQ(simulate_update(program, price, {{1, 5.0}}).seconds, 5.0 + 4.0 + 0.5);
+}
+
+}  // namespace
+}  // namespace lamina::test
