@@ -18,6 +18,8 @@
 #include "lamina/core/format.hpp"
 #include "lamina/core/log.hpp"
 #include "lamina/train/bench.hpp"
+#include "lamina/train/plan_command.hpp"
+#include "lamina/train/profile.hpp"
 #include "lamina/train/trainer.hpp"
 #include "lamina/train/verify.hpp"
 
@@ -30,6 +32,9 @@ struct Options {
   double tolerance = 1e-4;
   int steps = 10, warmup = 2, reps = 20;
   std::int64_t params = 1 << 24;
+  std::string write;
+  lamina::PlanCommand plan;
+  std::string solver = "dp";
 };
 
 std::string build_info() {
@@ -137,6 +142,22 @@ int main(int argc, char** argv) {
   bench_adam->add_option("--params", o.params, "parameters to update (default 16777216)")->check(CLI::PositiveNumber);
   bench_adam->add_option("--reps", o.reps, "timed repetitions (default 20)")->check(CLI::PositiveNumber);
   auto* bench_machine = bench->add_subcommand("machine", "GEMM rate and memory bandwidth of this machine");
+  bench_machine->add_option("--write", o.write,
+                            "measure everything the planner needs (rates, links, collectives of the ranks this runs "
+                            "on) and write it as a machine description");
+
+  auto* plan = app.add_subcommand("plan", "choose the parallel layout and per-layer memory policies for a deck");
+  plan->add_option("deck", o.plan.deck, "input deck (TOML); keys left unset or set to \"auto\" are searched")->required();
+  plan->add_option("--set", o.plan.sets, "override a deck key (repeatable)");
+  plan->add_option("--ranks", o.plan.ranks, "ranks (GPUs) to plan for (default: the deck's dp x tp x pp, else the "
+                                            "ranks this runs on)")
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--machine", o.plan.machine, "machine description (inputs/machines/*.toml); default: measure this one");
+  plan->add_option("--solver", o.solver, "per-layer solver: dp (default), greedy, brute")
+      ->check(CLI::IsMember({"dp", "greedy", "brute"}));
+  plan->add_option("--top", o.plan.top, "plans to show (default 3)")->check(CLI::PositiveNumber);
+  plan->add_option("--write-deck", o.plan.write_deck, "write the deck with the chosen values");
+  plan->add_option("--tokens", o.plan.tokens, "tokens to train on: adds the days it takes")->check(CLI::PositiveNumber);
   auto* bench_memory = bench->add_subcommand("memory", "predicted against measured peak memory per space and category");
   bench_memory->add_option("deck", o.deck, "input deck (TOML)")->required();
   bench_memory->add_option("--set", o.sets, "override a deck key (repeatable)");
@@ -168,7 +189,12 @@ int main(int argc, char** argv) {
   if (rank == 0) warn_about_environment(log);  // the same environment on every rank
   try {
     if (train->parsed()) {
-      const lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
+      lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
+      if (!deck.automatic.empty()) {  // the planner chooses these keys for the ranks this runs on
+        std::vector<std::string> sets = o.sets;
+        for (const auto& s : lamina::plan_auto_keys(deck, log, MPI_COMM_WORLD)) sets.push_back(s);
+        deck = lamina::load_deck(o.deck, sets);
+      }
       if (o.check) {
         lamina::check_deck(deck, log, world);
       } else {
@@ -184,9 +210,33 @@ int main(int argc, char** argv) {
     } else if (bench_adam->parsed()) {
       const auto j = lamina::bench_adam(o.params, o.reps, log);
       if (rank == 0) std::printf("%s\n", j.str().c_str());
+    } else if (bench_machine->parsed() && !o.write.empty()) {
+      lamina::MachineSpec m = lamina::measure_machine(MPI_COMM_WORLD, log);
+      // Kernel efficiencies from a mid-sized block (d 512, 8 heads, 256 positions, 4 sequences).
+      lamina::ModelConfig ref;
+      ref.layers = 1;
+      ref.d_model = 512;
+      ref.heads = 8;
+      ref.seq_len = 256;
+      ref.vocab_size = 8192;
+      lamina::calibrate(m, ref, lamina::Precision::fp32, lamina::profile_model(ref, {4}).front());
+      if (rank == 0) {
+        std::FILE* f = std::fopen(o.write.c_str(), "w");
+        const std::string text = "# measured by `lamina bench machine --write` (" + build_info() + ")\n" +
+                                 lamina::machine_toml(m);
+        if (f == nullptr || std::fputs(text.c_str(), f) < 0 || std::fclose(f) != 0) {
+          throw lamina::RunError(o.write + ": cannot write the machine description");
+        }
+        log.info("machine description written to " + o.write);
+      }
     } else if (bench_machine->parsed()) {
       const auto j = lamina::bench_machine(log);
       if (rank == 0) std::printf("%s\n", j.str().c_str());
+    } else if (plan->parsed()) {
+      o.plan.solver = o.solver == "greedy" ? lamina::Solver::greedy
+                      : o.solver == "brute" ? lamina::Solver::brute
+                                            : lamina::Solver::dp;
+      code = lamina::run_plan_command(o.plan, log, MPI_COMM_WORLD);
     } else if (bench_memory->parsed()) {
       const auto j = lamina::bench_memory(lamina::load_deck(o.deck, o.sets), o.steps, log);
       if (rank == 0) std::printf("%s\n", j.str().c_str());

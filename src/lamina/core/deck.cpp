@@ -15,6 +15,14 @@
 
 namespace lamina {
 
+const std::vector<std::string>& planner_keys() {
+  static const std::vector<std::string> keys = {
+      "parallel.dp",     "parallel.tp",     "parallel.pp",      "parallel.zero",          "parallel.schedule",
+      "parallel.virtual_stages", "parallel.layered", "data.micro_batch_size", "memory.activations", "memory.params",
+      "memory.optimizer"};
+  return keys;
+}
+
 std::string Deck::where(const std::string& key) const {
   auto it = locations.find(key);
   if (it == locations.end()) it = locations.find(key.substr(0, key.find('.')));  // the key's table
@@ -373,6 +381,11 @@ class DeckReader {
     return v;
   }
 
+  void set_resolved(const std::string& key, const std::string& value) {
+    const auto dot = key.find('.');
+    resolved(key.substr(0, dot)).insert_or_assign(key.substr(dot + 1), value);
+  }
+
   // Where every key that was given came from.
   std::map<std::string, std::string> locations() const {
     std::map<std::string, std::string> out;
@@ -492,6 +505,20 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   auto origins = apply_overrides(root, overrides, override_errors);
   DeckReader r(root, file, origins);
   r.check_structure();
+  // Keys the planner may choose, given as "auto": read as unset here (their defaults) and
+  // listed, so that the planner fills them in before a plan is made.
+  std::set<std::string> automatic;
+  std::map<std::string, std::string> auto_locations;
+  for (const std::string& key : planner_keys()) {
+    const auto dot = key.find('.');
+    toml::table* t = root[key.substr(0, dot)].as_table();
+    const toml::node* n = t == nullptr ? nullptr : t->get(key.substr(dot + 1));
+    if (n != nullptr && n->is_string() && *n->value<std::string>() == "auto") {
+      automatic.insert(key);
+      auto_locations[key] = r.where(key.substr(0, dot), key.substr(dot + 1));
+      t->erase(key.substr(dot + 1));
+    }
+  }
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
   constexpr double kInf = std::numeric_limits<double>::infinity();
   Deck d;
@@ -615,8 +642,11 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
     for (std::size_t i = 0; i < errors.size(); ++i) msg += (i ? "\n" : "") + errors[i];
     throw InputError(msg);
   }
+  for (const std::string& key : automatic) r.set_resolved(key, "auto");
   d.resolved_toml = r.resolved_toml();
   d.locations = r.locations();
+  for (const auto& kv : auto_locations) d.locations[kv.first] = kv.second;
+  d.automatic = automatic;
   return d;
 }
 

@@ -5,6 +5,7 @@
 // plan/plan.hpp turns into a Plan. Code below the command line never sees the deck.
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -57,9 +58,18 @@ struct Deck {
   // and where each table starts, "section" -> "file:line:col".
   std::map<std::string, std::string> locations;
 
+  // Planner keys the deck sets to "auto" (read as their defaults until planned).
+  std::set<std::string> automatic;
+
   // The location of a key's value; for a key not given, of its table, else the deck.
   std::string where(const std::string& key) const;
+  // Whether the deck (or --set) gives the key a value of its own (not "auto").
+  bool sets(const std::string& key) const { return locations.count(key) != 0 && automatic.count(key) == 0; }
 };
+
+// The keys `lamina plan` chooses when a deck leaves them unset or sets them to "auto":
+// the parallel layout, the micro-batch size and the per-block memory policies.
+const std::vector<std::string>& planner_keys();
 
 // Parses and validates a deck file. `overrides` are "section.key=value" strings (--set).
 // Throws InputError listing every problem found, each as file:line:col: message.

@@ -439,26 +439,32 @@ std::vector<int> Schedule::layers_of_stage(int stage) const {
   return {held.begin(), held.end()};
 }
 
-Schedule Schedule::build(const StepSpec& spec) {
-  const ParallelLayout& o = spec.layout;
-  const auto problems = schedule_problems(spec.layers, o);
+namespace {
+
+// The partition, a name and every stage's chunk-level order of a layout.
+struct Orders {
+  Partition partition;
+  std::string name;
+  std::vector<Order> order;
+};
+
+Orders orders(std::int64_t layers, const ParallelLayout& o) {
+  const auto problems = schedule_problems(layers, o);
   if (!problems.empty()) throw InputError(problems.front().key + ": " + problems.front().message);
-  const std::int64_t layers = spec.layers;
   const int pp = o.pp, M = o.micro_batches;
-  Schedule s;
-  s.spec_ = spec;
-  std::vector<Order> order(static_cast<std::size_t>(pp));
+  Orders r;
+  r.order.resize(static_cast<std::size_t>(pp));
   switch (o.schedule) {
     case ScheduleKind::gpipe:
     case ScheduleKind::one_f_one_b: {
       const bool gpipe = o.schedule == ScheduleKind::gpipe || o.layered;
       // Layered: one block per chunk, consecutive blocks on each stage.
-      s.partition_ = Partition::make(layers, pp, o.layered ? static_cast<int>(layers) : pp, false);
-      s.name_ = o.layered ? "gpipe, layer by layer" : gpipe ? "gpipe" : "1f1b";
+      r.partition = Partition::make(layers, pp, o.layered ? static_cast<int>(layers) : pp, false);
+      r.name = o.layered ? "gpipe, layer by layer" : gpipe ? "gpipe" : "1f1b";
       for (int st = 0; st < pp; ++st) {
-        const auto local = s.partition_.chunks_of(st);
-        order[st] = o.layered ? breadth_first(local, M) : gpipe ? depth_first(local, M)
-                                                                : one_f_one_b(local.front(), st, pp, M);
+        const auto local = r.partition.chunks_of(st);
+        r.order[st] = o.layered ? breadth_first(local, M) : gpipe ? depth_first(local, M)
+                                                                  : one_f_one_b(local.front(), st, pp, M);
       }
       break;
     }
@@ -466,19 +472,46 @@ Schedule Schedule::build(const StepSpec& spec) {
     case ScheduleKind::modular: {
       const bool modular = o.schedule == ScheduleKind::modular;
       const int v = modular ? static_cast<int>(layers / pp) : o.virtual_stages;
-      s.partition_ = Partition::make(layers, pp, v * pp, true);
+      r.partition = Partition::make(layers, pp, v * pp, true);
       if (o.layered) {
-        s.name_ = "modular, layer by layer";
-        for (int st = 0; st < pp; ++st) order[st] = breadth_first(s.partition_.chunks_of(st), M);
+        r.name = "modular, layer by layer";
+        for (int st = 0; st < pp; ++st) r.order[st] = breadth_first(r.partition.chunks_of(st), M);
       } else {
-        s.name_ = modular ? "modular (interleaved 1F1B, one layer per chunk)"
-                          : strprintf("interleaved 1F1B, %d chunks per stage", v);
-        for (int st = 0; st < pp; ++st) order[st] = interleaved(st, pp, v, M);
+        r.name = modular ? "modular (interleaved 1F1B, one layer per chunk)"
+                         : strprintf("interleaved 1F1B, %d chunks per stage", v);
+        for (int st = 0; st < pp; ++st) r.order[st] = interleaved(st, pp, v, M);
       }
       break;
     }
   }
-  for (int st = 0; st < pp; ++st) s.programs_.push_back(StageBuilder(s, spec, st).build(order[st]));
+  return r;
+}
+
+}  // namespace
+
+ScheduleShape schedule_shape(std::int64_t layers, const ParallelLayout& layout) {
+  const Orders o = orders(layers, layout);
+  ScheduleShape s;
+  s.partition = o.partition;
+  s.in_flight.assign(static_cast<std::size_t>(o.partition.num_chunks()), 0);
+  for (const Order& order : o.order) {
+    std::map<int, int> open;
+    for (const ChunkStep& st : order) {
+      int& n = open[st.chunk];
+      n += st.forward ? 1 : -1;
+      s.in_flight[static_cast<std::size_t>(st.chunk)] = std::max(s.in_flight[static_cast<std::size_t>(st.chunk)], n);
+    }
+  }
+  return s;
+}
+
+Schedule Schedule::build(const StepSpec& spec) {
+  Orders o = orders(spec.layers, spec.layout);
+  Schedule s;
+  s.spec_ = spec;
+  s.partition_ = o.partition;
+  s.name_ = o.name;
+  for (int st = 0; st < spec.layout.pp; ++st) s.programs_.push_back(StageBuilder(s, spec, st).build(o.order[st]));
   check_messages(s.name_, s.programs_);
   return s;
 }

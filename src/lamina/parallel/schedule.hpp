@@ -83,6 +83,15 @@ struct ScheduleProblem {
 };
 std::vector<ScheduleProblem> schedule_problems(std::int64_t layers, const ParallelLayout& layout);
 
+// How a layout cuts the model into pipeline chunks and how many micro-batches each chunk
+// holds activations for at most, without building the instruction lists (cheap for the
+// planner, which asks for thousands of layouts).
+struct ScheduleShape {
+  Partition partition;
+  std::vector<int> in_flight;  // per chunk
+};
+ScheduleShape schedule_shape(std::int64_t layers, const ParallelLayout& layout);
+
 class Schedule {
  public:
   // Throws InputError for layouts schedule_problems() rejects.

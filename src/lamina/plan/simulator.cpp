@@ -26,6 +26,7 @@ namespace {
 
 // One stage's host thread and stream clocks.
 struct StageClock {
+  bool serial = false;  // one timeline for every stream
   double host = 0.0;
   std::map<Stream, double> stream;
   std::map<int, double> prefetched;                      // layer -> when its prefetch ends
@@ -35,7 +36,7 @@ struct StageClock {
 
   // Runs `cost` on stream s from no earlier than `ready`; returns its end.
   double run(Stream s, double ready, double cost) {
-    double& c = stream[s];
+    double& c = stream[serial ? Stream::compute : s];
     const double start = std::max({host, c, ready});
     c = start + cost;
     return c;
@@ -250,12 +251,13 @@ PoolPeaks simulate_memory(const Schedule& schedule, int stage, const std::vector
   return p;
 }
 
-Timeline simulate(const Schedule& s, const Pricer& price) {
+Timeline simulate(const Schedule& s, const Pricer& price, bool serial) {
   const int stages = s.stages();
   const bool one_in_flight = s.spec().layout.zero >= 1;  // reduce-scatters run one at a time
   std::map<std::tuple<int, int, int>, double> arrivals;  // (kind, receiving chunk, micro-batch)
   std::vector<std::size_t> ip(static_cast<std::size_t>(stages), 0);
   std::vector<StageClock> st(static_cast<std::size_t>(stages));
+  for (StageClock& c : st) c.serial = serial;
   Timeline t;
   std::size_t remaining = 0;
   for (int k = 0; k < stages; ++k) remaining += s.program(k).size();
@@ -363,8 +365,9 @@ Timeline simulate(const Schedule& s, const Pricer& price) {
 }
 
 UpdateTimeline simulate_update(const std::vector<Instruction>& program, const Pricer& price,
-                               const std::map<int, double>& flushed) {
+                               const std::map<int, double>& flushed, bool serial) {
   StageClock c;
+  c.serial = serial;
   UpdateTimeline u;
   int arrived = -1;  // the layer whose host updates have waited for its gradients
   for (const Instruction& ins : program) {

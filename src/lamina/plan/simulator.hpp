@@ -42,8 +42,10 @@ struct Timeline {
   double bubble_fraction() const;
 };
 
-// Throws std::logic_error when a receive has no matching send or the stages deadlock.
-Timeline simulate(const Schedule& schedule, const Pricer& price);
+// serial: every stream runs on the compute's cores (a host-only machine, where copies and
+// collectives take the same cores as the kernels). Throws std::logic_error when a receive
+// has no matching send or the stages deadlock.
+Timeline simulate(const Schedule& schedule, const Pricer& price, bool serial = false);
 
 struct UpdateTimeline {
   double seconds = 0.0;  // the update program's length
@@ -53,7 +55,7 @@ struct UpdateTimeline {
 // flushed: when each host-updated layer's gradients have arrived on the host, relative to
 // the start of the update (0: already there).
 UpdateTimeline simulate_update(const std::vector<Instruction>& program, const Pricer& price,
-                               const std::map<int, double>& flushed = {});
+                               const std::map<int, double>& flushed = {}, bool serial = false);
 
 // Memory: what one rank allocates for part of a step comes from pools that keep every
 // buffer they allocate and hand out a free one of the same size first (core/buffer_pool.hpp),

@@ -1,0 +1,259 @@
+#include "lamina/plan/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "lamina/model/gpt_activations.hpp"
+#include "lamina/model/param_layout.hpp"
+#include "lamina/parallel/shard.hpp"
+
+namespace lamina {
+
+namespace {
+
+constexpr double kAdamWBytes = 28.0;  // per parameter: read p, g, m, v; write p, m, v (fp32)
+constexpr double kStateBytes = 12.0;  // fp32 master, m, v: what a device subgroup moves each way
+
+}  // namespace
+
+CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSpec& machine,
+                     const std::vector<MeasuredCosts>& measured)
+    : model_(model), plan_(plan), machine_(machine), bf16_(plan.precision == Precision::bf16) {
+  const ParallelLayout& o = plan.layout;
+  const ParamLayout layout = ParamLayout::gpt2(model, o.tp, 0);
+  for (const LayerSpec& l : layout.layers()) numel_.push_back(static_cast<double>(l.numel));
+  const Dims d = Dims::of(model, o.micro_batch_size, o.tp, 0);
+  inner_ = static_cast<double>(activation_sizes(d).inner);
+
+  // Roofline of one micro-batch (Narayanan et al. 2021 count the same GEMMs: 24 N C^2 in
+  // a block's forward, 4 N T C in its attention, 2 N C V in the LM head; backward twice).
+  const double N = static_cast<double>(d.N()), C = static_cast<double>(d.C), T = static_cast<double>(d.T);
+  const double tp = o.tp, V = static_cast<double>(d.V), heads = static_cast<double>(d.NH);
+  const double gemm = machine.peak_flops(bf16_) * machine.gemm_efficiency;
+  const double attention = machine.peak_flops(bf16_) * machine.attention_efficiency;
+  const double bandwidth = machine.memory_bandwidth * machine.elementwise_efficiency;
+  // Element-wise passes of a block's forward, in floats moved: two layer norms, two
+  // residual adds, the q/k/v scatter and attention gather, softmax over the (T, T) scores,
+  // GELU over the 4C hidden width.
+  const double ew_forward =
+      4.0 * (2 * 2 * N * C + 2 * 3 * N * C + 2 * 3 * N * C / tp + 3 * static_cast<double>(d.B) * heads * T * T +
+             2 * 4 * N * C / tp);
+  // Tensor parallelism: two all-reduces of the (N, C) residual stream per pass (Megatron).
+  const double tp_comm = o.tp > 1 ? 2.0 * collective(2.0 * (tp - 1) / tp * 4.0 * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
+  block_forward_ = 24 * N * C * C / tp / gemm + 4 * N * T * C / tp / attention + ew_forward / bandwidth + tp_comm;
+  block_backward_ = 2 * 24 * N * C * C / tp / gemm + 2 * 4 * N * T * C / tp / attention + 2 * ew_forward / bandwidth +
+                    tp_comm;
+  const double embed_tp = o.tp > 1 ? collective(2.0 * (tp - 1) / tp * 4.0 * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
+  embed_forward_ = 3 * 4 * N * C / bandwidth + embed_tp;
+  embed_backward_ = 3 * 4 * N * C / bandwidth;
+  const double logits = 4.0 * N * V;  // bytes of this rank's logits
+  head_forward_ = 2 * N * C * V / gemm + 4 * logits / bandwidth + 4 * 4 * N * C / bandwidth + embed_tp;
+  head_backward_ = 4 * N * C * V / gemm + 3 * logits / bandwidth + 4 * 4 * N * C / bandwidth + embed_tp;
+  for (const MeasuredCosts& m : measured) {
+    if (m.micro_batch_size != o.micro_batch_size || m.tp != o.tp) continue;
+    block_forward_ = m.block_forward;
+    block_backward_ = m.block_backward;
+    embed_forward_ = m.embed_forward;
+    embed_backward_ = m.embed_backward;
+    head_forward_ = m.head_forward;
+    head_backward_ = m.head_backward;
+  }
+}
+
+void CostModel::set_rank_optimizers(const RankOptimizers& optimizers) {
+  subgroups_.clear();
+  host_elements_.clear();
+  for (const auto& [l, spec] : optimizers.layers) {
+    std::int64_t host = 0;
+    for (std::size_t g = 0; g < spec.subgroups.size(); ++g) {
+      const std::int64_t n = spec.subgroups[g].end - spec.subgroups[g].begin;
+      subgroups_[l].push_back(n);
+      const bool on_host = spec.placement == OptimizerPlacement::host ||
+                           (spec.placement == OptimizerPlacement::dynamic && spec.sites[g] == UpdateSite::host);
+      if (on_host) host += n;
+    }
+    host_elements_[l] = host;
+  }
+}
+
+double CostModel::collective(double bytes_per_rank, int steps, int extent) const {
+  const bool inside = extent <= machine_.devices_per_node;
+  const double bw = inside ? machine_.intra_bandwidth : machine_.inter_bandwidth;
+  const double latency = inside ? machine_.intra_latency : machine_.inter_latency;
+  return (bw > 0 ? bytes_per_rank / bw : 0.0) + steps * latency;
+}
+
+double CostModel::layer_numel(int layer) const { return numel_[static_cast<std::size_t>(layer)]; }
+
+double CostModel::gather(int layer) const {
+  const ParallelLayout& o = plan_.layout;
+  const LayerShard s = LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.dp, bf16_);
+  const double padded = static_cast<double>(s.padded), shard = static_cast<double>(s.shard);
+  const bool host = plan_.layer(layer).params == MemTier::host;
+  double t = 0.0;
+  if (o.zero == 3) {
+    if (host) t += shard * param_bytes() / machine_.h2d;
+    const double dp = o.dp;
+    t += collective((dp - 1) / dp * padded * param_bytes(), o.dp - 1, o.dp * o.tp);
+  } else if (host) {
+    t += padded * param_bytes() / machine_.h2d;
+  }
+  if (bf16_) t += padded * 6.0 / (machine_.memory_bandwidth * machine_.elementwise_efficiency);  // widen to fp32
+  return t;
+}
+
+double CostModel::activation_copy(bool to_host) const {
+  const double bytes = inner_ * (bf16_ ? 2.0 : 4.0);
+  return bytes / (to_host ? machine_.d2h : machine_.h2d);
+}
+
+double CostModel::reduce(int layer) const {
+  const ParallelLayout& o = plan_.layout;
+  if (o.dp == 1) return 0.0;
+  const double dp = o.dp;
+  const double bytes = 4.0 * static_cast<double>(LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.dp, bf16_).padded);
+  // ZeRO-0 all-reduces; ZeRO-1+ reduce-scatters (half the volume).
+  return o.zero == 0 ? collective(2 * (dp - 1) / dp * bytes, 2 * (o.dp - 1), o.dp * o.tp)
+                     : collective((dp - 1) / dp * bytes, o.dp - 1, o.dp * o.tp);
+}
+
+double CostModel::flush(int layer) const {
+  const auto it = host_elements_.find(layer);
+  const double n = it != host_elements_.end()
+                       ? static_cast<double>(it->second)
+                       : static_cast<double>(LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), plan_.layout.dp,
+                                                            bf16_)
+                                                 .owned_size(plan_.layout.zero));
+  return 4.0 * n / machine_.d2h;
+}
+
+double CostModel::update(std::int64_t n, UpdateSite site, bool host_resident) const {
+  const double p = static_cast<double>(n);
+  if (site == UpdateSite::host) {
+    const double rate = machine_.host_adamw_rate / std::max(1, machine_.devices_per_node);
+    return rate > 0 ? p / rate : 0.0;
+  }
+  double t = p * kAdamWBytes / (machine_.memory_bandwidth * machine_.adamw_efficiency);
+  if (host_resident) t += kStateBytes * p / machine_.h2d + kStateBytes * p / machine_.d2h;
+  return t;
+}
+
+double CostModel::publish(int layer) const {
+  const ParallelLayout& o = plan_.layout;
+  const LayerShard s = LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.dp, bf16_);
+  const double owned = static_cast<double>(s.owned_size(o.zero));
+  const LayerPolicy& p = plan_.layer(layer);
+  if (p.optimizer == OptimizerPlacement::device) {
+    return bf16_ ? owned * 6.0 / (machine_.memory_bandwidth * machine_.elementwise_efficiency) : 0.0;
+  }
+  if (p.params == MemTier::host) return 0.0;  // the host parameters are the master weights (or rounded there)
+  const auto it = host_elements_.find(layer);
+  const double host = it != host_elements_.end() ? static_cast<double>(it->second) : owned;
+  return host * param_bytes() / machine_.h2d;
+}
+
+double CostModel::share(int layer) const {
+  const ParallelLayout& o = plan_.layout;
+  if (o.dp == 1) return 0.0;
+  const double dp = o.dp;
+  const LayerShard s = LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.dp, bf16_);
+  return collective((dp - 1) / dp * static_cast<double>(s.padded) * param_bytes(), o.dp - 1, o.dp * o.tp);
+}
+
+double CostModel::p2p() const {
+  const ParallelLayout& o = plan_.layout;
+  const double bytes = 4.0 * static_cast<double>(o.micro_batch_size) * static_cast<double>(model_.seq_len) *
+                       static_cast<double>(model_.d_model);
+  return collective(bytes, 1, o.dp * o.tp * 2);
+}
+
+double CostModel::sync() const {
+  const ParallelLayout& o = plan_.layout;
+  if (o.pp == 1) return 0.0;
+  const LayerShard s = LayerShard::of(static_cast<std::int64_t>(layer_numel(0)), o.dp, bf16_);
+  return collective(4.0 * static_cast<double>(s.owned_size(o.zero)), 2, o.dp * o.tp * o.pp);
+}
+
+double CostModel::price(const Instruction& i) const {
+  const int final_layer = static_cast<int>(numel_.size()) - 1;
+  const bool block = i.layer > 0 && i.layer < final_layer;
+  switch (i.op) {
+    case Op::forward: return block ? block_forward_ : i.layer == 0 ? embed_forward_ : head_forward_;
+    case Op::backward: return block ? block_backward_ : i.layer == 0 ? embed_backward_ : head_backward_;
+    case Op::recompute: return block_forward_;
+    case Op::send_activation:
+    case Op::send_gradient: return p2p();
+    case Op::recv_activation:
+    case Op::recv_gradient: return 0.0;
+    case Op::gather_params:
+    case Op::prefetch_params: return gather(i.layer);
+    case Op::release_params: return 0.0;
+    case Op::offload_activations: return activation_copy(true);
+    case Op::prefetch_activations:
+    case Op::reload_activations: return activation_copy(false);
+    case Op::reduce_grads: return reduce(i.layer);
+    case Op::sync_grads: return sync();
+    case Op::flush_grads: return flush(i.layer);
+    case Op::optimizer_update: {
+      const auto it = subgroups_.find(i.layer);
+      const std::int64_t n = it != subgroups_.end() && i.subgroup < static_cast<int>(it->second.size())
+                                 ? it->second[static_cast<std::size_t>(i.subgroup)]
+                                 : 0;
+      return update(n, i.site, plan_.layer(i.layer).optimizer != OptimizerPlacement::device);
+    }
+    case Op::publish_params: return publish(i.layer);
+    case Op::share_params: return share(i.layer);
+  }
+  return 0.0;
+}
+
+std::map<std::string, double> CostModel::traffic(const std::vector<Instruction>& step,
+                                                 const std::vector<Instruction>& update) const {
+  const ParallelLayout& o = plan_.layout;
+  const double dp = o.dp, tp = o.tp;
+  const double NC = static_cast<double>(o.micro_batch_size) * static_cast<double>(model_.seq_len) *
+                    static_cast<double>(model_.d_model);
+  const double tp_allreduce = o.tp > 1 ? 2.0 * (tp - 1) / tp * 4.0 * NC : 0.0;
+  const int final_layer = static_cast<int>(numel_.size()) - 1;
+  std::map<std::string, double> bytes{{"dp", 0.0}, {"tp", 0.0}, {"pp", 0.0}};
+  std::set<int> prefetched;
+  auto shard = [&](int layer) { return LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.dp, bf16_); };
+  for (const Instruction& i : step) {
+    const bool block = i.layer > 0 && i.layer < final_layer;
+    switch (i.op) {
+      case Op::forward:
+      case Op::recompute:
+      case Op::backward: bytes["tp"] += (block ? 2.0 : 1.0) * tp_allreduce; break;
+      case Op::send_activation:
+      case Op::send_gradient: bytes["pp"] += 4.0 * NC; break;
+      case Op::prefetch_params:
+        prefetched.insert(i.layer);
+        if (o.zero == 3) bytes["dp"] += (dp - 1) / dp * static_cast<double>(shard(i.layer).padded) * param_bytes();
+        break;
+      case Op::gather_params:
+        if (prefetched.erase(i.layer)) break;  // takes the prefetch over
+        if (o.zero == 3) bytes["dp"] += (dp - 1) / dp * static_cast<double>(shard(i.layer).padded) * param_bytes();
+        break;
+      case Op::reduce_grads:
+        bytes["dp"] += (o.zero == 0 ? 2.0 : 1.0) * (dp - 1) / dp * 4.0 * static_cast<double>(shard(i.layer).padded);
+        break;
+      case Op::sync_grads:
+        if (o.pp > 1) bytes["pp"] += 4.0 * static_cast<double>(shard(0).owned_size(o.zero));
+        break;
+      default: break;
+    }
+  }
+  for (const Instruction& i : update) {
+    if (i.op == Op::share_params) {
+      bytes["dp"] += (dp - 1) / dp * static_cast<double>(shard(i.layer).padded) * param_bytes();
+    }
+  }
+  return bytes;
+}
+
+Pricer CostModel::pricer() const {
+  return [this](const Instruction& i, int) { return price(i); };
+}
+
+}  // namespace lamina

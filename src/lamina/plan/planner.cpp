@@ -1,0 +1,680 @@
+#include "lamina/plan/planner.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "lamina/core/error.hpp"
+#include "lamina/core/format.hpp"
+#include "lamina/model/gpt_activations.hpp"
+#include "lamina/model/param_layout.hpp"
+#include "lamina/parallel/grad_reducer.hpp"
+#include "lamina/parallel/param_store.hpp"
+#include "lamina/parallel/shard.hpp"
+#include "lamina/plan/optimizer_plan.hpp"
+#include "lamina/plan/simulator.hpp"
+
+namespace lamina {
+
+const char* solver_name(Solver s) {
+  switch (s) {
+    case Solver::dp: return "dp";
+    case Solver::greedy: return "greedy";
+    case Solver::brute: return "brute";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------
+// The per-stage solvers
+
+namespace {
+
+bool fits(const StageProblem& p, double dev, double host) {
+  return (p.device_budget <= 0 || dev <= p.device_budget) && (p.host_budget <= 0 || host <= p.host_budget);
+}
+
+StageSolution evaluate(const StageProblem& p, const std::vector<int>& choice) {
+  StageSolution s;
+  s.choice = choice;
+  for (std::size_t b = 0; b < choice.size(); ++b) {
+    const BlockChoice& c = p.blocks[b][static_cast<std::size_t>(choice[b])];
+    s.seconds += c.seconds;
+    s.device_bytes += c.device_bytes;
+    s.host_bytes += c.host_bytes;
+  }
+  s.feasible = fits(p, s.device_bytes, s.host_bytes);
+  return s;
+}
+
+}  // namespace
+
+StageSolution solve_dp(const StageProblem& p, std::size_t max_frontier) {
+  struct Point {
+    double dev, host, time;
+    int parent, choice;
+  };
+  const std::size_t n = p.blocks.size();
+  std::vector<std::vector<Point>> levels(n + 1);
+  levels[0].push_back({0.0, 0.0, 0.0, -1, -1});
+  for (std::size_t b = 0; b < n; ++b) {
+    std::vector<Point> next;
+    const auto& prev = levels[b];
+    for (std::size_t i = 0; i < prev.size(); ++i) {
+      for (std::size_t c = 0; c < p.blocks[b].size(); ++c) {
+        const BlockChoice& x = p.blocks[b][c];
+        const Point q{prev[i].dev + x.device_bytes, prev[i].host + x.host_bytes, prev[i].time + x.seconds,
+                      static_cast<int>(i), static_cast<int>(c)};
+        if (fits(p, q.dev, q.host)) next.push_back(q);
+      }
+    }
+    // Pareto frontier: keep a point only if no faster-or-equal point uses no more of
+    // either memory (sorted by time, ties by memory, so the first of equals survives).
+    std::sort(next.begin(), next.end(), [](const Point& a, const Point& b) {
+      return a.time != b.time ? a.time < b.time : a.dev != b.dev ? a.dev < b.dev : a.host < b.host;
+    });
+    std::vector<Point> kept;
+    for (const Point& q : next) {
+      bool dominated = false;
+      for (const Point& k : kept) {
+        if (k.dev <= q.dev && k.host <= q.host) {
+          dominated = true;
+          break;
+        }
+      }
+      if (!dominated) kept.push_back(q);
+    }
+    if (kept.size() > max_frontier) {
+      // H3T's buckets: memory rounded up to 1/128 of the budget (or of the largest use),
+      // the fastest point of each bucket kept.
+      double dmax = p.device_budget > 0 ? p.device_budget : 0.0, hmax = p.host_budget > 0 ? p.host_budget : 0.0;
+      for (const Point& q : kept) dmax = std::max(dmax, q.dev), hmax = std::max(hmax, q.host);
+      std::map<std::pair<int, int>, Point> cells;
+      for (const Point& q : kept) {
+        const int dc = dmax > 0 ? static_cast<int>(std::ceil(128.0 * q.dev / dmax)) : 0;
+        const int hc = hmax > 0 ? static_cast<int>(std::ceil(128.0 * q.host / hmax)) : 0;
+        auto it = cells.find({dc, hc});
+        if (it == cells.end() || q.time < it->second.time) cells[{dc, hc}] = q;
+      }
+      kept.clear();
+      for (const auto& kv : cells) kept.push_back(kv.second);
+    }
+    levels[b + 1] = std::move(kept);
+  }
+  StageSolution s;
+  const auto& last = levels[n];
+  if (last.empty()) return s;
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < last.size(); ++i)
+    if (last[i].time < last[best].time) best = i;
+  s.feasible = true;
+  s.seconds = last[best].time;
+  s.device_bytes = last[best].dev;
+  s.host_bytes = last[best].host;
+  s.choice.assign(n, 0);
+  int at = static_cast<int>(best);
+  for (std::size_t b = n; b-- > 0;) {
+    const Point& q = levels[b + 1][static_cast<std::size_t>(at)];
+    s.choice[b] = q.choice;
+    at = q.parent;
+  }
+  return s;
+}
+
+StageSolution solve_greedy(const StageProblem& p) {
+  const std::size_t n = p.blocks.size();
+  // Start from the most memory-saving choice of every block (least device memory, then
+  // least host memory); then, for every choice and every count k, put that choice on every
+  // (n/k)-th block and keep the fastest plan within budget (H3T's greedy_scheduling).
+  std::vector<int> saving(n, 0);
+  for (std::size_t b = 0; b < n; ++b) {
+    for (std::size_t c = 1; c < p.blocks[b].size(); ++c) {
+      const BlockChoice& x = p.blocks[b][c];
+      const BlockChoice& y = p.blocks[b][static_cast<std::size_t>(saving[b])];
+      if (x.device_bytes < y.device_bytes || (x.device_bytes == y.device_bytes && x.host_bytes < y.host_bytes))
+        saving[b] = static_cast<int>(c);
+    }
+  }
+  StageSolution best = evaluate(p, saving);
+  if (!best.feasible) return best;
+  std::size_t choices = 0;
+  for (const auto& b : p.blocks) choices = std::max(choices, b.size());
+  for (std::size_t c = 0; c < choices; ++c) {
+    for (std::size_t k = 1; k <= n; ++k) {
+      std::vector<int> x = saving;
+      for (std::size_t i = 0; i < k; ++i) {
+        const std::size_t b = i * n / k;
+        if (c < p.blocks[b].size()) x[b] = static_cast<int>(c);
+      }
+      const StageSolution s = evaluate(p, x);
+      if (s.feasible && s.seconds < best.seconds) best = s;
+    }
+  }
+  return best;
+}
+
+StageSolution solve_brute(const StageProblem& p) {
+  const std::size_t n = p.blocks.size();
+  std::vector<int> x(n, 0);
+  StageSolution best;
+  for (;;) {
+    const StageSolution s = evaluate(p, x);
+    if (s.feasible && (!best.feasible || s.seconds < best.seconds)) best = s;
+    std::size_t b = 0;
+    while (b < n && ++x[b] == static_cast<int>(p.blocks[b].size())) x[b++] = 0;
+    if (b == n) break;
+  }
+  return best;
+}
+
+// ---------------------------------------------------------------------------------------
+// The search
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<int> divisors(std::int64_t n, std::int64_t limit = std::numeric_limits<std::int64_t>::max()) {
+  std::vector<int> out;
+  for (std::int64_t d = 1; d <= n && d <= limit; ++d)
+    if (n % d == 0) out.push_back(static_cast<int>(d));
+  return out;
+}
+
+const std::vector<LayerPolicy>& all_policies() {
+  static const std::vector<LayerPolicy> all = [] {
+    std::vector<LayerPolicy> v;
+    for (const auto a : {ActivationPolicy::keep, ActivationPolicy::recompute, ActivationPolicy::offload})
+      for (const auto t : {MemTier::device, MemTier::host})
+        for (const auto o : {OptimizerPlacement::device, OptimizerPlacement::host, OptimizerPlacement::dynamic}) {
+          if (t == MemTier::host && o == OptimizerPlacement::device) continue;  // the master weights live on the host
+          v.push_back({a, t, o});
+        }
+    return v;
+  }();
+  return all;
+}
+
+// What the search may choose and what the deck fixes.
+struct Freedom {
+  std::set<std::string> keys;
+  bool has(const std::string& k) const { return keys.count(k) != 0; }
+};
+
+// Per-rank capacity the plans must fit: the machine's memory, or the deck's budgets.
+struct Capacity {
+  double device = 0.0, host = 0.0;
+  bool shared = false;  // a host-only machine: both tiers are the same memory
+};
+
+Capacity capacity(const Deck& deck, const MachineSpec& m) {
+  Capacity c;
+  const double per_rank_host = m.host_memory / std::max(1, m.devices_per_node);
+  c.shared = m.device_is_host;
+  c.device = m.device_is_host ? per_rank_host : m.device_memory;
+  c.host = per_rank_host;
+  if (deck.memory.device_budget > 0) c.device = std::min(c.device, static_cast<double>(deck.memory.device_budget));
+  if (deck.memory.host_budget > 0) c.host = std::min(c.host, static_cast<double>(deck.memory.host_budget));
+  return c;
+}
+
+ScheduleKind kind_of(const std::string& s) {
+  return s == "gpipe"         ? ScheduleKind::gpipe
+         : s == "interleaved" ? ScheduleKind::interleaved
+         : s == "modular"     ? ScheduleKind::modular
+                              : ScheduleKind::one_f_one_b;
+}
+
+// Every layout the deck leaves open, within what the runtime supports.
+std::vector<ParallelLayout> layouts(const Deck& deck, int ranks, const Freedom& f, const MachineSpec& machine) {
+  const ModelConfig& m = deck.model;
+  const ParallelSection& p = deck.parallel;
+  const std::int64_t batch = deck.data.batch_size;
+  std::vector<ParallelLayout> out;
+  const std::vector<int> tps = f.has("parallel.tp") ? divisors(ranks, machine.devices_per_node) : std::vector<int>{static_cast<int>(p.tp)};
+  for (const int tp : tps) {
+    if (m.heads % tp != 0 || m.vocab_size % tp != 0 || ranks % tp != 0) continue;
+    const std::vector<int> pps = f.has("parallel.pp") ? divisors(ranks / tp, m.layers) : std::vector<int>{static_cast<int>(p.pp)};
+    for (const int pp : pps) {
+      if ((ranks / tp) % pp != 0) continue;
+      const int dp = ranks / tp / pp;
+      if (!f.has("parallel.dp") && dp != p.dp) continue;
+      if (batch % dp != 0) continue;
+      std::vector<std::int64_t> mbss;
+      if (f.has("data.micro_batch_size")) {
+        for (const int d : divisors(batch / dp, 64)) mbss.push_back(d);
+      } else {
+        mbss.push_back(deck.data.micro_batch_size);
+      }
+      const std::vector<int> zeros = f.has("parallel.zero") ? (dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0})
+                                                            : std::vector<int>{static_cast<int>(p.zero)};
+      for (const std::int64_t mbs : mbss) {
+        if (batch % (mbs * dp) != 0) continue;
+        const int M = static_cast<int>(batch / (mbs * dp));
+        for (const int zero : zeros) {
+          // Schedules: (kind, virtual stages, layered).
+          std::vector<std::tuple<ScheduleKind, int, bool>> kinds;
+          const bool any_kind = f.has("parallel.schedule");
+          const bool any_layered = f.has("parallel.layered");
+          std::vector<ScheduleKind> ks;
+          if (any_kind) {
+            ks = pp == 1 ? std::vector<ScheduleKind>{ScheduleKind::one_f_one_b}
+                         : std::vector<ScheduleKind>{ScheduleKind::gpipe, ScheduleKind::one_f_one_b,
+                                                     ScheduleKind::interleaved, ScheduleKind::modular};
+          } else {
+            ks = {kind_of(p.schedule)};
+          }
+          for (const ScheduleKind k : ks) {
+            std::vector<int> vs{1};
+            if (k == ScheduleKind::interleaved) {
+              vs.clear();
+              if (f.has("parallel.virtual_stages")) {
+                for (const int v : divisors(m.layers / pp, 8))
+                  if (v >= 2) vs.push_back(v);
+              } else {
+                vs.push_back(static_cast<int>(p.virtual_stages));
+              }
+            }
+            const std::vector<bool> ls = any_layered ? std::vector<bool>{false, true} : std::vector<bool>{p.layered};
+            for (const int v : vs)
+              for (const bool layered : ls) {
+                if (layered && pp > 1 && (k == ScheduleKind::one_f_one_b || k == ScheduleKind::interleaved)) continue;
+                if (layered && pp == 1 && k != ScheduleKind::one_f_one_b && k != ScheduleKind::gpipe) continue;
+                kinds.emplace_back(k, v, layered);
+              }
+          }
+          for (const auto& [k, v, layered] : kinds) {
+            ParallelLayout o;
+            o.dp = dp;
+            o.tp = tp;
+            o.pp = pp;
+            o.zero = zero;
+            o.schedule = k;
+            o.virtual_stages = v;
+            o.layered = layered;
+            o.micro_batch_size = mbs;
+            o.micro_batches = M;
+            if (!schedule_problems(m.layers, o).empty()) continue;
+            out.push_back(o);
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// The choices a block may take: every policy, or the ones the deck fixes.
+std::vector<LayerPolicy> choices_of(const Deck& deck, const Freedom& f, std::int64_t block) {
+  std::vector<LayerPolicy> out;
+  const auto i = static_cast<std::size_t>(block);
+  for (const LayerPolicy& lp : all_policies()) {
+    if (!f.has("memory.activations") && activation_policy_name(lp.activations) != deck.memory.activations[i]) continue;
+    if (!f.has("memory.params") && mem_tier_name(lp.params) != deck.memory.params[i]) continue;
+    if (!f.has("memory.optimizer") && optimizer_placement_name(lp.optimizer) != deck.memory.optimizer[i]) continue;
+    out.push_back(lp);
+  }
+  return out;
+}
+
+// The additive model of one layout: per stage, the blocks' choices with their bytes and
+// seconds, and what the stage holds whatever the blocks choose.
+struct LayoutModel {
+  ParallelLayout layout;
+  std::vector<StageProblem> stages;
+  std::vector<std::vector<std::int64_t>> stage_blocks;  // per stage, its blocks
+  std::vector<double> fixed_seconds;                    // per stage: embedding, head, their updates
+  std::vector<double> fixed_device, fixed_host;         // per stage
+  std::vector<double> micro_batch_seconds;              // per stage: one micro-batch through it (for the bubble)
+  double lower_bound = 0.0;                             // compute alone, the slowest stage, no bubble
+};
+
+struct Costing {
+  const Deck& deck;
+  const MachineSpec& machine;
+  const PlannerOptions& options;
+  const Freedom& freedom;
+  Capacity cap;
+};
+
+LayoutModel model_layout(const Costing& k, const ParallelLayout& o) {
+  const ModelConfig& m = k.deck.model;
+  const bool bf16 = k.deck.train.precision == Precision::bf16;
+  LayoutModel lm;
+  lm.layout = o;
+  Plan plan;
+  plan.layout = o;
+  plan.blocks.assign(static_cast<std::size_t>(m.layers), LayerPolicy{});
+  plan.precision = k.deck.train.precision;
+  plan.subgroup_size = k.deck.optimizer.subgroup_size;
+  const CostModel cost(m, plan, k.machine, k.options.measured);
+  const ScheduleShape shape = schedule_shape(m.layers, o);
+  const ParamLayout layout = ParamLayout::gpt2(m, o.tp, 0);
+  const Dims d = Dims::of(m, o.micro_batch_size, o.tp, 0);
+  const ActivationSizes a = activation_sizes(d);
+  const double M = o.micro_batches;
+  const double tF = cost.block_forward(), tB = cost.block_backward();
+  const double act_bytes = bf16 ? 2.0 : 4.0;
+  const std::int64_t block_numel = layout.layers()[1].numel;
+  const LayerShard shard = LayerShard::of(block_numel, o.dp, bf16);
+  // Deep Optimizer States on one block's owned subgroups, with this machine's rates.
+  DosModel dos;
+  dos.host_rate = k.machine.host_adamw_rate / std::max(1, k.machine.devices_per_node);
+  dos.device_rate = k.machine.memory_bandwidth * k.machine.adamw_efficiency / 28.0;
+  dos.h2d = k.machine.h2d;
+  dos.d2h = k.machine.d2h;
+  dos.concurrent = !k.machine.device_is_host;
+  std::vector<std::int64_t> sizes;
+  for (const Subgroup& g : layout.subgroups(1, shard.owned_begin(0, o.zero), shard.owned_end(0, o.zero),
+                                            plan.subgroup_size))
+    sizes.push_back(g.end - g.begin);
+  const DosPlan dos_plan = plan_dos(sizes, dos, -1, DosSplit::model);
+  const double owned = static_cast<double>(shard.owned_end(0, o.zero) - shard.owned_begin(0, o.zero));
+  const double host_part = static_cast<double>(dos_plan.host_params);
+
+  // Moving a block's parameters for one use, stored on the device or the host.
+  const double gather_device = cost.gather(1);
+  Plan hosted = plan;
+  for (LayerPolicy& b : hosted.blocks) b = {ActivationPolicy::keep, MemTier::host, OptimizerPlacement::host};
+  const double gather_host = CostModel(m, hosted, k.machine, k.options.measured).gather(1);
+  auto seconds_of = [&](const LayerPolicy& lp) {
+    double t = M * (tF + tB);
+    if (lp.activations == ActivationPolicy::recompute) t += M * tF;
+    if (lp.activations == ActivationPolicy::offload) {
+      t += M * (std::max(0.0, cost.activation_copy(true) - tF) + std::max(0.0, cost.activation_copy(false) - tB));
+    }
+    const bool resident = lp.params == MemTier::device && o.zero < 3 && !bf16;
+    if (!resident) {
+      const double g = lp.params == MemTier::host ? gather_host : gather_device;
+      const double uses = o.layered && o.zero == 3 ? 1.0 : M;  // per pass
+      t += uses * (std::max(0.0, g - tF) + std::max(0.0, g - tB));
+    }
+    const double reductions = o.zero >= 2 && !o.layered ? M : 1.0;
+    t += reductions * std::max(0.0, cost.reduce(1) - tB);
+    switch (lp.optimizer) {
+      case OptimizerPlacement::device: t += cost.update(static_cast<std::int64_t>(owned), UpdateSite::device, false); break;
+      case OptimizerPlacement::host:
+        t += std::max(0.0, 4.0 * owned / k.machine.d2h - tB) +
+             cost.update(static_cast<std::int64_t>(owned), UpdateSite::host, true) +
+             (lp.params == MemTier::host ? 0.0 : owned * act_bytes / k.machine.h2d);
+        break;
+      case OptimizerPlacement::dynamic:
+        t += std::max(0.0, 4.0 * host_part / k.machine.d2h - tB) + dos_plan.predicted_seconds +
+             (lp.params == MemTier::host ? 0.0 : host_part * act_bytes / k.machine.h2d);
+        break;
+    }
+    return t;
+  };
+
+  std::map<int, double> memo;  // seconds per policy (the same for every block of the layout)
+  const int stages = o.pp;
+  lm.stages.resize(static_cast<std::size_t>(stages));
+  lm.stage_blocks.resize(static_cast<std::size_t>(stages));
+  lm.fixed_seconds.assign(static_cast<std::size_t>(stages), 0.0);
+  lm.fixed_device.assign(static_cast<std::size_t>(stages), 0.0);
+  lm.fixed_host.assign(static_cast<std::size_t>(stages), 0.0);
+  lm.micro_batch_seconds.assign(static_cast<std::size_t>(stages), 0.0);
+  // The pools' worst case: two gathered blocks, two full-size gradient accumulators and
+  // their reduce-scatter staging, a scratch and two offload staging buffers.
+  const double pools = 2.0 * 4 * static_cast<double>(shard.padded) + (o.zero >= 2 ? 2.0 * 4 * shard.padded : 0.0) +
+                       4.0 * shard.padded + 3.0 * 4 * a.inner;
+  for (int s = 0; s < stages; ++s) {
+    StageProblem& sp = lm.stages[static_cast<std::size_t>(s)];
+    double dev = 4.0 * static_cast<double>(a.workspace + a.ones) + pools;
+    double secs = 0.0;
+    for (int c : shape.partition.chunks_of(s)) {
+      const Chunk& ch = shape.partition.chunk(c);
+      const double f = shape.in_flight[static_cast<std::size_t>(c)];
+      dev += f * 4.0 * static_cast<double>(LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(a, 0, 0, ch.embedding, ch.head) +
+                                           a.tokens);
+      if (ch.embedding) secs += M * (cost.embed_forward() + cost.embed_backward());
+      if (ch.head) secs += M * (cost.head_forward() + cost.head_backward());
+      for (std::int64_t b = ch.first_block; b < ch.last_block; ++b) {
+        lm.stage_blocks[static_cast<std::size_t>(s)].push_back(b);
+        std::vector<BlockChoice> cs;
+        for (const LayerPolicy& lp : choices_of(k.deck, k.freedom, b)) {
+          BlockChoice x;
+          x.policy = lp;
+          const StoredParams p = StoredParams::of(shard, lp, o.zero, plan.precision);
+          const StoredGrads g = StoredGrads::of(shard, o.zero);
+          const OptimizerBuffers ob = OptimizerBuffers::of(shard.owned_size(o.zero), lp.optimizer, lp.params, bf16);
+          x.device_bytes = 4.0 * p.device_fp32 + 2.0 * p.device_bf16 + 4.0 * (g.full + g.shard) +
+                           4.0 * (ob.device_m + ob.device_v + ob.device_master) +
+                           f * 4.0 * static_cast<double>(a.block - a.inner) +
+                           (lp.activations == ActivationPolicy::keep ? f * act_bytes * a.inner : 0.0);
+          x.host_bytes = 4.0 * p.host_fp32 + 2.0 * p.host_bf16 + 2.0 * p.host_rounded +
+                         4.0 * (ob.host_m + ob.host_v + ob.host_master + ob.host_grads) +
+                         (lp.activations == ActivationPolicy::offload ? f * act_bytes * a.inner : 0.0);
+          if (k.cap.shared) {  // one memory: everything counts against it
+            x.device_bytes += x.host_bytes;
+            x.host_bytes = 0.0;
+          }
+          const int key = static_cast<int>(lp.activations) * 9 + static_cast<int>(lp.params) * 3 + static_cast<int>(lp.optimizer);
+          auto it = memo.find(key);
+          if (it == memo.end()) it = memo.emplace(key, seconds_of(lp)).first;
+          x.seconds = it->second;
+          cs.push_back(x);
+        }
+        sp.blocks.push_back(std::move(cs));
+      }
+      lm.micro_batch_seconds[static_cast<std::size_t>(s)] += static_cast<double>(ch.blocks()) * (tF + tB);
+    }
+    // The embedding and the final norm: their states on the device (their policies follow
+    // the neighbouring blocks; the exact estimate checks the final plan).
+    for (int l : {0, static_cast<int>(m.layers) + 1}) {
+      const bool held = (l == 0 && (s == 0 || s == stages - 1)) || (l != 0 && s == stages - 1);
+      if (!held) continue;
+      const LayerShard ls = LayerShard::of(layout.layers()[static_cast<std::size_t>(l)].numel, o.dp, bf16);
+      dev += (bf16 ? 2.0 : 4.0) * ls.stored_size(o.zero) + 4.0 * (o.zero < 2 ? ls.padded : ls.shard) +
+             (bf16 ? 12.0 : 8.0) * ls.owned_size(o.zero) + 4.0 * ls.padded;
+      secs += cost.update(ls.owned_size(o.zero), UpdateSite::device, false);
+    }
+    lm.fixed_seconds[static_cast<std::size_t>(s)] = secs;
+    lm.fixed_device[static_cast<std::size_t>(s)] = dev;
+    sp.device_budget = k.cap.device - dev;
+    sp.host_budget = k.cap.shared ? 0.0 : k.cap.host;
+    double fastest = secs;
+    for (const auto& cs : sp.blocks) {
+      double best = std::numeric_limits<double>::infinity();
+      for (const BlockChoice& x : cs) best = std::min(best, M * (tF + tB) + (x.policy.activations == ActivationPolicy::recompute ? M * tF : 0.0));
+      fastest += best;
+    }
+    lm.lower_bound = std::max(lm.lower_bound, fastest);
+  }
+  return lm;
+}
+
+// The additive estimate of a layout's step once each stage's blocks are chosen: the
+// slowest stage, plus the pipeline's fill and drain at one micro-batch per stage (shortened
+// by the chunks per stage of interleaved and modular schedules).
+double layout_objective(const LayoutModel& lm, const std::vector<StageSolution>& sol) {
+  double slowest = 0.0, per_mb = 0.0;
+  for (std::size_t s = 0; s < sol.size(); ++s) {
+    slowest = std::max(slowest, sol[s].seconds + lm.fixed_seconds[s]);
+    per_mb = std::max(per_mb, lm.micro_batch_seconds[s]);
+  }
+  const ParallelLayout& o = lm.layout;
+  double chunks = 1.0;
+  if (o.schedule == ScheduleKind::interleaved) chunks = o.virtual_stages;
+  if (o.schedule == ScheduleKind::modular) chunks = static_cast<double>(lm.stage_blocks[0].size());
+  if (o.layered && o.schedule == ScheduleKind::modular) chunks *= o.micro_batches;
+  return slowest + (o.pp - 1) * per_mb / chunks;
+}
+
+StageSolution solve(const StageProblem& p, Solver s) {
+  switch (s) {
+    case Solver::dp: return solve_dp(p);
+    case Solver::greedy: return solve_greedy(p);
+    case Solver::brute: return solve_brute(p);
+  }
+  return {};
+}
+
+std::string list_value(const std::vector<std::string>& v) {
+  const bool uniform = std::all_of(v.begin(), v.end(), [&](const std::string& x) { return x == v.front(); });
+  if (uniform) return "\"" + v.front() + "\"";
+  std::string out = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::string("\"") + v[i] + "\"";
+  return out + "]";
+}
+
+// The deck overrides that give a plan's values to its free keys.
+std::vector<std::string> overrides(const Plan& plan, const Freedom& f) {
+  const ParallelLayout& o = plan.layout;
+  std::vector<std::string> sets;
+  auto add = [&](const char* key, const std::string& value) {
+    if (f.has(key)) sets.push_back(std::string(key) + "=" + value);
+  };
+  add("parallel.dp", std::to_string(o.dp));
+  add("parallel.tp", std::to_string(o.tp));
+  add("parallel.pp", std::to_string(o.pp));
+  add("parallel.zero", std::to_string(o.zero));
+  add("parallel.schedule", std::string("\"") + schedule_kind_name(o.schedule) + "\"");
+  add("parallel.virtual_stages", std::to_string(o.virtual_stages));
+  add("parallel.layered", o.layered ? "true" : "false");
+  add("data.micro_batch_size", std::to_string(o.micro_batch_size));
+  std::vector<std::string> acts, params, opt;
+  for (const LayerPolicy& b : plan.blocks) {
+    acts.push_back(activation_policy_name(b.activations));
+    params.push_back(mem_tier_name(b.params));
+    opt.push_back(optimizer_placement_name(b.optimizer));
+  }
+  add("memory.activations", list_value(acts));
+  add("memory.params", list_value(params));
+  add("memory.optimizer", list_value(opt));
+  return sets;
+}
+
+}  // namespace
+
+PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const PlannerOptions& options) {
+  const auto t0 = Clock::now();
+  Freedom f;
+  f.keys.insert(options.free_keys.begin(), options.free_keys.end());
+  const Costing k{deck, machine, options, f, capacity(deck, machine)};
+  PlanResult r;
+  r.capacity_device = k.cap.device;
+  r.capacity_host = k.cap.host;
+  const std::vector<ParallelLayout> all = layouts(deck, options.ranks, f, machine);
+  r.layouts_considered = static_cast<std::int64_t>(all.size());
+
+  // Model every layout (cheap), then solve them in the order of their compute lower bound,
+  // stopping once a bound is slower than the K-th best estimate found.
+  std::vector<LayoutModel> models;
+  models.reserve(all.size());
+  for (const ParallelLayout& o : all) models.push_back(model_layout(k, o));
+  std::vector<std::size_t> order(models.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return models[a].lower_bound < models[b].lower_bound; });
+
+  struct Solved {
+    std::size_t model;
+    std::vector<StageSolution> stages;
+    double objective;
+  };
+  std::vector<Solved> solved;
+  const std::size_t keep = static_cast<std::size_t>(std::max(options.top, 1)) + 4;
+  double min_dev = std::numeric_limits<double>::infinity(), min_host = std::numeric_limits<double>::infinity();
+  for (const std::size_t i : order) {
+    const LayoutModel& lm = models[i];
+    if (solved.size() >= keep && lm.lower_bound >= solved[keep - 1].objective) {
+      ++r.layouts_pruned;
+      continue;
+    }
+    // Cannot fit even with every saving on: remember how far off, for the advice.
+    double least_dev = 0.0, least_host = 0.0;
+    for (std::size_t s = 0; s < lm.stages.size(); ++s) {
+      double dev = lm.fixed_device[s], host = 0.0;
+      for (const auto& cs : lm.stages[s].blocks) {
+        double d = std::numeric_limits<double>::infinity(), h = std::numeric_limits<double>::infinity();
+        for (const BlockChoice& x : cs) d = std::min(d, x.device_bytes), h = std::min(h, x.host_bytes);
+        dev += d;
+        host += h;
+      }
+      least_dev = std::max(least_dev, dev);
+      least_host = std::max(least_host, host);
+    }
+    min_dev = std::min(min_dev, least_dev);
+    min_host = std::min(min_host, least_host);
+    if (least_dev > k.cap.device) {
+      ++r.layouts_pruned;
+      continue;
+    }
+    Solved sv{i, {}, 0.0};
+    bool ok = true;
+    for (const StageProblem& sp : lm.stages) {
+      sv.stages.push_back(solve(sp, options.solver));
+      ok = ok && sv.stages.back().feasible;
+    }
+    ++r.layouts_solved;
+    if (!ok) continue;
+    sv.objective = layout_objective(lm, sv.stages);
+    solved.push_back(std::move(sv));
+    std::sort(solved.begin(), solved.end(), [](const Solved& a, const Solved& b) { return a.objective < b.objective; });
+    if (solved.size() > keep) solved.resize(keep);
+  }
+
+  // The best estimates, simulated and their memory estimated exactly.
+  const RunExtras extras = RunExtras::of(deck.checkpoint, deck.output);
+  for (const Solved& sv : solved) {
+    const LayoutModel& lm = models[sv.model];
+    PlanCandidate c;
+    Plan& p = c.plan;
+    p.layout = lm.layout;
+    p.blocks.assign(static_cast<std::size_t>(deck.model.layers), LayerPolicy{});
+    for (std::size_t s = 0; s < lm.stages.size(); ++s) {
+      for (std::size_t j = 0; j < lm.stage_blocks[s].size(); ++j) {
+        const auto& choice = lm.stages[s].blocks[j][static_cast<std::size_t>(sv.stages[s].choice[j])];
+        p.blocks[static_cast<std::size_t>(lm.stage_blocks[s][j])] = choice.policy;
+      }
+    }
+    p.precision = deck.train.precision;
+    p.subgroup_size = deck.optimizer.subgroup_size;
+    p.budget = {deck.memory.device_budget, deck.memory.host_budget};
+    c.solver_objective = sv.objective;
+    c.memory = estimate_memory(deck.model, p, extras);
+    c.device_bytes = c.memory.total(tier_label(MemTier::device));
+    c.host_bytes = c.memory.total(tier_label(MemTier::host));
+    const double need_dev = k.cap.shared ? static_cast<double>(c.device_bytes + c.host_bytes) : static_cast<double>(c.device_bytes);
+    if (need_dev > k.cap.device || (!k.cap.shared && static_cast<double>(c.host_bytes) > k.cap.host)) continue;
+    CostModel cost(deck.model, p, machine, options.measured);
+    const Schedule schedule = Schedule::build(step_spec(p, deck.model));
+    const Timeline t = simulate(schedule, cost.pricer(), cost.serial());
+    double update = 0.0;
+    const ParamLayout layout = ParamLayout::gpt2(deck.model, p.layout.tp, 0);
+    for (int s = 0; s < schedule.stages(); ++s) {
+      const RankOptimizers ro =
+          plan_rank_optimizers(p, layout, schedule.layers_of_stage(s), 0, dos_model(p), -1);
+      cost.set_rank_optimizers(ro);
+      update = std::max(update, simulate_update(update_program(ro.updates(), p.layout.zero), cost.pricer(), {},
+                                                cost.serial())
+                                    .seconds);
+    }
+    c.update_s = update;
+    c.step_s = t.makespan + update;
+    c.bubble = t.bubble_fraction();
+    c.sets = overrides(p, f);
+    r.best.push_back(std::move(c));
+  }
+  std::sort(r.best.begin(), r.best.end(), [](const PlanCandidate& a, const PlanCandidate& b) { return a.step_s < b.step_s; });
+  if (r.best.size() > static_cast<std::size_t>(std::max(options.top, 1))) r.best.resize(static_cast<std::size_t>(std::max(options.top, 1)));
+  r.feasible = !r.best.empty();
+  if (!r.feasible) {
+    r.min_device_bytes = std::isfinite(min_dev) ? static_cast<std::int64_t>(min_dev) : 0;
+    r.min_host_bytes = std::isfinite(min_host) ? static_cast<std::int64_t>(min_host) : 0;
+    std::string advice;
+    if (!f.has("parallel.pp") || !f.has("parallel.tp")) advice += "leave parallel.tp and parallel.pp to the planner; ";
+    if (!f.has("parallel.zero")) advice += "leave parallel.zero to the planner (ZeRO-3 shards parameters); ";
+    if (deck.train.precision == Precision::fp32) advice += "train.precision = \"bf16\" halves parameters and activations; ";
+    advice += "more ranks (--ranks) split the model further; a smaller data.micro_batch_size cuts activations";
+    r.advice = advice;
+  }
+  r.solve_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace lamina

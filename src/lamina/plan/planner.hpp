@@ -1,0 +1,93 @@
+#pragma once
+// The planner (H3T, Wang et al. NeurIPS'23, extended to tensor and pipeline parallelism,
+// layered accumulation, modular pipelines and Deep Optimizer States): for a model, a batch,
+// a number of ranks and a machine, the plan that trains fastest within each rank's memory.
+//
+// Outer search: every layout the deck leaves open (dp x tp x pp, ZeRO stage, micro-batch
+// size, schedule with its virtual stages, layered or not), skipping those that cannot fit
+// even with every memory saving on and those whose compute alone is slower than the best
+// plan found so far. Inner solver, per pipeline stage: one choice per transformer block
+// (activations keep/recompute/offload x parameters device/host x optimizer
+// device/host/dynamic), each with the bytes it keeps in device and host memory and the
+// time it adds to the stage's step (an additive model: compute, the part of its copies and
+// collectives its own compute does not hide, its optimizer update); H3T's dynamic program
+// keeps, block by block, the Pareto frontier of (device bytes, host bytes, time) and
+// returns the fastest within budget. `greedy` (H3T's baseline: one choice on every k-th
+// block) and `brute` (every combination, small models) solve the same problem.
+// The best layouts' plans are then simulated exactly (the instruction lists the executor
+// runs, priced by the cost model) and their memory estimated exactly; the fastest that
+// fits wins.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lamina/core/deck.hpp"
+#include "lamina/plan/cost_model.hpp"
+#include "lamina/plan/memory_estimate.hpp"
+#include "lamina/plan/plan.hpp"
+
+namespace lamina {
+
+enum class Solver { dp, greedy, brute };
+
+struct PlannerOptions {
+  int ranks = 1;
+  Solver solver = Solver::dp;
+  int top = 3;  // plans reported
+  // Keys the search may choose (planner_keys() the deck leaves unset or "auto").
+  std::vector<std::string> free_keys;
+  std::vector<MeasuredCosts> measured;  // this machine's profiles
+};
+
+// One candidate: the plan, its predicted step and peak memory.
+struct PlanCandidate {
+  Plan plan;
+  double step_s = 0.0;        // simulated step: forward/backward of the slowest stage + optimizer
+  double update_s = 0.0;      // the optimizer program's share
+  double bubble = 0.0;        // pipeline idle fraction
+  double solver_objective = 0.0;  // the inner solver's additive estimate
+  MemoryEstimate memory;      // exact estimate, the largest stage
+  std::int64_t device_bytes = 0, host_bytes = 0;
+  std::vector<std::string> sets;  // the deck overrides that give this plan
+};
+
+struct PlanResult {
+  bool feasible = false;
+  std::vector<PlanCandidate> best;  // fastest first
+  double solve_s = 0.0;
+  std::int64_t layouts_considered = 0, layouts_pruned = 0, layouts_solved = 0;
+  // Infeasible: the least device and host memory any layout needs (every saving on), and
+  // which knob helps most.
+  std::int64_t min_device_bytes = 0, min_host_bytes = 0;
+  std::string advice;
+  double capacity_device = 0.0, capacity_host = 0.0;  // per rank
+};
+
+PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const PlannerOptions& options);
+
+// ---- The per-stage problem, exposed for tests and for the solvers' comparison ----
+
+// One block's choice with what it costs on its stage.
+struct BlockChoice {
+  LayerPolicy policy;
+  double device_bytes = 0.0, host_bytes = 0.0, seconds = 0.0;
+};
+// The blocks of one stage, each with its choices; budgets for what the blocks may add.
+struct StageProblem {
+  std::vector<std::vector<BlockChoice>> blocks;
+  double device_budget = 0.0, host_budget = 0.0;  // <= 0: none
+};
+struct StageSolution {
+  bool feasible = false;
+  std::vector<int> choice;  // per block, an index into its choices
+  double seconds = 0.0, device_bytes = 0.0, host_bytes = 0.0;
+};
+// The dynamic program over blocks with Pareto frontiers (exact while a frontier has at most
+// `max_frontier` points, then merged into memory buckets as H3T does).
+StageSolution solve_dp(const StageProblem& p, std::size_t max_frontier = 4096);
+StageSolution solve_greedy(const StageProblem& p);
+StageSolution solve_brute(const StageProblem& p);
+
+const char* solver_name(Solver s);
+
+}  // namespace lamina

@@ -1,0 +1,222 @@
+#include "lamina/train/plan_command.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "lamina/core/error.hpp"
+#include "lamina/core/format.hpp"
+#include "lamina/core/json.hpp"
+#include "lamina/model/flops.hpp"
+#include "lamina/train/profile.hpp"
+
+namespace lamina {
+
+namespace {
+
+int world_size(MPI_Comm comm) {
+  int n = 1;
+  MPI_Comm_size(comm, &n);
+  return n;
+}
+
+// The keys the planner chooses: unset or "auto" (plan command), only "auto" (train).
+std::vector<std::string> free_keys(const Deck& deck, bool unset_too) {
+  std::vector<std::string> out;
+  for (const std::string& k : planner_keys()) {
+    if (deck.automatic.count(k) || (unset_too && !deck.sets(k))) out.push_back(k);
+  }
+  return out;
+}
+
+int ranks_for(const Deck& deck, const std::vector<std::string>& free, int requested, MPI_Comm comm) {
+  if (requested > 0) return requested;
+  const bool fixed = std::none_of(free.begin(), free.end(), [](const std::string& k) {
+    return k == "parallel.dp" || k == "parallel.tp" || k == "parallel.pp";
+  });
+  if (fixed) return static_cast<int>(deck.parallel.dp * deck.parallel.tp * deck.parallel.pp);
+  return world_size(comm);
+}
+
+// This machine, measured, with the model's own times at the micro-batch sizes the search
+// may pick (small ones; larger ones follow the calibrated roofline).
+MachineSpec measure_for(const Deck& deck, const std::vector<std::string>& free, std::vector<MeasuredCosts>& measured,
+                        const Log& log, MPI_Comm comm) {
+  MachineSpec m = measure_machine(comm, log);
+  std::vector<std::int64_t> sizes;
+  if (std::find(free.begin(), free.end(), "data.micro_batch_size") != free.end()) {
+    for (std::int64_t b = 1; b <= std::min<std::int64_t>(deck.data.batch_size, 8); b *= 2) sizes.push_back(b);
+  } else {
+    sizes.push_back(deck.data.micro_batch_size);
+  }
+  measured = profile_model(deck.model, sizes);
+  calibrate(m, deck.model, deck.train.precision, measured.back());
+  log.info(strprintf("measured %s: one block forward + backward at micro-batch %lld takes %.2f ms; kernels reach "
+                     "%.0f%% of the GEMM and memory rates",
+                     deck.source.c_str(), static_cast<long long>(measured.back().micro_batch_size),
+                     1e3 * (measured.back().block_forward + measured.back().block_backward), 100.0 * m.gemm_efficiency));
+  return m;
+}
+
+// "blocks 0-11: recompute/device/host, blocks 12-95: keep/device/device"
+std::string policies(const Plan& p) {
+  std::string out;
+  const auto& b = p.blocks;
+  for (std::size_t i = 0; i < b.size();) {
+    std::size_t j = i;
+    while (j < b.size() && b[j].activations == b[i].activations && b[j].params == b[i].params &&
+           b[j].optimizer == b[i].optimizer)
+      ++j;
+    out += strprintf("%sblocks %zu-%zu: activations %s, params %s, optimizer %s", out.empty() ? "" : "; ", i, j - 1,
+                     activation_policy_name(b[i].activations), mem_tier_name(b[i].params),
+                     optimizer_placement_name(b[i].optimizer));
+    i = j;
+  }
+  return out;
+}
+
+std::string layout_name(const ParallelLayout& o) {
+  std::string s = strprintf("dp %d x tp %d x pp %d, ZeRO %d, %s", o.dp, o.tp, o.pp, o.zero, schedule_kind_name(o.schedule));
+  if (o.schedule == ScheduleKind::interleaved) s += strprintf(" v%d", o.virtual_stages);
+  if (o.layered) s += " layered";
+  return s;
+}
+
+struct Figures {
+  double tokens_per_s = 0.0, flops = 0.0, mfu = 0.0;
+  std::map<std::string, double> traffic;
+};
+
+Figures figures(const Deck& deck, const MachineSpec& machine, const PlanCandidate& c, int ranks,
+                const std::vector<MeasuredCosts>& measured) {
+  Figures f;
+  const double tokens = static_cast<double>(deck.data.batch_size) * static_cast<double>(deck.model.seq_len);
+  f.tokens_per_s = tokens / c.step_s;
+  f.flops = training_flops_per_token(deck.model) * tokens;
+  f.mfu = f.flops / (c.step_s * ranks * machine.peak_flops(c.plan.precision == Precision::bf16));
+  const CostModel cost(deck.model, c.plan, machine, measured);
+  const Schedule schedule = Schedule::build(step_spec(c.plan, deck.model));
+  f.traffic = cost.traffic(schedule.program(0), {});
+  return f;
+}
+
+}  // namespace
+
+int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const Deck deck = load_deck(cmd.deck, cmd.sets);
+  PlannerOptions options;
+  options.free_keys = free_keys(deck, true);
+  options.ranks = ranks_for(deck, options.free_keys, cmd.ranks, comm);
+  options.solver = cmd.solver;
+  options.top = cmd.top;
+  const MachineSpec machine =
+      cmd.machine.empty() ? measure_for(deck, options.free_keys, options.measured, log, comm) : load_machine(cmd.machine);
+  if (rank != 0) return 0;
+  std::string keys;
+  for (const auto& k : options.free_keys) keys += (keys.empty() ? "" : ", ") + k;
+  log.info(strprintf("planning %s (%s parameters) for %d rank(s) of %s (%d per node) with the %s solver; choosing: %s",
+                     deck.source.c_str(), human_count(static_cast<double>(ParamLayout::gpt2(deck.model).total_numel())).c_str(),
+                     options.ranks, machine.name.c_str(), machine.devices_per_node, solver_name(cmd.solver),
+                     keys.empty() ? "nothing (the layout is evaluated)" : keys.c_str()));
+  const PlanResult r = plan_search(deck, machine, options);
+  log.info(strprintf("layouts: %lld considered, %lld pruned (cannot fit, or slower than the best found even without a "
+                     "bubble), %lld solved; %.2f s",
+                     static_cast<long long>(r.layouts_considered), static_cast<long long>(r.layouts_pruned),
+                     static_cast<long long>(r.layouts_solved), r.solve_s));
+  JsonObject j;
+  j.add("feasible", r.feasible).add("solve_s", r.solve_s).add("ranks", options.ranks);
+  JsonObject cap;
+  cap.add("device", static_cast<std::int64_t>(r.capacity_device)).add("host", static_cast<std::int64_t>(r.capacity_host));
+  if (!r.feasible) {
+    log.error(strprintf("no plan fits: every layout needs at least %s of device memory per rank (capacity %s) and %s of "
+                        "host memory (capacity %s), with every memory saving on; what helps: %s",
+                        human_bytes(static_cast<double>(r.min_device_bytes)).c_str(), human_bytes(r.capacity_device).c_str(),
+                        human_bytes(static_cast<double>(r.min_host_bytes)).c_str(), human_bytes(r.capacity_host).c_str(),
+                        r.advice.c_str()));
+    JsonObject need;
+    need.add("device", r.min_device_bytes).add("host", r.min_host_bytes);
+    j.add("min_bytes", need).add("capacity_bytes", cap).add("advice", r.advice);
+    std::printf("%s\n", j.str().c_str());
+    return static_cast<int>(ExitCode::bad_input);
+  }
+  for (std::size_t i = 0; i < r.best.size(); ++i) {
+    const PlanCandidate& c = r.best[i];
+    const Figures f = figures(deck, machine, c, options.ranks, options.measured);
+    const ParallelLayout& o = c.plan.layout;
+    log.info(strprintf("%s %zu. %s, micro-batch %lld x %d: step %.4g s (optimizer %.3g s), %s tokens/s, MFU %.1f%%, "
+                       "bubble %.1f%%",
+                       i == 0 ? "best" : "    ", i + 1, layout_name(o).c_str(), static_cast<long long>(o.micro_batch_size),
+                       o.micro_batches, c.step_s, c.update_s, human_count(f.tokens_per_s).c_str(), 100.0 * f.mfu,
+                       100.0 * c.bubble));
+    log.info(strprintf("        memory per rank: device %s of %s, host %s of %s; bytes per step and rank: dp %s, tp %s, "
+                       "pp %s",
+                       human_bytes(static_cast<double>(c.device_bytes)).c_str(), human_bytes(r.capacity_device).c_str(),
+                       human_bytes(static_cast<double>(c.host_bytes)).c_str(), human_bytes(r.capacity_host).c_str(),
+                       human_bytes(f.traffic.at("dp")).c_str(), human_bytes(f.traffic.at("tp")).c_str(),
+                       human_bytes(f.traffic.at("pp")).c_str()));
+    log.info("        " + policies(c.plan));
+  }
+  const PlanCandidate& best = r.best.front();
+  const Figures f = figures(deck, machine, best, options.ranks, options.measured);
+  const ParallelLayout& o = best.plan.layout;
+  j.add("dp", o.dp).add("tp", o.tp).add("pp", o.pp).add("zero", o.zero).add("schedule", schedule_kind_name(o.schedule));
+  j.add("virtual_stages", o.virtual_stages).add("layered", o.layered).add("micro_batch_size", o.micro_batch_size);
+  j.add("micro_batches", o.micro_batches).add("step_s", best.step_s).add("tokens_per_s", f.tokens_per_s);
+  j.add("model_flops_per_step", f.flops).add("mfu", f.mfu).add("bubble", best.bubble);
+  JsonObject peak;
+  peak.add("device", best.device_bytes).add("host", best.host_bytes);
+  j.add("peak_bytes", peak).add("capacity_bytes", cap);
+  j.add("machine", machine.name).add("solver", solver_name(cmd.solver));
+  if (cmd.tokens > 0) j.add("train_days", cmd.tokens / f.tokens_per_s / 86400.0);
+  if (!cmd.write_deck.empty()) {
+    std::vector<std::string> sets = cmd.sets;
+    sets.insert(sets.end(), best.sets.begin(), best.sets.end());
+    const Deck planned = load_deck(cmd.deck, sets);
+    std::ofstream out(cmd.write_deck);
+    out << "# " << cmd.deck << " as planned by `lamina plan` for " << options.ranks << " rank(s) of " << machine.name
+        << "\n" << planned.resolved_toml;
+    if (!out) throw RunError(cmd.write_deck + ": cannot write the planned deck");
+    log.info("planned deck written to " + cmd.write_deck);
+  }
+  std::printf("%s\n", j.str().c_str());
+  return 0;
+}
+
+std::vector<std::string> plan_auto_keys(const Deck& deck, const Log& log, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  PlannerOptions options;
+  options.free_keys = free_keys(deck, false);
+  options.ranks = world_size(comm);
+  const MachineSpec machine = measure_for(deck, options.free_keys, options.measured, log, comm);
+  std::string sets;
+  if (rank == 0) {
+    const PlanResult r = plan_search(deck, machine, options);
+    if (r.feasible) {
+      for (const auto& s : r.best.front().sets) sets += s + "\n";
+      log.info(strprintf("planned the deck's \"auto\" keys in %.2f s: %s, predicted step %.4g s", r.solve_s,
+                         layout_name(r.best.front().plan.layout).c_str(), r.best.front().step_s));
+    }
+  }
+  int n = static_cast<int>(sets.size());
+  MPI_Bcast(&n, 1, MPI_INT, 0, comm);
+  sets.resize(static_cast<std::size_t>(n));
+  MPI_Bcast(&sets[0], n, MPI_CHAR, 0, comm);
+  if (n == 0) {
+    throw InputError(deck.source + ": no plan for the \"auto\" keys fits this machine's memory with " +
+                     std::to_string(options.ranks) + " rank(s); `lamina plan " + deck.source +
+                     "` says what it would need");
+  }
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at < sets.size()) {
+    const std::size_t nl = sets.find('\n', at);
+    out.push_back(sets.substr(at, nl - at));
+    at = nl + 1;
+  }
+  return out;
+}
+
+}  // namespace lamina

@@ -1,0 +1,180 @@
+#include "lamina/train/profile.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "lamina/comm/mpi_communicator.hpp"
+#include "lamina/core/format.hpp"
+#include "lamina/model/gpt.hpp"
+#include "lamina/model/init.hpp"
+#include "lamina/train/machine.hpp"
+
+namespace lamina {
+
+namespace {
+
+using Exec = Kokkos::DefaultExecutionSpace;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// A ring collective's time t(S) = S / bandwidth + latency, from two sizes.
+void measure_allreduce(Communicator& c, double& bandwidth, double& latency) {
+  if (c.size() == 1) return;
+  auto time = [&](std::int64_t n) {
+    Vec<Exec> buf("lamina::bench_allreduce", static_cast<std::size_t>(n));
+    std::vector<double> t;
+    for (int r = 0; r < 6; ++r) {
+      c.barrier();
+      const auto t0 = Clock::now();
+      c.allreduce(buf.data(), n, ReduceOp::sum);
+      Exec().fence();
+      if (r > 0) t.push_back(seconds_since(t0));
+    }
+    return median(t);
+  };
+  const std::int64_t small = 256, large = 1 << 22;
+  const double ts = time(small), tl = time(large);
+  const double p = c.size(), per_rank = [&](std::int64_t n) { return 2.0 * (p - 1) / p * 4.0 * n; }(large) -
+                                         2.0 * (p - 1) / p * 4.0 * small;
+  bandwidth = per_rank / std::max(tl - ts, 1e-9);
+  latency = std::max(ts, 0.0) / (2.0 * (p - 1));
+}
+
+double physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0 ? static_cast<double>(pages) * static_cast<double>(size) : 0.0;
+}
+
+}  // namespace
+
+MachineSpec measure_machine(MPI_Comm comm, const Log& log) {
+  int ranks = 1;
+  MPI_Comm_size(comm, &ranks);
+  MachineSpec m;
+  m.name = strprintf("this machine (%s, %d rank(s))", Exec::name(), ranks);
+  m.source = "measured";
+  m.devices_per_node = ranks;
+  m.device_is_host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Exec::memory_space>::accessible;
+  const double gemm = measure_gemm_gflops(1024, 3).best * 1e9;
+  m.peak_flops_fp32 = gemm;
+  m.peak_flops_bf16 = gemm;  // products run in fp32 where the device has no bf16 GEMM path
+  m.memory_bandwidth = measure_triad_gbytes(1 << 24, 5).best * 1e9;
+  constexpr std::int64_t n = 1 << 22;
+  m.host_adamw_rate = measure_adamw_rate(n, 5, true, true).median * ranks;  // per node: every rank's share
+  const double device_adamw = measure_adamw_rate(n, 5, false, true).median;
+  m.adamw_efficiency = std::min(1.0, device_adamw * 28.0 / m.memory_bandwidth);
+  m.h2d = measure_copy_rate(n, 5, true, true).median;
+  m.d2h = measure_copy_rate(n, 5, false, true).median;
+  m.host_memory = physical_memory();
+  m.host_bandwidth = m.memory_bandwidth * ranks;
+  m.device_memory = m.device_is_host ? m.host_memory / ranks : 0.0;
+#if defined(KOKKOS_ENABLE_CUDA)
+  if (!m.device_is_host) m.device_memory = static_cast<double>(Kokkos::Cuda().cuda_device_prop().totalGlobalMem);
+#endif
+  MPI_Comm dup = MPI_COMM_NULL;
+  MPI_Comm_dup(comm, &dup);
+  MpiCommunicator world(dup, "world");
+  measure_allreduce(world, m.intra_bandwidth, m.intra_latency);
+  if (ranks == 1) m.intra_bandwidth = m.memory_bandwidth;
+  m.inter_bandwidth = m.intra_bandwidth;  // one node
+  m.inter_latency = m.intra_latency;
+  // The slowest rank's rates, on every rank (contention differs between ranks).
+  double v[] = {m.peak_flops_fp32, m.memory_bandwidth, m.host_adamw_rate, m.h2d, m.d2h, m.adamw_efficiency};
+  MPI_Allreduce(MPI_IN_PLACE, v, 6, MPI_DOUBLE, MPI_MIN, comm);
+  m.peak_flops_fp32 = m.peak_flops_bf16 = v[0];
+  m.memory_bandwidth = v[1];
+  m.host_adamw_rate = v[2];
+  m.h2d = v[3];
+  m.d2h = v[4];
+  m.adamw_efficiency = v[5];
+  log.info(strprintf("measured: GEMM %.1f GFLOP/s, stream %.1f GB/s, host AdamW %.3g params/s, host<->device %.1f / "
+                     "%.1f GB/s, all-reduce %.2f GB/s + %.1f us per step, per rank of %d",
+                     m.peak_flops_fp32 / 1e9, m.memory_bandwidth / 1e9, m.host_adamw_rate, m.h2d / 1e9, m.d2h / 1e9,
+                     m.intra_bandwidth / 1e9, m.intra_latency * 1e6, ranks));
+  return m;
+}
+
+std::vector<MeasuredCosts> profile_model(const ModelConfig& full, const std::vector<std::int64_t>& micro_batch_sizes,
+                                         int reps) {
+  ModelConfig model = full;
+  model.layers = 1;  // one of each piece
+  const ParamLayout layout = ParamLayout::gpt2(model);
+  MemoryTracker tracker;
+  std::vector<Buffer<float, Exec::memory_space>> params, grads;
+  for (int l = 0; l < layout.num_layers(); ++l) {
+    const std::int64_t numel = layout.layers()[static_cast<std::size_t>(l)].numel;
+    std::vector<float> host(static_cast<std::size_t>(numel));
+    initial_values(layout, model, 1, l, 0, numel, host.data());
+    params.emplace_back(tracker, MemCategory::parameters, "lamina::profile_params", numel);
+    grads.emplace_back(tracker, MemCategory::gradients, "lamina::profile_grads", numel);
+    using H = Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    Kokkos::deep_copy(params.back().view(), H(host.data(), host.size()));
+  }
+  const EmbeddingTensors<Exec> we = bind_embedding<Exec>(layout, params[0].data()), ge = bind_embedding<Exec>(layout, grads[0].data());
+  const BlockTensors<Exec> wb = bind_block<Exec>(layout, 0, params[1].data()), gb = bind_block<Exec>(layout, 0, grads[1].data());
+  const FinalNormTensors<Exec> wf = bind_final_norm<Exec>(layout, params[2].data()), gf = bind_final_norm<Exec>(layout, grads[2].data());
+  const ShardCombine whole;
+  const Exec exec;
+  std::vector<MeasuredCosts> out;
+  for (const std::int64_t mbs : micro_batch_sizes) {
+    const Dims d = Dims::of(model, mbs);
+    LayerRangeActs<Exec> a(tracker, d, 0, 1, true, true, {ActivationPolicy::keep});
+    WorkspaceBuffers<Exec> ws(tracker, d);
+    Kokkos::deep_copy(a.inputs, 1);
+    Kokkos::deep_copy(a.targets, 2);
+    std::vector<double> t[6];
+    for (int r = 0; r <= reps; ++r) {
+      auto timed = [&](int k, const auto& f) {
+        exec.fence();
+        const auto t0 = Clock::now();
+        f();
+        exec.fence();
+        if (r > 0) t[k].push_back(seconds_since(t0));
+      };
+      timed(0, [&] { embed_forward(exec, we, a, whole); });
+      timed(1, [&] { block_forward(exec, wb, a.block(0, a.kept_inner(0)), a.block_input(0), d.NH, ws.ws, whole); });
+      timed(2, [&] { head_forward(exec, we, wf, a, whole); });
+      timed(3, [&] { head_backward(exec, ge, gf, we, wf, a, ws.ws, 1e-3f, whole); });
+      timed(4, [&] {
+        block_backward(exec, gb, wb, a.block(0, a.kept_inner(0)), a.block_input(0), a.dres, d.NH, ws.ws, whole);
+      });
+      timed(5, [&] { embed_backward(exec, ge, a); });
+    }
+    MeasuredCosts m;
+    m.micro_batch_size = mbs;
+    m.tp = 1;
+    m.embed_forward = median(t[0]);
+    m.block_forward = median(t[1]);
+    m.head_forward = median(t[2]);
+    m.head_backward = median(t[3]);
+    m.block_backward = median(t[4]);
+    m.embed_backward = median(t[5]);
+    out.push_back(m);
+  }
+  return out;
+}
+
+void calibrate(MachineSpec& machine, const ModelConfig& model, Precision precision, const MeasuredCosts& measured) {
+  MachineSpec ideal = machine;
+  ideal.gemm_efficiency = ideal.attention_efficiency = ideal.elementwise_efficiency = 1.0;
+  Plan plan;
+  plan.layout.micro_batch_size = measured.micro_batch_size;
+  plan.blocks.assign(static_cast<std::size_t>(model.layers), LayerPolicy{});
+  plan.precision = precision;
+  const CostModel roofline(model, plan, ideal);
+  const double ratio = (measured.block_forward + measured.block_backward) /
+                       (roofline.block_forward() + roofline.block_backward());
+  const double e = std::min(1.0, 1.0 / std::max(ratio, 1e-9));
+  machine.gemm_efficiency = machine.attention_efficiency = machine.elementwise_efficiency = e;
+}
+
+}  // namespace lamina
