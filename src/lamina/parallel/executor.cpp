@@ -95,6 +95,10 @@ LayerRangeActs<Exec>& Executor::slot(int chunk, int mb) {
 
 void Executor::release(int chunk, int mb) {
   const auto it = in_use_.find({chunk, mb});
+  // What the staging buffers hold of this micro-batch is no use to the next one in the slot.
+  LayerRangeActs<Exec>* a = slots_.at(chunk).acts[static_cast<std::size_t>(it->second)].get();
+  for (auto& s : staged_)
+    if (s.first == a) s = {nullptr, -1};
   slots_.at(chunk).free.push_back(it->second);
   in_use_.erase(it);
 }
@@ -183,12 +187,16 @@ void Executor::reload(const Chunk& c, int layer, int mb) {
 }
 
 void Executor::prefetch_activations(const Chunk& c, int layer, int mb) {
-  // Into the other staging buffer while the reloaded block's backward runs.
+  // Into the other staging buffer while the reloaded block's backward runs (or, for a
+  // chunk's last block, while the chunk waits for its backward to start).
   const Exec exec;
   LayerRangeActs<Exec>& a = slot(c.index, mb);
+  const std::int64_t b = layer - 1;
+  for (const auto& s : staged_)
+    if (s.first == &a && s.second == b) return;  // still there from its forward
   exec.fence();  // the previous backward has done reading the buffer about to be overwritten
-  staging(1 - reloaded_, &a, layer - 1);
-  copy_in(transfer_, 1 - reloaded_, a, layer - 1);
+  staging(1 - reloaded_, &a, b);
+  copy_in(transfer_, 1 - reloaded_, a, b);
 }
 
 BlockActs<Exec> Executor::restored(LayerRangeActs<Exec>& a, std::int64_t b) {

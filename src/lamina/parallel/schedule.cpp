@@ -78,7 +78,7 @@ std::vector<ScheduleProblem> schedule_problems(std::int64_t layers, const Parall
   switch (o.schedule) {
     case ScheduleKind::gpipe:
     case ScheduleKind::one_f_one_b:
-      if (!o.layered && layers % pp != 0) {
+      if (layers % pp != 0) {
         add("parallel.pp", strprintf("model.layers = %lld cannot be cut into parallel.pp = %d equal stages; use a pp "
                                      "that divides the layers",
                                      L, pp));
@@ -228,7 +228,21 @@ class StageBuilder {
         for (int l : s_.layers_of(c)) release(l);
         held_ = false;
       };
+      // What the chunk's first compute needs comes in while the chunk waits for its input.
+      auto prefetch_first = [&](bool forward) {
+        if (hold_runs) return;  // a breadth-first run gathers and holds the chunk's parameters
+        std::vector<int> first;
+        if (forward) {
+          first.push_back(c.embedding ? 0 : static_cast<int>(c.first_block) + 1);
+        } else if (c.head) {
+          first = {0, s_.final_layer()};
+        } else {
+          first.push_back(static_cast<int>(c.last_block));
+        }
+        for (int l : first) prefetch(l);
+      };
       if (st.forward) {
+        prefetch_first(true);
         if (st.chunk > 0 && part.chunk(st.chunk - 1).stage != c.stage)
           message(Op::recv_activation, st.chunk, st.mb, part.chunk(st.chunk - 1).stage);
         hold();
@@ -237,6 +251,11 @@ class StageBuilder {
         if (st.chunk < last && part.chunk(st.chunk + 1).stage != c.stage)
           message(Op::send_activation, st.chunk, st.mb, part.chunk(st.chunk + 1).stage);
       } else {
+        // The chunk's last block comes back first: its copy starts before the chunk's
+        // backward (and the gradient it waits for), so that it is there when needed.
+        if (c.blocks() > 0 && policy(c.last_block - 1) == ActivationPolicy::offload)
+          p_.push_back(make(Op::prefetch_activations, Stream::host_to_device, c.index, static_cast<int>(c.last_block), st.mb));
+        prefetch_first(false);
         if (st.chunk < last && part.chunk(st.chunk + 1).stage != c.stage)
           message(Op::recv_gradient, st.chunk, st.mb, part.chunk(st.chunk + 1).stage);
         hold();

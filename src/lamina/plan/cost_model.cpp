@@ -19,9 +19,12 @@ constexpr double kStateBytes = 12.0;  // fp32 master, m, v: what a device subgro
 
 CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSpec& machine,
                      const std::vector<MeasuredCosts>& measured)
+    : CostModel(model, plan, machine, measured, ParamLayout::gpt2(model, plan.layout.tp, 0)) {}
+
+CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSpec& machine,
+                     const std::vector<MeasuredCosts>& measured, const ParamLayout& layout)
     : model_(model), plan_(plan), machine_(machine), bf16_(plan.precision == Precision::bf16) {
   const ParallelLayout& o = plan.layout;
-  const ParamLayout layout = ParamLayout::gpt2(model, o.tp, 0);
   for (const LayerSpec& l : layout.layers()) numel_.push_back(static_cast<double>(l.numel));
   const Dims d = Dims::of(model, o.micro_batch_size, o.tp, 0);
   inner_ = static_cast<double>(activation_sizes(d).inner);

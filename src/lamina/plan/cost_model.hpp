@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "lamina/core/config.hpp"
+#include "lamina/model/param_layout.hpp"
 #include "lamina/plan/machine.hpp"
 #include "lamina/plan/optimizer_plan.hpp"
 #include "lamina/plan/plan.hpp"
@@ -39,6 +40,10 @@ class CostModel {
   // used for compute where present.
   CostModel(const ModelConfig& model, const Plan& plan, const MachineSpec& machine,
             const std::vector<MeasuredCosts>& measured = {});
+  // The same with this tensor-parallel degree's parameter layout at hand (the planner's
+  // many layouts share a few).
+  CostModel(const ModelConfig& model, const Plan& plan, const MachineSpec& machine,
+            const std::vector<MeasuredCosts>& measured, const ParamLayout& layout);
 
   // The rank whose optimizer program is priced (subgroup sizes and sites).
   void set_rank_optimizers(const RankOptimizers& optimizers);

@@ -53,7 +53,43 @@ StageSolution evaluate(const StageProblem& p, const std::vector<int>& choice) {
 
 }  // namespace
 
-StageSolution solve_dp(const StageProblem& p, std::size_t max_frontier) {
+StageSolution solve_dp(const StageProblem& problem, std::size_t max_frontier) {
+  // Choices no block would take (another is no slower and needs no more of either memory)
+  // are dropped first; `index` maps back to the problem's choice numbers.
+  StageProblem p = problem;
+  std::vector<std::vector<int>> index(p.blocks.size());
+  // A memory no combination can overflow does not constrain the search: left out of the
+  // frontier (the solution's totals are summed from the choices at the end).
+  double most_dev = 0.0, most_host = 0.0;
+  for (const auto& cs : problem.blocks) {
+    double d = 0.0, h = 0.0;
+    for (const BlockChoice& x : cs) d = std::max(d, x.device_bytes), h = std::max(h, x.host_bytes);
+    most_dev += d;
+    most_host += h;
+  }
+  const bool dev_binds = p.device_budget > 0 && most_dev > p.device_budget;
+  const bool host_binds = p.host_budget > 0 && most_host > p.host_budget;
+  for (std::size_t b = 0; b < p.blocks.size(); ++b) {
+    std::vector<BlockChoice> kept;
+    const auto& cs = problem.blocks[b];
+    for (std::size_t c = 0; c < cs.size(); ++c) {
+      bool dominated = false;
+      for (std::size_t d = 0; d < cs.size() && !dominated; ++d) {
+        const bool no_worse = cs[d].seconds <= cs[c].seconds && cs[d].device_bytes <= cs[c].device_bytes &&
+                              cs[d].host_bytes <= cs[c].host_bytes;
+        const bool better = cs[d].seconds < cs[c].seconds || cs[d].device_bytes < cs[c].device_bytes ||
+                            cs[d].host_bytes < cs[c].host_bytes;
+        dominated = d != c && no_worse && (better || d < c);
+      }
+      if (!dominated) {
+        kept.push_back(cs[c]);
+        if (!dev_binds) kept.back().device_bytes = 0.0;
+        if (!host_binds) kept.back().host_bytes = 0.0;
+        index[b].push_back(static_cast<int>(c));
+      }
+    }
+    p.blocks[b] = std::move(kept);
+  }
   struct Point {
     double dev, host, time;
     int parent, choice;
@@ -73,20 +109,20 @@ StageSolution solve_dp(const StageProblem& p, std::size_t max_frontier) {
       }
     }
     // Pareto frontier: keep a point only if no faster-or-equal point uses no more of
-    // either memory (sorted by time, ties by memory, so the first of equals survives).
+    // either memory. Sorted by time, the kept points form a staircase (device bytes up,
+    // host bytes down) that answers "is there one with no more of both" in log time.
     std::sort(next.begin(), next.end(), [](const Point& a, const Point& b) {
       return a.time != b.time ? a.time < b.time : a.dev != b.dev ? a.dev < b.dev : a.host < b.host;
     });
     std::vector<Point> kept;
+    std::map<double, double> stairs;  // device bytes -> least host bytes of a kept point with no more device bytes
     for (const Point& q : next) {
-      bool dominated = false;
-      for (const Point& k : kept) {
-        if (k.dev <= q.dev && k.host <= q.host) {
-          dominated = true;
-          break;
-        }
-      }
-      if (!dominated) kept.push_back(q);
+      auto it = stairs.upper_bound(q.dev);
+      if (it != stairs.begin() && std::prev(it)->second <= q.host) continue;  // dominated
+      kept.push_back(q);
+      // q now bounds every point with more device bytes and no less host memory.
+      while (it != stairs.end() && it->second >= q.host) it = stairs.erase(it);
+      stairs[q.dev] = q.host;
     }
     if (kept.size() > max_frontier) {
       // H3T's buckets: memory rounded up to 1/128 of the budget (or of the largest use),
@@ -105,24 +141,19 @@ StageSolution solve_dp(const StageProblem& p, std::size_t max_frontier) {
     }
     levels[b + 1] = std::move(kept);
   }
-  StageSolution s;
   const auto& last = levels[n];
-  if (last.empty()) return s;
+  if (last.empty()) return StageSolution{};
   std::size_t best = 0;
   for (std::size_t i = 1; i < last.size(); ++i)
     if (last[i].time < last[best].time) best = i;
-  s.feasible = true;
-  s.seconds = last[best].time;
-  s.device_bytes = last[best].dev;
-  s.host_bytes = last[best].host;
-  s.choice.assign(n, 0);
+  std::vector<int> chosen(n, 0);
   int at = static_cast<int>(best);
   for (std::size_t b = n; b-- > 0;) {
     const Point& q = levels[b + 1][static_cast<std::size_t>(at)];
-    s.choice[b] = q.choice;
+    chosen[b] = index[b][static_cast<std::size_t>(q.choice)];
     at = q.parent;
   }
-  return s;
+  return evaluate(problem, chosen);
 }
 
 StageSolution solve_greedy(const StageProblem& p) {
@@ -327,6 +358,7 @@ struct LayoutModel {
   ParallelLayout layout;
   std::vector<StageProblem> stages;
   std::vector<std::vector<std::int64_t>> stage_blocks;  // per stage, its blocks
+  std::vector<std::vector<int>> stage_chunks;           // per stage, each block's chunk
   std::vector<double> fixed_seconds;                    // per stage: embedding, head, their updates
   std::vector<double> fixed_device, fixed_host;         // per stage
   std::vector<double> micro_batch_seconds;              // per stage: one micro-batch through it (for the bubble)
@@ -339,9 +371,18 @@ struct Costing {
   const PlannerOptions& options;
   const Freedom& freedom;
   Capacity cap;
+  std::map<int, ParamLayout> layouts;  // per tensor-parallel degree
+  // Each block's choices (the deck may fix some keys per block).
+  std::vector<std::vector<LayerPolicy>> choices;
+
+  const ParamLayout& layout(int tp) {
+    auto it = layouts.find(tp);
+    if (it == layouts.end()) it = layouts.emplace(tp, ParamLayout::gpt2(deck.model, tp, 0)).first;
+    return it->second;
+  }
 };
 
-LayoutModel model_layout(const Costing& k, const ParallelLayout& o) {
+LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
   const ModelConfig& m = k.deck.model;
   const bool bf16 = k.deck.train.precision == Precision::bf16;
   LayoutModel lm;
@@ -351,9 +392,9 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o) {
   plan.blocks.assign(static_cast<std::size_t>(m.layers), LayerPolicy{});
   plan.precision = k.deck.train.precision;
   plan.subgroup_size = k.deck.optimizer.subgroup_size;
-  const CostModel cost(m, plan, k.machine, k.options.measured);
+  const ParamLayout& layout = k.layout(o.tp);
+  const CostModel cost(m, plan, k.machine, k.options.measured, layout);
   const ScheduleShape shape = schedule_shape(m.layers, o);
-  const ParamLayout layout = ParamLayout::gpt2(m, o.tp, 0);
   const Dims d = Dims::of(m, o.micro_batch_size, o.tp, 0);
   const ActivationSizes a = activation_sizes(d);
   const double M = o.micro_batches;
@@ -380,7 +421,7 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o) {
   const double gather_device = cost.gather(1);
   Plan hosted = plan;
   for (LayerPolicy& b : hosted.blocks) b = {ActivationPolicy::keep, MemTier::host, OptimizerPlacement::host};
-  const double gather_host = CostModel(m, hosted, k.machine, k.options.measured).gather(1);
+  const double gather_host = CostModel(m, hosted, k.machine, k.options.measured, layout).gather(1);
   auto seconds_of = [&](const LayerPolicy& lp) {
     double t = M * (tF + tB);
     if (lp.activations == ActivationPolicy::recompute) t += M * tF;
@@ -414,6 +455,7 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o) {
   const int stages = o.pp;
   lm.stages.resize(static_cast<std::size_t>(stages));
   lm.stage_blocks.resize(static_cast<std::size_t>(stages));
+  lm.stage_chunks.resize(static_cast<std::size_t>(stages));
   lm.fixed_seconds.assign(static_cast<std::size_t>(stages), 0.0);
   lm.fixed_device.assign(static_cast<std::size_t>(stages), 0.0);
   lm.fixed_host.assign(static_cast<std::size_t>(stages), 0.0);
@@ -435,8 +477,9 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o) {
       if (ch.head) secs += M * (cost.head_forward() + cost.head_backward());
       for (std::int64_t b = ch.first_block; b < ch.last_block; ++b) {
         lm.stage_blocks[static_cast<std::size_t>(s)].push_back(b);
+        lm.stage_chunks[static_cast<std::size_t>(s)].push_back(c);
         std::vector<BlockChoice> cs;
-        for (const LayerPolicy& lp : choices_of(k.deck, k.freedom, b)) {
+        for (const LayerPolicy& lp : k.choices[static_cast<std::size_t>(b)]) {
           BlockChoice x;
           x.policy = lp;
           const StoredParams p = StoredParams::of(shard, lp, o.zero, plan.precision);
@@ -555,7 +598,8 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   const auto t0 = Clock::now();
   Freedom f;
   f.keys.insert(options.free_keys.begin(), options.free_keys.end());
-  const Costing k{deck, machine, options, f, capacity(deck, machine)};
+  Costing k{deck, machine, options, f, capacity(deck, machine), {}, {}};
+  for (std::int64_t b = 0; b < deck.model.layers; ++b) k.choices.push_back(choices_of(deck, f, b));
   PlanResult r;
   r.capacity_device = k.cap.device;
   r.capacity_host = k.cap.host;
@@ -567,6 +611,7 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   std::vector<LayoutModel> models;
   models.reserve(all.size());
   for (const ParallelLayout& o : all) models.push_back(model_layout(k, o));
+  r.model_s = std::chrono::duration<double>(Clock::now() - t0).count();
   std::vector<std::size_t> order(models.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return models[a].lower_bound < models[b].lower_bound; });
@@ -618,6 +663,7 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     if (solved.size() > keep) solved.resize(keep);
   }
 
+  r.inner_s = std::chrono::duration<double>(Clock::now() - t0).count() - r.model_s;
   // The best estimates, simulated and their memory estimated exactly.
   const RunExtras extras = RunExtras::of(deck.checkpoint, deck.output);
   for (const Solved& sv : solved) {
@@ -627,9 +673,18 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     p.layout = lm.layout;
     p.blocks.assign(static_cast<std::size_t>(deck.model.layers), LayerPolicy{});
     for (std::size_t s = 0; s < lm.stages.size(); ++s) {
+      // Blocks of one chunk are interchangeable (same choices, same costs): their choices
+      // sorted, so that equal policies sit in ranges a reader takes in at a glance.
+      std::vector<int> choice = sv.stages[s].choice;
+      for (std::size_t j = 0; j < choice.size();) {
+        std::size_t e = j;
+        while (e < choice.size() && lm.stage_chunks[s][e] == lm.stage_chunks[s][j]) ++e;
+        std::sort(choice.begin() + static_cast<std::ptrdiff_t>(j), choice.begin() + static_cast<std::ptrdiff_t>(e));
+        j = e;
+      }
       for (std::size_t j = 0; j < lm.stage_blocks[s].size(); ++j) {
-        const auto& choice = lm.stages[s].blocks[j][static_cast<std::size_t>(sv.stages[s].choice[j])];
-        p.blocks[static_cast<std::size_t>(lm.stage_blocks[s][j])] = choice.policy;
+        const auto& c = lm.stages[s].blocks[j][static_cast<std::size_t>(choice[j])];
+        p.blocks[static_cast<std::size_t>(lm.stage_blocks[s][j])] = c.policy;
       }
     }
     p.precision = deck.train.precision;
@@ -656,7 +711,12 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     }
     c.update_s = update;
     c.step_s = t.makespan + update;
-    c.bubble = t.bubble_fraction();
+    // The pipeline's bubble: the stages' idle fraction when only compute takes time.
+    const Pricer compute_only = [&cost](const Instruction& i, int) {
+      return i.op == Op::forward || i.op == Op::backward || i.op == Op::recompute ? cost.price(i) : 0.0;
+    };
+    c.bubble = simulate(schedule, compute_only, false).bubble_fraction();
+    c.idle = t.bubble_fraction();
     c.sets = overrides(p, f);
     r.best.push_back(std::move(c));
   }

@@ -44,7 +44,8 @@ struct PlanCandidate {
   Plan plan;
   double step_s = 0.0;        // simulated step: forward/backward of the slowest stage + optimizer
   double update_s = 0.0;      // the optimizer program's share
-  double bubble = 0.0;        // pipeline idle fraction
+  double bubble = 0.0;        // the pipeline's idle fraction with only compute taking time
+  double idle = 0.0;          // the compute's idle fraction in the full simulation (bubble, exposed copies and collectives)
   double solver_objective = 0.0;  // the inner solver's additive estimate
   MemoryEstimate memory;      // exact estimate, the largest stage
   std::int64_t device_bytes = 0, host_bytes = 0;
@@ -55,6 +56,7 @@ struct PlanResult {
   bool feasible = false;
   std::vector<PlanCandidate> best;  // fastest first
   double solve_s = 0.0;
+  double model_s = 0.0, inner_s = 0.0;  // of solve_s: modelling every layout, the inner solver
   std::int64_t layouts_considered = 0, layouts_pruned = 0, layouts_solved = 0;
   // Infeasible: the least device and host memory any layout needs (every saving on), and
   // which knob helps most.
@@ -84,7 +86,7 @@ struct StageSolution {
 };
 // The dynamic program over blocks with Pareto frontiers (exact while a frontier has at most
 // `max_frontier` points, then merged into memory buckets as H3T does).
-StageSolution solve_dp(const StageProblem& p, std::size_t max_frontier = 4096);
+StageSolution solve_dp(const StageProblem& p, std::size_t max_frontier = 1024);
 StageSolution solve_greedy(const StageProblem& p);
 StageSolution solve_brute(const StageProblem& p);
 

@@ -125,6 +125,9 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
                      "bubble), %lld solved; %.2f s",
                      static_cast<long long>(r.layouts_considered), static_cast<long long>(r.layouts_pruned),
                      static_cast<long long>(r.layouts_solved), r.solve_s));
+  log.debug(strprintf("planner time: %.2f s modelling the layouts, %.2f s in the %s solver, %.2f s simulating the "
+                      "best exactly",
+                      r.model_s, r.inner_s, solver_name(cmd.solver), r.solve_s - r.model_s - r.inner_s));
   JsonObject j;
   j.add("feasible", r.feasible).add("solve_s", r.solve_s).add("ranks", options.ranks);
   JsonObject cap;
@@ -146,10 +149,10 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
     const Figures f = figures(deck, machine, c, options.ranks, options.measured);
     const ParallelLayout& o = c.plan.layout;
     log.info(strprintf("%s %zu. %s, micro-batch %lld x %d: step %.4g s (optimizer %.3g s), %s tokens/s, MFU %.1f%%, "
-                       "bubble %.1f%%",
+                       "bubble %.1f%%, compute idle %.1f%%",
                        i == 0 ? "best" : "    ", i + 1, layout_name(o).c_str(), static_cast<long long>(o.micro_batch_size),
                        o.micro_batches, c.step_s, c.update_s, human_count(f.tokens_per_s).c_str(), 100.0 * f.mfu,
-                       100.0 * c.bubble));
+                       100.0 * c.bubble, 100.0 * c.idle));
     log.info(strprintf("        memory per rank: device %s of %s, host %s of %s; bytes per step and rank: dp %s, tp %s, "
                        "pp %s",
                        human_bytes(static_cast<double>(c.device_bytes)).c_str(), human_bytes(r.capacity_device).c_str(),
@@ -157,6 +160,7 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
                        human_bytes(f.traffic.at("dp")).c_str(), human_bytes(f.traffic.at("tp")).c_str(),
                        human_bytes(f.traffic.at("pp")).c_str()));
     log.info("        " + policies(c.plan));
+    log.debug(strprintf("        the solver's additive estimate of the step: %.4g s", c.solver_objective));
   }
   const PlanCandidate& best = r.best.front();
   const Figures f = figures(deck, machine, best, options.ranks, options.measured);
@@ -164,7 +168,7 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
   j.add("dp", o.dp).add("tp", o.tp).add("pp", o.pp).add("zero", o.zero).add("schedule", schedule_kind_name(o.schedule));
   j.add("virtual_stages", o.virtual_stages).add("layered", o.layered).add("micro_batch_size", o.micro_batch_size);
   j.add("micro_batches", o.micro_batches).add("step_s", best.step_s).add("tokens_per_s", f.tokens_per_s);
-  j.add("model_flops_per_step", f.flops).add("mfu", f.mfu).add("bubble", best.bubble);
+  j.add("model_flops_per_step", f.flops).add("mfu", f.mfu).add("bubble", best.bubble).add("compute_idle", best.idle);
   JsonObject peak;
   peak.add("device", best.device_bytes).add("host", best.host_bytes);
   j.add("peak_bytes", peak).add("capacity_bytes", cap);

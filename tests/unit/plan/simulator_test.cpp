@@ -72,18 +72,19 @@ Pricer prices(int final_layer, double forward, double backward, double gather, d
 }
 
 TEST(Simulator, PrefetchedParametersOverlapTheComputeOfTheLayerBefore) {
-  // One rank, 2 blocks, ZeRO-3 (forward 2, backward 3, gather 1, prefetch p). Forward:
-  // gather emb [0,1], h.0 [1,2]; prefetch h.1 [2,2+p] beside F(h.0) [2,4]; gather h.1 takes
-  // the prefetch over; F(h.1) [max(4,2+p), +2]; the head gathers emb and ln_f (2). Backward:
-  // gathers emb, ln_f (2); gather h.1 (1), prefetch h.0 beside B(h.1) (3); B(h.0) (3).
+  // One rank, 2 blocks, ZeRO-3 (forward 2, backward 3, moving a layer's parameters g).
   const Schedule s = Schedule::build(spec(2, ScheduleKind::one_f_one_b, 1, 1, 1, false, 3));
   const int f = s.final_layer();
+  // g = 1. Forward: the embedding's prefetch [0,1] taken over by its gather; gather h.0
+  // [1,2]; prefetch h.1 [2,3] beside F(h.0) [2,4]; F(h.1) [4,6]; the head gathers emb and
+  // ln_f [6,8]. Backward: the head's prefetches [8,10]; gather h.1 [10,11]; prefetch h.0
+  // [11,12] beside B(h.1) [11,14]; B(h.0) [14,17].
   const Timeline t = simulate(s, prices(f, 2.0, 3.0, 1.0, 1.0, 0.0));
-  EXPECT_DOUBLE_EQ(t.makespan, 17.0);  // 2 + 2 + 2 + 4 | 1 + 3 + 3
+  EXPECT_DOUBLE_EQ(t.makespan, 17.0);
   EXPECT_DOUBLE_EQ(t.busy[0], 10.0);
-  // A prefetch longer than the compute beside it shows by the difference: 1 more in the
-  // forward (3 beside 2), none in the backward (3 beside 3).
-  EXPECT_DOUBLE_EQ(simulate(s, prices(f, 2.0, 3.0, 1.0, 3.0, 0.0)).makespan, 18.0);
+  // g = 3: a prefetch outlasts the forward beside it (3 > 2), not the backward (3 = 3):
+  // forward 3 + 3 + 3 + 2 + 6, backward 6 + 3 + 3 + 3.
+  EXPECT_DOUBLE_EQ(simulate(s, prices(f, 2.0, 3.0, 3.0, 3.0, 0.0)).makespan, 32.0);
 }
 
 TEST(Simulator, ZeroOneReductionsRunOneAtATimeBehindTheBackward) {
