@@ -137,7 +137,8 @@ double CostModel::update(std::int64_t n, UpdateSite site, bool host_resident) co
     const double rate = machine_.host_adamw_rate / std::max(1, machine_.devices_per_node);
     return rate > 0 ? p / rate : 0.0;
   }
-  double t = p * kAdamWBytes / (machine_.memory_bandwidth * machine_.adamw_efficiency);
+  double t = machine_.device_adamw_rate > 0 ? p / machine_.device_adamw_rate
+                                            : p * kAdamWBytes / (machine_.memory_bandwidth * machine_.adamw_efficiency);
   if (host_resident) t += kStateBytes * p / machine_.h2d + kStateBytes * p / machine_.d2h;
   return t;
 }

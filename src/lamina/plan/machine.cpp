@@ -43,6 +43,7 @@ const std::vector<Table>& schema() {
         {"peak_tflops_fp32", Kind::number, true, &M::peak_flops_fp32, nullptr, nullptr, 1e12},
         {"peak_tflops_bf16", Kind::number, false, &M::peak_flops_bf16, nullptr, nullptr, 1e12},
         {"memory_bandwidth", Kind::bytes, true, &M::memory_bandwidth},
+        {"adamw_params_per_s", Kind::number, false, &M::device_adamw_rate},
         {"is_host", Kind::boolean, false, nullptr, nullptr, &M::device_is_host},
         {"cores", Kind::integer, false, nullptr, &M::cores_per_device}}},
       {"host",

@@ -4,7 +4,9 @@
 // source); `lamina bench machine --write FILE` measures the machine it runs on.
 //
 //   name = "DGX A100 80GB"
-//   [device]   per_node, memory, peak_tflops_fp32, peak_tflops_bf16, memory_bandwidth
+//   [device]   per_node, memory, peak_tflops_fp32, peak_tflops_bf16, memory_bandwidth,
+//              adamw_params_per_s (optional: measured; else the bandwidth at [efficiency] adamw),
+//              is_host and cores (a host-only machine: the "device" is the host's cores)
 //   [host]     memory (per node), memory_bandwidth (per node), adamw_params_per_s (per node)
 //   [links]    h2d, d2h (per device)
 //   [network]  intra_node_bandwidth, intra_node_latency, inter_node_bandwidth, inter_node_latency
@@ -30,6 +32,7 @@ struct MachineSpec {
   double host_memory = 0.0;
   double host_bandwidth = 0.0;
   double host_adamw_rate = 0.0;    // parameters per second, all cores of a node
+  double device_adamw_rate = 0.0;  // parameters per second on one device; 0: from the bandwidth
   // host <-> device, per device
   double h2d = 0.0, d2h = 0.0;
   // network, per device

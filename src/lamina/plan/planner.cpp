@@ -405,7 +405,8 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
   // Deep Optimizer States on one block's owned subgroups, with this machine's rates.
   DosModel dos;
   dos.host_rate = k.machine.host_adamw_rate / std::max(1, k.machine.devices_per_node);
-  dos.device_rate = k.machine.memory_bandwidth * k.machine.adamw_efficiency / 28.0;
+  dos.device_rate = k.machine.device_adamw_rate > 0 ? k.machine.device_adamw_rate
+                                                    : k.machine.memory_bandwidth * k.machine.adamw_efficiency / 28.0;
   dos.h2d = k.machine.h2d;
   dos.d2h = k.machine.d2h;
   dos.concurrent = !k.machine.device_is_host;
@@ -422,29 +423,33 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
   Plan hosted = plan;
   for (LayerPolicy& b : hosted.blocks) b = {ActivationPolicy::keep, MemTier::host, OptimizerPlacement::host};
   const double gather_host = CostModel(m, hosted, k.machine, k.options.measured, layout).gather(1);
+  // What a copy or collective adds beside a compute of `c` seconds: the part the compute
+  // does not hide, or all of it where both take the same cores.
+  const bool serial = k.machine.device_is_host;
+  auto exposed = [serial](double t, double c) { return serial ? t : std::max(0.0, t - c); };
   auto seconds_of = [&](const LayerPolicy& lp) {
     double t = M * (tF + tB);
     if (lp.activations == ActivationPolicy::recompute) t += M * tF;
     if (lp.activations == ActivationPolicy::offload) {
-      t += M * (std::max(0.0, cost.activation_copy(true) - tF) + std::max(0.0, cost.activation_copy(false) - tB));
+      t += M * (exposed(cost.activation_copy(true), tF) + exposed(cost.activation_copy(false), tB));
     }
     const bool resident = lp.params == MemTier::device && o.zero < 3 && !bf16;
     if (!resident) {
       const double g = lp.params == MemTier::host ? gather_host : gather_device;
       const double uses = o.layered && o.zero == 3 ? 1.0 : M;  // per pass
-      t += uses * (std::max(0.0, g - tF) + std::max(0.0, g - tB));
+      t += uses * (exposed(g, tF) + exposed(g, tB));
     }
     const double reductions = o.zero >= 2 && !o.layered ? M : 1.0;
-    t += reductions * std::max(0.0, cost.reduce(1) - tB);
+    t += reductions * exposed(cost.reduce(1), tB);
     switch (lp.optimizer) {
       case OptimizerPlacement::device: t += cost.update(static_cast<std::int64_t>(owned), UpdateSite::device, false); break;
       case OptimizerPlacement::host:
-        t += std::max(0.0, 4.0 * owned / k.machine.d2h - tB) +
+        t += exposed(4.0 * owned / k.machine.d2h, tB) +
              cost.update(static_cast<std::int64_t>(owned), UpdateSite::host, true) +
              (lp.params == MemTier::host ? 0.0 : owned * act_bytes / k.machine.h2d);
         break;
       case OptimizerPlacement::dynamic:
-        t += std::max(0.0, 4.0 * host_part / k.machine.d2h - tB) + dos_plan.predicted_seconds +
+        t += exposed(4.0 * host_part / k.machine.d2h, tB) + dos_plan.predicted_seconds +
              (lp.params == MemTier::host ? 0.0 : host_part * act_bytes / k.machine.h2d);
         break;
     }
@@ -720,7 +725,12 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     c.sets = overrides(p, f);
     r.best.push_back(std::move(c));
   }
-  std::sort(r.best.begin(), r.best.end(), [](const PlanCandidate& a, const PlanCandidate& b) { return a.step_s < b.step_s; });
+  // Fastest first; among equally fast plans the one that needs less memory (what a
+  // person would pick: no layered accumulation where it buys nothing).
+  std::sort(r.best.begin(), r.best.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+    if (a.step_s != b.step_s) return a.step_s < b.step_s;
+    return a.device_bytes + a.host_bytes < b.device_bytes + b.host_bytes;
+  });
   if (r.best.size() > static_cast<std::size_t>(std::max(options.top, 1))) r.best.resize(static_cast<std::size_t>(std::max(options.top, 1)));
   r.feasible = !r.best.empty();
   if (!r.feasible) {

@@ -1,0 +1,96 @@
+// The cost model's roofline on hand-computed cases: a block's GEMMs, attention and
+// element-wise passes, the tensor-parallel all-reduces inside it, ring collectives on the
+// link their group spans, and AdamW on either side.
+#include "lamina/plan/cost_model.hpp"
+
+#include <gtest/gtest.h>
+
+#include "lamina/parallel/shard.hpp"
+
+namespace lamina::test {
+namespace {
+
+MachineSpec machine() {
+  MachineSpec m;
+  m.devices_per_node = 8;
+  m.peak_flops_fp32 = 100e12;
+  m.peak_flops_bf16 = 400e12;
+  m.memory_bandwidth = 2e12;
+  m.gemm_efficiency = 0.5;
+  m.attention_efficiency = 0.25;
+  m.elementwise_efficiency = 0.5;
+  m.adamw_efficiency = 0.5;
+  m.intra_bandwidth = 200e9;
+  m.intra_latency = 1e-5;
+  m.inter_bandwidth = 20e9;
+  m.inter_latency = 2e-5;
+  m.h2d = m.d2h = 25e9;
+  m.host_adamw_rate = 8e9;
+  return m;
+}
+
+ModelConfig model() {
+  ModelConfig c;
+  c.layers = 4;
+  c.d_model = 1024;
+  c.heads = 16;
+  c.seq_len = 2048;
+  c.vocab_size = 32768;
+  return c;
+}
+
+Plan plan(int dp, int tp, std::int64_t micro_batch, Precision p) {
+  Plan x;
+  x.layout.dp = dp;
+  x.layout.tp = tp;
+  x.layout.micro_batch_size = micro_batch;
+  x.blocks.assign(4, LayerPolicy{});
+  x.precision = p;
+  return x;
+}
+
+TEST(CostModel, BlockForwardIsItsGemmsAttentionAndElementwisePasses) {
+  const CostModel c(model(), plan(1, 1, 1, Precision::bf16), machine());
+  const double N = 2048, C = 1024, T = 2048, H = 16;
+  const double gemm = 24 * N * C * C / (400e12 * 0.5);  // qkv, projection, two MLP products
+  const double attention = 4 * N * T * C / (400e12 * 0.25);
+  const double elementwise = 4.0 * (4 * N * C + 6 * N * C + 6 * N * C + 3 * H * T * T + 8 * N * C) / (2e12 * 0.5);
+  EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise, 1e-12);
+  EXPECT_NEAR(c.block_backward(), 2 * (gemm + attention + elementwise), 1e-12);
+}
+
+TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {
+  const CostModel c(model(), plan(1, 2, 1, Precision::bf16), machine());
+  const double N = 2048, C = 1024, T = 2048, H = 8;  // 8 heads on each of the 2 ranks
+  const double gemm = 24 * N * C * C / 2 / (400e12 * 0.5);
+  const double attention = 4 * N * T * C / 2 / (400e12 * 0.25);
+  const double elementwise = 4.0 * (4 * N * C + 6 * N * C + 3 * N * C + 3 * H * T * T + 4 * N * C) / (2e12 * 0.5);
+  // An all-reduce of the (N, C) fp32 residual over 2 ranks inside a node: 2 (p-1)/p of its
+  // bytes, 2 (p-1) latency-bound steps; two per pass (Megatron's f and g).
+  const double allreduce = 4 * N * C / 200e9 + 2 * 1e-5;
+  EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + 2 * allreduce, 1e-12);
+  EXPECT_NEAR(c.block_backward(), 2 * (gemm + attention + elementwise) + 2 * allreduce, 1e-12);
+}
+
+TEST(CostModel, CollectivesUseTheLinkTheirGroupSpans) {
+  const CostModel c(model(), plan(4, 2, 1, Precision::bf16), machine());
+  EXPECT_DOUBLE_EQ(c.collective(1e9, 3, 8), 1e9 / 200e9 + 3 * 1e-5);  // one node
+  EXPECT_DOUBLE_EQ(c.collective(1e9, 3, 16), 1e9 / 20e9 + 3 * 2e-5);  // two nodes
+  // ZeRO-0 all-reduces a block's fp32 gradients over dp = 4, which with tp = 2 spans 8
+  // ranks: one node.
+  const double padded = static_cast<double>(
+      LayerShard::of(ParamLayout::gpt2(model(), 2, 0).layers()[1].numel, 4, true).padded);
+  EXPECT_DOUBLE_EQ(c.reduce(1), c.collective(2.0 * 3 / 4 * 4 * padded, 6, 8));
+}
+
+TEST(CostModel, AdamWOnTheDeviceMovesTwentyEightBytesPerParameter) {
+  const CostModel c(model(), plan(1, 1, 1, Precision::fp32), machine());
+  EXPECT_DOUBLE_EQ(c.update(1000000, UpdateSite::device, false), 28e6 / (2e12 * 0.5));
+  // A device subgroup of host-resident state also moves its 12 bytes each way.
+  EXPECT_DOUBLE_EQ(c.update(1000000, UpdateSite::device, true), 28e6 / 1e12 + 12e6 / 25e9 + 12e6 / 25e9);
+  // On the host: a node's rate shared by its 8 devices.
+  EXPECT_DOUBLE_EQ(c.update(1000000, UpdateSite::host, true), 1e6 / 1e9);
+}
+
+}  // namespace
+}  // namespace lamina::test

@@ -1,0 +1,156 @@
+// The planner's solvers on the per-stage problem (the dynamic program equals brute force
+// on every budget; greedy, H3T's baseline, is never faster), and the search on small
+// decks: plans that fit, keys the deck fixes respected, and infeasible problems explained.
+#include "lamina/plan/planner.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "lamina/core/error.hpp"
+
+namespace lamina::test {
+namespace {
+
+// A stage of n blocks whose choices are every policy of the planner, with bytes and times
+// from the cost model of a small GPT on the DGX A100 description written below.
+const char* kMachine = R"(name = "test machine"
+[device]
+per_node = 4
+memory = "16GiB"
+peak_tflops_fp32 = 10
+peak_tflops_bf16 = 100
+memory_bandwidth = "1TB"
+[host]
+memory = "256GiB"
+memory_bandwidth = "200GB"
+adamw_params_per_s = 2e9
+[links]
+h2d = "20GB"
+d2h = "20GB"
+[network]
+intra_node_bandwidth = "100GB"
+intra_node_latency = 5e-6
+inter_node_bandwidth = "10GB"
+inter_node_latency = 1e-5
+)";
+
+const char* kDeck = R"([model]
+layers = 8
+d_model = 1024
+heads = 16
+seq_len = 512
+vocab_size = 8192
+[data]
+format = "synthetic"
+batch_size = 16
+[train]
+steps = 1
+[checkpoint]
+save_final = false
+)";
+
+// Blocks with distinct, hand-made choices: each (device bytes, host bytes, seconds).
+StageProblem handmade(int blocks) {
+  StageProblem p;
+  const double choices[][3] = {{8, 0, 1.0}, {4, 2, 1.5}, {2, 4, 2.5}, {1, 6, 4.0}, {6, 1, 1.2}};
+  for (int b = 0; b < blocks; ++b) {
+    std::vector<BlockChoice> cs;
+    for (const auto& c : choices) {
+      BlockChoice x;
+      x.device_bytes = c[0] + b;  // blocks differ a little
+      x.host_bytes = c[1];
+      x.seconds = c[2] * (1.0 + 0.1 * b);
+      cs.push_back(x);
+    }
+    p.blocks.push_back(cs);
+  }
+  return p;
+}
+
+TEST(Planner, DynamicProgramEqualsBruteForceOnEveryBudget) {
+  for (int blocks : {1, 2, 3}) {
+    for (double dev = 2; dev <= 30; dev += 1) {
+      for (double host : {0.0, 3.0, 6.0, 12.0}) {
+        StageProblem p = handmade(blocks);
+        p.device_budget = dev;
+        p.host_budget = host;
+        const StageSolution dp = solve_dp(p), brute = solve_brute(p), greedy = solve_greedy(p);
+        ASSERT_EQ(dp.feasible, brute.feasible) << blocks << " blocks, budget " << dev << "/" << host;
+        if (!brute.feasible) continue;
+        EXPECT_DOUBLE_EQ(dp.seconds, brute.seconds) << blocks << " blocks, budget " << dev << "/" << host;
+        EXPECT_LE(dp.device_bytes, dev);
+        if (host > 0) {
+          EXPECT_LE(dp.host_bytes, host);
+        }
+        if (greedy.feasible) {
+          EXPECT_LE(dp.seconds, greedy.seconds);
+        }
+      }
+    }
+  }
+}
+
+TEST(Planner, SolversAgreeOnTheChoicesOfARealModel) {
+  // The search's own per-stage problems, through its solvers, for 1, 2 and 3 blocks per
+  // stage: the plans brute force and the dynamic program pick are equally fast.
+  const MachineSpec machine = parse_machine(kMachine, "<test>");
+  for (const int layers : {2, 3}) {
+    const Deck deck = parse_deck(kDeck, "deck.toml", {"model.layers=" + std::to_string(layers)});
+    PlannerOptions o;
+    o.ranks = 2;
+    o.top = 1;
+    o.free_keys = planner_keys();
+    o.solver = Solver::dp;
+    const PlanResult dp = plan_search(deck, machine, o);
+    o.solver = Solver::brute;
+    const PlanResult brute = plan_search(deck, machine, o);
+    ASSERT_TRUE(dp.feasible);
+    ASSERT_TRUE(brute.feasible);
+    EXPECT_NEAR(dp.best[0].solver_objective, brute.best[0].solver_objective, 1e-12 * brute.best[0].solver_objective);
+  }
+}
+
+TEST(Planner, PlansFitAndRespectTheKeysTheDeckSets) {
+  const MachineSpec machine = parse_machine(kMachine, "<test>");
+  const Deck deck = parse_deck(kDeck, "deck.toml", {"parallel.tp=2", "memory.activations=recompute"});
+  PlannerOptions o;
+  o.ranks = 4;
+  o.top = 3;
+  for (const std::string& k : planner_keys())
+    if (!deck.sets(k)) o.free_keys.push_back(k);
+  const PlanResult r = plan_search(deck, machine, o);
+  ASSERT_TRUE(r.feasible);
+  for (const PlanCandidate& c : r.best) {
+    EXPECT_EQ(c.plan.layout.tp, 2);
+    EXPECT_EQ(c.plan.layout.ranks(), 4);
+    for (const LayerPolicy& b : c.plan.blocks) EXPECT_EQ(b.activations, ActivationPolicy::recompute);
+    EXPECT_LE(static_cast<double>(c.device_bytes), machine.device_memory);
+    EXPECT_GT(c.step_s, 0.0);
+  }
+  for (std::size_t i = 1; i < r.best.size(); ++i) EXPECT_LE(r.best[i - 1].step_s, r.best[i].step_s);
+  // The overrides give the plan back.
+  std::vector<std::string> sets = {"parallel.tp=2", "memory.activations=recompute"};
+  sets.insert(sets.end(), r.best[0].sets.begin(), r.best[0].sets.end());
+  const Plan again = plan_from_deck(parse_deck(kDeck, "deck.toml", sets), 4);
+  EXPECT_EQ(plan_summary(again), plan_summary(r.best[0].plan));
+}
+
+TEST(Planner, AModelThatCannotFitIsExplained) {
+  MachineSpec machine = parse_machine(kMachine, "<test>");
+  machine.device_memory = 64.0 * (1 << 20);  // 64 MiB devices
+  machine.host_memory = 4 * 128.0 * (1 << 20);
+  const Deck deck = parse_deck(kDeck, "deck.toml");
+  PlannerOptions o;
+  o.ranks = 1;
+  o.free_keys = planner_keys();
+  const PlanResult r = plan_search(deck, machine, o);
+  EXPECT_FALSE(r.feasible);
+  EXPECT_GT(r.min_device_bytes, static_cast<std::int64_t>(machine.device_memory));
+  EXPECT_NE(r.advice.find("more ranks"), std::string::npos) << r.advice;
+}
+
+}  // namespace
+}  // namespace lamina::test
