@@ -218,14 +218,21 @@ class StageBuilder {
       const Chunk& c = part.chunk(st.chunk);
       const bool run_start = !(k > 0 && same_run(k - 1, k));
       const bool run_end = !(k + 1 < order.size() && same_run(k, k + 1));
+      // The layers a run reads: the embedding's backward needs no parameters, so a backward
+      // run of the first chunk holds the embedding only where the chunk also has the head.
+      auto read = [&] {
+        std::vector<int> ls = s_.layers_of(c);
+        if (!st.forward && c.embedding && !c.head) ls.erase(ls.begin());
+        return ls;
+      };
       auto hold = [&] {
         if (!(hold_runs && run_start)) return;
-        for (int l : s_.layers_of(c)) gather(l);
+        for (int l : read()) gather(l);
         held_ = true;
       };
       auto unhold = [&] {
         if (!(hold_runs && run_end)) return;
-        for (int l : s_.layers_of(c)) release(l);
+        for (int l : read()) release(l);
         held_ = false;
       };
       // What the chunk's first compute needs comes in while the chunk waits for its input.
