@@ -314,9 +314,12 @@ class DeckReader {
     } else {
       wrong_type(sec, key, *n, "a string or an array of strings");
     }
-    toml::array out;
-    for (const auto& s : v) out.push_back(s);
-    resolved(sec).insert_or_assign(key, std::move(out));
+    // An absent optional list stays absent: an empty array would not read back.
+    if (!v.empty()) {
+      toml::array out;
+      for (const auto& s : v) out.push_back(s);
+      resolved(sec).insert_or_assign(key, std::move(out));
+    }
     return v;
   }
 
