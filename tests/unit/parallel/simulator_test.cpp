@@ -1,5 +1,5 @@
 // Pipeline schedules on the cost model: bubble fractions against the closed forms of the
-// papers (shared/docs/papers.md, section 3.3), and the structure every schedule needs.
+// papers (Lamy-Poirier 2021; Narayanan et al. 2021), and the structure every schedule needs.
 #include "lamina/parallel/simulator.hpp"
 
 #include <gtest/gtest.h>
