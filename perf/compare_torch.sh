@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Side-by-side benchmarks against PyTorch. Training step: PyTorch (shared/reference/torch_gpt.py, Debian's
-# python3-torch, 2 threads) out of the box and with its environment tuned, against
-# `lamina bench step inputs/bench-torch.toml`, same model (6 layers, d 384, 6 heads,
-# seq 256, batch 4, vocab 8192: 91.8 GFLOP/step), same OPENBLAS_* environment, in rounds
-# so that background load affects all three alike. AdamW: perf/torch_adamw.py (plain and
-# tuned) against `lamina bench adam`, 10M parameters. Prints each median and the ratios.
+# Side-by-side benchmarks against PyTorch. Training step: PyTorch (perf/torch_gpt.py: the
+# same model and FLOP formula; Debian's python3-torch, 2 threads) out of the box and with
+# its environment tuned, against `lamina bench step inputs/bench-torch.toml`, same model
+# (6 layers, d 384, 6 heads, seq 256, batch 4, vocab 8192: 91.8 GFLOP/step), same
+# OPENBLAS_* environment, in rounds so that background load affects all three alike.
+# AdamW: perf/torch_adamw.py (plain and tuned) against `lamina bench adam`, 10M
+# parameters. Prints each median and the ratios. TORCH_GPT=<script> times another one.
 #   perf/compare_torch.sh [build-dir] [rounds]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
 rounds=${2:-2}
-torch_py=${TORCH_GPT:-$here/../shared/reference/torch_gpt.py}
+torch_py=${TORCH_GPT:-$here/perf/torch_gpt.py}
 args=(--layers 6 --d-model 384 --heads 6 --seq 256 --batch 4 --vocab 8192 --threads 2 --steps 10 --warmup 3)
 tuned=(env MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 OMP_WAIT_POLICY=PASSIVE OPENBLAS_THREAD_TIMEOUT=4)
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['$1'])"; }

@@ -5,7 +5,7 @@ bubble fraction measured on the executor's virtual clock, beside the closed form
   GPipe / 1F1B  (p - 1) / (M + p - 1)
   interleaved   (p - 1) / (v M + p - 1)
   modular, layer by layer  (p - 1) / (m M + p - 1), m = layers per stage
-(Lamy-Poirier 2021; Narayanan et al. 2021; shared/docs/papers.md section 3.3).
+(Lamy-Poirier 2021; Narayanan et al. 2021).
 
   perf/parallel_report.py --deck inputs/scaling-small.toml
 """

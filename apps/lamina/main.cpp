@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
   train->add_flag("--check", o.check, "validate the deck, print it resolved with the memory estimate, and exit");
 
   auto* verify = app.add_subcommand("verify", "check one training step against a PyTorch reference file");
-  verify->add_option("--reference", o.reference, "reference file (HDF5, see shared/reference/FORMAT.md)")->required();
+  verify->add_option("--reference", o.reference, "reference file (HDF5, see docs/reference-format.md)")->required();
   verify->add_option("--tolerance", o.tolerance, "largest relative error accepted (default 1e-4)");
 
   auto* bench = app.add_subcommand("bench", "benchmarks; the last line printed is one JSON object");

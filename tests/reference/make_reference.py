@@ -1,13 +1,14 @@
 #!/usr/bin/python3
 """Writes a PyTorch reference file for lamina's model tests and `lamina verify`.
 
-The layout is shared/reference/FORMAT.md ("lamina-reference-1"): initial float32
+The layout is docs/reference-format.md ("lamina-reference-1"): initial float32
 weights in HuggingFace GPT-2 names and (in, out) Conv1D layout, a batch x/y, and, all
 computed in float64 by PyTorch autograd, the loss, every gradient and the weights after
-one torch.optim.AdamW step. CI uses it when the shared reference directory is absent.
-Needs Debian's python3-torch and python3-h5py (run with /usr/bin/python3).
+one torch.optim.AdamW step. The files the tests use (tests/reference/ref_*.h5) were made
+by it; tests/reference/README.md has the commands. Needs Debian's python3-torch and
+python3-h5py (run with /usr/bin/python3).
 
-  make_reference.py --layers 2 --d-model 64 --heads 4 --seq 16 --batch 2 --vocab 101 --out ref_tiny.h5
+  make_reference.py --layers 2 --d-model 32 --heads 4 --seq 16 --batch 2 --vocab 64 --seed 1 --out ref_tiny.h5
 """
 import argparse
 import math

@@ -1,7 +1,7 @@
 #pragma once
 // A tracked, owning 1-D allocation in one Kokkos memory space. Shaped views (matrices,
 // named parameter tensors) are unmanaged views into it, so one contiguous buffer can
-// back many tensors (DESIGN.md idea 2) and every byte is accounted for.
+// back many tensors (docs/architecture.md, idea 2) and every byte is accounted for.
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 #include <string>

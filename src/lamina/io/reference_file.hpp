@@ -1,5 +1,5 @@
 #pragma once
-// PyTorch reference files (shared/reference/FORMAT.md): weights, one batch, the loss,
+// PyTorch reference files (docs/reference-format.md): weights, one batch, the loss,
 // every gradient, and the weights after one AdamW step, all from an independent
 // float64 implementation. `lamina verify` and the model tests compare against them.
 #include <cstdint>

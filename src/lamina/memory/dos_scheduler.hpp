@@ -1,5 +1,5 @@
 #pragma once
-// Deep Optimizer States (Maurya et al., Middleware'24; shared/docs/papers.md section 2):
+// Deep Optimizer States (Maurya et al., Middleware'24):
 // the optimizer state lives in host memory, cut into subgroups, and every step some
 // subgroups are moved to the device, updated there and moved back, while the host
 // updates the rest. This file decides which, from a performance model; it knows

@@ -1,6 +1,6 @@
 #pragma once
 // Model FLOPs of training (forward + backward), as PaLM's MFU counts them (Chowdhery et
-// al. 2022, app. B) and as shared/reference/torch_gpt.py does, so that numbers compare:
+// al. 2022, app. B) and as perf/torch_gpt.py does, so that numbers compare:
 //   per token: 6 N_mm + 12 L C T,  N_mm = 12 L C^2 + V C
 // (weights used in products, tied LM head included; attention over the full T x T
 // scores; recomputation not counted).

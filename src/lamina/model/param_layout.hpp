@@ -1,5 +1,5 @@
 #pragma once
-// Where every parameter lives: per-layer flat buffers (DESIGN.md idea 2), tensor names
+// Where every parameter lives: per-layer flat buffers (docs/architecture.md, idea 2), tensor names
 // and global shapes as in HuggingFace GPT-2, how tensor parallelism splits each tensor
 // (and so where this rank's piece sits in the global tensor), and the optimizer-state
 // subgroups. Checkpoints, initialisation, the optimizer and sharding all read this one

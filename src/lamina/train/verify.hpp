@@ -1,6 +1,6 @@
 #pragma once
 // `lamina verify`: one forward/backward and one AdamW step on a PyTorch reference file
-// (shared/reference/FORMAT.md), compared tensor by tensor.
+// (docs/reference-format.md), compared tensor by tensor.
 #include <string>
 #include <vector>
 

@@ -1,4 +1,5 @@
-// The Deep Optimizer States split on hand-computed cases (shared/docs/papers.md 2.3).
+// The Deep Optimizer States split on hand-computed cases (the model and stride rule in
+// src/lamina/memory/dos_scheduler.hpp).
 #include "lamina/memory/dos_scheduler.hpp"
 
 #include <gtest/gtest.h>
@@ -24,7 +25,7 @@ int count_device(const DosPlan& p) {
 }
 
 TEST(DosScheduler, StrideFollowsThePaperRule) {
-  // The papers.md example: U_h = 1.5 Gparam/s, B = 25 GB/s, U_d >> U_h: k* = 1 + ceil(0.72) = 2.
+  // U_h = 1.5 Gparam/s, B = 25 GB/s, U_d >> U_h: k* = 1 + ceil(0.72) = 2.
   EXPECT_EQ(dos_stride(model(1.5e9, 1e15, 25e9)), 2);
   // 1 + ceil(5e9 (12 / 12e9 + 1 / 2e10)) = 1 + ceil(5.25) = 7.
   EXPECT_EQ(dos_stride(model(5e9, 2e10, 12e9)), 7);
