@@ -1,5 +1,5 @@
 #pragma once
-// A training step as data (DESIGN.md idea 3): for each pipeline stage, the list of
+// A training step as data (docs/architecture.md, idea 3): for each pipeline stage, the list of
 // instructions it runs, one per layer and micro-batch, memory actions included. Builders
 // emit GPipe, 1F1B, interleaved 1F1B and modular schedules, depth-first or breadth-first
 // over micro-batches (layered gradient accumulation), then place around each layer's

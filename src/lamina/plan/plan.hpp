@@ -1,5 +1,5 @@
 #pragma once
-// A plan is data (DESIGN.md idea 4): how one step of a job runs. The parallel layout (dp,
+// A plan is data (docs/architecture.md, idea 4): how one step of a job runs. The parallel layout (dp,
 // tp, pp, ZeRO stage, pipeline schedule, layered accumulation, micro-batches) and, per
 // transformer block, what happens to its activations, where its parameters live and where
 // its optimizer state is updated; plus the precision, the optimizer's subgroup size, the
