@@ -175,25 +175,29 @@ class LayerRangeActs {
   using HostView = Kokkos::View<float*, Kokkos::LayoutRight, HostTierSpace>;
   using HostView16 = Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, HostTierSpace>;
 
-  // Device-tier floats a range needs (blocks with fp32 kept inner activations: `kept`); the
-  // token buffer and bf16 kept inner activations come on top, offloaded blocks' host
-  // buffers elsewhere.
+  // Device-tier floats a range needs (blocks with fp32 kept inner activations: `kept`;
+  // own_dres: its own residual-gradient buffer); the token buffer and bf16 kept inner
+  // activations come on top, offloaded blocks' host buffers elsewhere.
   static std::int64_t floats(const ActivationSizes& s, std::int64_t blocks, std::int64_t kept, bool embedding,
-                             bool head) {
+                             bool head, bool own_dres = true) {
     return (embedding ? s.embed : s.boundary) + blocks * (s.block - s.inner) + kept * s.inner +
-           (head ? s.head : 0) + s.boundary;
+           (head ? s.head : 0) + (own_dres ? s.boundary : 0);
   }
 
-  // policy: one entry per block of the range.
+  // policy: one entry per block of the range. shared_dres: (N, C) floats this range uses
+  // for its residual gradient instead of its own, where micro-batches of the range never
+  // run their backward passes interleaved (depth-first schedules): one per range, not one
+  // per micro-batch in flight.
   LayerRangeActs(MemoryTracker& tracker, const Dims& d, std::int64_t first, std::int64_t last, bool embedding,
-                 bool head, const std::vector<ActivationPolicy>& policy, bool bf16 = false)
+                 bool head, const std::vector<ActivationPolicy>& policy, bool bf16 = false,
+                 float* shared_dres = nullptr)
       : dims_(d), first_(first), policy_(policy) {
     const ActivationSizes s = activation_sizes(d);
     const std::int64_t N = d.N(), C = d.C;
     const std::int64_t kept = std::count(policy.begin(), policy.end(), ActivationPolicy::keep);
     const std::string range = std::to_string(first) + "-" + std::to_string(last);
     buf_ = Buffer<float, Mem>(tracker, MemCategory::activations, "lamina::acts_h" + range,
-                              floats(s, last - first, bf16 ? 0 : kept, embedding, head));
+                              floats(s, last - first, bf16 ? 0 : kept, embedding, head, shared_dres == nullptr));
     if (bf16 && kept > 0) {
       buf16_ = Buffer<std::uint16_t, Mem>(tracker, MemCategory::activations, "lamina::acts_bf16_h" + range,
                                           kept * s.inner);
@@ -239,7 +243,7 @@ class LayerRangeActs {
       this->head.losses = as_vec<Exec>(take(N), N);
       this->head.lse = as_vec<Exec>(take(N), N);
     }
-    dres = as_mat<Exec>(take(N * C), N, C);
+    dres = as_mat<Exec>(shared_dres != nullptr ? shared_dres : take(N * C), N, C);
     tokens_ = Buffer<std::int32_t, Mem>(tracker, MemCategory::activations, "lamina::tokens", s.tokens);
     inputs = Kokkos::subview(tokens_.view(), std::pair<std::int64_t, std::int64_t>(0, N));
     targets = Kokkos::subview(tokens_.view(), std::pair<std::int64_t, std::int64_t>(N, 2 * N));

@@ -54,10 +54,17 @@ Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& 
       scratch = scratch || p == ActivationPolicy::recompute || (bf16_ && p != ActivationPolicy::recompute);
       offload = offload || p == ActivationPolicy::offload;
     }
+    // Depth-first, a chunk runs one micro-batch's backward at a time: one residual-gradient
+    // buffer serves them all. Breadth-first keeps each micro-batch's until its turn.
+    float* dres = nullptr;
+    if (!schedule.spec().layout.layered) {
+      s.dres = Buffer<float, Mem>(tracker, MemCategory::activations, "lamina::dres", activation_sizes(dims).boundary);
+      dres = s.dres.data();
+    }
     const int n = schedule.max_in_flight(c);
     for (int i = 0; i < n; ++i) {
       s.acts.push_back(std::make_unique<LayerRangeActs<Exec>>(tracker, dims, k.first_block, k.last_block, k.embedding,
-                                                              k.head, policy, bf16_));
+                                                              k.head, policy, bf16_, dres));
       s.free.push_back(n - 1 - i);
     }
   }

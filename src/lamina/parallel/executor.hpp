@@ -53,6 +53,7 @@ class Executor {
   struct Slots {
     std::vector<std::unique_ptr<LayerRangeActs<Exec>>> acts;
     std::vector<int> free;
+    Buffer<float, DeviceMem> dres;  // shared by the slots where the schedule is depth-first
   };
   // A message in flight from its own copy of the data, so that no buffer of the model
   // waits for a receiver: waiting there would add dependencies the schedule does not have.

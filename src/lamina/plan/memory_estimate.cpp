@@ -101,10 +101,12 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
     }
     const std::int64_t slots = schedule.max_in_flight(c);
     const std::int64_t fp32_kept = bf16 ? 0 : kept;
+    const bool own_dres = o.layered;  // depth-first chunks share one residual-gradient buffer
     acts += slots * (4 * (LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(a, k.blocks(), fp32_kept, k.embedding,
-                                                                                 k.head) +
+                                                                                 k.head, own_dres) +
                           a.tokens) +
-                     2 * (kept - fp32_kept) * a.inner);
+                     2 * (kept - fp32_kept) * a.inner) +
+            (own_dres ? 0 : 4 * a.boundary);
     host_acts += (bf16 ? 2 : 4) * slots * offloaded * a.inner;
   }
   if (scratch) acts += 4 * a.inner;                   // where a recomputed or bf16-stored block runs

@@ -476,8 +476,10 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
     for (int c : shape.partition.chunks_of(s)) {
       const Chunk& ch = shape.partition.chunk(c);
       const double f = shape.in_flight[static_cast<std::size_t>(c)];
-      dev += f * 4.0 * static_cast<double>(LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(a, 0, 0, ch.embedding, ch.head) +
-                                           a.tokens);
+      dev += f * 4.0 * static_cast<double>(LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(a, 0, 0, ch.embedding,
+                                                                                                   ch.head, o.layered) +
+                                           a.tokens) +
+             (o.layered ? 0.0 : 4.0 * static_cast<double>(a.boundary));
       if (ch.embedding) secs += M * (cost.embed_forward() + cost.embed_backward());
       if (ch.head) secs += M * (cost.head_forward() + cost.head_backward());
       for (std::int64_t b = ch.first_block; b < ch.last_block; ++b) {
