@@ -16,12 +16,14 @@ void measure_dos_inputs(Plan& plan, bool force) {
   const bool needed = plan.any_optimizer(OptimizerPlacement::dynamic) && plan.dos.split == DosSplit::model && d.concurrent;
   if (!needed && !force) return;
   // Inputs the plan leaves at 0 are measured now, on arrays of 8M parameters out of cache
-  // (the optimizer state a step updates was last touched a step ago).
+  // (the optimizer state a step updates was last touched a step ago): the median of 9
+  // repetitions after a warm-up, as single runs vary up to 2x on a busy machine.
   constexpr std::int64_t n = 1 << 23;
-  if (plan.dos.host_rate <= 0) plan.dos.host_rate = measure_adamw_rate(n, 5, true, true).median;
-  if (plan.dos.device_rate <= 0) plan.dos.device_rate = measure_adamw_rate(n, 5, false, true).median;
-  if (plan.dos.h2d <= 0) plan.dos.h2d = measure_copy_rate(n, 5, true, true).median;
-  if (plan.dos.d2h <= 0) plan.dos.d2h = measure_copy_rate(n, 5, false, true).median;
+  constexpr int reps = 9;
+  if (plan.dos.host_rate <= 0) plan.dos.host_rate = measure_adamw_rate(n, reps, true, true).median;
+  if (plan.dos.device_rate <= 0) plan.dos.device_rate = measure_adamw_rate(n, reps, false, true).median;
+  if (plan.dos.h2d <= 0) plan.dos.h2d = measure_copy_rate(n, reps, true, true).median;
+  if (plan.dos.d2h <= 0) plan.dos.d2h = measure_copy_rate(n, reps, false, true).median;
 }
 
 Runtime::Runtime(MemoryTracker& tracker, const ModelConfig& model, const OptimizerConfig& optimizer, const Plan& plan,

@@ -372,7 +372,8 @@ TrainSummary run_training(const Deck& deck, const Log& log, MPI_Comm comm) { ret
 
 void check_deck(const Deck& deck, const Log& log, int world) {
   log.info("resolved deck (" + deck.source + "):\n" + deck.resolved_toml);
-  const Plan plan = plan_from_deck(deck, world);
+  // Run alone, --check validates a deck for any number of ranks; under mpirun, for those.
+  const Plan plan = plan_from_deck(deck, world > 1 ? world : 0);
   log.info(describe(plan));
   const MemoryEstimate estimate = estimate_memory(deck.model, plan, RunExtras::of(deck.checkpoint, deck.output));
   log.info(format_memory_estimate(estimate));

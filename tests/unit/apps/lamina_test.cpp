@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 namespace lamina::test {
@@ -135,6 +136,47 @@ TEST_F(Cli, BenchPrintsOneJsonObjectLast) {
   for (const char* k : {"\"step_ms_median\"", "\"tokens_per_s\"", "\"tflops\"", "\"gemm_fraction\""}) {
     EXPECT_NE(last_line(s.out).find(k), std::string::npos) << k;
   }
+}
+
+TEST_F(Cli, PlanWritesADeckTheTrainerRunsAndExplainsWhatCannotFit) {
+  const std::string deck = file("plan.toml", R"([model]
+layers = 2
+d_model = 64
+heads = 4
+seq_len = 32
+vocab_size = 512
+[data]
+format = "synthetic"
+batch_size = 8
+[train]
+steps = 1
+[checkpoint]
+save_final = false
+)");
+  const std::string machine = std::string(LAMINA_SOURCE_DIR) + "/inputs/machines/dgx-a100-80gb.toml";
+  const std::string planned = dir_ + "/planned.toml";
+  const Result p = run("plan " + deck + " --ranks 8 --machine " + machine + " --write-deck " + planned + " --tokens 1e9");
+  ASSERT_EQ(p.code, 0) << p.out;
+  const std::string json = last_line(p.out);
+  for (const char* key : {"\"feasible\": true", "\"solve_s\": ", "\"ranks\": 8", "\"dp\": ", "\"tp\": ",
+                          "\"pp\": ", "\"zero\": ", "\"schedule\": ", "\"virtual_stages\": ", "\"layered\": ",
+                          "\"micro_batch_size\": ", "\"step_s\": ", "\"tokens_per_s\": ",
+                          "\"model_flops_per_step\": ", "\"mfu\": ", "\"peak_bytes\": {\"device\": ",
+                          "\"capacity_bytes\": {\"device\": ", "\"train_days\": "}) {
+    EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;
+  }
+  // The written deck is complete: the trainer accepts it as it is.
+  const Result check = run("train " + planned + " --check");
+  EXPECT_EQ(check.code, 0) << check.out;
+  // A machine too small for the model: exit 2, the memory it would need, what helps.
+  std::ifstream in(machine);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  text.replace(text.find("memory = \"80GB\""), 15, "memory = \"1MB\"");
+  const Result small = run("plan " + deck + " --ranks 1 --machine " + file("tiny.toml", text));
+  EXPECT_EQ(small.code, 2) << small.out;
+  EXPECT_NE(small.out.find("no plan fits"), std::string::npos) << small.out;
+  EXPECT_NE(small.out.find("what helps"), std::string::npos) << small.out;
+  EXPECT_NE(last_line(small.out).find("\"feasible\": false"), std::string::npos) << small.out;
 }
 
 }  // namespace
