@@ -158,6 +158,13 @@ int main(int argc, char** argv) {
   plan->add_option("--top", o.plan.top, "plans to show (default 3)")->check(CLI::PositiveNumber);
   plan->add_option("--write-deck", o.plan.write_deck, "write the deck with the chosen values");
   plan->add_option("--tokens", o.plan.tokens, "tokens to train on: adds the days it takes")->check(CLI::PositiveNumber);
+  plan->add_flag("--shortest-time", o.plan.shortest_time,
+                 "sweep cluster sizes up to --max-ranks: the shortest time to train on --tokens with standard "
+                 "pipelines and with layered accumulation and modular pipelines, at the critical batch");
+  plan->add_option("--max-ranks", o.plan.max_ranks, "largest cluster of the sweep (default 16384)")
+      ->check(CLI::PositiveNumber);
+  plan->add_flag("--deck-batch", o.plan.deck_batch, "sweep at the deck's data.batch_size instead of the critical batch");
+  plan->add_option("--write-sweep", o.plan.write_sweep, "write the sweep as CSV (perf/plot_shortest_time.py draws it)");
   auto* bench_memory = bench->add_subcommand("memory", "predicted against measured peak memory per space and category");
   bench_memory->add_option("deck", o.deck, "input deck (TOML)")->required();
   bench_memory->add_option("--set", o.sets, "override a deck key (repeatable)");

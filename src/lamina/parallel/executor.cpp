@@ -42,6 +42,7 @@ Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& 
       send_pool_(tracker, MemCategory::communication, "lamina::pipeline_sends"),
       transfer_(transfer_instance<Exec>()),
       inner_size_(activation_sizes(dims).inner),
+      split_(grid.tp_size() > 1 && activation_sizes(dims).boundary % grid.tp_size() == 0 ? grid.tp_size() : 1),
       bf16_(schedule.spec().precision == Precision::bf16) {
   const Partition& part = schedule.partition();
   bool scratch = false, offload = false;  // what needs the scratch, the staging buffers
@@ -274,9 +275,12 @@ void Executor::send(Op op, int chunk, int mb, int peer) {
   const Mat<Exec>& buf = act ? a.output() : a.dres;
   const int to = act ? chunk + 1 : chunk - 1;
   const int kind = act ? 0 : 1;
-  const std::int64_t n = static_cast<std::int64_t>(buf.size());
+  // Every tensor-parallel rank holds the whole residual stream: each sends its 1/tp share
+  // and the receivers all-gather it over their tensor-parallel group (Megatron's
+  // scatter/gather), so the pipeline link carries it once, not tp times.
+  const std::int64_t n = static_cast<std::int64_t>(buf.size()) / split_;
   float* out = outgoing_buffer(n);
-  Kokkos::deep_copy(Exec(), as_vec<Exec>(out, n), as_vec<Exec>(buf.data(), n));
+  Kokkos::deep_copy(Exec(), as_vec<Exec>(out, n), as_vec<Exec>(buf.data() + grid_.tp_rank() % split_ * n, n));
   Exec().fence();
   outgoing_.push_back({out, n, grid_.pp().isend(out, n, peer, tag(kind, to, mb, 0))});
   // The sender's virtual time travels with the message, as the bits of a double.
@@ -305,7 +309,15 @@ void Executor::recv(Op op, int chunk, int mb, int peer) {
   LayerRangeActs<Exec>& a = act ? acquire(chunk, mb) : slot(chunk, mb);
   const Mat<Exec>& buf = act ? a.input : a.dres;
   const int kind = act ? 0 : 1;
-  grid_.pp().recv(buf.data(), static_cast<std::int64_t>(buf.size()), peer, tag(kind, chunk, mb, 0));
+  if (split_ == 1) {
+    grid_.pp().recv(buf.data(), static_cast<std::int64_t>(buf.size()), peer, tag(kind, chunk, mb, 0));
+  } else {
+    const std::int64_t n = static_cast<std::int64_t>(buf.size()) / split_;
+    float* share = send_pool_.acquire(n);
+    grid_.pp().recv(share, n, peer, tag(kind, chunk, mb, 0));
+    grid_.tp().all_gather(share, buf.data(), n);
+    send_pool_.release(share, n);
+  }
   float stamp[2];
   grid_.pp_clock().recv(stamp, 2, peer, tag(kind, chunk, mb, 1));
   double arrival = 0.0;

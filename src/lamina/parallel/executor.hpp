@@ -99,6 +99,7 @@ class Executor {
   BufferPool<Mem> send_pool_;
   Exec transfer_;              // instance for activation offload copies
   std::int64_t inner_size_;    // floats of one block's inner activations
+  int split_;                  // pipeline messages travel in this many tensor-parallel shares
   bool bf16_;                  // kept and offloaded inner activations stored as bf16
   Buffer<float, Mem> scratch_;     // recomputed block activations, or bf16 ones widened
   Buffer<float, Mem> staging_[2];  // offloaded blocks on their way in and out

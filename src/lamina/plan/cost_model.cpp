@@ -166,10 +166,14 @@ double CostModel::share(int layer) const {
 }
 
 double CostModel::p2p() const {
+  // Each tensor-parallel rank sends its 1/tp share of the fp32 residual stream; the
+  // receivers all-gather the shares over their group.
   const ParallelLayout& o = plan_.layout;
   const double bytes = 4.0 * static_cast<double>(o.micro_batch_size) * static_cast<double>(model_.seq_len) *
                        static_cast<double>(model_.d_model);
-  return collective(bytes, 1, o.dp * o.tp * 2);
+  const double tp = o.tp;
+  const double gather = o.tp > 1 ? collective((tp - 1) / tp * bytes, o.tp - 1, o.tp) : 0.0;
+  return collective(bytes / tp, 1, o.dp * o.tp * 2) + gather;
 }
 
 double CostModel::sync() const {
@@ -230,7 +234,9 @@ std::map<std::string, double> CostModel::traffic(const std::vector<Instruction>&
       case Op::recompute:
       case Op::backward: bytes["tp"] += (block ? 2.0 : 1.0) * tp_allreduce; break;
       case Op::send_activation:
-      case Op::send_gradient: bytes["pp"] += 4.0 * NC; break;
+      case Op::send_gradient: bytes["pp"] += 4.0 * NC / tp; break;
+      case Op::recv_activation:
+      case Op::recv_gradient: bytes["tp"] += (tp - 1) / tp * 4.0 * NC; break;
       case Op::prefetch_params:
         prefetched.insert(i.layer);
         if (o.zero == 3) bytes["dp"] += (dp - 1) / dp * static_cast<double>(shard(i.layer).padded) * param_bytes();

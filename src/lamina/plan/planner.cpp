@@ -261,10 +261,10 @@ ScheduleKind kind_of(const std::string& s) {
 }
 
 // Every layout the deck leaves open, within what the runtime supports.
-std::vector<ParallelLayout> layouts(const Deck& deck, int ranks, const Freedom& f, const MachineSpec& machine) {
+std::vector<ParallelLayout> layouts(const Deck& deck, int ranks, const Freedom& f, const MachineSpec& machine,
+                                    const PlannerOptions& options) {
   const ModelConfig& m = deck.model;
   const ParallelSection& p = deck.parallel;
-  const std::int64_t batch = deck.data.batch_size;
   std::vector<ParallelLayout> out;
   const std::vector<int> tps = f.has("parallel.tp") ? divisors(ranks, machine.devices_per_node) : std::vector<int>{static_cast<int>(p.tp)};
   for (const int tp : tps) {
@@ -274,7 +274,8 @@ std::vector<ParallelLayout> layouts(const Deck& deck, int ranks, const Freedom& 
       if ((ranks / tp) % pp != 0) continue;
       const int dp = ranks / tp / pp;
       if (!f.has("parallel.dp") && dp != p.dp) continue;
-      if (batch % dp != 0) continue;
+      const std::int64_t batch = options.batch_cap > 0 ? options.batch_cap / dp * dp : deck.data.batch_size;
+      if (batch < dp || batch % dp != 0) continue;
       std::vector<std::int64_t> mbss;
       if (f.has("data.micro_batch_size")) {
         for (const int d : divisors(batch / dp, 64)) mbss.push_back(d);
@@ -315,6 +316,8 @@ std::vector<ParallelLayout> layouts(const Deck& deck, int ranks, const Freedom& 
               for (const bool layered : ls) {
                 if (layered && pp > 1 && (k == ScheduleKind::one_f_one_b || k == ScheduleKind::interleaved)) continue;
                 if (layered && pp == 1 && k != ScheduleKind::one_f_one_b && k != ScheduleKind::gpipe) continue;
+                const bool standard = !layered && k != ScheduleKind::modular;
+                if (options.family == Family::standard && !standard) continue;
                 kinds.emplace_back(k, v, layered);
               }
           }
@@ -363,6 +366,9 @@ struct LayoutModel {
   std::vector<double> fixed_device, fixed_host;         // per stage
   std::vector<double> micro_batch_seconds;              // per stage: one micro-batch through it (for the bubble)
   double lower_bound = 0.0;                             // compute alone, the slowest stage, no bubble
+  double sequences = 1.0;                               // the batch of this layout
+  // Seconds per sequence: layouts with different batches compare by throughput.
+  double per_sequence(double seconds) const { return seconds / sequences; }
 };
 
 struct Costing {
@@ -387,6 +393,7 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
   const bool bf16 = k.deck.train.precision == Precision::bf16;
   LayoutModel lm;
   lm.layout = o;
+  lm.sequences = static_cast<double>(o.dp) * static_cast<double>(o.micro_batch_size) * o.micro_batches;
   Plan plan;
   plan.layout = o;
   plan.blocks.assign(static_cast<std::size_t>(m.layers), LayerPolicy{});
@@ -587,6 +594,7 @@ std::vector<std::string> overrides(const Plan& plan, const Freedom& f) {
   add("parallel.virtual_stages", std::to_string(o.virtual_stages));
   add("parallel.layered", o.layered ? "true" : "false");
   add("data.micro_batch_size", std::to_string(o.micro_batch_size));
+  add("data.batch_size", std::to_string(static_cast<std::int64_t>(o.dp) * o.micro_batch_size * o.micro_batches));
   std::vector<std::string> acts, params, opt;
   for (const LayerPolicy& b : plan.blocks) {
     acts.push_back(activation_policy_name(b.activations));
@@ -605,12 +613,13 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   const auto t0 = Clock::now();
   Freedom f;
   f.keys.insert(options.free_keys.begin(), options.free_keys.end());
+  if (options.batch_cap > 0) f.keys.insert("data.batch_size");  // each layout's own batch
   Costing k{deck, machine, options, f, capacity(deck, machine), {}, {}};
   for (std::int64_t b = 0; b < deck.model.layers; ++b) k.choices.push_back(choices_of(deck, f, b));
   PlanResult r;
   r.capacity_device = k.cap.device;
   r.capacity_host = k.cap.host;
-  const std::vector<ParallelLayout> all = layouts(deck, options.ranks, f, machine);
+  const std::vector<ParallelLayout> all = layouts(deck, options.ranks, f, machine, options);
   r.layouts_considered = static_cast<std::int64_t>(all.size());
 
   // Model every layout (cheap), then solve them in the order of their compute lower bound,
@@ -621,7 +630,9 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   r.model_s = std::chrono::duration<double>(Clock::now() - t0).count();
   std::vector<std::size_t> order(models.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return models[a].lower_bound < models[b].lower_bound; });
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return models[a].per_sequence(models[a].lower_bound) < models[b].per_sequence(models[b].lower_bound);
+  });
 
   struct Solved {
     std::size_t model;
@@ -633,7 +644,7 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   double min_dev = std::numeric_limits<double>::infinity(), min_host = std::numeric_limits<double>::infinity();
   for (const std::size_t i : order) {
     const LayoutModel& lm = models[i];
-    if (solved.size() >= keep && lm.lower_bound >= solved[keep - 1].objective) {
+    if (solved.size() >= keep && lm.per_sequence(lm.lower_bound) >= solved[keep - 1].objective) {
       ++r.layouts_pruned;
       continue;
     }
@@ -664,7 +675,7 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     }
     ++r.layouts_solved;
     if (!ok) continue;
-    sv.objective = layout_objective(lm, sv.stages);
+    sv.objective = lm.per_sequence(layout_objective(lm, sv.stages));
     solved.push_back(std::move(sv));
     std::sort(solved.begin(), solved.end(), [](const Solved& a, const Solved& b) { return a.objective < b.objective; });
     if (solved.size() > keep) solved.resize(keep);
@@ -697,7 +708,7 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     p.precision = deck.train.precision;
     p.subgroup_size = deck.optimizer.subgroup_size;
     p.budget = {deck.memory.device_budget, deck.memory.host_budget};
-    c.solver_objective = sv.objective;
+    c.solver_objective = sv.objective * lm.sequences;
     c.memory = estimate_memory(deck.model, p, extras);
     c.device_bytes = c.memory.total(tier_label(MemTier::device));
     c.host_bytes = c.memory.total(tier_label(MemTier::host));
@@ -730,7 +741,9 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   // Fastest first; among equally fast plans the one that needs less memory (what a
   // person would pick: no layered accumulation where it buys nothing).
   std::sort(r.best.begin(), r.best.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
-    if (a.step_s != b.step_s) return a.step_s < b.step_s;
+    const double ta = a.step_s / a.plan.layout.micro_batches / a.plan.layout.micro_batch_size / a.plan.layout.dp;
+    const double tb = b.step_s / b.plan.layout.micro_batches / b.plan.layout.micro_batch_size / b.plan.layout.dp;
+    if (ta != tb) return ta < tb;
     return a.device_bytes + a.host_bytes < b.device_bytes + b.host_bytes;
   });
   if (r.best.size() > static_cast<std::size_t>(std::max(options.top, 1))) r.best.resize(static_cast<std::size_t>(std::max(options.top, 1)));

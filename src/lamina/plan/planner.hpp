@@ -30,6 +30,10 @@ namespace lamina {
 
 enum class Solver { dp, greedy, brute };
 
+// Which schedules the search may use: any; the standard ones (GPipe, 1F1B, interleaved
+// 1F1B, depth-first accumulation); or those plus layered accumulation and modular pipelines.
+enum class Family { any, standard, layered_modular };
+
 struct PlannerOptions {
   int ranks = 1;
   Solver solver = Solver::dp;
@@ -37,6 +41,10 @@ struct PlannerOptions {
   // Keys the search may choose (planner_keys() the deck leaves unset or "auto").
   std::vector<std::string> free_keys;
   std::vector<MeasuredCosts> measured;  // this machine's profiles
+  Family family = Family::any;
+  // > 0: the batch is not the deck's but, for each layout, the most sequences up to this
+  // cap that its data-parallel ranks split evenly; plans then compete on tokens per second.
+  std::int64_t batch_cap = 0;
 };
 
 // One candidate: the plan, its predicted step and peak memory.

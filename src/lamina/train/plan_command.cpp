@@ -8,6 +8,7 @@
 #include "lamina/core/format.hpp"
 #include "lamina/core/json.hpp"
 #include "lamina/model/flops.hpp"
+#include "lamina/plan/training_time.hpp"
 #include "lamina/train/profile.hpp"
 
 namespace lamina {
@@ -90,7 +91,9 @@ struct Figures {
 Figures figures(const Deck& deck, const MachineSpec& machine, const PlanCandidate& c, int ranks,
                 const std::vector<MeasuredCosts>& measured) {
   Figures f;
-  const double tokens = static_cast<double>(deck.data.batch_size) * static_cast<double>(deck.model.seq_len);
+  const ParallelLayout& o = c.plan.layout;
+  const double tokens = static_cast<double>(o.dp) * static_cast<double>(o.micro_batch_size) * o.micro_batches *
+                        static_cast<double>(deck.model.seq_len);
   f.tokens_per_s = tokens / c.step_s;
   f.flops = training_flops_per_token(deck.model) * tokens;
   f.mfu = f.flops / (c.step_s * ranks * machine.peak_flops(c.plan.precision == Precision::bf16));
@@ -98,6 +101,89 @@ Figures figures(const Deck& deck, const MachineSpec& machine, const PlanCandidat
   const Schedule schedule = Schedule::build(step_spec(c.plan, deck.model));
   f.traffic = cost.traffic(schedule.program(0), {});
   return f;
+}
+
+}  // namespace
+
+namespace {
+
+int run_shortest_time(const PlanCommand& cmd, const Deck& deck, const MachineSpec& machine, PlannerOptions options,
+                      const Log& log) {
+  if (cmd.tokens <= 0) throw InputError("--shortest-time needs --tokens T: the tokens to train on");
+  const ShortestTime r =
+      shortest_time(deck, machine, cmd.tokens, cmd.max_ranks, cmd.deck_batch, options, [&](const SweepRow& row, double s) {
+        log.info(strprintf("planned %d rank(s), %s: %s [%.2f s]", row.ranks, family_name(row.family),
+                           row.feasible ? strprintf("%.3g days", row.days).c_str() : "does not fit", s));
+      });
+  const std::int64_t seq = deck.model.seq_len;
+  log.info(strprintf("%s on %s: expected loss %.3f nats after %s tokens (Kaplan et al. 2020), critical batch %s tokens "
+                     "= %lld sequences of %lld%s",
+                     deck.source.c_str(), machine.name.c_str(), r.loss, human_count(cmd.tokens).c_str(),
+                     human_count(r.critical_batch_tokens).c_str(), static_cast<long long>(r.batch_sequences),
+                     static_cast<long long>(seq), cmd.deck_batch ? " (the deck's batch is used instead)" : ""));
+  log.info(strprintf("a batch of %lld sequences keeps busy at most about %lld devices per tensor-parallel group with "
+                     "standard pipelines (4 micro-batches per stage), %lld with layered accumulation and modular "
+                     "pipelines (1 per stage)",
+                     static_cast<long long>(r.batch_sequences),
+                     static_cast<long long>(devices_fed(r.batch_sequences, 1, Family::standard)),
+                     static_cast<long long>(devices_fed(r.batch_sequences, 1, Family::layered_modular))));
+  std::FILE* csv = nullptr;
+  if (!cmd.write_sweep.empty()) {
+    csv = std::fopen(cmd.write_sweep.c_str(), "w");
+    if (csv == nullptr) throw RunError(cmd.write_sweep + ": cannot write the sweep");
+    std::fprintf(csv, "# model=%s\n# machine=%s\n# tokens=%.6g\n# loss=%.6g\n# critical_batch_tokens=%.6g\n"
+                      "# batch_sequences=%lld\n# seq_len=%lld\n",
+                 deck.source.c_str(), machine.name.c_str(), cmd.tokens, r.loss, r.critical_batch_tokens,
+                 static_cast<long long>(r.batch_sequences), static_cast<long long>(seq));
+    std::fprintf(csv, "ranks,family,feasible,dp,tp,pp,zero,schedule,virtual_stages,layered,micro_batch_size,"
+                      "micro_batches,batch_tokens,step_s,tokens_per_s,mfu,days\n");
+  }
+  for (const Family family : {Family::standard, Family::layered_modular}) {
+    log.info(std::string(family == Family::standard ? "standard (GPipe, 1F1B, interleaved; depth-first)"
+                                                    : "with layered accumulation and modular pipelines") + ":");
+    log.info("  ranks  layout                                        batch (tokens)  step (s)   MFU     days");
+    for (const SweepRow& row : r.rows) {
+      if (row.family != family) continue;
+      const ParallelLayout& o = row.best.plan.layout;
+      if (!row.feasible) {
+        log.info(strprintf("  %5d  does not fit", row.ranks));
+      } else {
+        log.info(strprintf("  %5d  %-45s %14s  %8.3g  %5.1f%%  %7.2f", row.ranks,
+                           (layout_name(o) + strprintf(", %lld x %d", static_cast<long long>(o.micro_batch_size),
+                                                       o.micro_batches)).c_str(),
+                           human_count(static_cast<double>(row.batch_sequences * seq)).c_str(), row.best.step_s,
+                           100.0 * row.mfu, row.days));
+      }
+      if (csv != nullptr) {
+        std::fprintf(csv, "%d,%s,%d,%d,%d,%d,%d,%s,%d,%d,%lld,%d,%lld,%.6g,%.6g,%.6g,%.6g\n", row.ranks,
+                     family_name(family), row.feasible ? 1 : 0, o.dp, o.tp, o.pp, o.zero, schedule_kind_name(o.schedule),
+                     o.virtual_stages, o.layered ? 1 : 0, static_cast<long long>(o.micro_batch_size), o.micro_batches,
+                     static_cast<long long>(row.batch_sequences * seq), row.best.step_s, row.tokens_per_s, row.mfu,
+                     row.days);
+      }
+    }
+  }
+  if (csv != nullptr && std::fclose(csv) != 0) throw RunError(cmd.write_sweep + ": cannot write the sweep");
+  JsonObject j, days, ranks;
+  auto put = [&](const char* key, int i) {
+    if (i < 0) return;
+    days.add(key, r.rows[static_cast<std::size_t>(i)].days);
+    ranks.add(key, r.rows[static_cast<std::size_t>(i)].ranks);
+  };
+  put("standard", r.shortest_standard);
+  put("layered_modular", r.shortest_layered);
+  if (r.shortest_standard >= 0 && r.shortest_layered >= 0) {
+    const SweepRow& a = r.rows[static_cast<std::size_t>(r.shortest_standard)];
+    const SweepRow& b = r.rows[static_cast<std::size_t>(r.shortest_layered)];
+    log.info(strprintf("shortest time: %.2f days on %d ranks (standard), %.2f days on %d ranks (layered + modular): "
+                       "%.2fx shorter",
+                       a.days, a.ranks, b.days, b.ranks, a.days / b.days));
+  }
+  j.add("tokens", cmd.tokens).add("loss", r.loss).add("critical_batch_tokens", r.critical_batch_tokens);
+  j.add("batch_sequences", r.batch_sequences).add("shortest_days", days).add("ranks_at_shortest", ranks);
+  j.add("machine", machine.name);
+  std::printf("%s\n", j.str().c_str());
+  return r.shortest_standard < 0 && r.shortest_layered < 0 ? static_cast<int>(ExitCode::bad_input) : 0;
 }
 
 }  // namespace
@@ -114,6 +200,7 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
   const MachineSpec machine =
       cmd.machine.empty() ? measure_for(deck, options.free_keys, options.measured, log, comm) : load_machine(cmd.machine);
   if (rank != 0) return 0;
+  if (cmd.shortest_time) return run_shortest_time(cmd, deck, machine, options, log);
   std::string keys;
   for (const auto& k : options.free_keys) keys += (keys.empty() ? "" : ", ") + k;
   log.info(strprintf("planning %s (%s parameters) for %d rank(s) of %s (%d per node) with the %s solver; choosing: %s",

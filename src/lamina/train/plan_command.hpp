@@ -22,6 +22,12 @@ struct PlanCommand {
   int top = 3;
   std::string write_deck;
   double tokens = 0.0;  // > 0: days to train on that many tokens
+  // The shortest time to train on `tokens`: the best plan of each family on clusters up to
+  // max_ranks at no more than the critical batch (or the deck's, with deck_batch).
+  bool shortest_time = false;
+  int max_ranks = 16384;
+  bool deck_batch = false;
+  std::string write_sweep;  // CSV of every cluster size and family
 };
 
 // Collective over `comm` (measuring this machine); rank 0 prints. Returns the exit code:
