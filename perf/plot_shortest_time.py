@@ -40,19 +40,23 @@ def main():
     fig, axes = plt.subplots(1, len(args.sweeps), figsize=(6 * len(args.sweeps), 4.5), squeeze=False)
     for ax, path in zip(axes[0], args.sweeps):
         meta, rows = read(path)
-        for family, label, color in (("standard", "standard (GPipe, 1F1B, interleaved)", "tab:blue"),
-                                     ("layered_modular", "with layered accumulation + modular pipelines", "tab:red")):
+        for family, label, color, dy in (("standard", "standard (GPipe, 1F1B, interleaved)", "tab:blue", 10),
+                                         ("layered_modular", "with layered accumulation + modular pipelines",
+                                          "tab:red", -16)):
             pts = sorted((int(r["ranks"]), float(r["days"])) for r in rows if r["family"] == family)
             if not pts:
                 continue
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=label, markersize=4)
             best = min(pts, key=lambda p: p[1])
             ax.plot([best[0]], [best[1]], "x", color=color, markersize=12, mew=2)
-            ax.annotate(f"{best[1]:.2f} d", best, textcoords="offset points", xytext=(6, 6), color=color)
+            ax.annotate(f"{best[1]:.2f} d on {best[0]}", best, textcoords="offset points", xytext=(-60, dy),
+                        color=color, fontsize=8)
         seqs = int(meta.get("batch_sequences", 0))
         if seqs:
-            for n, color in ((args.tp * max(1, seqs // 4), "tab:blue"), (args.tp * seqs, "tab:red")):
-                ax.axvline(n, color=color, linestyle=":", linewidth=1)
+            for n, color, what in ((args.tp * max(1, seqs // 4), "tab:blue", "4 micro-batches per stage"),
+                                   (args.tp * seqs, "tab:red", "1 micro-batch per stage")):
+                ax.axvline(n, color=color, linestyle=":", linewidth=1,
+                           label=f"critical batch fed at tp {args.tp}, {what}")
         crit = float(meta.get("critical_batch_tokens", 0))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
