@@ -1,6 +1,7 @@
 // The `lamina` command. Thin: parses the command line, brings up MPI and Kokkos, calls
 // into the library, and turns exceptions into messages and exit codes
-// (0 success, 1 internal error, 2 bad input, 3 the run failed).
+// (0 success, 1 internal error, 2 bad input, 3 the run failed, 128 + signal: stopped by a
+// signal after saving).
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "lamina/core/bounded_wait.hpp"
 #include "lamina/core/deck.hpp"
 #if defined(LAMINA_HAVE_NCCL)
 #include "lamina/comm/nccl_communicator.hpp"
@@ -17,6 +19,7 @@
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/core/log.hpp"
+#include "lamina/core/stop_signal.hpp"
 #include "lamina/train/bench.hpp"
 #include "lamina/train/plan_command.hpp"
 #include "lamina/train/profile.hpp"
@@ -192,11 +195,13 @@ int main(int argc, char** argv) {
                                   : lamina::Log::Level::info);
   int kargc = static_cast<int>(kokkos_args.size());
   int code = 0;
+  bool stopped = false;
   Kokkos::initialize(kargc, kokkos_args.data());
   if (rank == 0) warn_about_environment(log);  // the same environment on every rank
   try {
     if (train->parsed()) {
       lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
+      lamina::set_wait_timeout(deck.comm.timeout);
       if (!deck.automatic.empty()) {  // the planner chooses these keys for the ranks this runs on
         std::vector<std::string> sets = o.sets;
         for (const auto& s : lamina::plan_auto_keys(deck, log, MPI_COMM_WORLD)) sets.push_back(s);
@@ -206,12 +211,14 @@ int main(int argc, char** argv) {
         lamina::check_deck(deck, log, world);
       } else {
         log.info(build_info() + lamina::strprintf(", %d rank(s)", world));
+        lamina::install_stop_handlers();
         lamina::run_training(deck, log, MPI_COMM_WORLD);
       }
     } else if (verify->parsed()) {
       code = run_verify(o, log);
     } else if (bench_step->parsed()) {
       const lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
+      lamina::set_wait_timeout(deck.comm.timeout);
       const auto j = lamina::bench_step(deck, o.steps, o.warmup, log);
       if (rank == 0) std::printf("%s\n", j.str().c_str());
     } else if (bench_adam->parsed()) {
@@ -245,14 +252,21 @@ int main(int argc, char** argv) {
                                             : lamina::Solver::dp;
       code = lamina::run_plan_command(o.plan, log, MPI_COMM_WORLD);
     } else if (bench_memory->parsed()) {
-      const auto j = lamina::bench_memory(lamina::load_deck(o.deck, o.sets), o.steps, log);
+      const lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
+      lamina::set_wait_timeout(deck.comm.timeout);
+      const auto j = lamina::bench_memory(deck, o.steps, log);
       if (rank == 0) std::printf("%s\n", j.str().c_str());
     } else if (bench_dos->parsed()) {
       const lamina::Deck deck =
           o.deck.empty() ? lamina::parse_deck(kDosDeck, "<bench dos default>", o.sets) : lamina::load_deck(o.deck, o.sets);
+      lamina::set_wait_timeout(deck.comm.timeout);
       const auto j = lamina::bench_dos(deck, o.steps, log);
       if (rank == 0) std::printf("%s\n", j.str().c_str());
     }
+  } catch (const lamina::Interrupted& e) {
+    if (rank == 0) log.warn(e.what());  // every rank stops here after saving: an orderly exit, not an abort
+    code = static_cast<int>(e.code());
+    stopped = true;
   } catch (const lamina::Error& e) {
     log.error(e.what());
     code = static_cast<int>(e.code());
@@ -262,7 +276,7 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
   std::fflush(stderr);
-  if (code != 0 && world > 1) MPI_Abort(MPI_COMM_WORLD, code);  // take the other ranks down with this one
+  if (code != 0 && !stopped && world > 1) MPI_Abort(MPI_COMM_WORLD, code);  // take the other ranks down with this one
   Kokkos::finalize();
   MPI_Finalize();
   return code;

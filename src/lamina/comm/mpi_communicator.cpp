@@ -6,6 +6,7 @@
 #include <climits>
 #include <vector>
 
+#include "lamina/core/bounded_wait.hpp"
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
 
@@ -61,26 +62,60 @@ class Staged {
 
 class MpiRequest : public Request::Impl {
  public:
-  MpiRequest(std::unique_ptr<Staged> out, std::unique_ptr<Staged> in) : out_(std::move(out)), in_(std::move(in)) {}
+  MpiRequest(const MpiCommunicator& comm, const char* op, int peer, std::unique_ptr<Staged> out,
+             std::unique_ptr<Staged> in)
+      : comm_(comm), op_(op), peer_(peer), out_(std::move(out)), in_(std::move(in)) {}
   MPI_Request* handle() { return &req_; }
   void wait() override {
-    check(MPI_Wait(&req_, MPI_STATUS_IGNORE), "MPI_Wait");
+    bounded_wait([this] { return poll(); }, [this] { return comm_.describe_wait(op_, peer_); });
     if (out_) out_->copy_out();
   }
   bool test() override {
-    int done = 0;
-    check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    const bool done = poll();
     if (done && out_) out_->copy_out();
-    return done != 0;
+    return done;
   }
 
  private:
+  bool poll() {
+    int done = 0;
+    check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), op_);
+    return done != 0;
+  }
+  const MpiCommunicator& comm_;
+  const char* op_;
+  int peer_;
   MPI_Request req_ = MPI_REQUEST_NULL;
   std::unique_ptr<Staged> out_;  // copied back to the device at completion
   std::unique_ptr<Staged> in_;   // kept alive until completion
 };
 
+// The world ranks of a group's members, in group order.
+std::vector<int> world_ranks_of(MPI_Comm comm) {
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  int n = 0;
+  MPI_Group_size(group, &n);
+  std::vector<int> mine(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) mine[static_cast<std::size_t>(i)] = i;
+  MPI_Group_translate_ranks(group, n, mine.data(), world, out.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  return out;
+}
+
 }  // namespace
+
+void wait_bounded(MPI_Request& request, const std::string& what) {
+  bounded_wait(
+      [&] {
+        int done = 0;
+        check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        return done != 0;
+      },
+      [&] { return what; });
+}
 
 bool MpiCommunicator::device_buffers_direct() {
   if (kHostAccessible) return true;
@@ -98,6 +133,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name) : comm_(comm),
   owned_ = comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF && comm_ != MPI_COMM_NULL;
   // Errors come back as codes and become exceptions with context, instead of aborting.
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  world_ranks_ = world_ranks_of(comm_);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -106,60 +142,57 @@ MpiCommunicator::~MpiCommunicator() {
   if (owned_ && !finalized) MPI_Comm_free(&comm_);
 }
 
-void MpiCommunicator::allreduce(float* data, std::int64_t n, ReduceOp op) {
-  Staged s(data, n, true);
-  check(MPI_Allreduce(MPI_IN_PLACE, s.get(), count_of(n), MPI_FLOAT, op_of(op), comm_), "MPI_Allreduce");
-  s.copy_out();
-  count_allreduce(4 * n);
+std::string MpiCommunicator::describe_wait(const char* op, int peer) const {
+  if (peer >= 0) {
+    return strprintf("%s with world rank %d (group '%s')", op, world_ranks_[static_cast<std::size_t>(peer)], name_.c_str());
+  }
+  std::string ranks;
+  for (int r : world_ranks_) ranks += " " + std::to_string(r);
+  return strprintf("%s on group '%s' (world ranks%s)", op, name_.c_str(), ranks.c_str());
 }
+
+// The blocking calls are their non-blocking forms waited for, so that every wait is bounded.
+void MpiCommunicator::allreduce(float* data, std::int64_t n, ReduceOp op) { iallreduce(data, n, op).wait(); }
 
 void MpiCommunicator::allreduce(double* data, std::int64_t n, ReduceOp op) {
   // Scalars (losses, norms) that the runtime keeps on the host.
-  check(MPI_Allreduce(MPI_IN_PLACE, data, count_of(n), MPI_DOUBLE, op_of(op), comm_), "MPI_Allreduce");
+  auto r = std::make_unique<MpiRequest>(*this, "MPI_Iallreduce", -1, nullptr, nullptr);
+  check(MPI_Iallreduce(MPI_IN_PLACE, data, count_of(n), MPI_DOUBLE, op_of(op), comm_, r->handle()), "MPI_Iallreduce");
   count_allreduce(8 * n);
+  Request(std::move(r)).wait();
 }
 
 void MpiCommunicator::reduce_scatter(const float* send, float* recv, std::int64_t count) {
-  Staged in(send, count * size_, true), out(recv, count, false);
-  check(MPI_Reduce_scatter_block(in.get(), out.get(), count_of(count), MPI_FLOAT, MPI_SUM, comm_),
-        "MPI_Reduce_scatter_block");
-  out.copy_out();
-  count_ring(4 * count * size_);
+  ireduce_scatter(send, recv, count).wait();
 }
 
 void MpiCommunicator::all_gather(const float* send, float* recv, std::int64_t count) {
-  Staged in(send, count, true), out(recv, count * size_, false);
-  check(MPI_Allgather(in.get(), count_of(count), MPI_FLOAT, out.get(), count_of(count), MPI_FLOAT, comm_),
-        "MPI_Allgather");
-  out.copy_out();
-  count_ring(4 * count * size_);
+  iall_gather(send, recv, count).wait();
 }
 
 void MpiCommunicator::broadcast(float* data, std::int64_t n, int root) {
-  Staged s(data, n, rank_ == root);
-  check(MPI_Bcast(s.get(), count_of(n), MPI_FLOAT, root, comm_), "MPI_Bcast");
-  s.copy_out();
+  auto s = std::make_unique<Staged>(data, n, rank_ == root);
+  float* p = s->get();
+  auto r = std::make_unique<MpiRequest>(*this, "MPI_Ibcast", -1, std::move(s), nullptr);
+  check(MPI_Ibcast(p, count_of(n), MPI_FLOAT, root, comm_, r->handle()), "MPI_Ibcast");
   if (rank_ == root) count_send(4 * n);
+  Request(std::move(r)).wait();
 }
 
-void MpiCommunicator::send(const float* data, std::int64_t n, int peer, int tag) {
-  Staged s(data, n, true);
-  check(MPI_Send(s.get(), count_of(n), MPI_FLOAT, peer, tag, comm_), "MPI_Send");
-  count_send(4 * n);
-}
+void MpiCommunicator::send(const float* data, std::int64_t n, int peer, int tag) { isend(data, n, peer, tag).wait(); }
 
-void MpiCommunicator::recv(float* data, std::int64_t n, int peer, int tag) {
-  Staged s(data, n, false);
-  check(MPI_Recv(s.get(), count_of(n), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
-  s.copy_out();
-}
+void MpiCommunicator::recv(float* data, std::int64_t n, int peer, int tag) { irecv(data, n, peer, tag).wait(); }
 
-void MpiCommunicator::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+void MpiCommunicator::barrier() {
+  auto r = std::make_unique<MpiRequest>(*this, "MPI_Ibarrier", -1, nullptr, nullptr);
+  check(MPI_Ibarrier(comm_, r->handle()), "MPI_Ibarrier");
+  Request(std::move(r)).wait();
+}
 
 Request MpiCommunicator::iallreduce(float* data, std::int64_t n, ReduceOp op) {
   auto s = std::make_unique<Staged>(data, n, true);
   float* p = s->get();
-  auto r = std::make_unique<MpiRequest>(std::move(s), nullptr);
+  auto r = std::make_unique<MpiRequest>(*this, "MPI_Iallreduce", -1, std::move(s), nullptr);
   check(MPI_Iallreduce(MPI_IN_PLACE, p, count_of(n), MPI_FLOAT, op_of(op), comm_, r->handle()), "MPI_Iallreduce");
   count_allreduce(4 * n);
   return Request(std::move(r));
@@ -170,7 +203,7 @@ Request MpiCommunicator::ireduce_scatter(const float* send, float* recv, std::in
   auto out = std::make_unique<Staged>(recv, count, false);
   const float* pin = in->get();
   float* pout = out->get();
-  auto r = std::make_unique<MpiRequest>(std::move(out), std::move(in));
+  auto r = std::make_unique<MpiRequest>(*this, "MPI_Ireduce_scatter_block", -1, std::move(out), std::move(in));
   check(MPI_Ireduce_scatter_block(pin, pout, count_of(count), MPI_FLOAT, MPI_SUM, comm_, r->handle()),
         "MPI_Ireduce_scatter_block");
   count_ring(4 * count * size_);
@@ -182,7 +215,7 @@ Request MpiCommunicator::iall_gather(const float* send, float* recv, std::int64_
   auto out = std::make_unique<Staged>(recv, count * size_, false);
   const float* pin = in->get();
   float* pout = out->get();
-  auto r = std::make_unique<MpiRequest>(std::move(out), std::move(in));
+  auto r = std::make_unique<MpiRequest>(*this, "MPI_Iallgather", -1, std::move(out), std::move(in));
   check(MPI_Iallgather(pin, count_of(count), MPI_FLOAT, pout, count_of(count), MPI_FLOAT, comm_, r->handle()),
         "MPI_Iallgather");
   count_ring(4 * count * size_);
@@ -192,7 +225,7 @@ Request MpiCommunicator::iall_gather(const float* send, float* recv, std::int64_
 Request MpiCommunicator::isend(const float* data, std::int64_t n, int peer, int tag) {
   auto in = std::make_unique<Staged>(data, n, true);
   const float* p = in->get();
-  auto r = std::make_unique<MpiRequest>(nullptr, std::move(in));
+  auto r = std::make_unique<MpiRequest>(*this, "MPI_Isend", peer, nullptr, std::move(in));
   check(MPI_Isend(p, count_of(n), MPI_FLOAT, peer, tag, comm_, r->handle()), "MPI_Isend");
   count_send(4 * n);
   return Request(std::move(r));
@@ -201,7 +234,7 @@ Request MpiCommunicator::isend(const float* data, std::int64_t n, int peer, int 
 Request MpiCommunicator::irecv(float* data, std::int64_t n, int peer, int tag) {
   auto out = std::make_unique<Staged>(data, n, false);
   float* p = out->get();
-  auto r = std::make_unique<MpiRequest>(std::move(out), nullptr);
+  auto r = std::make_unique<MpiRequest>(*this, "MPI_Irecv", peer, std::move(out), nullptr);
   check(MPI_Irecv(p, count_of(n), MPI_FLOAT, peer, tag, comm_, r->handle()), "MPI_Irecv");
   return Request(std::move(r));
 }

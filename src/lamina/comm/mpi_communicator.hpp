@@ -1,11 +1,18 @@
 #pragma once
 // The MPI backend. Device buffers go straight to MPI when the library is CUDA-aware
-// (asked at start-up with MPIX_Query_cuda_support), otherwise through host staging.
+// (asked at start-up with MPIX_Query_cuda_support), otherwise through host staging. Every
+// wait is bounded by parallel.timeout (core/bounded_wait.hpp).
 #include <mpi.h>
+
+#include <vector>
 
 #include "lamina/comm/communicator.hpp"
 
 namespace lamina {
+
+// Waits for a request of a raw MPI call within parallel.timeout; `what` names it in the
+// timeout's message ("MPI_Ibcast of the plan on world").
+void wait_bounded(MPI_Request& request, const std::string& what);
 
 class MpiCommunicator : public Communicator {
  public:
@@ -35,6 +42,9 @@ class MpiCommunicator : public Communicator {
   Request isend(const float* data, std::int64_t n, int peer, int tag) override;
   Request irecv(float* data, std::int64_t n, int peer, int tag) override;
 
+  // "MPI_Irecv with world rank 3 (group 'pp')", "MPI_Iallreduce on group 'dp' (world ranks 0 2)".
+  std::string describe_wait(const char* op, int peer) const;
+
   // Whether buffers in the default execution space's memory can be handed to MPI as is.
   static bool device_buffers_direct();
 
@@ -43,6 +53,7 @@ class MpiCommunicator : public Communicator {
   std::string name_;
   int rank_ = 0, size_ = 1;
   bool owned_ = false;
+  std::vector<int> world_ranks_;  // of this group's ranks, for messages
 };
 
 }  // namespace lamina

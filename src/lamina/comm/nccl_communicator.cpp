@@ -3,7 +3,10 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include "lamina/comm/mpi_communicator.hpp"
+#include "lamina/core/bounded_wait.hpp"
 #include "lamina/core/error.hpp"
+#include "lamina/core/format.hpp"
 
 namespace lamina {
 
@@ -19,15 +22,80 @@ void check_nccl(ncclResult_t rc, const char* what) {
 
 ncclRedOp_t op_of(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMax; }
 
+}  // namespace
+
+// Communicators are non-blocking (NCCL's config.blocking = 0): no NCCL call blocks the host
+// thread, which polls instead and, past parallel.timeout, aborts the communicator
+// (ncclCommAbort) and ends the job; a rank that never arrives cannot hang the others.
+struct NcclCommunicator::State {
+  MPI_Comm mpi = MPI_COMM_NULL;
+  ncclComm_t nccl = nullptr;
+  cudaStream_t stream = nullptr;
+  std::string name;
+  int rank = 0, size = 1;
+
+  std::string describe(const char* op) const {
+    return strprintf("%s on NCCL group '%s' (%d ranks)", op, name.c_str(), size);
+  }
+  // Raises NCCL's asynchronous errors (a peer failed, a network error) as RunError.
+  void check_async(const char* op) const {
+    ncclResult_t state = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(nccl, &state), "ncclCommGetAsyncError");
+    if (state != ncclSuccess && state != ncclInProgress) check_nccl(state, op);
+  }
+  // Polls done() within parallel.timeout; on a timeout aborts the communicator first.
+  template <class Done>
+  void wait(Done&& done, const char* op) const {
+    try {
+      bounded_wait(
+          [&] {
+            check_async(op);
+            return done();
+          },
+          [&] { return describe(op); });
+    } catch (const TimeoutError&) {
+      ncclCommAbort(nccl);
+      throw;
+    }
+  }
+  // A call on a non-blocking communicator returns ncclInProgress until it is enqueued.
+  void enqueued(ncclResult_t rc, const char* op) const {
+    if (rc == ncclInProgress) {
+      wait(
+          [&] {
+            ncclResult_t state = ncclInProgress;
+            check_nccl(ncclCommGetAsyncError(nccl, &state), "ncclCommGetAsyncError");
+            return state != ncclInProgress;
+          },
+          op);
+      rc = ncclSuccess;
+    }
+    check_nccl(rc, op);
+  }
+  Request event(const char* op) const;
+  void sync(const char* op) const {
+    wait([&] {
+      const cudaError_t rc = cudaStreamQuery(stream);
+      if (rc == cudaErrorNotReady) return false;
+      check_cuda(rc, "cudaStreamQuery");
+      return true;
+    }, op);
+  }
+};
+
+namespace {
+
 // Completion of work queued on the communicator's stream: an event recorded after it.
 class StreamEvent : public Request::Impl {
  public:
-  explicit StreamEvent(cudaStream_t stream) {
+  StreamEvent(const NcclCommunicator::State& s, const char* op) : s_(s), op_(op) {
     check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(event_, stream), "cudaEventRecord");
+    check_cuda(cudaEventRecord(event_, s.stream), "cudaEventRecord");
   }
   ~StreamEvent() override { cudaEventDestroy(event_); }
-  void wait() override { check_cuda(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+  void wait() override {
+    s_.wait([this] { return test(); }, op_);
+  }
   bool test() override {
     const cudaError_t rc = cudaEventQuery(event_);
     if (rc == cudaErrorNotReady) return false;
@@ -36,6 +104,8 @@ class StreamEvent : public Request::Impl {
   }
 
  private:
+  const NcclCommunicator::State& s_;
+  const char* op_;
   cudaEvent_t event_ = nullptr;
 };
 
@@ -50,16 +120,7 @@ std::string nccl_backend_info() {
          std::to_string(cuda / 10 % 100);
 }
 
-struct NcclCommunicator::State {
-  MPI_Comm mpi = MPI_COMM_NULL;
-  ncclComm_t nccl = nullptr;
-  cudaStream_t stream = nullptr;
-  std::string name;
-  int rank = 0, size = 1;
-
-  Request event() const { return Request(std::make_unique<StreamEvent>(stream)); }
-  void sync() const { check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
-};
+Request NcclCommunicator::State::event(const char* op) const { return Request(std::make_unique<StreamEvent>(*this, op)); }
 
 NcclCommunicator::NcclCommunicator(MPI_Comm comm, std::string name) : s_(std::make_unique<State>()) {
   MPI_Comm_dup(comm, &s_->mpi);
@@ -68,8 +129,12 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, std::string name) : s_(std::ma
   s_->name = std::move(name);
   ncclUniqueId id;
   if (s_->rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, s_->mpi);
-  check_nccl(ncclCommInitRank(&s_->nccl, s_->size, id, s_->rank), "ncclCommInitRank");
+  MPI_Request r = MPI_REQUEST_NULL;
+  MPI_Ibcast(&id, sizeof(id), MPI_BYTE, 0, s_->mpi, &r);
+  wait_bounded(r, "MPI_Ibcast of the NCCL id on group '" + s_->name + "'");
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  s_->enqueued(ncclCommInitRankConfig(&s_->nccl, s_->size, id, s_->rank, &config), "ncclCommInitRankConfig");
   check_cuda(cudaStreamCreateWithFlags(&s_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
 }
 
@@ -86,45 +151,47 @@ int NcclCommunicator::size() const { return s_->size; }
 const std::string& NcclCommunicator::name() const { return s_->name; }
 
 Request NcclCommunicator::iallreduce(float* data, std::int64_t n, ReduceOp op) {
-  check_nccl(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat32, op_of(op), s_->nccl, s_->stream),
+  s_->enqueued(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat32, op_of(op), s_->nccl, s_->stream),
              "ncclAllReduce");
   count_allreduce(4 * n);
-  return s_->event();
+  return s_->event("ncclAllReduce");
 }
 
 Request NcclCommunicator::ireduce_scatter(const float* send, float* recv, std::int64_t count) {
-  check_nccl(ncclReduceScatter(send, recv, static_cast<size_t>(count), ncclFloat32, ncclSum, s_->nccl, s_->stream),
+  s_->enqueued(ncclReduceScatter(send, recv, static_cast<size_t>(count), ncclFloat32, ncclSum, s_->nccl, s_->stream),
              "ncclReduceScatter");
   count_ring(4 * count * s_->size);
-  return s_->event();
+  return s_->event("ncclReduceScatter");
 }
 
 Request NcclCommunicator::iall_gather(const float* send, float* recv, std::int64_t count) {
-  check_nccl(ncclAllGather(send, recv, static_cast<size_t>(count), ncclFloat32, s_->nccl, s_->stream),
+  s_->enqueued(ncclAllGather(send, recv, static_cast<size_t>(count), ncclFloat32, s_->nccl, s_->stream),
              "ncclAllGather");
   count_ring(4 * count * s_->size);
-  return s_->event();
+  return s_->event("ncclAllGather");
 }
 
 // NCCL matches point-to-point messages by order per peer, so tags are not needed: the
 // schedules issue sends and receives between two ranks in the same order on both.
 Request NcclCommunicator::isend(const float* data, std::int64_t n, int peer, int) {
-  check_nccl(ncclSend(data, static_cast<size_t>(n), ncclFloat32, peer, s_->nccl, s_->stream), "ncclSend");
+  s_->enqueued(ncclSend(data, static_cast<size_t>(n), ncclFloat32, peer, s_->nccl, s_->stream), "ncclSend");
   count_send(4 * n);
-  return s_->event();
+  return s_->event("ncclSend");
 }
 
 Request NcclCommunicator::irecv(float* data, std::int64_t n, int peer, int) {
-  check_nccl(ncclRecv(data, static_cast<size_t>(n), ncclFloat32, peer, s_->nccl, s_->stream), "ncclRecv");
-  return s_->event();
+  s_->enqueued(ncclRecv(data, static_cast<size_t>(n), ncclFloat32, peer, s_->nccl, s_->stream), "ncclRecv");
+  return s_->event("ncclRecv");
 }
 
 void NcclCommunicator::allreduce(float* data, std::int64_t n, ReduceOp op) { iallreduce(data, n, op).wait(); }
 
 void NcclCommunicator::allreduce(double* data, std::int64_t n, ReduceOp op) {
   // Host scalars: MPI over the same ranks.
-  MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, op == ReduceOp::sum ? MPI_SUM : MPI_MAX,
-                s_->mpi);
+  MPI_Request r = MPI_REQUEST_NULL;
+  MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, op == ReduceOp::sum ? MPI_SUM : MPI_MAX, s_->mpi,
+                 &r);
+  wait_bounded(r, "MPI_Iallreduce on group '" + s_->name + "'");
   count_allreduce(8 * n);
 }
 
@@ -137,10 +204,10 @@ void NcclCommunicator::all_gather(const float* send, float* recv, std::int64_t c
 }
 
 void NcclCommunicator::broadcast(float* data, std::int64_t n, int root) {
-  check_nccl(ncclBroadcast(data, data, static_cast<size_t>(n), ncclFloat32, root, s_->nccl, s_->stream),
+  s_->enqueued(ncclBroadcast(data, data, static_cast<size_t>(n), ncclFloat32, root, s_->nccl, s_->stream),
              "ncclBroadcast");
   if (s_->rank == root) count_send(4 * n);
-  s_->sync();
+  s_->sync("ncclBroadcast");
 }
 
 void NcclCommunicator::send(const float* data, std::int64_t n, int peer, int tag) { isend(data, n, peer, tag).wait(); }
@@ -148,8 +215,10 @@ void NcclCommunicator::send(const float* data, std::int64_t n, int peer, int tag
 void NcclCommunicator::recv(float* data, std::int64_t n, int peer, int tag) { irecv(data, n, peer, tag).wait(); }
 
 void NcclCommunicator::barrier() {
-  s_->sync();
-  MPI_Barrier(s_->mpi);
+  s_->sync("the stream before a barrier");
+  MPI_Request r = MPI_REQUEST_NULL;
+  MPI_Ibarrier(s_->mpi, &r);
+  wait_bounded(r, "MPI_Ibarrier on group '" + s_->name + "'");
 }
 
 }  // namespace lamina

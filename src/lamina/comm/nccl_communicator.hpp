@@ -1,7 +1,8 @@
 #pragma once
 // The NCCL backend (NVIDIA GPUs): collectives and point-to-point on device buffers, on
 // a CUDA stream of its own. Its communicators are created over an MPI communicator of
-// the same ranks, which also carries the few host-side scalars (losses, norms).
+// the same ranks, which also carries the few host-side scalars (losses, norms). No call
+// blocks the host thread: waits poll within parallel.timeout, then abort the communicator.
 // Built with LAMINA_ENABLE_NCCL; only ever constructed when the default execution space
 // is CUDA.
 #include <mpi.h>
@@ -42,8 +43,9 @@ class NcclCommunicator : public Communicator {
   Request isend(const float* data, std::int64_t n, int peer, int tag) override;
   Request irecv(float* data, std::int64_t n, int peer, int tag) override;
 
+  struct State;  // the NCCL and CUDA handles (nccl_communicator.cpp)
+
  private:
-  struct State;
   std::unique_ptr<State> s_;
 };
 

@@ -36,6 +36,20 @@ struct TrainConfig {
   std::uint64_t seed = 1234;
   Precision precision = Precision::fp32;
   bool skip_nonfinite = false;  // skip steps with non-finite loss/gradients instead of stopping
+  // With skip_nonfinite, this many skipped steps in a row end the run (it has diverged).
+  std::int64_t max_skipped = 10;
+};
+
+// How the ranks talk ([parallel] keys that are not part of the plan).
+enum class CommBackend {
+  automatic,  // NCCL when the build has it and every rank has a GPU of its own, else MPI
+  mpi,        // MPI, through host staging where it cannot read device memory
+  nccl,
+};
+
+struct CommConfig {
+  CommBackend backend = CommBackend::automatic;
+  double timeout = 600.0;  // seconds a rank waits for the others before ending the job; 0 = forever
 };
 
 enum class LrSchedule { constant, cosine };

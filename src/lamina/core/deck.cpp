@@ -120,13 +120,13 @@ const std::vector<Section>& schema() {
   static const std::vector<Section> s = {
       {"model", {"layers", "d_model", "heads", "seq_len", "vocab_size", "init_std"}},
       {"data", {"format", "path", "batch_size", "micro_batch_size", "shuffle"}},
-      {"train", {"steps", "seed", "precision", "skip_nonfinite"}},
+      {"train", {"steps", "seed", "precision", "skip_nonfinite", "max_skipped"}},
       {"optimizer",
        {"lr", "min_lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "warmup_steps", "decay_steps",
         "schedule", "subgroup_size", "decay_biases_and_norms"}},
       {"parallel",
        {"dp", "tp", "pp", "zero", "schedule", "virtual_stages", "layered", "cost_forward", "cost_backward",
-        "cost_p2p"}},
+        "cost_p2p", "backend", "timeout"}},
       {"memory",
        {"device_budget", "host_budget", "activations", "params", "optimizer", "dos_split", "dos_host_rate",
         "dos_device_rate", "dos_h2d", "dos_d2h"}},
@@ -554,6 +554,9 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   p.cost_forward = r.real("parallel", "cost_forward", 1.0, 0.0, kInf, true);
   p.cost_backward = r.real("parallel", "cost_backward", 2.0, 0.0, kInf, true);
   p.cost_p2p = r.real("parallel", "cost_p2p", 0.0, 0.0, kInf);
+  const std::string backend = r.choice("parallel", "backend", "auto", {"auto", "mpi", "nccl"});
+  d.comm.backend = backend == "mpi" ? CommBackend::mpi : backend == "nccl" ? CommBackend::nccl : CommBackend::automatic;
+  d.comm.timeout = r.real("parallel", "timeout", 600.0, 0.0, 1e9);
 
   dc.batch_size = r.integer("data", "batch_size", 0, 1, kMax, true);
   // Default: one micro-batch per data-parallel rank (no gradient accumulation).
@@ -566,6 +569,7 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   t.seed = static_cast<std::uint64_t>(r.integer("train", "seed", 1234, 0, kMax));
   t.precision = r.choice("train", "precision", "fp32", {"fp32", "bf16"}) == "bf16" ? Precision::bf16 : Precision::fp32;
   t.skip_nonfinite = r.boolean("train", "skip_nonfinite", false);
+  t.max_skipped = r.integer("train", "max_skipped", 10, 1, kMax);
 
   auto& o = d.optimizer;
   o.lr = r.real("optimizer", "lr", 3e-4, 0.0, kInf, true);

@@ -49,6 +49,7 @@ struct Deck {
   TrainConfig train;
   OptimizerConfig optimizer;
   ParallelSection parallel;
+  CommConfig comm;  // parallel.backend, parallel.timeout
   MemorySection memory;
   CheckpointConfig checkpoint;
   OutputConfig output;

@@ -1,6 +1,7 @@
 #pragma once
 // Typed errors. Library code throws; `main` catches, prints, and exits with the code.
-// Exit codes (README): 0 success, 1 internal error, 2 bad input, 3 the run failed.
+// Exit codes (README): 0 success, 1 internal error, 2 bad input, 3 the run failed,
+// 128 + signal: stopped by a signal after saving a checkpoint (core/stop_signal.hpp).
 #include <stdexcept>
 #include <string>
 

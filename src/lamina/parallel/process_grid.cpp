@@ -1,8 +1,11 @@
 #include "lamina/parallel/process_grid.hpp"
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <vector>
 
 #include "lamina/comm/mpi_communicator.hpp"
+#include "lamina/core/bounded_wait.hpp"
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
 #if defined(LAMINA_HAVE_NCCL)
@@ -13,21 +16,74 @@ namespace lamina {
 
 namespace {
 
-// NCCL for the device groups when it is built and the model runs on a CUDA device.
-std::unique_ptr<Communicator> make_group(MPI_Comm comm, const std::string& name) {
+// The device groups' backend. NCCL needs the CUDA device space and refuses two ranks on
+// one GPU ("invalid usage"), so automatic picks it only when every rank of the job has a
+// GPU of its own; MPI (staging through the host where it cannot read device memory) works
+// everywhere. Returns whether to use NCCL; `reason` says why, for the log.
+bool choose_nccl(MPI_Comm world, CommBackend backend, std::string& reason) {
 #if defined(LAMINA_HAVE_NCCL) && defined(KOKKOS_ENABLE_CUDA)
-  if (std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::Cuda>::value) {
+  constexpr bool cuda = std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::Cuda>::value;
+#else
+  constexpr bool cuda = false;
+#endif
+  if (!cuda) {
+    if (backend == CommBackend::nccl) {
+      throw InputError("parallel.backend = \"nccl\" needs a CUDA build of lamina with NCCL; this one has " +
+                       std::string(Kokkos::DefaultExecutionSpace::name()) +
+#if defined(LAMINA_HAVE_NCCL)
+                       " with NCCL"
+#else
+                       " without NCCL"
+#endif
+                       "; use parallel.backend = \"mpi\" or \"auto\"");
+    }
+    reason = "MPI";
+    return false;
+  }
+  if (backend == CommBackend::mpi) {
+    reason = "MPI (parallel.backend = \"mpi\")";
+    return false;
+  }
+  int device = 0;
+#if defined(KOKKOS_ENABLE_CUDA)
+  device = Kokkos::Cuda().cuda_device();
+#endif
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int node_size = 1;
+  MPI_Comm_size(node, &node_size);
+  std::vector<int> devices(static_cast<std::size_t>(node_size));
+  MPI_Allgather(&device, 1, MPI_INT, devices.data(), 1, MPI_INT, node);
+  MPI_Comm_free(&node);
+  std::sort(devices.begin(), devices.end());
+  int shared = std::adjacent_find(devices.begin(), devices.end()) != devices.end() ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &shared, 1, MPI_INT, MPI_MAX, world);
+  if (shared != 0 && backend == CommBackend::nccl) {
+    throw InputError("parallel.backend = \"nccl\", but ranks of this job share a GPU, which NCCL refuses; give each "
+                     "rank its own GPU (e.g. one rank per GPU with CUDA_VISIBLE_DEVICES) or use parallel.backend = "
+                     "\"auto\"");
+  }
+  reason = shared != 0 ? "MPI with host staging (ranks share a GPU, which NCCL refuses)"
+                       : std::string("NCCL (each rank has a GPU of its own)");
+  return shared == 0;
+}
+
+std::unique_ptr<Communicator> make_group(MPI_Comm comm, const std::string& name, bool nccl) {
+#if defined(LAMINA_HAVE_NCCL) && defined(KOKKOS_ENABLE_CUDA)
+  if (nccl) {
     auto c = std::make_unique<NcclCommunicator>(comm, name);
     MPI_Comm_free(&comm);
     return c;
   }
+#else
+  (void)nccl;
 #endif
   return std::make_unique<MpiCommunicator>(comm, name);
 }
 
 }  // namespace
 
-ProcessGrid::ProcessGrid(MPI_Comm world, int dp, int tp, int pp) : dp_(dp), tp_(tp), pp_(pp) {
+ProcessGrid::ProcessGrid(MPI_Comm world, int dp, int tp, int pp, CommBackend backend) : dp_(dp), tp_(tp), pp_(pp) {
   int size = 1;
   MPI_Comm_size(world, &size);
   MPI_Comm_rank(world, &world_rank_);
@@ -36,6 +92,9 @@ ProcessGrid::ProcessGrid(MPI_Comm world, int dp, int tp, int pp) : dp_(dp), tp_(
                                "mpirun -np %d, or change the parallel section",
                                dp, tp, pp, dp * tp * pp, size, dp * tp * pp));
   }
+  // Communicator creation is collective and cannot poll: a watchdog bounds it instead.
+  const BlockingSection section("the other ranks to create the process grid's communicators");
+  nccl_ = choose_nccl(world, backend, backend_reason_);
   tp_rank_ = world_rank_ % tp;
   dp_rank_ = (world_rank_ / tp) % dp;
   pp_rank_ = world_rank_ / (tp * dp);
@@ -51,14 +110,14 @@ ProcessGrid::ProcessGrid(MPI_Comm world, int dp, int tp, int pp) : dp_(dp), tp_(
   pp_clock_comm_ = std::make_unique<MpiCommunicator>(ppclock, "pp_clock");
   const bool ends = pp_rank_ == 0 || pp_rank_ == pp - 1;
   MPI_Comm_split(world, ends ? tp_rank_ + tp * dp_rank_ : MPI_UNDEFINED, pp_rank_, &emb);
-  tp_comm_ = make_group(tpc, "tp");
-  dp_comm_ = make_group(dpc, "dp");
-  pp_comm_ = make_group(ppc, "pp");
+  tp_comm_ = make_group(tpc, "tp", nccl_);
+  dp_comm_ = make_group(dpc, "dp", nccl_);
+  pp_comm_ = make_group(ppc, "pp", nccl_);
   embedding_comm_ = make_group(emb == MPI_COMM_NULL ? [] {
     MPI_Comm self;
     MPI_Comm_dup(MPI_COMM_SELF, &self);
     return self;
-  }() : emb, "embedding");
+  }() : emb, "embedding", nccl_);
 }
 
 std::string ProcessGrid::describe() const {
@@ -71,7 +130,7 @@ std::string ProcessGrid::describe() const {
       out += "]";
     }
   }
-  return out + "  (ranks per data-parallel replica, in tensor-parallel order)";
+  return out + "  (ranks per data-parallel replica, in tensor-parallel order)\n  communicators: " + backend_reason_;
 }
 
 }  // namespace lamina

@@ -11,13 +11,16 @@
 #include <string>
 
 #include "lamina/comm/communicator.hpp"
+#include "lamina/core/config.hpp"
 
 namespace lamina {
 
 class ProcessGrid {
  public:
-  // Throws InputError when dp * tp * pp differs from the size of `world`.
-  ProcessGrid(MPI_Comm world, int dp, int tp, int pp);
+  // Throws InputError when dp * tp * pp differs from the size of `world`, or when
+  // `backend` asks for NCCL where it cannot work (no CUDA build with NCCL, ranks that share
+  // a GPU). The world and pp_clock groups are always MPI (host scalars).
+  ProcessGrid(MPI_Comm world, int dp, int tp, int pp, CommBackend backend = CommBackend::automatic);
 
   int dp_size() const { return dp_; }
   int tp_size() const { return tp_; }
@@ -42,12 +45,16 @@ class ProcessGrid {
 
   // World rank of grid position (dp, tp, pp).
   int world_rank_of(int dp, int tp, int pp) const { return tp + tp_ * (dp + dp_ * pp); }
-  // A table of which world rank holds which (dp, tp, pp) position, for the log.
+  // A table of which world rank holds which (dp, tp, pp) position and the backend of the
+  // device groups, for the log.
   std::string describe() const;
+  bool nccl() const { return nccl_; }
 
  private:
   int dp_, tp_, pp_;
   int dp_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0, world_rank_ = 0;
+  bool nccl_ = false;
+  std::string backend_reason_;
   std::unique_ptr<Communicator> world_comm_, dp_comm_, tp_comm_, pp_comm_, embedding_comm_, pp_clock_comm_;
 };
 

@@ -7,6 +7,7 @@
 #include <set>
 #include <vector>
 
+#include "lamina/comm/mpi_communicator.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/io/token_dataset.hpp"
 #include "lamina/model/flops.hpp"
@@ -91,7 +92,7 @@ JsonObject bench_step(const Deck& deck, int steps, int warmup, const Log& log) {
   MemoryTracker tracker;
   Plan plan = plan_from_deck(deck, world_size());
   measure_dos_inputs(plan);
-  Runtime rt(tracker, m, deck.optimizer, plan, RunExtras{}, MPI_COMM_WORLD);
+  Runtime rt(tracker, m, deck.optimizer, plan, RunExtras{}, MPI_COMM_WORLD, deck.comm.backend);
   rt.state().init(deck.train.seed);
   const double flops = training_flops_per_token(m) * static_cast<double>(positions);
   const int world = rt.grid().world_size();
@@ -140,7 +141,7 @@ JsonObject bench_memory(Deck deck, int steps, const Log& log) {
   measure_dos_inputs(plan);
   const RunExtras extras = RunExtras::of(deck.checkpoint, deck.output);
   {
-    Runtime rt(tracker, deck.model, deck.optimizer, plan, extras, MPI_COMM_WORLD);
+    Runtime rt(tracker, deck.model, deck.optimizer, plan, extras, MPI_COMM_WORLD, deck.comm.backend);
     stage = rt.grid().pp_rank();
     rt.state().init(deck.train.seed);
     run_synthetic(rt, deck, steps, 0);
@@ -181,7 +182,9 @@ JsonObject bench_memory(Deck deck, int steps, const Log& log) {
     meas_cat.add(space, mc);
   }
   double world_worst = worst;
-  MPI_Allreduce(MPI_IN_PLACE, &world_worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Request r = MPI_REQUEST_NULL;
+  MPI_Iallreduce(MPI_IN_PLACE, &world_worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD, &r);
+  wait_bounded(r, "MPI_Iallreduce of the worst error");
   JsonObject j;
   j.add("bench", "memory")
       .add("deck", deck.source)
@@ -219,7 +222,7 @@ JsonObject bench_dos(Deck deck, int steps, const Log& log) {
     Plan p = plan;
     for (LayerPolicy& b : p.blocks) b.optimizer = placement;
     MemoryTracker tracker;
-    Runtime rt(tracker, deck.model, deck.optimizer, p, RunExtras{}, MPI_COMM_WORLD);
+    Runtime rt(tracker, deck.model, deck.optimizer, p, RunExtras{}, MPI_COMM_WORLD, deck.comm.backend);
     rt.state().init(deck.train.seed);
     const StepTimes t = run_synthetic(rt, deck, steps, 1);
     // The model's update phase: device, host (plus the copy of the parameters back), or the split.

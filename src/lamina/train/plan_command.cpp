@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "lamina/comm/mpi_communicator.hpp"
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/core/json.hpp"
@@ -292,9 +293,12 @@ std::vector<std::string> plan_auto_keys(const Deck& deck, const Log& log, MPI_Co
     }
   }
   int n = static_cast<int>(sets.size());
-  MPI_Bcast(&n, 1, MPI_INT, 0, comm);
+  MPI_Request r = MPI_REQUEST_NULL;
+  MPI_Ibcast(&n, 1, MPI_INT, 0, comm, &r);
+  wait_bounded(r, "MPI_Ibcast of the plan's size from rank 0");
   sets.resize(static_cast<std::size_t>(n));
-  MPI_Bcast(&sets[0], n, MPI_CHAR, 0, comm);
+  MPI_Ibcast(&sets[0], n, MPI_CHAR, 0, comm, &r);
+  wait_bounded(r, "MPI_Ibcast of the plan from rank 0");
   if (n == 0) {
     throw InputError(deck.source + ": no plan for the \"auto\" keys fits this machine's memory with " +
                      std::to_string(options.ranks) + " rank(s); `lamina plan " + deck.source +

@@ -88,7 +88,9 @@ MachineSpec measure_machine(MPI_Comm comm, const Log& log) {
   m.inter_latency = m.intra_latency;
   // The slowest rank's rates, on every rank (contention differs between ranks).
   double v[] = {m.peak_flops_fp32, m.memory_bandwidth, m.host_adamw_rate, m.h2d, m.d2h, m.device_adamw_rate};
-  MPI_Allreduce(MPI_IN_PLACE, v, 6, MPI_DOUBLE, MPI_MIN, comm);
+  MPI_Request r = MPI_REQUEST_NULL;
+  MPI_Iallreduce(MPI_IN_PLACE, v, 6, MPI_DOUBLE, MPI_MIN, comm, &r);
+  wait_bounded(r, "MPI_Iallreduce of the measured rates");
   m.peak_flops_fp32 = m.peak_flops_bf16 = v[0];
   m.memory_bandwidth = v[1];
   m.host_adamw_rate = v[2];

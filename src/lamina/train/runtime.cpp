@@ -27,10 +27,10 @@ void measure_dos_inputs(Plan& plan, bool force) {
 }
 
 Runtime::Runtime(MemoryTracker& tracker, const ModelConfig& model, const OptimizerConfig& optimizer, const Plan& plan,
-                 const RunExtras& extras, MPI_Comm world)
+                 const RunExtras& extras, MPI_Comm world, CommBackend backend)
     : plan_(plan),
       optimizer_config_(optimizer),
-      grid_(world, plan.layout.dp, plan.layout.tp, plan.layout.pp),
+      grid_(world, plan.layout.dp, plan.layout.tp, plan.layout.pp, backend),
       schedule_(Schedule::build(step_spec(plan, model))),
       layout_(ParamLayout::gpt2(model, grid_.tp_size(), grid_.tp_rank())),
       dims_(Dims::of(model, plan.layout.micro_batch_size, grid_.tp_size(), grid_.tp_rank())),

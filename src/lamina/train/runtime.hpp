@@ -40,7 +40,7 @@ class Runtime {
   // extras: what the run allocates besides its steps (for the memory the Deep Optimizer
   // States schedule may use under a device budget).
   Runtime(MemoryTracker& tracker, const ModelConfig& model, const OptimizerConfig& optimizer, const Plan& plan,
-          const RunExtras& extras, MPI_Comm world);
+          const RunExtras& extras, MPI_Comm world, CommBackend backend = CommBackend::automatic);
 
   const Plan& plan() const { return plan_; }
   const ProcessGrid& grid() const { return grid_; }

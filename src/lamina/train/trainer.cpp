@@ -10,6 +10,7 @@
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/core/json.hpp"
+#include "lamina/core/stop_signal.hpp"
 #include "lamina/io/checkpoint.hpp"
 #include "lamina/io/model_checkpoint.hpp"
 #include "lamina/io/metrics_writer.hpp"
@@ -93,7 +94,7 @@ class Trainer {
     }
 
     open_data();
-    Runtime rt(tracker_, m, deck_.optimizer, plan_, extras, comm_);
+    Runtime rt(tracker_, m, deck_.optimizer, plan_, extras, comm_, deck_.comm.backend);
     const ParamLayout full = ParamLayout::gpt2(m);
     log_.info(rt.grid().describe());
     log_.info(strprintf("schedule: %s; %s", rt.schedule().name().c_str(), rt.schedule().partition().describe().c_str()));
@@ -140,7 +141,7 @@ class Trainer {
     std::vector<std::int32_t> window(static_cast<std::size_t>(m.seq_len + 1));
     const auto run_start = std::chrono::steady_clock::now();
     double total_ms = 0.0, best_loss = INFINITY;
-    std::int64_t skipped = 0, timed = 0;
+    std::int64_t skipped = 0, skipped_in_a_row = 0, timed = 0;
     rt.take_comm_bytes();
     for (std::int64_t step = start_step; step < deck_.train.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -159,9 +160,16 @@ class Trainer {
           throw RunError(what + "; lower optimizer.lr, raise optimizer.warmup_steps or set optimizer.grad_clip "
                                 "(train.skip_nonfinite = true skips such steps)");
         }
-        log_.warn(what + ": step skipped (train.skip_nonfinite)");
         ++skipped;
+        if (++skipped_in_a_row >= deck_.train.max_skipped) {
+          throw RunError(strprintf("%s: %lld steps in a row skipped (train.max_skipped): the run has diverged; resume "
+                                   "from an earlier checkpoint with a lower optimizer.lr, a longer "
+                                   "optimizer.warmup_steps or optimizer.grad_clip",
+                                   what.c_str(), static_cast<long long>(skipped_in_a_row)));
+        }
+        log_.warn(what + ": step skipped (train.skip_nonfinite)");
       } else {
+        skipped_in_a_row = 0;
         rt.optimizer_step(lr, clip_coefficient(r.grad_norm, deck_.optimizer.grad_clip));
       }
       Exec().fence();
@@ -178,7 +186,14 @@ class Trainer {
         report(step + 1, r, lr, step_ms, flops_per_step, !finite, world, rt.grid(), bytes);
       }
       const bool periodic = deck_.checkpoint.every > 0 && (step + 1) % deck_.checkpoint.every == 0;
-      if (periodic || (last && deck_.checkpoint.save_final)) save(rt, step + 1);
+      const int stop = last ? 0 : agreed_stop_signal(rt);
+      std::string saved;
+      if (periodic || (last && deck_.checkpoint.save_final) || stop != 0) saved = save(rt, step + 1);
+      if (stop != 0) {
+        throw Interrupted(stop, strprintf("stopped by %s after step %lld, saved in %s; to resume, run the same deck "
+                                          "with --set checkpoint.resume=latest",
+                                          signal_name(stop), static_cast<long long>(step + 1), saved.c_str()));
+      }
     }
     summary.mean_step_ms = total_ms / static_cast<double>(std::max<std::int64_t>(1, timed));
     if (deck_.output.sample_tokens > 0) print_sample(rt, summary.last_step);
@@ -308,6 +323,14 @@ class Trainer {
     metrics_.write(j);
   }
 
+  // The stop signal any rank received (the largest number), 0 if none: every rank stops
+  // after the same step.
+  static int agreed_stop_signal(Runtime& rt) {
+    double sig = stop_requested();
+    rt.grid().world().allreduce(&sig, 1, ReduceOp::max);
+    return static_cast<int>(sig);
+  }
+
   std::int64_t resume(Runtime& rt) {
     const std::string path = resolve_checkpoint(deck_.checkpoint.resume, deck_.checkpoint.dir);
     CheckpointReader reader(path, comm_);
@@ -331,7 +354,7 @@ class Trainer {
     return meta.step;
   }
 
-  void save(Runtime& rt, std::int64_t step) {
+  std::string save(Runtime& rt, std::int64_t step) {
     const auto t0 = std::chrono::steady_clock::now();
     log_.info(strprintf("checkpoint: writing step %lld to %s ...", static_cast<long long>(step),
                         deck_.checkpoint.dir.c_str()));
@@ -346,11 +369,12 @@ class Trainer {
     meta.layout = plan_summary(plan_);
     meta.model = model_signature(deck_.model);
     double bytes = static_cast<double>(writer.bytes_written());
-    MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_SUM, comm_);
+    rt.grid().world().allreduce(&bytes, 1, ReduceOp::sum);
     const std::string path = writer.commit(meta, deck_.checkpoint.keep);
     const double s = seconds_since(t0);
     log_.info(strprintf("checkpoint: %s written in %.2f s (%s, %.0f MB/s)", path.c_str(), s, human_bytes(bytes).c_str(),
                         bytes / s / 1e6));
+    return path;
   }
 
   const Deck& deck_;

@@ -1,0 +1,248 @@
+// What clusters do to a job, each on a job of its own started with mpirun: a killed rank
+// and a stopped (hung) rank end the job instead of freezing it, and a preemption signal
+// saves a checkpoint from which the run continues bit for bit. Signals go only to this
+// test's own processes (its mpirun and that mpirun's children), never to other jobs.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "checkpoint_tensors.hpp"
+#include "lamina/core/deck.hpp"
+
+namespace lamina::test {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+const char* kDeck = R"([model]
+layers = 4
+d_model = 32
+heads = 4
+seq_len = 16
+vocab_size = 64
+[data]
+format = "synthetic"
+batch_size = 8
+micro_batch_size = 2
+[train]
+steps = 1000000
+seed = 5
+[optimizer]
+lr = 1e-2
+warmup_steps = 2
+schedule = "constant"
+subgroup_size = 700
+[checkpoint]
+save_final = false
+[output]
+peak_tflops = 1.0
+log_every = 1
+)";
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// One `mpirun lamina ...` in the background, its output in a file. It knows its mpirun's
+// pid, and so its own ranks: the children of that mpirun.
+class Job {
+ public:
+  Job(int np, const std::string& args, std::string log) : log_(std::move(log)) {
+    const std::string cmd = "exec mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(np) + " " +
+                            LAMINA_BINARY + " " + args;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~Job() {
+    if (code_ == kRunning) {
+      ::kill(pid_, SIGKILL);
+      for (const auto& [rank, pid] : ranks()) ::kill(pid, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  pid_t mpirun() const { return pid_; }
+
+  // The job's ranks by world rank: processes whose parent is this mpirun.
+  std::map<int, pid_t> ranks() const {
+    std::map<int, pid_t> out;
+    for (const auto& e : fs::directory_iterator("/proc")) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      const std::string stat = slurp(e.path().string() + "/stat");
+      const auto close = stat.rfind(')');
+      if (close == std::string::npos) continue;
+      std::istringstream rest(stat.substr(close + 2));
+      char state = 0;
+      pid_t parent = 0;
+      rest >> state >> parent;
+      if (parent != pid_) continue;
+      const std::string env = slurp(e.path().string() + "/environ");
+      const auto at = env.find("OMPI_COMM_WORLD_RANK=");
+      if (at != std::string::npos) out[std::atoi(env.c_str() + at + 21)] = static_cast<pid_t>(std::stol(name));
+    }
+    return out;
+  }
+
+  // Waits until the job has `np` ranks and `file` exists (a sign that training runs).
+  bool wait_for_start(std::size_t np, const std::string& file, double seconds) {
+    const auto t0 = Clock::now();
+    while (since(t0) < seconds && finished() == kRunning) {
+      if (ranks().size() == np && fs::exists(file) && fs::file_size(file) > 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  // The exit code of mpirun, waiting at most `seconds` (kRunning if still running).
+  int wait(double seconds) {
+    const auto t0 = Clock::now();
+    while (finished() == kRunning && since(t0) < seconds) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return code_;
+  }
+
+  std::string output() const { return slurp(log_); }
+
+  static constexpr int kRunning = -1000;
+
+ private:
+  int finished() {
+    if (code_ != kRunning) return code_;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return code_;
+  }
+
+  std::string log_;
+  pid_t pid_ = -1;
+  int code_ = kRunning;
+};
+
+class JobFailures : public ::testing::Test {
+ public:
+  static void SetUpTestSuite() {
+    dir_ = (fs::temp_directory_path() / ("lamina_failures_" + std::to_string(::getpid()))).string();
+    fs::create_directories(dir_);
+    std::ofstream(dir_ + "/deck.toml") << kDeck;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+ protected:
+  static std::string args(const std::string& name, const std::vector<std::string>& sets) {
+    std::string a = "train " + dir_ + "/deck.toml --set output.dir=" + dir_ + "/" + name;
+    for (const auto& s : sets) a += " --set " + s;
+    return a;
+  }
+  static std::string metrics(const std::string& name) { return dir_ + "/" + name + "/metrics.jsonl"; }
+
+  static std::string dir_;
+};
+
+std::string JobFailures::dir_;
+
+TEST_F(JobFailures, AKilledRankEndsTheJobWithinSeconds) {
+  Job job(2, args("killed", {"parallel.dp=2"}), dir_ + "/killed.log");
+  ASSERT_TRUE(job.wait_for_start(2, metrics("killed"), 60)) << job.output();
+  const auto t0 = Clock::now();
+  ::kill(job.ranks().at(1), SIGKILL);
+  const int code = job.wait(30);
+  EXPECT_NE(code, Job::kRunning) << "the job still runs 30 s after a rank was killed:\n" << job.output();
+  EXPECT_NE(code, 0) << job.output();
+  EXPECT_LT(since(t0), 30.0);
+}
+
+// A stopped rank (SIGSTOP: what a hung node or a debugger looks like to the others) ends
+// the job after parallel.timeout, with exit 3 and a message naming the wait.
+class StoppedRank : public JobFailures, public ::testing::WithParamInterface<std::vector<std::string>> {};
+
+TEST_P(StoppedRank, EndsTheJobAfterTheTimeout) {
+  std::vector<std::string> sets = GetParam();
+  sets.push_back("parallel.timeout=4");
+  // A directory of its own: a metrics file of another run must not look like this one's start.
+  std::string name = "stopped";
+  for (std::string s : GetParam()) name += "_" + s.replace(s.find('='), 1, "").substr(s.find('.') + 1);
+  Job job(4, args(name, sets), dir_ + "/" + name + ".log");
+  ASSERT_TRUE(job.wait_for_start(4, metrics(name), 60)) << job.output();
+  const auto t0 = Clock::now();
+  const pid_t victim = job.ranks().at(3);
+  ::kill(victim, SIGSTOP);
+  const int code = job.wait(60);
+  ::kill(victim, SIGKILL);  // in case mpirun left it stopped
+  const std::string out = job.output();
+  EXPECT_EQ(code, 3) << out;
+  EXPECT_GE(since(t0), 4.0);
+  EXPECT_LT(since(t0), 40.0) << out;
+  EXPECT_NE(out.find("waited more than parallel.timeout = 4 s for MPI_"), std::string::npos) << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, StoppedRank,
+                         ::testing::Values(std::vector<std::string>{"parallel.dp=2", "parallel.tp=2"},
+                                           std::vector<std::string>{"parallel.dp=2", "parallel.pp=2"}),
+                         [](const auto& info) { return info.index == 0 ? "dp2_tp2" : "dp2_pp2"; });
+
+// SIGUSR1 to mpirun (which forwards it to every rank; Slurm's --signal reaches the ranks
+// directly): the ranks finish the step, save, and exit 128 + 10. Resuming from that
+// checkpoint gives, bit for bit, the state of a run that was never interrupted.
+TEST_F(JobFailures, APreemptionSignalSavesACheckpointThatResumesBitForBit) {
+  const std::vector<std::string> layout = {"parallel.pp=2"};
+  auto sets = layout;
+  Job job(2, args("preempted", sets), dir_ + "/preempted.log");
+  ASSERT_TRUE(job.wait_for_start(2, metrics("preempted"), 60)) << job.output();
+  ::kill(job.mpirun(), SIGUSR1);
+  const int code = job.wait(60);
+  const std::string out = job.output();
+  ASSERT_EQ(code, 128 + SIGUSR1) << out;
+  EXPECT_NE(out.find("stopped by SIGUSR1 after step "), std::string::npos) << out;
+  const std::string latest = slurp(dir_ + "/preempted/checkpoints/latest");
+  ASSERT_FALSE(latest.empty()) << out;
+  const long stopped = std::atol(latest.c_str() + latest.find('_') + 1);
+  ASSERT_GT(stopped, 0) << latest;
+
+  // Two more steps from the checkpoint, and the same number from scratch.
+  const std::string total = "train.steps=" + std::to_string(stopped + 2);
+  auto resumed = layout;
+  for (const char* s : {"checkpoint.save_final=true", "checkpoint.resume=latest"}) resumed.push_back(s);
+  resumed.push_back(total);
+  resumed.push_back("checkpoint.dir=" + dir_ + "/preempted/checkpoints");
+  Job resume(2, args("resumed", resumed), dir_ + "/resumed.log");
+  ASSERT_EQ(resume.wait(120), 0) << resume.output();
+  auto scratch = layout;
+  scratch.push_back("checkpoint.save_final=true");
+  scratch.push_back(total);
+  Job uninterrupted(2, args("uninterrupted", scratch), dir_ + "/uninterrupted.log");
+  ASSERT_EQ(uninterrupted.wait(300), 0) << uninterrupted.output();
+  char name[64];
+  std::snprintf(name, sizeof name, "/step_%08ld.h5", stopped + 2);
+  const ModelConfig model = parse_deck(kDeck, "deck.toml").model;
+  const auto fresh = checkpoint_tensors(dir_ + "/uninterrupted/checkpoints" + name, model);
+  EXPECT_FALSE(fresh.empty());
+  EXPECT_TRUE(checkpoint_tensors(dir_ + "/preempted/checkpoints" + name, model) == fresh)
+      << "the resumed run's state differs from the uninterrupted run's";
+}
+
+}  // namespace
+}  // namespace lamina::test
