@@ -8,6 +8,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "lamina/core/error.hpp"
+#include "lamina/core/format.hpp"
 #include "lamina/core/memory_tier.hpp"
 #include "lamina/core/memory_tracker.hpp"
 
@@ -36,7 +38,7 @@ class Buffer {
   // Zero-initialised: touching every page once here keeps page faults out of the steps.
   Buffer(MemoryTracker& tracker, MemCategory category, const std::string& label, std::int64_t n,
          MemTier tier = default_tier<Mem>())
-      : view_(label, static_cast<std::size_t>(n)), tracker_(&tracker), category_(category), space_(tier_label(tier)) {
+      : view_(allocate(label, n, category, tier)), tracker_(&tracker), category_(category), space_(tier_label(tier)) {
     tracker_->allocate(space_, category_, bytes());
   }
   Buffer(const Buffer&) = delete;
@@ -58,6 +60,18 @@ class Buffer {
   MemCategory category() const { return category_; }
 
  private:
+  // An allocation that fails mid-run is the run's failure (exit 3), named by what and where.
+  static view_type allocate(const std::string& label, std::int64_t n, MemCategory category, MemTier tier) {
+    try {
+      return view_type(label, static_cast<std::size_t>(n));
+    } catch (const std::exception& e) {
+      const std::string why = e.what();
+      throw RunError("out of memory: allocating " + human_bytes(static_cast<double>(n) * sizeof(T)) + " of " +
+                     mem_category_name(category) + " ('" + label + "') in " + tier_label(tier) + " memory failed (" +
+                     why.substr(0, why.find('\n')) + "); the memory estimate at start-up lists what helps");
+    }
+  }
+
   void swap(Buffer& o) noexcept {
     std::swap(view_, o.view_);
     std::swap(tracker_, o.tracker_);

@@ -558,10 +558,11 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   d.comm.backend = backend == "mpi" ? CommBackend::mpi : backend == "nccl" ? CommBackend::nccl : CommBackend::automatic;
   d.comm.timeout = r.real("parallel", "timeout", 600.0, 0.0, 1e9);
 
-  dc.batch_size = r.integer("data", "batch_size", 0, 1, kMax, true);
+  // Bounds far above any real batch keep products of sizes inside 64 bits.
+  dc.batch_size = r.integer("data", "batch_size", 0, 1, std::int64_t{1} << 40, true);
   // Default: one micro-batch per data-parallel rank (no gradient accumulation).
   dc.micro_batch_size =
-      r.integer("data", "micro_batch_size", std::max<std::int64_t>(1, dc.batch_size / p.dp), 1, kMax);
+      r.integer("data", "micro_batch_size", std::max<std::int64_t>(1, dc.batch_size / p.dp), 1, std::int64_t{1} << 31);
   dc.shuffle = r.boolean("data", "shuffle", true);
 
   auto& t = d.train;

@@ -185,29 +185,76 @@ std::int64_t dos_device_free(const ModelConfig& model, const Plan& plan, const R
   return free_for_dos(model, plan, extras, Schedule::build(step_spec(plan, model)), stage);
 }
 
+namespace {
+
+constexpr const char* kWhatHelps =
+    "  what helps: memory.activations = \"recompute\" or \"offload\" (activations; they also scale with "
+    "data.micro_batch_size), memory.params = \"host\", memory.optimizer = \"host\" or \"dynamic\", "
+    "train.precision = \"bf16\" (stored parameters and activations), parallel.zero, tp and pp (parameters, "
+    "gradients, optimizer state); `lamina plan` finds a plan that fits";
+
+std::string breakdown(const std::map<std::string, std::int64_t>& categories) {
+  std::string parts;
+  for (const auto& kv : categories) {
+    parts += strprintf("\n    %-16s %s", kv.first.c_str(), human_bytes(static_cast<double>(kv.second)).c_str());
+  }
+  return parts;
+}
+
+}  // namespace
+
 void check_memory_budget(const Plan& plan, const MemoryEstimate& estimate, const std::string& source) {
-  const std::string device = tier_label(MemTier::device);
-  const std::string host = tier_label(MemTier::host);
   auto check = [&](const std::string& space, std::int64_t budget, const char* key) {
     if (budget <= 0 || estimate.bytes.count(space) == 0) return;
     const std::int64_t need = estimate.total(space);
     if (need <= budget) return;
-    std::string parts;
-    for (const auto& kv : estimate.bytes.at(space)) {
-      parts += strprintf("\n    %-16s %s", kv.first.c_str(), human_bytes(static_cast<double>(kv.second)).c_str());
-    }
-    throw InputError(strprintf(
-        "%s: memory.%s = %s, but the run needs %s in %s per rank (%s over):%s\n"
-        "  what helps: memory.activations = \"recompute\" or \"offload\" (activations; they also scale with "
-        "data.micro_batch_size), memory.params = \"host\", memory.optimizer = \"host\" or \"dynamic\", "
-        "train.precision = \"bf16\" (stored parameters and activations), parallel.zero, tp and pp (parameters, "
-        "gradients, optimizer state)",
-        source.c_str(), key, human_bytes(static_cast<double>(budget)).c_str(),
-        human_bytes(static_cast<double>(need)).c_str(), space.c_str(),
-        human_bytes(static_cast<double>(need - budget)).c_str(), parts.c_str()));
+    throw InputError(strprintf("%s: memory.%s = %s, but the run needs %s in %s per rank (%s over):%s\n%s",
+                               source.c_str(), key, human_bytes(static_cast<double>(budget)).c_str(),
+                               human_bytes(static_cast<double>(need)).c_str(), space.c_str(),
+                               human_bytes(static_cast<double>(need - budget)).c_str(),
+                               breakdown(estimate.bytes.at(space)).c_str(), kWhatHelps));
   };
-  check(device, plan.budget.device, "device_budget");
-  check(host, plan.budget.host, "host_budget");
+  check(tier_label(MemTier::device), plan.budget.device, "device_budget");
+  check(tier_label(MemTier::host), plan.budget.host, "host_budget");
+}
+
+std::string check_memory_fits(const MemoryEstimate& estimate, const SystemMemory& system, const NodeShare& share,
+                              const std::string& source) {
+  // Without a device of its own, every tier is host memory.
+  const std::string device = tier_label(MemTier::device);
+  std::int64_t host_per_rank = 0, device_per_rank = 0;
+  std::map<std::string, std::int64_t> host_parts, device_parts;
+  for (const auto& [space, categories] : estimate.bytes) {
+    const bool on_device = system.separate_device && space == device;
+    (on_device ? device_per_rank : host_per_rank) += estimate.total(space);
+    for (const auto& kv : categories) (on_device ? device_parts : host_parts)[kv.first] += kv.second;
+  }
+  const std::int64_t host_need = host_per_rank * share.ranks_on_node;
+  if (host_need > system.host_limit) {
+    throw InputError(strprintf("%s: the run needs %s of host memory on this node (%d rank(s) x %s), but the node "
+                               "has %s (%s); per rank:%s\n%s",
+                               source.c_str(), human_bytes(static_cast<double>(host_need)).c_str(), share.ranks_on_node,
+                               human_bytes(static_cast<double>(host_per_rank)).c_str(),
+                               human_bytes(static_cast<double>(system.host_limit)).c_str(),
+                               system.host_limit_source.c_str(), breakdown(host_parts).c_str(), kWhatHelps));
+  }
+  const std::int64_t device_need = device_per_rank * share.ranks_on_device;
+  if (system.separate_device && device_need > system.device_free) {
+    throw InputError(strprintf("%s: the run needs %s of %s memory (%d rank(s) x %s), but the device has %s free "
+                               "of %s; per rank:%s\n%s",
+                               source.c_str(), human_bytes(static_cast<double>(device_need)).c_str(), device.c_str(),
+                               share.ranks_on_device, human_bytes(static_cast<double>(device_per_rank)).c_str(),
+                               human_bytes(static_cast<double>(system.device_free)).c_str(),
+                               human_bytes(static_cast<double>(system.device_total)).c_str(),
+                               breakdown(device_parts).c_str(), kWhatHelps));
+  }
+  if (system.host_available > 0 && host_need > system.host_available) {
+    return strprintf("the run needs %s of host memory on this node, %s is free now: other processes may have to "
+                     "give memory back, or the run may be killed for it",
+                     human_bytes(static_cast<double>(host_need)).c_str(),
+                     human_bytes(static_cast<double>(system.host_available)).c_str());
+  }
+  return "";
 }
 
 MemoryEstimate estimate_memory(const Deck& deck) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "lamina/core/config.hpp"
+#include "lamina/core/system_memory.hpp"
 #include "lamina/plan/plan.hpp"
 
 namespace lamina {
@@ -41,6 +42,20 @@ std::int64_t dos_device_free(const ModelConfig& model, const Plan& plan, const R
 // Throws InputError when a budget of the plan is exceeded, naming what does not fit and
 // the options that help. source: the deck (for the message).
 void check_memory_budget(const Plan& plan, const MemoryEstimate& estimate, const std::string& source);
+
+// How the job's ranks share this node's memory: ranks on the node (they share the host
+// memory) and ranks on this rank's device.
+struct NodeShare {
+  int ranks_on_node = 1;
+  int ranks_on_device = 1;
+};
+
+// Throws InputError when the run cannot fit the memory this node really has: the host
+// memory of every rank of the node against the host limit (physical or cgroup), the device
+// memory against what is free on the device. Returns a warning (or "") when it fits the
+// limit but not the memory free right now.
+std::string check_memory_fits(const MemoryEstimate& estimate, const SystemMemory& system, const NodeShare& share,
+                              const std::string& source);
 
 // The same for the plan a deck describes, with the extras its checkpoint and output keys ask for.
 MemoryEstimate estimate_memory(const Deck& deck);

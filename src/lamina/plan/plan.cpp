@@ -83,8 +83,33 @@ Plan plan_from_deck(const Deck& deck, int world) {
   o.virtual_stages = static_cast<int>(p.virtual_stages);
   o.layered = p.layered;
   o.micro_batch_size = deck.data.micro_batch_size;
+  // Sizes beyond any machine stop here, before 64-bit byte counts of the memory estimate
+  // could overflow: no single quantity of one rank may exceed a pebibyte.
+  constexpr long double kMaxBytes = static_cast<long double>(1LL << 50);
+  const long double d = static_cast<long double>(m.d_model), T = static_cast<long double>(m.seq_len);
+  const long double params = 12.0L * static_cast<long double>(m.layers) * d * d +
+                             (static_cast<long double>(m.vocab_size) + T) * d;
+  if (16.0L * params > kMaxBytes) {
+    error("model.d_model", strprintf("%.3Lg parameters need %s of weights and optimizer state, more than any machine "
+                                     "holds",
+                                     params, human_bytes(static_cast<double>(16.0L * params)).c_str()));
+  }
+  const long double widest = std::max({static_cast<long double>(m.vocab_size), 4.0L * d,
+                                       static_cast<long double>(m.heads) * T});
+  const long double activation = 4.0L * static_cast<long double>(o.micro_batch_size) * T * widest;
+  if (activation > kMaxBytes) {
+    error("data.micro_batch_size",
+          strprintf("a micro-batch of %lld sequences of %lld tokens makes activations of %s each, more than any "
+                    "machine holds; lower data.micro_batch_size or model.seq_len",
+                    ll(o.micro_batch_size), ll(m.seq_len), human_bytes(static_cast<double>(activation)).c_str()));
+  }
   const std::int64_t per_step = o.micro_batch_size * o.dp;
-  if (deck.data.batch_size % per_step != 0) {
+  if (deck.data.batch_size / per_step > (1 << 24)) {
+    error("data.batch_size", strprintf("%lld sequences are %lld micro-batches of %lld x parallel.dp = %d per step; "
+                                       "at most %d are supported: raise data.micro_batch_size",
+                                       ll(deck.data.batch_size), ll(deck.data.batch_size / per_step),
+                                       ll(o.micro_batch_size), o.dp, 1 << 24));
+  } else if (deck.data.batch_size % per_step != 0) {
     error("data.batch_size", strprintf("%lld is not a multiple of micro_batch_size x parallel.dp = %lld x %d",
                                        ll(deck.data.batch_size), ll(o.micro_batch_size), o.dp));
   }

@@ -9,8 +9,10 @@
 
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
+#include "lamina/core/bounded_wait.hpp"
 #include "lamina/core/json.hpp"
 #include "lamina/core/stop_signal.hpp"
+#include "lamina/core/system_memory.hpp"
 #include "lamina/io/checkpoint.hpp"
 #include "lamina/io/model_checkpoint.hpp"
 #include "lamina/io/metrics_writer.hpp"
@@ -61,6 +63,37 @@ void truncate_metrics(const std::string& path, std::int64_t step) {
   for (const auto& l : keep) out << l << '\n';
 }
 
+// How this job's ranks share this node: ranks on the node, and ranks on this rank's device
+// where it has one. Run alone for a deck of many ranks (--check), one rank per node.
+NodeShare node_share(MPI_Comm comm, const SystemMemory& system) {
+  const BlockingSection section("the other ranks to find which ranks share a node");
+  NodeShare share;
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &share.ranks_on_node);
+  share.ranks_on_device = share.ranks_on_node;
+#if defined(KOKKOS_ENABLE_CUDA)
+  if (system.separate_device) {
+    const int mine = Kokkos::Cuda().cuda_device();
+    std::vector<int> devices(static_cast<std::size_t>(share.ranks_on_node));
+    MPI_Allgather(&mine, 1, MPI_INT, devices.data(), 1, MPI_INT, node);
+    share.ranks_on_device = static_cast<int>(std::count(devices.begin(), devices.end(), mine));
+  }
+#else
+  (void)system;
+#endif
+  MPI_Comm_free(&node);
+  return share;
+}
+
+// The memory checks every run and --check make before anything is allocated: the deck's
+// budgets, then what the node really has. Returns a warning for the log, or "".
+std::string check_memory(const Plan& plan, const MemoryEstimate& estimate, const std::string& source, MPI_Comm comm) {
+  check_memory_budget(plan, estimate, source);
+  const SystemMemory system = system_memory();
+  return check_memory_fits(estimate, system, node_share(comm, system), source);
+}
+
 class Trainer {
  public:
   Trainer(const Deck& deck, const Log& log, MPI_Comm comm) : deck_(deck), log_(log), comm_(comm) {
@@ -82,8 +115,10 @@ class Trainer {
     measure_dos_inputs(plan_);
     const RunExtras extras = RunExtras::of(deck_.checkpoint, deck_.output);
     const MemoryEstimate estimate = estimate_memory(m, plan_, extras);
-    check_memory_budget(plan_, estimate, deck_.source);
     log_.info(format_memory_estimate(estimate));
+    if (const std::string warning = check_memory(plan_, estimate, deck_.source, comm_); !warning.empty()) {
+      log_.warn(warning);
+    }
 
     std::error_code ec;
     if (rank == 0) fs::create_directories(deck_.output.dir, ec);
@@ -401,7 +436,9 @@ void check_deck(const Deck& deck, const Log& log, int world) {
   log.info(describe(plan));
   const MemoryEstimate estimate = estimate_memory(deck.model, plan, RunExtras::of(deck.checkpoint, deck.output));
   log.info(format_memory_estimate(estimate));
-  check_memory_budget(plan, estimate, deck.source);
+  if (const std::string warning = check_memory(plan, estimate, deck.source, MPI_COMM_WORLD); !warning.empty()) {
+    log.warn(warning);
+  }
   const Schedule schedule = Schedule::build(step_spec(plan, deck.model));
   log.info(strprintf("schedule: %s; %s", schedule.name().c_str(), schedule.partition().describe().c_str()));
   for (int s = 0; s < schedule.stages(); ++s) {

@@ -1,5 +1,6 @@
 // The `lamina` command when a run goes wrong: stopped by a signal (it saves and resumes
-// bit for bit), diverged for good (it stops instead of skipping steps forever).
+// bit for bit), diverged for good (it stops instead of skipping steps forever), too large
+// for the machine (refused before it starts).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -127,6 +128,19 @@ TEST_F(LaminaFailures, ARunThatKeepsSkippingStepsStopsWithExit3) {
   EXPECT_EQ(code, 3) << out;
   EXPECT_NE(out.find("4 steps in a row skipped (train.max_skipped)"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(dir_ + "/diverged/checkpoints/latest")) << "a diverged run wrote a checkpoint";
+}
+
+// A run whose estimate (126 TiB) exceeds this machine is refused before it starts, and
+// --check says so too.
+TEST_F(LaminaFailures, ARunLargerThanTheMachineIsRefusedByTheRunAndByCheck) {
+  const std::string sets = "--set data.batch_size=100000 --set data.micro_batch_size=100000 --set model.seq_len=4096";
+  for (const char* mode : {"--check", ""}) {
+    const std::string log = dir_ + "/huge.log";
+    const int code = finish(start(train("huge", sets) + " " + mode, log));
+    const std::string out = slurp(log);
+    EXPECT_EQ(code, 2) << mode << "\n" << out;
+    EXPECT_NE(out.find("of host memory on this node (1 rank(s) x "), std::string::npos) << mode << "\n" << out;
+  }
 }
 
 }  // namespace

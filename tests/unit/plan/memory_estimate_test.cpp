@@ -118,5 +118,54 @@ TEST(MemoryEstimate, ABudgetIsCheckedPerSpace) {
   EXPECT_THROW(check_memory_budget(tiny({"memory.host_budget=1KiB"}), offloaded), InputError);
 }
 
+// An estimate of 1 MiB per rank on the host and, where there is one, 1 MiB on the device.
+MemoryEstimate mebibyte_each() {
+  MemoryEstimate e;
+  e.bytes[tier_label(MemTier::host)]["parameters"] = 1 << 20;
+  e.bytes[tier_label(MemTier::device)]["activations"] = 1 << 20;
+  return e;
+}
+
+std::string fits(const SystemMemory& system, const NodeShare& share) {
+  try {
+    const std::string warning = check_memory_fits(mebibyte_each(), system, share, "<deck>");
+    return warning.empty() ? "fits" : "warning: " + warning;
+  } catch (const InputError& e) {
+    return e.what();
+  }
+}
+
+TEST(MemoryEstimate, TheRanksOfANodeMustFitItsHostMemory) {
+  SystemMemory host_only;
+  host_only.host_limit = 4 << 20;
+  host_only.host_limit_source = "physical memory";
+  host_only.host_available = 4 << 20;
+  // Without a device of its own, both tiers are host memory: 2 MiB per rank.
+  EXPECT_EQ(fits(host_only, {2, 2}), "fits");
+  const std::string three = fits(host_only, {3, 3});
+  EXPECT_NE(three.find("<deck>: the run needs 6.00 MiB of host memory on this node (3 rank(s) x 2.00 MiB), but the "
+                       "node has 4.00 MiB (physical memory)"),
+            std::string::npos)
+      << three;
+  EXPECT_NE(three.find("`lamina plan` finds a plan that fits"), std::string::npos) << three;
+  host_only.host_available = 3 << 20;
+  EXPECT_EQ(fits(host_only, {2, 2}).rfind("warning: the run needs 4.00 MiB of host memory on this node, 3.00 MiB is "
+                                          "free now",
+                                          0),
+            0u);
+}
+
+TEST(MemoryEstimate, TheRanksOfADeviceMustFitItsFreeMemory) {
+  SystemMemory gpu;
+  gpu.host_limit = gpu.host_available = 64 << 20;
+  gpu.separate_device = true;
+  gpu.device_total = 8 << 20;
+  gpu.device_free = 2 << 20;
+  EXPECT_EQ(fits(gpu, {4, 2}), "fits");
+  const std::string three = fits(gpu, {4, 3});
+  EXPECT_NE(three.find("(3 rank(s) x 1.00 MiB), but the device has 2.00 MiB free of 8.00 MiB"), std::string::npos)
+      << three;
+}
+
 }  // namespace
 }  // namespace lamina::test

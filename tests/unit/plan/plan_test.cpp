@@ -85,6 +85,25 @@ TEST(Plan, ABatchThatMicroBatchesDoNotDivideIsADeckError) {
       << e;
 }
 
+TEST(Plan, SizesBeyondAnyMachineAreDeckErrorsNotOverflows) {
+  const std::string mb = error_of({"data.batch_size=1099511627776", "data.micro_batch_size=2147483648",
+                                   "model.seq_len=100000"});
+  EXPECT_NE(mb.find("--set data.micro_batch_size=2147483648: data.micro_batch_size: a micro-batch of 2147483648 "
+                    "sequences of 100000 tokens makes activations of"),
+            std::string::npos)
+      << mb;
+  const std::string steps = error_of({"data.batch_size=1099511627776", "data.micro_batch_size=1"});
+  EXPECT_NE(steps.find("micro-batches of 1 x parallel.dp = 1 per step; at most 16777216"), std::string::npos) << steps;
+  const std::string model = error_of({"model.d_model=1048576", "model.heads=1024", "model.vocab_size=1073741824"});
+  EXPECT_NE(model.find("more than any machine holds"), std::string::npos) << model;
+  try {
+    parse_deck(kDeck, "deck.toml", {"data.batch_size=9223372036854775807"});
+    FAIL() << "the deck accepted a batch of 2^63 - 1 sequences";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Plan, PolicyProblemsAreDeckErrors) {
   const std::string e = error_of({"memory.params=host"});
   EXPECT_NE(e.find("memory.optimizer: block 0 has memory.params = 'host'"), std::string::npos) << e;
