@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# What to run on a GPU node after installing lamina's dependencies (e.g. `spack install
+# lamina +cuda`, or a Kokkos + Kokkos Kernels CUDA install): builds lamina against the
+# Kokkos found in CMAKE_PREFIX_PATH, runs the unit and MPI suites, `lamina verify` on
+# every reference file, the step, AdamW and Deep Optimizer States benchmarks, and prints
+# one summary. Works the same on a CPU-only Kokkos, which is how CI-less changes to this
+# script are checked.
+#
+#   CMAKE_PREFIX_PATH=/opt/kokkos-cuda scripts/gpu-check.sh [build dir] [extra cmake args]
+#
+# The C++ compiler is Kokkos' nvcc_wrapper when one is found next to Kokkos (set CXX to
+# choose another). Output of every step is kept in <build dir>/gpu-check/*.log. Exit
+# status: 0 when every step passed, 1 otherwise.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=$(realpath -m "${1:-$root/build-gpu-check}")
+shift || true
+logs=$build/gpu-check
+mkdir -p "$logs"
+jobs=$(nproc)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+
+if [[ -z ${CXX:-} ]]; then
+  IFS=: read -r -a prefixes <<< "${CMAKE_PREFIX_PATH:-}"
+  for p in "${prefixes[@]}"; do
+    p=${p%%;*}
+    if [[ -x $p/bin/nvcc_wrapper ]]; then
+      export CXX=$p/bin/nvcc_wrapper
+      break
+    fi
+  done
+fi
+
+summary=()
+failed=0
+# step NAME LOGFILE COMMAND...: runs it, records PASS/FAIL and the time.
+step() {
+  local name=$1 log=$logs/$2
+  shift 2
+  local t0=$SECONDS
+  if "$@" > "$log" 2>&1; then
+    summary+=("$(printf '%-28s PASS %5ds' "$name" $((SECONDS - t0)))")
+  else
+    summary+=("$(printf '%-28s FAIL %5ds  (%s)' "$name" $((SECONDS - t0)) "$log")")
+    failed=1
+  fi
+}
+
+# The last line of a log when it is a JSON object, for the summary.
+json_of() { tail -n 1 "$logs/$1" | grep '^{' || echo "{}"; }
+field() {
+  python3 -c "import json,sys; v=json.loads(sys.argv[1]).get(sys.argv[2], 'n/a'); print(f'{v:.4g}' if isinstance(v, float) else v)" \
+    "$1" "$2" 2> /dev/null
+}
+
+step configure configure.log cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+  -DLAMINA_REFERENCE_DIR="$root/tests/reference" "$@"
+step build build.log cmake --build "$build" -j "$jobs"
+lamina=$build/apps/lamina/lamina
+if [[ ! -x $lamina ]]; then
+  printf '%s\n' "${summary[@]}"
+  echo "gpu-check: the build failed; see $logs/build.log"
+  exit 1
+fi
+in_build() { (cd "$build" && "$@"); }
+step "unit tests" unit.log in_build ctest -LE mpi -j "$jobs" --output-on-failure
+step "MPI tests" mpi.log in_build ctest -L mpi --output-on-failure
+for ref in "$root"/tests/reference/ref_*.h5; do
+  name=$(basename "$ref" .h5)
+  step "verify $name" "verify_$name.log" "$lamina" verify --reference "$ref"
+done
+# On a GPU, GPT-2 124M at 16 x 1024 tokens per step (the size PyTorch is compared on);
+# on a CPU, the 6 x 384 model of inputs/bench-torch.toml.
+if "$lamina" --version | grep -q Cuda; then
+  model="GPT-2 124M, 16 x 1024 tokens"
+  bench=("$root/inputs/gpt2-124m.toml" --set data.format=synthetic --set data.batch_size=16
+    --set data.micro_batch_size=16)
+else
+  model="6 x 384, 4 x 256 tokens"
+  bench=("$root/inputs/bench-torch.toml")
+fi
+step "bench step fp32" bench_step.log "$lamina" bench step "${bench[@]}" --steps 10 --warmup 3
+step "bench step bf16" bench_step_bf16.log "$lamina" bench step "${bench[@]}" --set train.precision=bf16 \
+  --steps 10 --warmup 3
+step "bench adam" bench_adam.log "$lamina" bench adam
+step "bench dos" bench_dos.log "$lamina" bench dos "${bench[@]}" --steps 5
+
+echo
+echo "lamina gpu-check: $("$lamina" --version)"
+echo "build: $build (logs in $logs)"
+printf '%s\n' "${summary[@]}"
+fp32=$(json_of bench_step.log)
+bf16=$(json_of bench_step_bf16.log)
+echo "$model: fp32 $(field "$fp32" step_ms_median) ms/step, $(field "$fp32" tokens_per_s) tokens/s;" \
+  "bf16 $(field "$bf16" step_ms_median) ms/step, $(field "$bf16" tokens_per_s) tokens/s"
+echo "bench adam: $(json_of bench_adam.log)"
+echo "bench dos: $(json_of bench_dos.log)"
+exit $failed
