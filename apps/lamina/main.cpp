@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -46,6 +47,17 @@ std::string build_info() {
                            KOKKOS_VERSION / 100 % 100, KOKKOS_VERSION % 100, Kokkos::DefaultExecutionSpace::name(),
                            comm.c_str(), LAMINA_BUILD_INFO);
 }
+
+// CLI::NonNegativeNumber lets NaN through (NaN < 0 is false), and a NaN or infinite
+// tolerance would make every comparison pass or fail whatever the numbers.
+const CLI::Validator kFiniteNonNegative(
+    [](std::string& s) {
+      char* end = nullptr;
+      const double v = std::strtod(s.c_str(), &end);
+      const bool ok = end != s.c_str() && *end == '\0' && std::isfinite(v) && v >= 0.0;
+      return ok ? std::string() : "must be a finite number >= 0, got " + s;
+    },
+    "FINITE >= 0");
 
 // `lamina bench dos` without a deck: the model and batch of inputs/bench-torch.toml (the
 // optimizer's hyperparameters do not change its timings).
@@ -129,7 +141,8 @@ int main(int argc, char** argv) {
 
   auto* verify = app.add_subcommand("verify", "check one training step against a PyTorch reference file");
   verify->add_option("--reference", o.reference, "reference file (HDF5, see docs/reference-format.md)")->required();
-  verify->add_option("--tolerance", o.tolerance, "largest relative error accepted (default 1e-4)");
+  verify->add_option("--tolerance", o.tolerance, "largest relative error accepted (default 1e-4)")
+      ->check(kFiniteNonNegative);
 
   auto* bench = app.add_subcommand("bench", "benchmarks; the last line printed is one JSON object");
   bench->require_subcommand(1);

@@ -60,6 +60,28 @@ void truncate_metrics(const std::string& path, std::int64_t step) {
   for (const auto& l : keep) out << l << '\n';
 }
 
+// output.dir and checkpoint.dir must be directories or not exist yet. A file in the way
+// (the path or one of its parents) is the deck's mistake: reported before any step, not
+// as a failed write at the first checkpoint.
+void check_output_dirs(const Deck& deck) {
+  for (const auto& [key, dir] : {std::pair<std::string, std::string>{"output.dir", deck.output.dir},
+                                 {"checkpoint.dir", deck.checkpoint.dir}}) {
+    std::error_code ec;
+    for (fs::path p = dir; !p.empty(); p = p.parent_path()) {
+      const fs::file_status st = fs::status(p, ec);
+      if (!fs::exists(st)) {
+        if (p == p.parent_path()) break;
+        continue;
+      }
+      if (!fs::is_directory(st)) {
+        throw InputError(deck.where(key) + ": " + key + ": " + p.string() + " is an existing file, not a directory" +
+                         (p.string() == dir ? "" : " (in the path " + dir + ")") + "; choose another " + key);
+      }
+      break;
+    }
+  }
+}
+
 class Trainer {
  public:
   Trainer(const Deck& deck, const Log& log, MPI_Comm comm) : deck_(deck), log_(log), comm_(comm) {
@@ -84,6 +106,7 @@ class Trainer {
     check_memory_budget(plan_, estimate, deck_.source);
     log_.info(format_memory_estimate(estimate));
 
+    check_output_dirs(deck_);
     std::error_code ec;
     if (rank == 0) fs::create_directories(deck_.output.dir, ec);
     if (ec) throw RunError(deck_.output.dir + ": cannot create the output directory: " + ec.message());
@@ -383,6 +406,7 @@ void check_deck(const Deck& deck, const Log& log, int world) {
   for (int s = 0; s < schedule.stages(); ++s) {
     log.debug(strprintf("stage %d program: %s", s, schedule.describe(s).c_str()));
   }
+  check_output_dirs(deck);
   auto ds = open_dataset(deck.data, deck.model.vocab_size, deck.train.seed);
   SequenceSampler sampler(ds->num_tokens(), deck.model.seq_len, deck.train.seed, deck.data.shuffle);
   log.info("data: " + ds->describe());
