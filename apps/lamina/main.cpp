@@ -5,9 +5,11 @@
 
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/core/log.hpp"
+#include "lamina/io/hdf5_file.hpp"
 #include "lamina/train/bench.hpp"
 #include "lamina/train/plan_command.hpp"
 #include "lamina/train/profile.hpp"
@@ -206,8 +209,8 @@ int main(int argc, char** argv) {
   int kargc = static_cast<int>(kokkos_args.size());
   int code = 0;
   Kokkos::initialize(kargc, kokkos_args.data());
-  if (rank == 0) warn_about_environment(log);  // the same environment on every rank
   try {
+    if (rank == 0) warn_about_environment(log);  // the same environment on every rank
     if (train->parsed()) {
       lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
       if (!deck.automatic.empty()) {  // the planner chooses these keys for the ranks this runs on
@@ -273,9 +276,15 @@ int main(int argc, char** argv) {
     log.error(std::string("internal error: ") + e.what());
     code = static_cast<int>(lamina::ExitCode::internal);
   }
-  std::fflush(stdout);
+  // The JSON lines go through printf, not the log: a failed write shows here.
+  errno = 0;
+  if ((std::fflush(stdout) != 0 || std::ferror(stdout)) && code == 0) {
+    log.error(std::string("cannot write standard output: ") + (errno != 0 ? std::strerror(errno) : "write error"));
+    code = static_cast<int>(lamina::ExitCode::run_failed);
+  }
   std::fflush(stderr);
-  if (code != 0 && world > 1) MPI_Abort(MPI_COMM_WORLD, code);  // take the other ranks down with this one
+  // Take the other ranks down with this one; alone, skip a shutdown that would crash.
+  if (code != 0 && (world > 1 || lamina::h5::file_close_failed())) MPI_Abort(MPI_COMM_WORLD, code);
   Kokkos::finalize();
   MPI_Finalize();
   return code;

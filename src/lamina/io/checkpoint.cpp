@@ -11,6 +11,7 @@
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/io/hdf5_file.hpp"
+#include "lamina/io/output_file.hpp"
 
 namespace lamina {
 
@@ -56,6 +57,24 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return out;
 }
 
+std::vector<std::string> remove_partial_checkpoints(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  const std::string suffix = ".h5.tmp";
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool step_tmp = name.size() > 5 + suffix.size() && name.rfind("step_", 0) == 0 &&
+                          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+                          std::all_of(name.begin() + 5, name.end() - static_cast<std::ptrdiff_t>(suffix.size()),
+                                      [](char c) { return c >= '0' && c <= '9'; });
+    if (!(step_tmp || name == "latest.tmp") || e.is_directory(ec)) continue;
+    if (fs::remove(e.path(), ec)) removed.push_back(e.path().string());
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
+}
+
 CheckpointWriter::CheckpointWriter(const std::string& dir, std::int64_t step, MPI_Comm comm) : dir_(dir), comm_(comm) {
   if (rank_of(comm) == 0) {
     std::error_code ec;
@@ -68,8 +87,14 @@ CheckpointWriter::CheckpointWriter(const std::string& dir, std::int64_t step, MP
   file_ = h5::create(tmp_path_, comm);
 }
 
+CheckpointWriter::~CheckpointWriter() {
+  if (committed_) return;
+  file_.reset();
+  if (rank_of(comm_) == 0) remove_partial_checkpoints(dir_);
+}
+
 void CheckpointWriter::write(const TensorSlab& s) {
-  h5::write_slab(file_, s.name, s.global_shape, s.pieces, s.local_shape, s.data);
+  h5::write_slab(file_, tmp_path_, s.name, s.global_shape, s.pieces, s.local_shape, s.data);
   for (const auto& p : s.pieces) {
     std::int64_t n = 4;
     for (const auto c : p.count) n *= c;
@@ -94,11 +119,7 @@ std::string CheckpointWriter::commit(const CheckpointMeta& meta, std::int64_t ke
       throw RunError(tmp_path_ + ": cannot rename to " + final_path_);
     }
     const std::string latest = dir_ + "/latest", latest_tmp = latest + ".tmp";
-    {
-      std::ofstream out(latest_tmp, std::ios::trunc);
-      out << fs::path(final_path_).filename().string() << "\n";
-      if (!out) throw RunError(latest_tmp + ": cannot write");
-    }
+    write_text_file(latest_tmp, fs::path(final_path_).filename().string() + "\n");
     fsync_path(latest_tmp);
     if (std::rename(latest_tmp.c_str(), latest.c_str()) != 0) throw RunError(latest + ": cannot replace");
     fsync_path(dir_);
@@ -108,6 +129,7 @@ std::string CheckpointWriter::commit(const CheckpointMeta& meta, std::int64_t ke
       fs::remove(all[i], ec);
     }
   }
+  committed_ = true;
   MPI_Barrier(comm_);
   return final_path_;
 }

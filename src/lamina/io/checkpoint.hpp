@@ -4,6 +4,7 @@
 // any piece back: resharding is a read pattern) plus the run's metadata. A file is
 // written as `<name>.tmp` and renamed when complete; `<dir>/latest` names the newest
 // complete file and is itself replaced atomically. Only the newest `keep` files are kept.
+// A write that fails removes its `.tmp` files; a run removes those an earlier one left.
 // Writing and reading are collective over the communicator: every rank goes through every
 // tensor in the same order, with or without a piece of its own.
 #include <mpi.h>
@@ -40,6 +41,10 @@ class CheckpointWriter {
  public:
   // Starts `<dir>/step_<step>.h5.tmp`, creating the directory.
   CheckpointWriter(const std::string& dir, std::int64_t step, MPI_Comm comm);
+  // Not committed (a write failed): closes the file and removes the temporary files.
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
   void write(const TensorSlab& slab);
   // Writes the metadata, closes, renames, points `latest` at it, drops old files; returns the path.
   std::string commit(const CheckpointMeta& meta, std::int64_t keep);
@@ -50,6 +55,7 @@ class CheckpointWriter {
   MPI_Comm comm_;
   h5::Id file_;
   std::int64_t bytes_ = 0;
+  bool committed_ = false;
 };
 
 class CheckpointReader {
@@ -73,5 +79,9 @@ std::string resolve_checkpoint(const std::string& resume, const std::string& dir
 
 // Checkpoint files in a directory, oldest first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
+
+// Removes the temporary files of unfinished checkpoint writes in `dir`
+// (`step_<digits>.h5.tmp`, `latest.tmp`) and nothing else; returns their paths.
+std::vector<std::string> remove_partial_checkpoints(const std::string& dir);
 
 }  // namespace lamina

@@ -9,6 +9,11 @@ namespace lamina::h5 {
 
 namespace {
 
+bool close_failed = false;
+
+// MPI-IO does not say why a write failed (errno is not kept), only that it did.
+constexpr const char* kWriteFailed = "the file system refused the write (disk full or quota exceeded?)";
+
 // HDF5 prints its error stack by default; lamina reports errors itself, with context.
 void quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
@@ -59,9 +64,11 @@ Id& Id::operator=(Id&& o) noexcept {
 }
 
 void Id::reset() {
-  if (id_ >= 0 && close_ != nullptr) close_(id_);
+  if (id_ >= 0 && close_ != nullptr && close_(id_) < 0 && close_ == &H5Fclose) close_failed = true;
   id_ = -1;
 }
+
+bool file_close_failed() { return close_failed; }
 
 Id open_read(const std::string& path, MPI_Comm comm) {
   quiet();
@@ -84,7 +91,7 @@ Id create(const std::string& path, MPI_Comm comm) {
 }
 
 void close(Id& file, const std::string& path) {
-  if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) throw RunError(path + ": flushing the file failed (disk full?)");
+  if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) throw RunError("cannot write " + path + ": " + kWriteFailed);
   file.reset();
 }
 
@@ -145,20 +152,21 @@ void select(hid_t file_space, Id& mem_space, const std::vector<Hyperslab>& piece
 
 }  // namespace
 
-void write_slab(hid_t file, const std::string& name, const std::vector<std::int64_t>& global_shape,
-                const std::vector<Hyperslab>& pieces, const std::vector<std::int64_t>& local_shape, const float* data) {
+void write_slab(hid_t file, const std::string& path, const std::string& name,
+                const std::vector<std::int64_t>& global_shape, const std::vector<Hyperslab>& pieces,
+                const std::vector<std::int64_t>& local_shape, const float* data) {
   std::vector<hsize_t> dims(global_shape.begin(), global_shape.end());
   Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
   Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl, 1);
   Id ds(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, space, lcpl, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
-  if (!ds.valid()) throw RunError("cannot create dataset '" + name + "' in the checkpoint");
+  if (!ds.valid()) throw RunError("cannot write " + path + " (creating dataset '" + name + "'): " + kWriteFailed);
   Id mem;
   select(space, mem, pieces, local_shape);
   Id xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
   H5Pset_dxpl_mpio(xfer, H5FD_MPIO_COLLECTIVE);
   if (H5Dwrite(ds, H5T_NATIVE_FLOAT, mem, space, xfer, data) < 0) {
-    throw RunError("writing dataset '" + name + "' of the checkpoint failed (disk full?)");
+    throw RunError("cannot write " + path + " (dataset '" + name + "'): " + kWriteFailed);
   }
 }
 

@@ -4,8 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
@@ -13,6 +11,7 @@
 #include "lamina/io/checkpoint.hpp"
 #include "lamina/io/model_checkpoint.hpp"
 #include "lamina/io/metrics_writer.hpp"
+#include "lamina/io/output_file.hpp"
 #include "lamina/io/sampler.hpp"
 #include "lamina/io/token_dataset.hpp"
 #include "lamina/model/flops.hpp"
@@ -41,23 +40,6 @@ std::string model_signature(const ModelConfig& m) {
   return strprintf("layers=%lld d_model=%lld heads=%lld seq_len=%lld vocab_size=%lld", static_cast<long long>(m.layers),
                    static_cast<long long>(m.d_model), static_cast<long long>(m.heads),
                    static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size));
-}
-
-// Keeps the lines of metrics.jsonl up to `step` (inclusive): a resumed run replaces
-// whatever the interrupted run logged after its last checkpoint.
-void truncate_metrics(const std::string& path, std::int64_t step) {
-  std::ifstream in(path);
-  if (!in) return;
-  std::vector<std::string> keep;
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto pos = line.find("\"step\": ");
-    if (pos == std::string::npos) continue;
-    if (std::atoll(line.c_str() + pos + 8) <= step) keep.push_back(line);
-  }
-  in.close();
-  std::ofstream out(path, std::ios::trunc);
-  for (const auto& l : keep) out << l << '\n';
 }
 
 // output.dir and checkpoint.dir must be directories or not exist yet. A file in the way
@@ -111,8 +93,12 @@ class Trainer {
     if (rank == 0) fs::create_directories(deck_.output.dir, ec);
     if (ec) throw RunError(deck_.output.dir + ": cannot create the output directory: " + ec.message());
     if (rank == 0) {
-      std::ofstream out(deck_.output.dir + "/deck.resolved.toml");
-      out << "# resolved from " << deck_.source << "\n" << deck_.resolved_toml;
+      write_text_file(deck_.output.dir + "/deck.resolved.toml",
+                      "# resolved from " + deck_.source + "\n" + deck_.resolved_toml);
+      // What a run killed while writing a checkpoint left behind.
+      for (const auto& p : remove_partial_checkpoints(deck_.checkpoint.dir)) {
+        log_.info("removed " + p + ", the unfinished write of an earlier run");
+      }
     }
 
     open_data();
@@ -151,10 +137,7 @@ class Trainer {
     }
 
     const std::string metrics_path = deck_.output.dir + "/metrics.jsonl";
-    if (rank == 0) {
-      if (start_step > 0) truncate_metrics(metrics_path, start_step);
-      metrics_ = MetricsWriter(metrics_path, start_step > 0);
-    }
+    if (rank == 0) metrics_ = MetricsWriter(metrics_path, start_step);
     measure_peak();
 
     const double flops_per_step = training_flops_per_token(m) * static_cast<double>(positions_per_step_);
@@ -203,6 +186,7 @@ class Trainer {
       const bool periodic = deck_.checkpoint.every > 0 && (step + 1) % deck_.checkpoint.every == 0;
       if (periodic || (last && deck_.checkpoint.save_final)) save(rt, step + 1);
     }
+    metrics_.close();
     summary.mean_step_ms = total_ms / static_cast<double>(std::max<std::int64_t>(1, timed));
     if (deck_.output.sample_tokens > 0) print_sample(rt, summary.last_step);
     const double wall = seconds_since(run_start);

@@ -14,20 +14,24 @@ namespace lamina::test {
 
 struct Result {
   int code = -1;
-  std::string out;  // what the command's redirections send to the pipe
+  std::string out;  // what the command sends to the pipe
 };
 
-// `lamina <args>`; `redirect` replaces the default "2>&1" (stdout and stderr together).
-inline Result run(const std::string& args, const std::string& redirect = "2>&1") {
+// Runs a shell command line; kLamina is the path of the binary under test.
+inline Result shell(const std::string& command) {
   Result r;
-  const std::string cmd = std::string(LAMINA_BINARY) + " " + args + " " + redirect;
-  FILE* p = ::popen(cmd.c_str(), "r");
+  FILE* p = ::popen(command.c_str(), "r");
   char buf[4096];
   while (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) r.out += buf;
   const int status = p == nullptr ? -1 : ::pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+const std::string kLamina = LAMINA_BINARY;
+
+// `lamina <args>`, stdout and stderr together.
+inline Result run(const std::string& args) { return shell(kLamina + " " + args + " 2>&1"); }
 
 class Cli : public ::testing::Test {
  protected:

@@ -1,8 +1,10 @@
-// The `lamina` command given what cannot work: decks that describe no valid run, paths
-// in the way, bad options. Each is exit code 2 with a message that says where and what.
+// The `lamina` command given what cannot work. Decks that describe no valid run, paths in
+// the way and bad options are exit code 2 with a message that says where and what; output
+// that cannot be written (a full disk) is exit code 3 naming the file, never lost quietly.
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "apps/cli_fixture.hpp"
@@ -67,6 +69,65 @@ TEST_F(CliFailures, VerifyToleranceMustBeFiniteAndNonNegative) {
     expect_exit2_with(run("verify --reference " + dir_ + "/ref.h5 --tolerance " + std::string(bad)),
                       std::string("--tolerance: must be a finite number >= 0, got ") + bad);
   }
+}
+
+void expect_exit3_with(const Result& r, const std::string& text) {
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find(text), std::string::npos) << "expected '" << text << "' in:\n" << r.out;
+}
+
+// /dev/full takes the place of a file of the run: every write to it fails with ENOSPC.
+TEST_F(CliFailures, MetricsOnAFullDiskIsExitCode3NamingTheFile) {
+  const std::string deck = file("full.toml", kDeck + "[output]\npeak_tflops = 1\n");
+  fs::create_directories(dir_ + "/out");
+  fs::create_symlink("/dev/full", dir_ + "/out/metrics.jsonl");
+  expect_exit3_with(run("train " + deck + " --set output.dir=" + dir_ + "/out"),
+                    "error: cannot write " + dir_ + "/out/metrics.jsonl: No space left on device");
+  fs::create_directories(dir_ + "/deck");
+  fs::create_symlink("/dev/full", dir_ + "/deck/deck.resolved.toml");
+  expect_exit3_with(run("train " + deck + " --set output.dir=" + dir_ + "/deck"),
+                    "error: cannot write " + dir_ + "/deck/deck.resolved.toml: No space left on device");
+}
+
+TEST_F(CliFailures, LogOnAFullDiskIsExitCode3) {
+  const std::string deck = file("log.toml", kDeck + "[output]\npeak_tflops = 1\n");
+  // stderr to the pipe, stdout (the log) to the full disk.
+  expect_exit3_with(shell(kLamina + " train " + deck + " --set output.dir=" + dir_ + "/out 2>&1 >/dev/full"),
+                    "error: cannot write the log to standard output (/dev/full): No space left on device");
+  expect_exit3_with(shell(kLamina + " bench adam --params 1000 --reps 1 2>&1 >/dev/full"),
+                    "error: cannot write the log to standard output");
+}
+
+// A file-size limit (ulimit -f, SIGXFSZ ignored so writes fail with EFBIG) of 32 MiB lets
+// the run start (MPI's own files need a few) and its first checkpoint (76 MB) fail half-way,
+// as on a disk that fills up.
+TEST_F(CliFailures, CheckpointThatCannotBeWrittenIsExitCode3AndLeavesNoTemporaryFile) {
+  const std::string deck = file("ckpt.toml", "[model]\nlayers = 2\nd_model = 512\nheads = 4\nseq_len = 8\n"
+                                             "vocab_size = 64\n[data]\nformat = \"synthetic\"\nbatch_size = 2\n"
+                                             "[train]\nsteps = 1\n[output]\npeak_tflops = 1\n");
+  const std::string out = dir_ + "/out";
+  const Result r = shell("trap '' XFSZ; ulimit -f 32768; " + kLamina + " train " + deck + " --set output.dir=" + out +
+                         " 2>&1");
+  expect_exit3_with(r, "error: cannot write " + out + "/checkpoints/step_00000001.h5.tmp (dataset '");
+  EXPECT_TRUE(fs::is_empty(out + "/checkpoints")) << r.out;
+}
+
+TEST_F(CliFailures, UnfinishedCheckpointWritesOfAnEarlierRunAreRemoved) {
+  const std::string deck = file("stale.toml", kDeck + "[output]\npeak_tflops = 1\n[checkpoint]\nsave_final = false\n");
+  const std::string ckpt = dir_ + "/out/checkpoints";
+  fs::create_directories(ckpt);
+  for (const char* name : {"step_00000007.h5.tmp", "latest.tmp", "notes.tmp", "step_00000007.h5.tmp.bak"}) {
+    std::ofstream(ckpt + "/" + name) << "x";
+  }
+  const Result r = run("train " + deck + " --set output.dir=" + dir_ + "/out");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("removed " + ckpt + "/step_00000007.h5.tmp, the unfinished write of an earlier run"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(fs::exists(ckpt + "/step_00000007.h5.tmp"));
+  EXPECT_FALSE(fs::exists(ckpt + "/latest.tmp"));
+  EXPECT_TRUE(fs::exists(ckpt + "/notes.tmp"));
+  EXPECT_TRUE(fs::exists(ckpt + "/step_00000007.h5.tmp.bak"));
 }
 
 }  // namespace

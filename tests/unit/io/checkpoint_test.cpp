@@ -140,5 +140,21 @@ TEST_F(CheckpointFiles, ShapeMismatchMissingTensorAndTruncationAreInputErrors) {
             std::string::npos);
 }
 
+TEST_F(CheckpointFiles, UnfinishedWritesAreRemovedAndNothingElse) {
+  fs::create_directories(dir_);
+  const std::vector<std::string> stale = {"latest.tmp", "step_00000012.h5.tmp"};
+  const std::vector<std::string> kept = {"latest", "step_00000011.h5", "step_x.h5.tmp", "notes.tmp",
+                                         "step_00000012.h5.tmp.bak"};
+  for (const auto& n : stale) std::ofstream(dir_ + "/" + n) << "x";
+  for (const auto& n : kept) std::ofstream(dir_ + "/" + n) << "x";
+  fs::create_directories(dir_ + "/step_00000013.h5.tmp");  // not a file
+  EXPECT_EQ(remove_partial_checkpoints(dir_),
+            (std::vector<std::string>{dir_ + "/latest.tmp", dir_ + "/step_00000012.h5.tmp"}));
+  for (const auto& n : stale) EXPECT_FALSE(fs::exists(dir_ + "/" + n)) << n;
+  for (const auto& n : kept) EXPECT_TRUE(fs::exists(dir_ + "/" + n)) << n;
+  EXPECT_TRUE(fs::is_directory(dir_ + "/step_00000013.h5.tmp"));
+  EXPECT_TRUE(remove_partial_checkpoints(dir_ + "/missing").empty());
+}
+
 }  // namespace
 }  // namespace lamina::test
