@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
@@ -159,6 +161,18 @@ CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm) : pat
   meta_.step = h5::attr_int(file_, path, "step");
   meta_.samples_consumed = h5::attr_int(file_, path, "samples_consumed");
   meta_.optimizer_step = h5::attr_int(file_, path, "optimizer_step");
+  const auto check = [&](const char* name, std::int64_t value, std::int64_t hi, const char* bound) {
+    if (value < 0 || value > hi) {
+      throw InputError(strprintf("%s: attribute '%s' = %lld is out of range: must be >= 0%s (a damaged or edited "
+                                 "file?)",
+                                 path.c_str(), name, static_cast<long long>(value), bound));
+    }
+  };
+  const std::int64_t any = std::numeric_limits<std::int64_t>::max();
+  check("step", meta_.step, any, "");
+  check("samples_consumed", meta_.samples_consumed, any, "");
+  // Skipped steps (train.skip_nonfinite) advance the step but not the optimizer.
+  check("optimizer_step", meta_.optimizer_step, meta_.step, " and <= step");
   meta_.seed = static_cast<std::uint64_t>(h5::attr_int(file_, path, "seed"));
   meta_.deck = h5::attr_string(file_, path, "deck");
   meta_.layout = h5::attr_string(file_, path, "layout");
@@ -171,7 +185,18 @@ void CheckpointReader::read(const TensorSlab& s) {
     throw InputError(path_ + ": tensor '" + s.name + "' has shape " + shape_str(shape) + ", the model needs " +
                      shape_str(s.global_shape) + " (was it written by a different model configuration?)");
   }
+  if (!h5::has_checksum(file_, s.name)) ++unchecked_;
   h5::read_slab(file_, path_, s.name, s.pieces, s.local_shape, s.data);
+  if (s.pieces.empty()) return;
+  // A NaN or an infinity would train on silently until the loss diverges.
+  std::int64_t n = 1, bad = 0;
+  for (const auto d : s.local_shape) n *= d;
+  for (std::int64_t i = 0; i < n; ++i) bad += std::isfinite(s.data[i]) ? 0 : 1;
+  if (bad > 0) {
+    throw InputError(strprintf("%s: tensor '%s' holds %lld value(s) that are not finite (NaN or infinite); use "
+                               "another checkpoint",
+                               path_.c_str(), s.name.c_str(), static_cast<long long>(bad)));
+  }
 }
 
 }  // namespace lamina

@@ -5,6 +5,8 @@
 // written as `<name>.tmp` and renamed when complete; `<dir>/latest` names the newest
 // complete file and is itself replaced atomically. Only the newest `keep` files are kept.
 // A write that fails removes its `.tmp` files; a run removes those an earlier one left.
+// Every tensor carries checksums (h5::write_slab); reading verifies them, that values are
+// finite and attributes in range (docs/checkpoint-format.md).
 // Writing and reading are collective over the communicator: every rank goes through every
 // tensor in the same order, with or without a piece of its own.
 #include <mpi.h>
@@ -60,17 +62,22 @@ class CheckpointWriter {
 
 class CheckpointReader {
  public:
-  // Throws InputError for a missing, truncated or foreign file.
+  // Throws InputError for a missing, truncated or foreign file, and for attributes out of
+  // range (a negative step, more optimizer steps than steps).
   CheckpointReader(const std::string& path, MPI_Comm comm);
   const CheckpointMeta& meta() const { return meta_; }
   const std::string& path() const { return path_; }
-  // A missing tensor or a global shape that differs is an InputError.
+  // A missing tensor, a global shape that differs, a checksum that does not match or a
+  // value that is not finite is an InputError naming the tensor.
   void read(const TensorSlab& slab);
+  // Tensors read so far that carried no checksum (files written before they did).
+  std::int64_t unchecked() const { return unchecked_; }
 
  private:
   std::string path_;
   h5::Id file_;
   CheckpointMeta meta_;
+  std::int64_t unchecked_ = 0;
 };
 
 // Resolves checkpoint.resume: "latest" (the file `<dir>/latest` names) or a path.

@@ -330,6 +330,11 @@ class Trainer {
     }
     const auto t0 = std::chrono::steady_clock::now();
     read_model_state(reader, rt.state().layout(), rt.state());
+    if (reader.unchecked() > 0 && log_.rank() == 0) {
+      log_.warn(strprintf("%s: %lld tensor(s) carry no checksum (the file was written before lamina stored them): "
+                          "damage that leaves the values finite cannot be detected",
+                          path.c_str(), static_cast<long long>(reader.unchecked())));
+    }
     rt.set_optimizer_t(meta.optimizer_step);
     samples_ = meta.samples_consumed;
     log_.info(strprintf("resumed from %s: step %lld, %lld samples consumed, written with %s, read with %s [%.2f s]",

@@ -6,8 +6,11 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "apps/cli_fixture.hpp"
+#include "io/file_damage.hpp"
+#include "lamina/io/hdf5_file.hpp"
 
 namespace lamina::test {
 namespace {
@@ -108,7 +111,7 @@ TEST_F(CliFailures, CheckpointThatCannotBeWrittenIsExitCode3AndLeavesNoTemporary
   const std::string out = dir_ + "/out";
   const Result r = shell("trap '' XFSZ; ulimit -f 32768; " + kLamina + " train " + deck + " --set output.dir=" + out +
                          " 2>&1");
-  expect_exit3_with(r, "error: cannot write " + out + "/checkpoints/step_00000001.h5.tmp (dataset '");
+  expect_exit3_with(r, "error: cannot write " + out + "/checkpoints/step_00000001.h5.tmp (");
   EXPECT_TRUE(fs::is_empty(out + "/checkpoints")) << r.out;
 }
 
@@ -128,6 +131,21 @@ TEST_F(CliFailures, UnfinishedCheckpointWritesOfAnEarlierRunAreRemoved) {
   EXPECT_FALSE(fs::exists(ckpt + "/latest.tmp"));
   EXPECT_TRUE(fs::exists(ckpt + "/notes.tmp"));
   EXPECT_TRUE(fs::exists(ckpt + "/step_00000007.h5.tmp.bak"));
+}
+
+TEST_F(CliFailures, ResumingFromADamagedCheckpointIsExitCode2NamingTheTensor) {
+  const std::string deck = file("resume.toml", kDeck + "[output]\npeak_tflops = 1\n");
+  const std::string out = dir_ + "/out", ckpt = out + "/checkpoints/step_00000001.h5";
+  ASSERT_EQ(run("train " + deck + " --set output.dir=" + out).code, 0);
+  std::vector<float> wte(64 * 32);
+  {
+    h5::Id f = h5::open_read(ckpt, MPI_COMM_SELF);
+    h5::read(f, ckpt, "model/wte", wte.data());
+  }
+  ASSERT_TRUE(flip_byte_in(ckpt, wte.data() + 100, 8));
+  expect_exit2_with(run("train " + deck + " --set output.dir=" + out +
+                        " --set train.steps=2 --set checkpoint.resume=latest"),
+                    "error: " + ckpt + ": dataset 'model/wte' does not match its checksum");
 }
 
 }  // namespace
