@@ -6,8 +6,11 @@
 
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -20,6 +23,7 @@
 #include "lamina/core/format.hpp"
 #include "lamina/core/log.hpp"
 #include "lamina/core/stop_signal.hpp"
+#include "lamina/io/hdf5_file.hpp"
 #include "lamina/train/bench.hpp"
 #include "lamina/train/plan_command.hpp"
 #include "lamina/train/profile.hpp"
@@ -49,6 +53,17 @@ std::string build_info() {
                            KOKKOS_VERSION / 100 % 100, KOKKOS_VERSION % 100, Kokkos::DefaultExecutionSpace::name(),
                            comm.c_str(), LAMINA_BUILD_INFO);
 }
+
+// CLI::NonNegativeNumber lets NaN through (NaN < 0 is false), and a NaN or infinite
+// tolerance would make every comparison pass or fail whatever the numbers.
+const CLI::Validator kFiniteNonNegative(
+    [](std::string& s) {
+      char* end = nullptr;
+      const double v = std::strtod(s.c_str(), &end);
+      const bool ok = end != s.c_str() && *end == '\0' && std::isfinite(v) && v >= 0.0;
+      return ok ? std::string() : "must be a finite number >= 0, got " + s;
+    },
+    "FINITE >= 0");
 
 // `lamina bench dos` without a deck: the model and batch of inputs/bench-torch.toml (the
 // optimizer's hyperparameters do not change its timings).
@@ -132,7 +147,8 @@ int main(int argc, char** argv) {
 
   auto* verify = app.add_subcommand("verify", "check one training step against a PyTorch reference file");
   verify->add_option("--reference", o.reference, "reference file (HDF5, see docs/reference-format.md)")->required();
-  verify->add_option("--tolerance", o.tolerance, "largest relative error accepted (default 1e-4)");
+  verify->add_option("--tolerance", o.tolerance, "largest relative error accepted (default 1e-4)")
+      ->check(kFiniteNonNegative);
 
   auto* bench = app.add_subcommand("bench", "benchmarks; the last line printed is one JSON object");
   bench->require_subcommand(1);
@@ -197,8 +213,8 @@ int main(int argc, char** argv) {
   int code = 0;
   bool stopped = false;
   Kokkos::initialize(kargc, kokkos_args.data());
-  if (rank == 0) warn_about_environment(log);  // the same environment on every rank
   try {
+    if (rank == 0) warn_about_environment(log);  // the same environment on every rank
     if (train->parsed()) {
       lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
       lamina::set_wait_timeout(deck.comm.timeout);
@@ -274,9 +290,16 @@ int main(int argc, char** argv) {
     log.error(std::string("internal error: ") + e.what());
     code = static_cast<int>(lamina::ExitCode::internal);
   }
-  std::fflush(stdout);
+  // The JSON lines go through printf, not the log: a failed write shows here.
+  errno = 0;
+  if ((std::fflush(stdout) != 0 || std::ferror(stdout)) && code == 0) {
+    log.error(std::string("cannot write standard output: ") + (errno != 0 ? std::strerror(errno) : "write error"));
+    code = static_cast<int>(lamina::ExitCode::run_failed);
+  }
   std::fflush(stderr);
-  if (code != 0 && !stopped && world > 1) MPI_Abort(MPI_COMM_WORLD, code);  // take the other ranks down with this one
+  // Take the other ranks down with this one (after a signal they all stopped together);
+  // alone, skip a shutdown that would crash.
+  if (code != 0 && ((world > 1 && !stopped) || lamina::h5::file_close_failed())) MPI_Abort(MPI_COMM_WORLD, code);
   Kokkos::finalize();
   MPI_Finalize();
   return code;

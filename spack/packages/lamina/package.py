@@ -69,7 +69,8 @@ class Lamina(CMakePackage, CudaPackage, ROCmPackage):
     depends_on("mpi")
     # Checkpoints are written collectively: CMake stops unless HDF5_IS_PARALLEL. HDF5 2's
     # CMake package reports MPI as HDF5_PROVIDES_PARALLEL instead, so stay on 1.x for now.
-    depends_on("hdf5@1.10:1+mpi")
+    # 1.10.2 is the first to write checksummed (filtered) datasets in parallel.
+    depends_on("hdf5@1.10.2:1+mpi")
     depends_on("tomlplusplus@3:")
     depends_on("cli11@2:")
     depends_on("nccl", when="+nccl")

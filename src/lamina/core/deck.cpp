@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -636,7 +637,8 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   }
   if (o.warmup_steps > t.steps && t.steps > 0) {
     r.error_at("optimizer", "warmup_steps",
-               strprintf("%lld exceeds train.steps (%lld)", static_cast<long long>(o.warmup_steps),
+               strprintf("%lld exceeds train.steps (%lld); set optimizer.warmup_steps <= %lld or raise train.steps",
+                         static_cast<long long>(o.warmup_steps), static_cast<long long>(t.steps),
                          static_cast<long long>(t.steps)));
   }
   if (c.resume != "" && c.resume != "latest" && c.resume.size() < 4) {
@@ -673,6 +675,9 @@ Deck parse_deck(const std::string& text, const std::string& source_name, const s
 }
 
 Deck load_deck(const std::string& path, const std::vector<std::string>& overrides) {
+  // A directory opens as an empty stream, which would read as a deck with no keys.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw InputError(path + ": is a directory, not a deck file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open the deck file");
   std::stringstream ss;

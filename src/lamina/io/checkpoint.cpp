@@ -4,13 +4,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
+#include "lamina/core/bounded_wait.hpp"
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/io/hdf5_file.hpp"
+#include "lamina/io/output_file.hpp"
 
 namespace lamina {
 
@@ -24,6 +28,19 @@ int rank_of(MPI_Comm comm) {
   int r = 0;
   MPI_Comm_rank(comm, &r);
   return r;
+}
+
+// A barrier within parallel.timeout.
+void barrier(MPI_Comm comm, const char* what) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  MPI_Ibarrier(comm, &r);
+  bounded_wait(
+      [&] {
+        int done = 0;
+        MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+        return done != 0;
+      },
+      [&] { return std::string("the other ranks ") + what; });
 }
 
 void fsync_path(const std::string& path) {
@@ -56,20 +73,49 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return out;
 }
 
+std::vector<std::string> remove_partial_checkpoints(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  const std::string suffix = ".h5.tmp";
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool step_tmp = name.size() > 5 + suffix.size() && name.rfind("step_", 0) == 0 &&
+                          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+                          std::all_of(name.begin() + 5, name.end() - static_cast<std::ptrdiff_t>(suffix.size()),
+                                      [](char c) { return c >= '0' && c <= '9'; });
+    if (!(step_tmp || name == "latest.tmp") || e.is_directory(ec)) continue;
+    if (fs::remove(e.path(), ec)) removed.push_back(e.path().string());
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
+}
+
 CheckpointWriter::CheckpointWriter(const std::string& dir, std::int64_t step, MPI_Comm comm) : dir_(dir), comm_(comm) {
   if (rank_of(comm) == 0) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw RunError(dir + ": cannot create the checkpoint directory: " + ec.message());
   }
-  MPI_Barrier(comm);
+  barrier(comm, "to start a checkpoint");
   final_path_ = dir + "/" + strprintf("step_%08lld.h5", static_cast<long long>(step));
   tmp_path_ = final_path_ + ".tmp";
   file_ = h5::create(tmp_path_, comm);
 }
 
+CheckpointWriter::~CheckpointWriter() {
+  if (committed_) return;
+  file_.reset();
+  if (rank_of(comm_) == 0) remove_partial_checkpoints(dir_);
+}
+
 void CheckpointWriter::write(const TensorSlab& s) {
-  h5::write_slab(file_, s.name, s.global_shape, s.pieces, s.local_shape, s.data);
+  if (s.data != nullptr && nonfinite_.empty()) {
+    std::int64_t n = 1;
+    for (const auto c : s.local_shape) n *= c;
+    if (!std::all_of(s.data, s.data + n, [](float v) { return std::isfinite(v); })) nonfinite_ = s.name;
+  }
+  h5::write_slab(file_, tmp_path_, s.name, s.global_shape, s.pieces, s.local_shape, s.data);
   for (const auto& p : s.pieces) {
     std::int64_t n = 4;
     for (const auto c : p.count) n *= c;
@@ -87,18 +133,14 @@ std::string CheckpointWriter::commit(const CheckpointMeta& meta, std::int64_t ke
   h5::set_attr(file_, "layout", meta.layout);
   h5::set_attr(file_, "model", meta.model);
   h5::close(file_, tmp_path_);
-  MPI_Barrier(comm_);
+  barrier(comm_, "to close the checkpoint");
   if (rank_of(comm_) == 0) {
     fsync_path(tmp_path_);
     if (std::rename(tmp_path_.c_str(), final_path_.c_str()) != 0) {
       throw RunError(tmp_path_ + ": cannot rename to " + final_path_);
     }
     const std::string latest = dir_ + "/latest", latest_tmp = latest + ".tmp";
-    {
-      std::ofstream out(latest_tmp, std::ios::trunc);
-      out << fs::path(final_path_).filename().string() << "\n";
-      if (!out) throw RunError(latest_tmp + ": cannot write");
-    }
+    write_text_file(latest_tmp, fs::path(final_path_).filename().string() + "\n");
     fsync_path(latest_tmp);
     if (std::rename(latest_tmp.c_str(), latest.c_str()) != 0) throw RunError(latest + ": cannot replace");
     fsync_path(dir_);
@@ -108,7 +150,8 @@ std::string CheckpointWriter::commit(const CheckpointMeta& meta, std::int64_t ke
       fs::remove(all[i], ec);
     }
   }
-  MPI_Barrier(comm_);
+  committed_ = true;
+  barrier(comm_, "to finish the checkpoint");
   return final_path_;
 }
 
@@ -137,6 +180,18 @@ CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm) : pat
   meta_.step = h5::attr_int(file_, path, "step");
   meta_.samples_consumed = h5::attr_int(file_, path, "samples_consumed");
   meta_.optimizer_step = h5::attr_int(file_, path, "optimizer_step");
+  const auto check = [&](const char* name, std::int64_t value, std::int64_t hi, const char* bound) {
+    if (value < 0 || value > hi) {
+      throw InputError(strprintf("%s: attribute '%s' = %lld is out of range: must be >= 0%s (a damaged or edited "
+                                 "file?)",
+                                 path.c_str(), name, static_cast<long long>(value), bound));
+    }
+  };
+  const std::int64_t any = std::numeric_limits<std::int64_t>::max();
+  check("step", meta_.step, any, "");
+  check("samples_consumed", meta_.samples_consumed, any, "");
+  // Skipped steps (train.skip_nonfinite) advance the step but not the optimizer.
+  check("optimizer_step", meta_.optimizer_step, meta_.step, " and <= step");
   meta_.seed = static_cast<std::uint64_t>(h5::attr_int(file_, path, "seed"));
   meta_.deck = h5::attr_string(file_, path, "deck");
   meta_.layout = h5::attr_string(file_, path, "layout");
@@ -149,7 +204,18 @@ void CheckpointReader::read(const TensorSlab& s) {
     throw InputError(path_ + ": tensor '" + s.name + "' has shape " + shape_str(shape) + ", the model needs " +
                      shape_str(s.global_shape) + " (was it written by a different model configuration?)");
   }
+  if (!h5::has_checksum(file_, s.name)) ++unchecked_;
   h5::read_slab(file_, path_, s.name, s.pieces, s.local_shape, s.data);
+  if (s.pieces.empty()) return;
+  // A NaN or an infinity would train on silently until the loss diverges.
+  std::int64_t n = 1, bad = 0;
+  for (const auto d : s.local_shape) n *= d;
+  for (std::int64_t i = 0; i < n; ++i) bad += std::isfinite(s.data[i]) ? 0 : 1;
+  if (bad > 0) {
+    throw InputError(strprintf("%s: tensor '%s' holds %lld value(s) that are not finite (NaN or infinite); use "
+                               "another checkpoint",
+                               path_.c_str(), s.name.c_str(), static_cast<long long>(bad)));
+  }
 }
 
 }  // namespace lamina

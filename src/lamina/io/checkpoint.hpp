@@ -4,6 +4,9 @@
 // any piece back: resharding is a read pattern) plus the run's metadata. A file is
 // written as `<name>.tmp` and renamed when complete; `<dir>/latest` names the newest
 // complete file and is itself replaced atomically. Only the newest `keep` files are kept.
+// A write that fails removes its `.tmp` files; a run removes those an earlier one left.
+// Every tensor carries checksums (h5::write_slab); reading verifies them, that values are
+// finite and attributes in range (docs/checkpoint-format.md).
 // Writing and reading are collective over the communicator: every rank goes through every
 // tensor in the same order, with or without a piece of its own.
 #include <mpi.h>
@@ -40,31 +43,45 @@ class CheckpointWriter {
  public:
   // Starts `<dir>/step_<step>.h5.tmp`, creating the directory.
   CheckpointWriter(const std::string& dir, std::int64_t step, MPI_Comm comm);
+  // Not committed (a write failed): closes the file and removes the temporary files.
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
   void write(const TensorSlab& slab);
   // Writes the metadata, closes, renames, points `latest` at it, drops old files; returns the path.
   std::string commit(const CheckpointMeta& meta, std::int64_t keep);
   std::int64_t bytes_written() const { return bytes_; }  // by this rank
+  // The first tensor this rank wrote that holds a NaN or an infinity, "" if none: a
+  // diverged model must not replace the last good checkpoint.
+  const std::string& first_nonfinite() const { return nonfinite_; }
 
  private:
   std::string dir_, final_path_, tmp_path_;
   MPI_Comm comm_;
   h5::Id file_;
   std::int64_t bytes_ = 0;
+  std::string nonfinite_;
+  bool committed_ = false;
 };
 
 class CheckpointReader {
  public:
-  // Throws InputError for a missing, truncated or foreign file.
+  // Throws InputError for a missing, truncated or foreign file, and for attributes out of
+  // range (a negative step, more optimizer steps than steps).
   CheckpointReader(const std::string& path, MPI_Comm comm);
   const CheckpointMeta& meta() const { return meta_; }
   const std::string& path() const { return path_; }
-  // A missing tensor or a global shape that differs is an InputError.
+  // A missing tensor, a global shape that differs, a checksum that does not match or a
+  // value that is not finite is an InputError naming the tensor.
   void read(const TensorSlab& slab);
+  // Tensors read so far that carried no checksum (files written before they did).
+  std::int64_t unchecked() const { return unchecked_; }
 
  private:
   std::string path_;
   h5::Id file_;
   CheckpointMeta meta_;
+  std::int64_t unchecked_ = 0;
 };
 
 // Resolves checkpoint.resume: "latest" (the file `<dir>/latest` names) or a path.
@@ -73,5 +90,9 @@ std::string resolve_checkpoint(const std::string& resume, const std::string& dir
 
 // Checkpoint files in a directory, oldest first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
+
+// Removes the temporary files of unfinished checkpoint writes in `dir`
+// (`step_<digits>.h5.tmp`, `latest.tmp`) and nothing else; returns their paths.
+std::vector<std::string> remove_partial_checkpoints(const std::string& dir);
 
 }  // namespace lamina

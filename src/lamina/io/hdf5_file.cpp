@@ -2,12 +2,57 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
+
+// Checkpoints are checksummed (filtered) datasets written collectively from many ranks.
+#if !H5_VERSION_GE(1, 10, 2)
+#error "lamina needs HDF5 1.10.2 or newer, the first to write filtered datasets in parallel"
+#endif
 
 namespace lamina::h5 {
 
 namespace {
+
+bool close_failed = false;
+
+// MPI-IO does not say why a write failed (errno is not kept), only that it did.
+constexpr const char* kWriteFailed = "the file system refused the write (disk full or quota exceeded?)";
+
+// Whether the error HDF5 has just reported is a checksum that does not match.
+bool checksum_failed() {
+  bool found = false;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_DOWNWARD,
+      [](unsigned, const H5E_error2_t* e, void* client) -> herr_t {
+        if (e->desc != nullptr && std::string(e->desc).find("checksum") != std::string::npos) {
+          *static_cast<bool*>(client) = true;
+        }
+        return 0;
+      },
+      &found);
+  return found;
+}
+
+// After a failed read of `what` ("dataset 'x'"): a checksum mismatch is named as such.
+[[noreturn]] void unreadable(const std::string& path, const std::string& what) {
+  if (checksum_failed()) {
+    throw InputError(path + ": " + what + " does not match its checksum: the file was damaged after it was written "
+                     "(a disk or transfer error)");
+  }
+  throw InputError(path + ": cannot read " + what + " (truncated or corrupt file?)");
+}
+
+Id open_dataset(hid_t file, const std::string& path, const std::string& name) {
+  Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!ds.valid()) {
+    if (checksum_failed()) unreadable(path, "dataset '" + name + "'");
+    throw InputError(path + ": dataset '" + name + "' is missing");
+  }
+  return ds;
+}
 
 // HDF5 prints its error stack by default; lamina reports errors itself, with context.
 void quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
@@ -24,8 +69,7 @@ Id file_access(MPI_Comm comm) {
 template <class T>
 void read_impl(hid_t file, const std::string& path, const std::string& name, hid_t memtype, T* out,
                const std::vector<std::int64_t>& offset, const std::vector<std::int64_t>& count) {
-  Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
-  if (!ds.valid()) throw InputError(path + ": dataset '" + name + "' is missing");
+  Id ds = open_dataset(file, path, name);
   Id space(H5Dget_space(ds), H5Sclose);
   Id mem;
   if (!offset.empty()) {
@@ -36,9 +80,7 @@ void read_impl(hid_t file, const std::string& path, const std::string& name, hid
     mem = Id(H5Scopy(space), H5Sclose);
   }
   Id xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
-  if (H5Dread(ds, memtype, mem, space, xfer, out) < 0) {
-    throw InputError(path + ": cannot read dataset '" + name + "' (truncated or corrupt file?)");
-  }
+  if (H5Dread(ds, memtype, mem, space, xfer, out) < 0) unreadable(path, "dataset '" + name + "'");
 }
 
 Id open_attr(hid_t file, const std::string& path, const std::string& name) {
@@ -59,9 +101,11 @@ Id& Id::operator=(Id&& o) noexcept {
 }
 
 void Id::reset() {
-  if (id_ >= 0 && close_ != nullptr) close_(id_);
+  if (id_ >= 0 && close_ != nullptr && close_(id_) < 0 && close_ == &H5Fclose) close_failed = true;
   id_ = -1;
 }
+
+bool file_close_failed() { return close_failed; }
 
 Id open_read(const std::string& path, MPI_Comm comm) {
   quiet();
@@ -78,13 +122,16 @@ Id open_read(const std::string& path, MPI_Comm comm) {
 Id create(const std::string& path, MPI_Comm comm) {
   quiet();
   Id fapl = file_access(comm);
+  // The 1.10 file format checksums the metadata too (superblock, object headers, chunk
+  // indexes): a damaged index cannot hand a reader another chunk that passes its own check.
+  H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110);
   Id f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
   if (!f.valid()) throw RunError(path + ": cannot create the file (directory missing or not writable?)");
   return f;
 }
 
 void close(Id& file, const std::string& path) {
-  if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) throw RunError(path + ": flushing the file failed (disk full?)");
+  if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) throw RunError("cannot write " + path + ": " + kWriteFailed);
   file.reset();
 }
 
@@ -101,7 +148,10 @@ bool exists(hid_t file, const std::string& name) {
 std::vector<std::int64_t> shape(hid_t file, const std::string& path, const std::string& name) {
   if (!exists(file, name)) throw InputError(path + ": dataset '" + name + "' is missing");
   Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
-  if (!ds.valid()) throw InputError(path + ": '" + name + "' is not a dataset");
+  if (!ds.valid()) {
+    if (checksum_failed()) unreadable(path, "dataset '" + name + "'");
+    throw InputError(path + ": '" + name + "' is not a dataset");
+  }
   Id space(H5Dget_space(ds), H5Sclose);
   const int rank = H5Sget_simple_extent_ndims(space);
   std::vector<hsize_t> dims(static_cast<std::size_t>(rank > 0 ? rank : 0));
@@ -124,6 +174,22 @@ void read(hid_t file, const std::string& path, const std::string& name, std::int
 
 namespace {
 
+// Chunks of up to 2^20 elements (4 MiB), whole rows first: few chunks to index, and a
+// reader of a slice reads little more than the slice. Along each dimension the chunks
+// are made equal, since HDF5 stores an edge chunk whole (8192 rows in chunks of 1365
+// would store 7 x 1365; in chunks of 1171, 7 x 1171).
+std::vector<hsize_t> chunk_dims(const std::vector<hsize_t>& dims) {
+  std::vector<hsize_t> chunk(dims.size());
+  hsize_t budget = hsize_t(1) << 20;
+  for (std::size_t i = dims.size(); i-- > 0;) {
+    const hsize_t most = std::max<hsize_t>(1, std::min(dims[i], budget));
+    const hsize_t n = (dims[i] + most - 1) / most;
+    chunk[i] = std::max<hsize_t>(1, (dims[i] + n - 1) / n);
+    budget = std::max<hsize_t>(1, budget / chunk[i]);
+  }
+  return chunk;
+}
+
 // The union of the pieces in the file, and the whole local array in memory.
 void select(hid_t file_space, Id& mem_space, const std::vector<Hyperslab>& pieces,
             const std::vector<std::int64_t>& local_shape) {
@@ -145,35 +211,54 @@ void select(hid_t file_space, Id& mem_space, const std::vector<Hyperslab>& piece
 
 }  // namespace
 
-void write_slab(hid_t file, const std::string& name, const std::vector<std::int64_t>& global_shape,
-                const std::vector<Hyperslab>& pieces, const std::vector<std::int64_t>& local_shape, const float* data) {
+void write_slab(hid_t file, const std::string& path, const std::string& name,
+                const std::vector<std::int64_t>& global_shape, const std::vector<Hyperslab>& pieces,
+                const std::vector<std::int64_t>& local_shape, const float* data) {
   std::vector<hsize_t> dims(global_shape.begin(), global_shape.end());
   Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
   Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl, 1);
-  Id ds(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, space, lcpl, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
-  if (!ds.valid()) throw RunError("cannot create dataset '" + name + "' in the checkpoint");
+  // A Fletcher32 checksum per chunk, which HDF5 verifies on every read.
+  Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  const std::vector<hsize_t> chunk = chunk_dims(dims);
+  H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data());
+  H5Pset_fletcher32(dcpl);
+  Id ds(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT), H5Dclose);
+  if (!ds.valid()) throw RunError("cannot write " + path + " (creating dataset '" + name + "'): " + kWriteFailed);
   Id mem;
   select(space, mem, pieces, local_shape);
   Id xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
   H5Pset_dxpl_mpio(xfer, H5FD_MPIO_COLLECTIVE);
   if (H5Dwrite(ds, H5T_NATIVE_FLOAT, mem, space, xfer, data) < 0) {
-    throw RunError("writing dataset '" + name + "' of the checkpoint failed (disk full?)");
+    throw RunError("cannot write " + path + " (dataset '" + name + "'): " + kWriteFailed);
   }
 }
 
 void read_slab(hid_t file, const std::string& path, const std::string& name, const std::vector<Hyperslab>& pieces,
                const std::vector<std::int64_t>& local_shape, float* data) {
-  Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
-  if (!ds.valid()) throw InputError(path + ": dataset '" + name + "' is missing");
+  Id ds = open_dataset(file, path, name);
   Id space(H5Dget_space(ds), H5Sclose);
   Id mem;
   select(space, mem, pieces, local_shape);
   Id xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
   H5Pset_dxpl_mpio(xfer, H5FD_MPIO_COLLECTIVE);
-  if (H5Dread(ds, H5T_NATIVE_FLOAT, mem, space, xfer, data) < 0) {
-    throw InputError(path + ": cannot read dataset '" + name + "' (truncated or corrupt file?)");
+  if (H5Dread(ds, H5T_NATIVE_FLOAT, mem, space, xfer, data) < 0) unreadable(path, "dataset '" + name + "'");
+}
+
+bool has_checksum(hid_t file, const std::string& name) {
+  Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!ds.valid()) return false;
+  Id dcpl(H5Dget_create_plist(ds), H5Pclose);
+  const int n = H5Pget_nfilters(dcpl);
+  for (int i = 0; i < n; ++i) {
+    unsigned flags = 0;
+    std::size_t nvalues = 0;
+    if (H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &nvalues, nullptr, 0, nullptr, nullptr) ==
+        H5Z_FILTER_FLETCHER32) {
+      return true;
+    }
   }
+  return false;
 }
 
 bool has_attr(hid_t file, const std::string& name) { return H5Aexists(file, name.c_str()) > 0; }

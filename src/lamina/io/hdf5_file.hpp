@@ -36,6 +36,11 @@ Id open_read(const std::string& path, MPI_Comm comm);
 Id create(const std::string& path, MPI_Comm comm);
 void close(Id& file, const std::string& path);  // flushes; a failure is a RunError
 
+// Whether closing a file has failed (its writes did not reach the disk). HDF5 1.10 then
+// keeps the freed file's identifier and crashes closing it again when it shuts down at
+// MPI_Finalize: the process must end without that (MPI_Abort) to keep its exit code.
+bool file_close_failed();
+
 bool exists(hid_t file, const std::string& name);  // also checks intermediate groups
 std::vector<std::int64_t> shape(hid_t file, const std::string& path, const std::string& name);
 
@@ -56,12 +61,17 @@ struct Hyperslab {
 // Creates a float32 dataset of the global shape (collective: every rank, same order) and
 // writes this rank's pieces from `data`, a row-major array of `local_shape` that the
 // pieces, taken in row-major order of the file, fill exactly. No pieces: the rank takes
-// part without writing.
-void write_slab(hid_t file, const std::string& name, const std::vector<std::int64_t>& global_shape,
-                const std::vector<Hyperslab>& pieces, const std::vector<std::int64_t>& local_shape, const float* data);
-// The converse read (collective); `path` names the file in errors.
+// part without writing. `path` names the file in errors. The dataset is chunked with a
+// Fletcher32 checksum per chunk (HDF5 writes filtered datasets collectively since 1.10.2).
+void write_slab(hid_t file, const std::string& path, const std::string& name,
+                const std::vector<std::int64_t>& global_shape, const std::vector<Hyperslab>& pieces,
+                const std::vector<std::int64_t>& local_shape, const float* data);
+// The converse read (collective); `path` names the file in errors. HDF5 verifies the
+// checksums of the chunks it reads: a mismatch is an InputError saying so.
 void read_slab(hid_t file, const std::string& path, const std::string& name, const std::vector<Hyperslab>& pieces,
                const std::vector<std::int64_t>& local_shape, float* data);
+// Whether the dataset carries a Fletcher32 checksum (files written before it did not).
+bool has_checksum(hid_t file, const std::string& name);
 
 bool has_attr(hid_t file, const std::string& name);
 std::int64_t attr_int(hid_t file, const std::string& path, const std::string& name);

@@ -4,8 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
@@ -16,6 +14,7 @@
 #include "lamina/io/checkpoint.hpp"
 #include "lamina/io/model_checkpoint.hpp"
 #include "lamina/io/metrics_writer.hpp"
+#include "lamina/io/output_file.hpp"
 #include "lamina/io/sampler.hpp"
 #include "lamina/io/token_dataset.hpp"
 #include "lamina/model/flops.hpp"
@@ -46,21 +45,26 @@ std::string model_signature(const ModelConfig& m) {
                    static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size));
 }
 
-// Keeps the lines of metrics.jsonl up to `step` (inclusive): a resumed run replaces
-// whatever the interrupted run logged after its last checkpoint.
-void truncate_metrics(const std::string& path, std::int64_t step) {
-  std::ifstream in(path);
-  if (!in) return;
-  std::vector<std::string> keep;
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto pos = line.find("\"step\": ");
-    if (pos == std::string::npos) continue;
-    if (std::atoll(line.c_str() + pos + 8) <= step) keep.push_back(line);
+// output.dir and checkpoint.dir must be directories or not exist yet. A file in the way
+// (the path or one of its parents) is the deck's mistake: reported before any step, not
+// as a failed write at the first checkpoint.
+void check_output_dirs(const Deck& deck) {
+  for (const auto& [key, dir] : {std::pair<std::string, std::string>{"output.dir", deck.output.dir},
+                                 {"checkpoint.dir", deck.checkpoint.dir}}) {
+    std::error_code ec;
+    for (fs::path p = dir; !p.empty(); p = p.parent_path()) {
+      const fs::file_status st = fs::status(p, ec);
+      if (!fs::exists(st)) {
+        if (p == p.parent_path()) break;
+        continue;
+      }
+      if (!fs::is_directory(st)) {
+        throw InputError(deck.where(key) + ": " + key + ": " + p.string() + " is an existing file, not a directory" +
+                         (p.string() == dir ? "" : " (in the path " + dir + ")") + "; choose another " + key);
+      }
+      break;
+    }
   }
-  in.close();
-  std::ofstream out(path, std::ios::trunc);
-  for (const auto& l : keep) out << l << '\n';
 }
 
 // How this job's ranks share this node: ranks on the node, and ranks on this rank's device
@@ -120,12 +124,17 @@ class Trainer {
       log_.warn(warning);
     }
 
+    check_output_dirs(deck_);
     std::error_code ec;
     if (rank == 0) fs::create_directories(deck_.output.dir, ec);
     if (ec) throw RunError(deck_.output.dir + ": cannot create the output directory: " + ec.message());
     if (rank == 0) {
-      std::ofstream out(deck_.output.dir + "/deck.resolved.toml");
-      out << "# resolved from " << deck_.source << "\n" << deck_.resolved_toml;
+      write_text_file(deck_.output.dir + "/deck.resolved.toml",
+                      "# resolved from " + deck_.source + "\n" + deck_.resolved_toml);
+      // What a run killed while writing a checkpoint left behind.
+      for (const auto& p : remove_partial_checkpoints(deck_.checkpoint.dir)) {
+        log_.info("removed " + p + ", the unfinished write of an earlier run");
+      }
     }
 
     open_data();
@@ -164,10 +173,7 @@ class Trainer {
     }
 
     const std::string metrics_path = deck_.output.dir + "/metrics.jsonl";
-    if (rank == 0) {
-      if (start_step > 0) truncate_metrics(metrics_path, start_step);
-      metrics_ = MetricsWriter(metrics_path, start_step > 0);
-    }
+    if (rank == 0) metrics_ = MetricsWriter(metrics_path, start_step);
     measure_peak();
 
     const double flops_per_step = training_flops_per_token(m) * static_cast<double>(positions_per_step_);
@@ -230,6 +236,7 @@ class Trainer {
                                           signal_name(stop), static_cast<long long>(step + 1), saved.c_str()));
       }
     }
+    metrics_.close();
     summary.mean_step_ms = total_ms / static_cast<double>(std::max<std::int64_t>(1, timed));
     if (deck_.output.sample_tokens > 0) print_sample(rt, summary.last_step);
     const double wall = seconds_since(run_start);
@@ -368,6 +375,7 @@ class Trainer {
 
   std::int64_t resume(Runtime& rt) {
     const std::string path = resolve_checkpoint(deck_.checkpoint.resume, deck_.checkpoint.dir);
+    const BlockingSection section("the other ranks to read the checkpoint " + path);
     CheckpointReader reader(path, comm_);
     const CheckpointMeta& meta = reader.meta();
     if (meta.model != model_signature(deck_.model)) {
@@ -381,6 +389,11 @@ class Trainer {
     }
     const auto t0 = std::chrono::steady_clock::now();
     read_model_state(reader, rt.state().layout(), rt.state());
+    if (reader.unchecked() > 0 && log_.rank() == 0) {
+      log_.warn(strprintf("%s: %lld tensor(s) carry no checksum (the file was written before lamina stored them): "
+                          "damage that leaves the values finite cannot be detected",
+                          path.c_str(), static_cast<long long>(reader.unchecked())));
+    }
     rt.set_optimizer_t(meta.optimizer_step);
     samples_ = meta.samples_consumed;
     log_.info(strprintf("resumed from %s: step %lld, %lld samples consumed, written with %s, read with %s [%.2f s]",
@@ -393,8 +406,20 @@ class Trainer {
     const auto t0 = std::chrono::steady_clock::now();
     log_.info(strprintf("checkpoint: writing step %lld to %s ...", static_cast<long long>(step),
                         deck_.checkpoint.dir.c_str()));
+    // HDF5's collective file operations cannot poll; a watchdog bounds them instead.
+    const BlockingSection section(strprintf("the other ranks to write the checkpoint of step %lld",
+                                            static_cast<long long>(step)));
     CheckpointWriter writer(deck_.checkpoint.dir, step, comm_);
     write_model_state(writer, rt.state().layout(), rt.state());
+    double nonfinite = writer.first_nonfinite().empty() ? 0.0 : 1.0;
+    rt.grid().world().allreduce(&nonfinite, 1, ReduceOp::max);
+    if (nonfinite != 0.0) {
+      const std::string& tensor = writer.first_nonfinite();
+      throw RunError(strprintf("step %lld: the model holds values that are not finite%s; the checkpoint is not "
+                               "written (the last one in %s is kept): resume from it with a lower optimizer.lr",
+                               static_cast<long long>(step), tensor.empty() ? "" : (" (" + tensor + ")").c_str(),
+                               deck_.checkpoint.dir.c_str()));
+    }
     CheckpointMeta meta;
     meta.step = step;
     meta.samples_consumed = samples_;
@@ -444,6 +469,7 @@ void check_deck(const Deck& deck, const Log& log, int world) {
   for (int s = 0; s < schedule.stages(); ++s) {
     log.debug(strprintf("stage %d program: %s", s, schedule.describe(s).c_str()));
   }
+  check_output_dirs(deck);
   auto ds = open_dataset(deck.data, deck.model.vocab_size, deck.train.seed);
   SequenceSampler sampler(ds->num_tokens(), deck.model.seq_len, deck.train.seed, deck.data.shuffle);
   log.info("data: " + ds->describe());

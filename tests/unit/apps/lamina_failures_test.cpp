@@ -1,146 +1,151 @@
-// The `lamina` command when a run goes wrong: stopped by a signal (it saves and resumes
-// bit for bit), diverged for good (it stops instead of skipping steps forever), too large
-// for the machine (refused before it starts).
-#include <fcntl.h>
+// The `lamina` command given what cannot work. Decks that describe no valid run, paths in
+// the way and bad options are exit code 2 with a message that says where and what; output
+// that cannot be written (a full disk) is exit code 3 naming the file, never lost quietly.
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
-#include <thread>
+#include <vector>
 
-#include "checkpoint_tensors.hpp"
-#include "lamina/core/deck.hpp"
+#include "apps/cli_fixture.hpp"
+#include "io/file_damage.hpp"
+#include "lamina/io/hdf5_file.hpp"
 
 namespace lamina::test {
 namespace {
 
 namespace fs = std::filesystem;
 
-const char* kDeck = R"([model]
-layers = 2
-d_model = 32
-heads = 2
-seq_len = 16
-vocab_size = 64
-[data]
-format = "synthetic"
-batch_size = 4
-[train]
-steps = 1000000
-seed = 9
-[optimizer]
-lr = 1e-2
-warmup_steps = 2
-schedule = "constant"
-[checkpoint]
-save_final = false
-[output]
-peak_tflops = 1.0
-)";
+using CliFailures = Cli;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+// Line 12 is [parallel]; its keys follow from line 13.
+const std::string kDeck =
+    "[model]\nlayers = 2\nd_model = 32\nheads = 2\nseq_len = 8\nvocab_size = 64\n"
+    "[data]\nformat = \"synthetic\"\nbatch_size = 4\n[train]\nsteps = 1\n[parallel]\n";
+
+void expect_exit2_with(const Result& r, const std::string& text) {
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(text), std::string::npos) << "expected '" << text << "' in:\n" << r.out;
 }
 
-// `lamina <args>` in the background, output to `log`; returns its pid.
-pid_t start(const std::string& args, const std::string& log) {
-  const std::string cmd = std::string("exec ") + LAMINA_BINARY + " " + args;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  return pid;
+TEST_F(CliFailures, PipelinePartitionErrorsNameTheDeckLine) {
+  const std::string deck = file("pp.toml", kDeck + "pp = 2\n");
+  expect_exit2_with(run("train " + deck + " --set model.layers=3"),
+                    deck + ":13:6: parallel.pp: model.layers = 3 cannot be cut into parallel.pp = 2 equal stages");
+  const std::string four = file("pp4.toml", kDeck + "pp = 4\n");
+  expect_exit2_with(run("train " + four),
+                    four + ":13:6: parallel.pp: 4 pipeline stages for model.layers = 2: every stage needs at least "
+                           "one layer; use parallel.pp <= 2");
+  const std::string chunks = file("vs.toml", kDeck + "pp = 2\nschedule = \"interleaved\"\nvirtual_stages = 3\n");
+  expect_exit2_with(run("train " + chunks),
+                    chunks + ":15:18: parallel.virtual_stages: model.layers = 2 cannot be cut into virtual_stages x "
+                             "pp = 3 x 2 = 6 equal chunks");
 }
 
-int finish(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+TEST_F(CliFailures, RanksOtherThanDpTpPpNameTheDeckLine) {
+  const std::string deck = file("dp.toml", kDeck + "dp = 2\n");
+  expect_exit2_with(run("train " + deck + " --set output.dir=" + dir_ + "/dp"),
+                    deck + ":13:6: parallel.dp: dp x tp x pp = 2 x 1 x 1 = 2 ranks, but the job runs on 1");
 }
 
-class LaminaFailures : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = (fs::temp_directory_path() / ("lamina_failures_cli_" + std::to_string(::getpid()))).string();
-    fs::create_directories(dir_);
-    std::ofstream(dir_ + "/deck.toml") << kDeck;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string train(const std::string& out, const std::string& sets) const {
-    return "train " + dir_ + "/deck.toml --set output.dir=" + dir_ + "/" + out + " " + sets;
-  }
-  std::string dir_;
-};
-
-// Ctrl-C: the step finishes, a checkpoint is written, exit 130; two more steps from it
-// equal, byte for byte, two more steps of a run that was never stopped.
-TEST_F(LaminaFailures, SigintSavesACheckpointThatResumesBitForBit) {
-  const std::string log = dir_ + "/stopped.log";
-  const pid_t pid = start(train("stopped", ""), log);
-  const std::string metrics = dir_ + "/stopped/metrics.jsonl";
-  for (int i = 0; i < 3000 && !(fs::exists(metrics) && fs::file_size(metrics) > 0); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ::kill(pid, SIGINT);
-  ASSERT_EQ(finish(pid), 128 + SIGINT) << slurp(log);
-  const std::string out = slurp(log);
-  EXPECT_NE(out.find("stopped by SIGINT after step "), std::string::npos) << out;
-  const std::string latest = slurp(dir_ + "/stopped/checkpoints/latest");
-  ASSERT_FALSE(latest.empty()) << out;
-  const long step = std::atol(latest.c_str() + latest.find('_') + 1);
-  ASSERT_GT(step, 0) << latest;
-
-  const std::string steps = "--set train.steps=" + std::to_string(step + 2) + " --set checkpoint.save_final=true";
-  ASSERT_EQ(finish(start(train("stopped", steps + " --set checkpoint.resume=latest"), dir_ + "/resumed.log")), 0)
-      << slurp(dir_ + "/resumed.log");
-  ASSERT_EQ(finish(start(train("fresh", steps), dir_ + "/fresh.log")), 0) << slurp(dir_ + "/fresh.log");
-  char name[64];
-  std::snprintf(name, sizeof name, "/checkpoints/step_%08ld.h5", step + 2);
-  const ModelConfig model = parse_deck(kDeck, "deck.toml").model;
-  const auto fresh = checkpoint_tensors(dir_ + "/fresh" + name, model);
-  std::size_t tensors = 0;
-  const ParamLayout layout = ParamLayout::gpt2(model);
-  for (const auto& l : layout.layers()) tensors += 3 * l.tensors.size();
-  EXPECT_EQ(fresh.size(), tensors);
-  EXPECT_TRUE(checkpoint_tensors(dir_ + "/stopped" + name, model) == fresh)
-      << "the resumed run's state differs from the uninterrupted run's";
+TEST_F(CliFailures, OutputDirThatIsAFileIsExitCode2) {
+  const std::string deck = file("out.toml", kDeck);
+  const std::string in_the_way = file("a_file", "");
+  expect_exit2_with(run("train " + deck + " --set output.dir=" + in_the_way),
+                    "--set output.dir=" + in_the_way + ": output.dir: " + in_the_way +
+                        " is an existing file, not a directory; choose another output.dir");
+  // Under it, and found by --check too; checkpoint.dir likewise.
+  expect_exit2_with(run("train " + deck + " --check --set output.dir=" + in_the_way + "/run"),
+                    in_the_way + " is an existing file, not a directory (in the path " + in_the_way + "/run)");
+  expect_exit2_with(run("train " + deck + " --set output.dir=" + dir_ + "/ok --set checkpoint.dir=" + in_the_way),
+                    "checkpoint.dir: " + in_the_way + " is an existing file");
+  EXPECT_FALSE(fs::exists(dir_ + "/ok/metrics.jsonl"));
 }
 
-TEST_F(LaminaFailures, ARunThatKeepsSkippingStepsStopsWithExit3) {
-  const std::string sets =
-      "--set train.steps=50 --set optimizer.lr=1e30 --set optimizer.grad_clip=0 --set optimizer.warmup_steps=0 "
-      "--set train.skip_nonfinite=true --set train.max_skipped=4 --set checkpoint.save_final=true";
-  const std::string log = dir_ + "/diverged.log";
-  const int code = finish(start(train("diverged", sets), log));
-  const std::string out = slurp(log);
-  EXPECT_EQ(code, 3) << out;
-  EXPECT_NE(out.find("4 steps in a row skipped (train.max_skipped)"), std::string::npos) << out;
-  EXPECT_FALSE(fs::exists(dir_ + "/diverged/checkpoints/latest")) << "a diverged run wrote a checkpoint";
+TEST_F(CliFailures, DeckThatIsADirectoryIsExitCode2SayingSo) {
+  expect_exit2_with(run("train " + dir_), dir_ + ": is a directory, not a deck file");
 }
 
-// A run whose estimate (126 TiB) exceeds this machine is refused before it starts, and
-// --check says so too.
-TEST_F(LaminaFailures, ARunLargerThanTheMachineIsRefusedByTheRunAndByCheck) {
-  const std::string sets = "--set data.batch_size=100000 --set data.micro_batch_size=100000 --set model.seq_len=4096";
-  for (const char* mode : {"--check", ""}) {
-    const std::string log = dir_ + "/huge.log";
-    const int code = finish(start(train("huge", sets) + " " + mode, log));
-    const std::string out = slurp(log);
-    EXPECT_EQ(code, 2) << mode << "\n" << out;
-    EXPECT_NE(out.find("of host memory on this node (1 rank(s) x "), std::string::npos) << mode << "\n" << out;
+TEST_F(CliFailures, VerifyToleranceMustBeFiniteAndNonNegative) {
+  for (const char* bad : {"-1", "nan", "inf", "1e-4x"}) {
+    expect_exit2_with(run("verify --reference " + dir_ + "/ref.h5 --tolerance " + std::string(bad)),
+                      std::string("--tolerance: must be a finite number >= 0, got ") + bad);
   }
+}
+
+void expect_exit3_with(const Result& r, const std::string& text) {
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find(text), std::string::npos) << "expected '" << text << "' in:\n" << r.out;
+}
+
+// /dev/full takes the place of a file of the run: every write to it fails with ENOSPC.
+TEST_F(CliFailures, MetricsOnAFullDiskIsExitCode3NamingTheFile) {
+  const std::string deck = file("full.toml", kDeck + "[output]\npeak_tflops = 1\n");
+  fs::create_directories(dir_ + "/out");
+  fs::create_symlink("/dev/full", dir_ + "/out/metrics.jsonl");
+  expect_exit3_with(run("train " + deck + " --set output.dir=" + dir_ + "/out"),
+                    "error: cannot write " + dir_ + "/out/metrics.jsonl: No space left on device");
+  fs::create_directories(dir_ + "/deck");
+  fs::create_symlink("/dev/full", dir_ + "/deck/deck.resolved.toml");
+  expect_exit3_with(run("train " + deck + " --set output.dir=" + dir_ + "/deck"),
+                    "error: cannot write " + dir_ + "/deck/deck.resolved.toml: No space left on device");
+}
+
+TEST_F(CliFailures, LogOnAFullDiskIsExitCode3) {
+  const std::string deck = file("log.toml", kDeck + "[output]\npeak_tflops = 1\n");
+  // stderr to the pipe, stdout (the log) to the full disk.
+  expect_exit3_with(shell(kLamina + " train " + deck + " --set output.dir=" + dir_ + "/out 2>&1 >/dev/full"),
+                    "error: cannot write the log to standard output (/dev/full): No space left on device");
+  expect_exit3_with(shell(kLamina + " bench adam --params 1000 --reps 1 2>&1 >/dev/full"),
+                    "error: cannot write the log to standard output");
+}
+
+// A file-size limit (ulimit -f, SIGXFSZ ignored so writes fail with EFBIG) of 32 MiB lets
+// the run start (MPI's own files need a few) and its first checkpoint (76 MB) fail half-way,
+// as on a disk that fills up.
+TEST_F(CliFailures, CheckpointThatCannotBeWrittenIsExitCode3AndLeavesNoTemporaryFile) {
+  const std::string deck = file("ckpt.toml", "[model]\nlayers = 2\nd_model = 512\nheads = 4\nseq_len = 8\n"
+                                             "vocab_size = 64\n[data]\nformat = \"synthetic\"\nbatch_size = 2\n"
+                                             "[train]\nsteps = 1\n[output]\npeak_tflops = 1\n");
+  const std::string out = dir_ + "/out";
+  const Result r = shell("trap '' XFSZ; ulimit -f 32768; " + kLamina + " train " + deck + " --set output.dir=" + out +
+                         " 2>&1");
+  expect_exit3_with(r, "error: cannot write " + out + "/checkpoints/step_00000001.h5.tmp (");
+  EXPECT_TRUE(fs::is_empty(out + "/checkpoints")) << r.out;
+}
+
+TEST_F(CliFailures, UnfinishedCheckpointWritesOfAnEarlierRunAreRemoved) {
+  const std::string deck = file("stale.toml", kDeck + "[output]\npeak_tflops = 1\n[checkpoint]\nsave_final = false\n");
+  const std::string ckpt = dir_ + "/out/checkpoints";
+  fs::create_directories(ckpt);
+  for (const char* name : {"step_00000007.h5.tmp", "latest.tmp", "notes.tmp", "step_00000007.h5.tmp.bak"}) {
+    std::ofstream(ckpt + "/" + name) << "x";
+  }
+  const Result r = run("train " + deck + " --set output.dir=" + dir_ + "/out");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("removed " + ckpt + "/step_00000007.h5.tmp, the unfinished write of an earlier run"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(fs::exists(ckpt + "/step_00000007.h5.tmp"));
+  EXPECT_FALSE(fs::exists(ckpt + "/latest.tmp"));
+  EXPECT_TRUE(fs::exists(ckpt + "/notes.tmp"));
+  EXPECT_TRUE(fs::exists(ckpt + "/step_00000007.h5.tmp.bak"));
+}
+
+TEST_F(CliFailures, ResumingFromADamagedCheckpointIsExitCode2NamingTheTensor) {
+  const std::string deck = file("resume.toml", kDeck + "[output]\npeak_tflops = 1\n");
+  const std::string out = dir_ + "/out", ckpt = out + "/checkpoints/step_00000001.h5";
+  ASSERT_EQ(run("train " + deck + " --set output.dir=" + out).code, 0);
+  std::vector<float> wte(64 * 32);
+  {
+    h5::Id f = h5::open_read(ckpt, MPI_COMM_SELF);
+    h5::read(f, ckpt, "model/wte", wte.data());
+  }
+  ASSERT_TRUE(flip_byte_in(ckpt, wte.data() + 100, 8));
+  expect_exit2_with(run("train " + deck + " --set output.dir=" + out +
+                        " --set train.steps=2 --set checkpoint.resume=latest"),
+                    "error: " + ckpt + ": dataset 'model/wte' does not match its checksum");
 }
 
 }  // namespace

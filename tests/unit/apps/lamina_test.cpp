@@ -1,54 +1,20 @@
 // The `lamina` command end to end: help, exit codes, error messages, JSON last lines.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
 
+#include "apps/cli_fixture.hpp"
+
 namespace lamina::test {
 namespace {
-
-namespace fs = std::filesystem;
-
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-Result run(const std::string& args) {
-  Result r;
-  const std::string cmd = std::string(LAMINA_BINARY) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  char buf[4096];
-  while (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) r.out += buf;
-  const int status = p == nullptr ? -1 : ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 std::string last_line(const std::string& s) {
   const auto end = s.find_last_not_of('\n');
   const auto start = s.rfind('\n', end);
   return s.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
 }
-
-class Cli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = (fs::temp_directory_path() / ("lamina_cli_" + std::to_string(::getpid()))).string();
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string file(const std::string& name, const std::string& text) const {
-    const std::string p = dir_ + "/" + name;
-    std::ofstream(p) << text;
-    return p;
-  }
-  std::string dir_;
-};
 
 TEST_F(Cli, HelpAndVersion) {
   const Result h = run("--help");

@@ -134,7 +134,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadDeck{"bad_budget", with("lr = 1e-3", "lr = 1e-3\n[memory]\ndevice_budget = \"lots\""), {},
                 {"memory.device_budget must be a byte count"}},
         BadDeck{"warmup_longer_than_run", with("lr = 1e-3", "lr = 1e-3\nwarmup_steps = 500"), {},
-                {"optimizer.warmup_steps: 500 exceeds train.steps (100)"}},
+                {"optimizer.warmup_steps: 500 exceeds train.steps (100); "
+                 "set optimizer.warmup_steps <= 100 or raise train.steps"}},
         BadDeck{"min_lr_above_lr", with("lr = 1e-3", "lr = 1e-3\nmin_lr = 1e-2"), {},
                 {"optimizer.min_lr: 0.01 exceeds optimizer.lr (0.001)"}},
         BadDeck{"section_not_a_table", with("[model]\nlayers = 2\nd_model = 64\nheads = 4\nseq_len = 32\n", "model = 3\n"), {},
@@ -159,6 +160,16 @@ TEST(Deck, MissingFileIsAnInputError) {
     FAIL();
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/deck.toml: cannot open"), std::string::npos);
+  }
+}
+
+TEST(Deck, DirectoryIsAnInputErrorSayingSo) {
+  const std::string dir = ::testing::TempDir();
+  try {
+    load_deck(dir);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + ": is a directory, not a deck file"), std::string::npos) << e.what();
   }
 }
 

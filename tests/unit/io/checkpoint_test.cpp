@@ -1,11 +1,14 @@
 #include "lamina/io/checkpoint.hpp"
 
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "lamina/core/error.hpp"
+#include "io/file_damage.hpp"
 
 namespace lamina::test {
 namespace {
@@ -138,6 +141,107 @@ TEST_F(CheckpointFiles, ShapeMismatchMissingTensorAndTruncationAreInputErrors) {
   EXPECT_NE(error_of([&] { CheckpointReader j(junk, MPI_COMM_WORLD); }).find("not an HDF5 file"), std::string::npos);
   EXPECT_NE(error_of([&] { resolve_checkpoint("latest", dir_ + "/empty"); }).find("no checkpoint was completed"),
             std::string::npos);
+}
+
+TEST_F(CheckpointFiles, EveryTensorCarriesAChecksumThatCatchesAChangedByte) {
+  std::vector<float> a(4096), b(64, 0.5f);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = 0.001f * static_cast<float>(i) - 1.0f;
+  const std::string path =
+      write_one(dir_, 3, {whole("model/a", {64, 64}, a.data()), whole("model/b", {64}, b.data())}, 1);
+  {
+    CheckpointReader r(path, MPI_COMM_WORLD);
+    std::vector<float> out(4096);
+    r.read(whole("model/a", {64, 64}, out.data()));
+    EXPECT_EQ(r.unchecked(), 0);
+  }
+  ASSERT_TRUE(flip_byte_in(path, a.data() + 1000, 8));
+  CheckpointReader r(path, MPI_COMM_WORLD);
+  std::vector<float> out(4096);
+  EXPECT_EQ(error_of([&] { r.read(whole("model/a", {64, 64}, out.data())); }),
+            path + ": dataset 'model/a' does not match its checksum: the file was damaged after it was written (a "
+                   "disk or transfer error)");
+  r.read(whole("model/b", {64}, out.data()));  // the damage is in model/a only
+  EXPECT_EQ(out[63], 0.5f);
+}
+
+TEST_F(CheckpointFiles, TensorsThatAreNotFiniteAreInputErrors) {
+  std::vector<float> a(6, 1.0f), b(4, 2.0f);
+  a[4] = std::nanf("");
+  b[0] = -INFINITY;
+  b[3] = INFINITY;
+  const std::string path = write_one(dir_, 1, {whole("model/a", {2, 3}, a.data()), whole("model/b", {4}, b.data())}, 1);
+  CheckpointReader r(path, MPI_COMM_WORLD);
+  std::vector<float> out(6);
+  EXPECT_EQ(error_of([&] { r.read(whole("model/a", {2, 3}, out.data())); }),
+            path + ": tensor 'model/a' holds 1 value(s) that are not finite (NaN or infinite); use another checkpoint");
+  EXPECT_NE(error_of([&] { r.read(whole("model/b", {4}, out.data())); }).find("'model/b' holds 2 value(s)"),
+            std::string::npos);
+  // A rank that reads no piece has nothing to check.
+  r.read({"model/a", {2, 3}, {}, {2, 3}, nullptr});
+}
+
+TEST_F(CheckpointFiles, AttributesOutOfRangeAreInputErrors) {
+  std::vector<float> a(4, 1.0f);
+  const auto with = [&](std::int64_t step, std::int64_t samples, std::int64_t optimizer_step) {
+    fs::remove_all(dir_);
+    CheckpointWriter w(dir_, 1, MPI_COMM_WORLD);
+    w.write(whole("model/a", {4}, a.data()));
+    CheckpointMeta m = meta_at(1);
+    m.step = step;
+    m.samples_consumed = samples;
+    m.optimizer_step = optimizer_step;
+    const std::string path = w.commit(m, 1);
+    return error_of([&] { CheckpointReader r(path, MPI_COMM_WORLD); });
+  };
+  EXPECT_NE(with(-5, 0, 0).find("attribute 'step' = -5 is out of range: must be >= 0"), std::string::npos);
+  EXPECT_NE(with(5, -1, 5).find("attribute 'samples_consumed' = -1 is out of range"), std::string::npos);
+  EXPECT_NE(with(5, 40, 6).find("attribute 'optimizer_step' = 6 is out of range: must be >= 0 and <= step"),
+            std::string::npos);
+  EXPECT_EQ(with(5, 40, 4), "(no error)");  // a skipped step
+}
+
+// What lamina wrote before checksums: contiguous datasets without filters.
+TEST_F(CheckpointFiles, CheckpointsWithoutChecksumsStillLoad) {
+  fs::create_directories(dir_);
+  const std::string path = dir_ + "/old.h5";
+  const std::vector<float> a = {1, 2, 3, 4};
+  {
+    h5::Id f = h5::create(path, MPI_COMM_WORLD);
+    const hsize_t n = 4;
+    h5::Id space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    h5::Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+    H5Pset_create_intermediate_group(lcpl, 1);
+    h5::Id ds(H5Dcreate2(f, "model/a", H5T_IEEE_F32LE, space, lcpl, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+    ASSERT_GE(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a.data()), 0);
+    const CheckpointMeta m = meta_at(2);
+    h5::set_attr(f, "format", std::string("lamina-checkpoint-1"));
+    h5::set_attr(f, "step", m.step);
+    h5::set_attr(f, "samples_consumed", m.samples_consumed);
+    h5::set_attr(f, "optimizer_step", m.optimizer_step);
+    h5::set_attr(f, "seed", static_cast<std::int64_t>(m.seed));
+    for (const char* s : {"deck", "layout", "model"}) h5::set_attr(f, s, std::string("x"));
+  }
+  CheckpointReader r(path, MPI_COMM_WORLD);
+  std::vector<float> out(4);
+  r.read(whole("model/a", {4}, out.data()));
+  EXPECT_EQ(out, a);
+  EXPECT_EQ(r.unchecked(), 1);
+}
+
+TEST_F(CheckpointFiles, UnfinishedWritesAreRemovedAndNothingElse) {
+  fs::create_directories(dir_);
+  const std::vector<std::string> stale = {"latest.tmp", "step_00000012.h5.tmp"};
+  const std::vector<std::string> kept = {"latest", "step_00000011.h5", "step_x.h5.tmp", "notes.tmp",
+                                         "step_00000012.h5.tmp.bak"};
+  for (const auto& n : stale) std::ofstream(dir_ + "/" + n) << "x";
+  for (const auto& n : kept) std::ofstream(dir_ + "/" + n) << "x";
+  fs::create_directories(dir_ + "/step_00000013.h5.tmp");  // not a file
+  EXPECT_EQ(remove_partial_checkpoints(dir_),
+            (std::vector<std::string>{dir_ + "/latest.tmp", dir_ + "/step_00000012.h5.tmp"}));
+  for (const auto& n : stale) EXPECT_FALSE(fs::exists(dir_ + "/" + n)) << n;
+  for (const auto& n : kept) EXPECT_TRUE(fs::exists(dir_ + "/" + n)) << n;
+  EXPECT_TRUE(fs::is_directory(dir_ + "/step_00000013.h5.tmp"));
+  EXPECT_TRUE(remove_partial_checkpoints(dir_ + "/missing").empty());
 }
 
 }  // namespace

@@ -76,6 +76,56 @@ TEST_F(Training, ResumeAtTheEndDoesNothingAndWrongModelIsAnInputError) {
   }
 }
 
+// Rewrites a checkpoint the way lamina wrote them before checksums: contiguous datasets.
+std::int64_t strip_checksums(const std::string& from, const std::string& to, const ModelConfig& model) {
+  const CheckpointMeta meta = CheckpointReader(from, MPI_COMM_SELF).meta();
+  h5::Id in = h5::open_read(from, MPI_COMM_SELF);
+  h5::Id f = h5::create(to, MPI_COMM_SELF);
+  h5::Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl, 1);
+  std::int64_t tensors = 0;
+  const ParamLayout layout = ParamLayout::gpt2(model);
+  for (const auto& l : layout.layers()) {
+    for (const auto& t : l.tensors) {
+      for (const char* prefix : {"model/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"}) {
+        const std::string name = prefix + t.name;
+        const std::vector<hsize_t> dims(t.global_shape.begin(), t.global_shape.end());
+        std::vector<float> v(static_cast<std::size_t>(t.numel()));  // tp 1: the global tensor
+        h5::read(in, from, name, v.data());
+        h5::Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+        h5::Id ds(H5Dcreate2(f, name.c_str(), H5T_IEEE_F32LE, space, lcpl, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+        EXPECT_GE(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), 0) << name;
+        ++tensors;
+      }
+    }
+  }
+  h5::set_attr(f, "format", std::string("lamina-checkpoint-1"));
+  h5::set_attr(f, "step", meta.step);
+  h5::set_attr(f, "samples_consumed", meta.samples_consumed);
+  h5::set_attr(f, "optimizer_step", meta.optimizer_step);
+  h5::set_attr(f, "seed", static_cast<std::int64_t>(meta.seed));
+  h5::set_attr(f, "deck", meta.deck);
+  h5::set_attr(f, "layout", meta.layout);
+  h5::set_attr(f, "model", meta.model);
+  h5::close(f, to);
+  return tensors;
+}
+
+TEST_F(Training, ResumesFromACheckpointWithoutChecksumsAndWarns) {
+  run_training(deck("new", 2), quiet_, MPI_COMM_WORLD);
+  const std::string old = dir_ + "/old.h5";
+  const std::int64_t tensors = strip_checksums(dir_ + "/new/checkpoints/step_00000002.h5", old, deck("new", 2).model);
+  const TrainSummary a = run_training(deck("new", 3, {"checkpoint.resume=latest"}), quiet_, MPI_COMM_WORLD);
+  ::testing::internal::CaptureStderr();
+  const TrainSummary b = run_training(deck("old", 3, {"checkpoint.resume=" + old}), quiet_, MPI_COMM_WORLD);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(b.first_step, 2);
+  EXPECT_EQ(a.final_loss, b.final_loss);
+  EXPECT_NE(err.find("warning: " + old + ": " + std::to_string(tensors) + " tensor(s) carry no checksum"),
+            std::string::npos)
+      << err;
+}
+
 TEST_F(Training, MetricsHaveTheDocumentedFieldsAndMemoryMatchesTheEstimate) {
   const Deck d = deck("metrics", 2, {"output.peak_tflops=1.0"});
   run_training(d, quiet_, MPI_COMM_WORLD);

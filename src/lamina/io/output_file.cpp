@@ -1,0 +1,38 @@
+#include "lamina/io/output_file.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+#include "lamina/core/error.hpp"
+
+namespace lamina {
+
+OutputFile::OutputFile(const std::string& path, bool append) : path_(path) {
+  errno = 0;
+  file_.reset(std::fopen(path.c_str(), append ? "a" : "w"));
+  if (file_ == nullptr) fail();
+}
+
+// errno is cleared before each call, so a failure reports its own reason or none.
+void OutputFile::fail() const {
+  throw RunError("cannot write " + path_ + ": " + (errno != 0 ? std::strerror(errno) : "write error"));
+}
+
+void OutputFile::write(const std::string& text) {
+  errno = 0;
+  if (std::fwrite(text.data(), 1, text.size(), file_.get()) != text.size() || std::fflush(file_.get()) != 0) fail();
+}
+
+void OutputFile::close() {
+  if (file_ == nullptr) return;
+  errno = 0;
+  if (std::fclose(file_.release()) != 0) fail();
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+  OutputFile f(path, false);
+  f.write(text);
+  f.close();
+}
+
+}  // namespace lamina

@@ -1,0 +1,162 @@
+// The `lamina` command stopping a run: on a signal (it saves and resumes bit for bit), when
+// it has diverged for good (instead of skipping steps forever), before a run too large
+// for the machine starts, and before a model that is not finite is saved. Bad input and
+// failed writes: lamina_failures_test.cpp.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+
+#include "checkpoint_tensors.hpp"
+#include "lamina/core/deck.hpp"
+
+namespace lamina::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kDeck = R"([model]
+layers = 2
+d_model = 32
+heads = 2
+seq_len = 16
+vocab_size = 64
+[data]
+format = "synthetic"
+batch_size = 4
+[train]
+steps = 1000000
+seed = 9
+[optimizer]
+lr = 1e-2
+warmup_steps = 2
+schedule = "constant"
+[checkpoint]
+save_final = false
+[output]
+peak_tflops = 1.0
+)";
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// `lamina <args>` in the background, output to `log`; returns its pid.
+pid_t start(const std::string& args, const std::string& log) {
+  const std::string cmd = std::string("exec ") + LAMINA_BINARY + " " + args;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int finish(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+class LaminaStop : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::temp_directory_path() / ("lamina_stop_cli_" + std::to_string(::getpid()))).string();
+    fs::create_directories(dir_);
+    std::ofstream(dir_ + "/deck.toml") << kDeck;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string train(const std::string& out, const std::string& sets) const {
+    return "train " + dir_ + "/deck.toml --set output.dir=" + dir_ + "/" + out + " " + sets;
+  }
+  std::string dir_;
+};
+
+// Ctrl-C: the step finishes, a checkpoint is written, exit 130; two more steps from it
+// equal, byte for byte, two more steps of a run that was never stopped.
+TEST_F(LaminaStop, SigintSavesACheckpointThatResumesBitForBit) {
+  const std::string log = dir_ + "/stopped.log";
+  const pid_t pid = start(train("stopped", ""), log);
+  const std::string metrics = dir_ + "/stopped/metrics.jsonl";
+  for (int i = 0; i < 3000 && !(fs::exists(metrics) && fs::file_size(metrics) > 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid, SIGINT);
+  ASSERT_EQ(finish(pid), 128 + SIGINT) << slurp(log);
+  const std::string out = slurp(log);
+  EXPECT_NE(out.find("stopped by SIGINT after step "), std::string::npos) << out;
+  const std::string latest = slurp(dir_ + "/stopped/checkpoints/latest");
+  ASSERT_FALSE(latest.empty()) << out;
+  const long step = std::atol(latest.c_str() + latest.find('_') + 1);
+  ASSERT_GT(step, 0) << latest;
+
+  const std::string steps = "--set train.steps=" + std::to_string(step + 2) + " --set checkpoint.save_final=true";
+  ASSERT_EQ(finish(start(train("stopped", steps + " --set checkpoint.resume=latest"), dir_ + "/resumed.log")), 0)
+      << slurp(dir_ + "/resumed.log");
+  ASSERT_EQ(finish(start(train("fresh", steps), dir_ + "/fresh.log")), 0) << slurp(dir_ + "/fresh.log");
+  char name[64];
+  std::snprintf(name, sizeof name, "/checkpoints/step_%08ld.h5", step + 2);
+  const ModelConfig model = parse_deck(kDeck, "deck.toml").model;
+  const auto fresh = checkpoint_tensors(dir_ + "/fresh" + name, model);
+  std::size_t tensors = 0;
+  const ParamLayout layout = ParamLayout::gpt2(model);
+  for (const auto& l : layout.layers()) tensors += 3 * l.tensors.size();
+  EXPECT_EQ(fresh.size(), tensors);
+  EXPECT_TRUE(checkpoint_tensors(dir_ + "/stopped" + name, model) == fresh)
+      << "the resumed run's state differs from the uninterrupted run's";
+}
+
+TEST_F(LaminaStop, ARunThatKeepsSkippingStepsStopsWithExit3) {
+  const std::string sets =
+      "--set train.steps=50 --set optimizer.lr=1e30 --set optimizer.grad_clip=0 --set optimizer.warmup_steps=0 "
+      "--set train.skip_nonfinite=true --set train.max_skipped=4 --set checkpoint.save_final=true";
+  const std::string log = dir_ + "/diverged.log";
+  const int code = finish(start(train("diverged", sets), log));
+  const std::string out = slurp(log);
+  EXPECT_EQ(code, 3) << out;
+  EXPECT_NE(out.find("4 steps in a row skipped (train.max_skipped)"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dir_ + "/diverged/checkpoints/latest")) << "a diverged run wrote a checkpoint";
+}
+
+// An update that overflows the weights (a learning rate beyond float's range) leaves a
+// finite loss at that step; the checkpoint after it must not be written.
+TEST_F(LaminaStop, AModelThatIsNotFiniteIsNeverCheckpointed) {
+  const std::string sets = "--set train.steps=3 --set optimizer.lr=1e39 --set optimizer.warmup_steps=0 "
+                           "--set checkpoint.every=1";
+  const std::string log = dir_ + "/overflow.log";
+  const int code = finish(start(train("overflow", sets), log));
+  const std::string out = slurp(log);
+  EXPECT_EQ(code, 3) << out;
+  EXPECT_NE(out.find("step 1: the model holds values that are not finite (model/"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dir_ + "/overflow/checkpoints/latest")) << out;
+  EXPECT_FALSE(fs::exists(dir_ + "/overflow/checkpoints/step_00000001.h5.tmp")) << out;
+}
+
+// A run whose estimate (126 TiB) exceeds this machine is refused before it starts, and
+// --check says so too.
+TEST_F(LaminaStop, ARunLargerThanTheMachineIsRefusedByTheRunAndByCheck) {
+  const std::string sets = "--set data.batch_size=100000 --set data.micro_batch_size=100000 --set model.seq_len=4096";
+  for (const char* mode : {"--check", ""}) {
+    const std::string log = dir_ + "/huge.log";
+    const int code = finish(start(train("huge", sets) + " " + mode, log));
+    const std::string out = slurp(log);
+    EXPECT_EQ(code, 2) << mode << "\n" << out;
+    EXPECT_NE(out.find("of host memory on this node (1 rank(s) x "), std::string::npos) << mode << "\n" << out;
+  }
+}
+
+}  // namespace
+}  // namespace lamina::test
