@@ -30,6 +30,31 @@ TYPED_TEST(GemmTest, BatchedProductsMatchDoubleReference) {
   EXPECT_LT(rel_error(to_host(dc), want), 1e-6);
 }
 
+// Large enough that the OpenMP backend cuts each product into one tile per thread.
+TYPED_TEST(GemmTest, LargeProductsMatchDoubleReferenceForEveryTranspose) {
+  using Exec = TypeParam;
+  const int m = 200, n = 96, k = 48;
+  for (const char* ta : {"N", "T"}) {
+    for (const char* tb : {"N", "T"}) {
+      SCOPED_TRACE(std::string(ta) + tb);
+      const auto a = random_vector(m * k, 75), b = random_vector(k * n, 76), c0 = random_vector(m * n, 77);
+      auto da = to_device<Exec>(a), db = to_device<Exec>(b), dc = to_device<Exec>(c0);
+      const bool at = *ta == 'T', bt = *tb == 'T';
+      gemm(Exec(), ta, tb, 0.5f, as_mat<Exec>(da.data(), at ? k : m, at ? m : k),
+           as_mat<Exec>(db.data(), bt ? n : k, bt ? k : n), 2.0f, as_mat<Exec>(dc.data(), m, n));
+      std::vector<double> want(m * n);
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < n; ++j) {
+          double s = 0;
+          for (int l = 0; l < k; ++l) s += a[at ? l * m + i : i * k + l] * b[bt ? j * k + l : l * n + j];
+          want[i * n + j] = 0.5 * s + 2.0 * c0[i * n + j];
+        }
+      }
+      EXPECT_LT(rel_error(to_host(dc), want), 1e-6);
+    }
+  }
+}
+
 TYPED_TEST(GemmTest, ColumnSumsAccumulate) {
   using Exec = TypeParam;
   const int rows = 9, cols = 4;

@@ -1,0 +1,50 @@
+#pragma once
+// The host BLAS called directly, for the Kokkos OpenMP backend: there lamina cuts each product
+// into one tile per Kokkos thread and runs the BLAS single-threaded inside those threads, so
+// that one thread pool owns the cores. Two pools (OpenMP's, spinning between kernels, and
+// OpenBLAS's own) measured half the speed on two cores.
+#include <cstdint>
+#include <string>
+
+namespace lamina {
+
+// C = alpha * op(A) @ op(B) + beta * C on row-major matrices with row strides lda, ldb, ldc.
+// `ta`, `tb` are 'N' or 'T'; op(A) is m x k, op(B) is k x n.
+struct HostGemm {
+  char ta = 'N', tb = 'N';
+  std::int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  const float* a = nullptr;
+  std::int64_t lda = 1;
+  const float* b = nullptr;
+  std::int64_t ldb = 1;
+  float beta = 0.0f;
+  float* c = nullptr;
+  std::int64_t ldc = 1;
+};
+
+// Whether the Fortran BLAS is linked (an OpenBLAS found at configure time).
+constexpr bool kHostBlasLinked =
+#if defined(LAMINA_HAVE_OPENBLAS)
+    true;
+#else
+    false;
+#endif
+
+// Block `index` of `count` of the product, cut along the longer of C's two sides in
+// multiples of 16 rows or columns (the BLAS's register blocks stay whole); empty past the end.
+HostGemm gemm_tile(const HostGemm& g, int index, int count);
+
+// How many tiles are worth it for `threads` threads: one per thread, fewer for small products.
+int gemm_tile_count(const HostGemm& g, int threads);
+
+// One call of the BLAS, in the calling thread. Throws when no BLAS is linked.
+void host_sgemm(const HostGemm& g);
+
+// Sets the BLAS's own threads for the Kokkos host space this process runs (one per call under
+// OpenMP, left as configured under Serial) and says what the host's thread pools are, e.g.
+// "BLAS OpenBLAS 0.3.21 ..., pthreads, 1 thread(s) per call; Kokkos OpenMP, 2 thread(s)".
+// `warning` is set where the threads are more than the cores this process may use.
+std::string configure_host_blas(std::string& warning);
+
+}  // namespace lamina
