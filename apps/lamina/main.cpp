@@ -24,6 +24,7 @@
 #include "lamina/core/log.hpp"
 #include "lamina/core/stop_signal.hpp"
 #include "lamina/io/hdf5_file.hpp"
+#include "lamina/kernels/host_blas.hpp"
 #include "lamina/train/bench.hpp"
 #include "lamina/train/plan_command.hpp"
 #include "lamina/train/profile.hpp"
@@ -83,19 +84,21 @@ subgroup_size = 1048576
 )";
 
 // Thread-pool settings that are known to halve throughput, said once at start-up.
-void warn_about_environment(const lamina::Log& log) {
-#if defined(KOKKOS_ENABLE_OPENMP)
-  const char* wait = std::getenv("OMP_WAIT_POLICY");
-  if (wait == nullptr || (std::string(wait) != "passive" && std::string(wait) != "PASSIVE")) {
-    log.warn("OpenMP threads spin between kernels and then fight the BLAS threads for the cores; "
-             "export OMP_WAIT_POLICY=passive (measured: 2x faster training steps on 2 cores)");
-  }
-#endif
-  const char* bind = std::getenv("OMP_PROC_BIND");
+// Sets up the host's thread pools and warns where the environment will cost speed; returns
+// the line that says what they are.
+std::string configure_host_threads(const lamina::Log& log, int rank) {
+  std::string warning;
+  const std::string threads = lamina::configure_host_blas(warning);
+  if (rank != 0) return threads;  // the same environment on every rank
+  if (!warning.empty()) log.warn(warning);
+  // Under Kokkos OpenMP the BLAS runs inside Kokkos' threads, which may be pinned.
+  const char* bind = std::string(Kokkos::DefaultHostExecutionSpace::name()) == "OpenMP" ? nullptr
+                                                                                        : std::getenv("OMP_PROC_BIND");
   if (bind != nullptr && std::string(bind) != "false" && std::string(bind) != "FALSE") {
     log.warn(std::string("OMP_PROC_BIND=") + bind + " pins the BLAS threads to one core each and can halve GEMM "
              "throughput; unset it or set OMP_PROC_BIND=false");
   }
+  return threads;
 }
 
 int run_verify(const Options& o, const lamina::Log& log) {
@@ -214,7 +217,7 @@ int main(int argc, char** argv) {
   bool stopped = false;
   Kokkos::initialize(kargc, kokkos_args.data());
   try {
-    if (rank == 0) warn_about_environment(log);  // the same environment on every rank
+    const std::string host_threads = configure_host_threads(log, rank);
     if (train->parsed()) {
       lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
       lamina::set_wait_timeout(deck.comm.timeout);
@@ -227,6 +230,7 @@ int main(int argc, char** argv) {
         lamina::check_deck(deck, log, world);
       } else {
         log.info(build_info() + lamina::strprintf(", %d rank(s)", world));
+        log.info(host_threads);
         lamina::install_stop_handlers();
         lamina::run_training(deck, log, MPI_COMM_WORLD);
       }
@@ -235,6 +239,7 @@ int main(int argc, char** argv) {
     } else if (bench_step->parsed()) {
       const lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
       lamina::set_wait_timeout(deck.comm.timeout);
+      log.info(host_threads);
       const auto j = lamina::bench_step(deck, o.steps, o.warmup, log);
       if (rank == 0) std::printf("%s\n", j.str().c_str());
     } else if (bench_adam->parsed()) {
