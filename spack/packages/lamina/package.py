@@ -37,10 +37,10 @@ class Lamina(CMakePackage, CudaPackage, ROCmPackage):
     depends_on("kokkos-kernels+execspace_openmp", when="+openmp")
     depends_on("kokkos-kernels+execspace_serial", when="~openmp")
 
-    # All GEMMs go through KokkosBlas: on the host through Kokkos Kernels' BLAS TPL (OpenBLAS
-    # unless packages.yaml picks another provider). lamina also links that BLAS itself, to
-    # reach openblas_set_num_threads when the provider is OpenBLAS, hence the direct edge:
-    # one provider for both.
+    # GEMMs go through KokkosBlas: on the host through Kokkos Kernels' BLAS TPL (OpenBLAS
+    # unless packages.yaml picks another provider). lamina also links that BLAS itself: with
+    # OpenBLAS and +openmp it calls sgemm_ in one tile per Kokkos thread, OpenBLAS set to one
+    # thread, so that one thread pool owns the cores. Hence the direct edge: one provider for both.
     depends_on("kokkos-kernels+blas")
     depends_on("blas")
 
