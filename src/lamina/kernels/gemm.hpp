@@ -72,6 +72,9 @@ template <class Exec, class AV, class BV>
 void gemm(const Exec& exec, const char* ta, const char* tb, float alpha, const AV& A, const BV& B, float beta,
           const Mat<Exec>& C) {
   if constexpr (detail::kTiledOnHost<Exec>) {
+    static_assert(std::is_same<typename AV::array_layout, Kokkos::LayoutRight>::value &&
+                      std::is_same<typename BV::array_layout, Kokkos::LayoutRight>::value,
+                  "the host BLAS path reads operands as row-major matrices");
     const HostGemm g = detail::host_gemm(ta, tb, alpha, A, B, beta, C);
     if (detail::fits_blas_int(g)) {
       const int tiles = gemm_tile_count(g, exec.concurrency());
