@@ -2,8 +2,9 @@
 // Causal multi-head self-attention core (between the QKV and output projections):
 //   for each sequence b and head h:  P = softmax(mask(q k^T / sqrt(hd))),  y = P v
 // qkv columns are [q | k | v], each head a contiguous slice of hd columns (GPT-2).
-// The products run as batched GEMMs over the B*NH (sequence, head) pairs; on a host BLAS
-// without the blocks the causal mask zeroes.
+// On a host BLAS the products read q, k, v and write y in those rows, per (sequence, head)
+// and without the blocks the causal mask zeroes; elsewhere they run as batched GEMMs over
+// per-head copies.
 #include "lamina/kernels/fast_math.hpp"
 #include "lamina/kernels/gemm.hpp"
 #include "lamina/kernels/reduction.hpp"
@@ -137,38 +138,73 @@ struct QkvBiasBackward {
   }
 };
 
-// The T x T products of causal attention on a host BLAS, cut into row blocks that skip what
-// the mask zeroes: 5/8 of the work at four blocks. With T x T operand L lower triangular
-// (probabilities or their gradient), per (sequence, head):
+// The per-(sequence, head) products of causal attention on a host BLAS, cut into row blocks
+// that skip what the mask zeroes: 5/8 of the work at four blocks. With T x T operand L lower
+// triangular (probabilities or their gradient), per (sequence, head):
 //   scores:           C = A B^T, C (T x T): row block r only up to column r1 (the rest is
 //                     masked; the softmax reads no further)
 //   lower:            C = L X: row block r only reads L's columns, X's rows below r1
 //   lower_transposed: C = L^T X: row block r only reads L's rows, X's rows from r0
 enum class CausalProduct { scores, lower, lower_transposed };
 
+constexpr std::int64_t kCausalBlock = 64;
+
+// Matrix (s, h) of a batch over sequences s and heads h: it starts at
+// data + s * seq_stride + h * head_stride, its rows ld apart. q, k, v and y are read and
+// written in place in their (B*T, width) rows this way, with no per-head copies.
+struct HeadMatrices {
+  float* data = nullptr;
+  std::int64_t ld = 0, seq_stride = 0, head_stride = 0;
+  float* at(std::int64_t s, std::int64_t h) const { return data + s * seq_stride + h * head_stride; }
+};
+
+// Part `part` (0 q, 1 k, 2 v) of (B*T, 3A) QKV rows, or (part 0) of (B*T, A) rows.
+template <class Exec>
+HeadMatrices row_heads(const Mat<Exec>& rows, std::int64_t parts, std::int64_t part, std::int64_t T,
+                       std::int64_t hd) {
+  const std::int64_t ld = static_cast<std::int64_t>(rows.stride_0());
+  return {rows.data() + part * static_cast<std::int64_t>(rows.extent(1)) / parts, ld, T * ld, hd};
+}
+
+// (B*NH, T, T) score matrices.
+template <class Exec>
+HeadMatrices score_heads(const Mats<Exec>& s, std::int64_t NH) {
+  const std::int64_t stride = static_cast<std::int64_t>(s.stride_0());
+  return {s.data(), static_cast<std::int64_t>(s.stride_1()), NH * stride, stride};
+}
+
 struct CausalBlocks {
-  HostGemm g;  // the batch's first product, whole
   CausalProduct kind;
-  std::int64_t T, block, blocks, stride_a, stride_b, stride_c;
+  float alpha;
+  HeadMatrices a, b, c;
+  std::int64_t NH, T, hd, blocks;
   void operator()(const std::int64_t item) const {
-    const std::int64_t i = item / blocks, r0 = item % blocks * block, r1 = std::min(T, r0 + block);
-    HostGemm p = g;
-    p.a += i * stride_a;
-    p.b += i * stride_b;
-    p.c += i * stride_c + r0 * g.ldc;
+    const std::int64_t i = item / blocks, s = i / NH, h = i % NH;
+    const std::int64_t r0 = item % blocks * kCausalBlock, r1 = std::min(T, r0 + kCausalBlock);
+    HostGemm p;
+    p.alpha = alpha;
+    p.a = a.at(s, h) + r0 * a.ld;
+    p.lda = a.ld;
+    p.b = b.at(s, h);
+    p.ldb = b.ld;
+    p.c = c.at(s, h) + r0 * c.ld;
+    p.ldc = c.ld;
     p.m = r1 - r0;
     switch (kind) {
       case CausalProduct::scores:  // A rows r0..r1, B rows 0..r1
-        p.a += r0 * g.lda;
+        p.tb = 'T';
         p.n = r1;
+        p.k = hd;
         break;
       case CausalProduct::lower:  // L rows r0..r1, columns 0..r1
-        p.a += r0 * g.lda;
+        p.n = hd;
         p.k = r1;
         break;
       case CausalProduct::lower_transposed:  // L rows r0..T, columns r0..r1; X rows r0..T
-        p.a += r0 * g.lda + r0;
-        p.b += r0 * g.ldb;
+        p.ta = 'T';
+        p.a = a.at(s, h) + r0 * a.ld + r0;
+        p.b += r0 * b.ld;
+        p.n = hd;
         p.k = T - r0;
         break;
     }
@@ -176,81 +212,119 @@ struct CausalBlocks {
   }
 };
 
+// One of the products above for all B*NH (sequence, head) pairs, one row block per item.
 template <class Exec>
-constexpr bool kCausalBlocksOnHost =
-    kHostBlasLinked && Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible;
-
-constexpr std::int64_t kCausalBlock = 64;
-
-// batched_gemm for one of the products above; whole products where no host BLAS is linked.
-template <class Exec>
-void causal_batched_gemm(const Exec& exec, CausalProduct kind, const char* ta, const char* tb, float alpha,
-                         const ConstMats<Exec>& A, const ConstMats<Exec>& B, const Mats<Exec>& C) {
-  const std::int64_t batch = static_cast<std::int64_t>(C.extent(0));
-  const std::int64_t T = static_cast<std::int64_t>(kind == CausalProduct::scores ? C.extent(2) : A.extent(2));
-  if constexpr (kCausalBlocksOnHost<Exec>) {
-    if (batch > 0 && T > kCausalBlock) {
-      auto a = Kokkos::subview(A, 0, Kokkos::ALL, Kokkos::ALL);
-      auto b = Kokkos::subview(B, 0, Kokkos::ALL, Kokkos::ALL);
-      auto c = Kokkos::subview(C, 0, Kokkos::ALL, Kokkos::ALL);
-      const HostGemm g = host_gemm(ta, tb, alpha, a, b, 0.0f, c);
-      if (fits_blas_int(g)) {
-        const std::int64_t blocks = (T + kCausalBlock - 1) / kCausalBlock;
-        Kokkos::parallel_for("lamina::attention_causal_products",
-                             Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, batch * blocks),
-                             CausalBlocks{g, kind, T, kCausalBlock, blocks, static_cast<std::int64_t>(A.stride_0()),
-                                          static_cast<std::int64_t>(B.stride_0()),
-                                          static_cast<std::int64_t>(C.stride_0())});
-        return;
-      }
-    }
-  }
-  batched_gemm<Exec>(exec, ta, tb, alpha, A, B, 0.0f, C);
+void causal_head_products(const Exec& exec, CausalProduct kind, float alpha, const HeadMatrices& a,
+                          const HeadMatrices& b, const HeadMatrices& c, std::int64_t batch, std::int64_t NH,
+                          std::int64_t T, std::int64_t hd) {
+  const std::int64_t blocks = (T + kCausalBlock - 1) / kCausalBlock;
+  Kokkos::parallel_for("lamina::attention_causal_products",
+                       Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, batch * blocks),
+                       CausalBlocks{kind, alpha, a, b, c, NH, T, hd, blocks});
 }
 
 }  // namespace detail
 
-// out: (B*T, C) attention output before the projection
-// q, k, v: (B*NH, T, hd) saved for backward; att: (B*NH, T, T) probabilities, saved
-// y: (B*NH, T, hd) workspace; qkv: (B*T, 3C) output of the QKV projection
+// How attention_forward and attention_backward run the products. in_place: on a host BLAS,
+// per (sequence, head) straight from and into the rows, without the blocks the mask zeroes;
+// staged: per-head copies in AttentionHeads and whole batched products through KokkosBlas
+// (a device, or a host with another BLAS). The default is in_place where the backend allows.
+enum class AttentionProducts { in_place, staged };
+
 template <class Exec>
-void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>& q, const Mats<Exec>& k,
-                       const Mats<Exec>& v, const Mats<Exec>& att, const Mats<Exec>& y, const Mat<Exec>& qkv,
-                       std::int64_t NH) {
-  const std::int64_t BNH = static_cast<std::int64_t>(q.extent(0));
-  const std::int64_t T = static_cast<std::int64_t>(q.extent(1));
-  const std::int64_t hd = static_cast<std::int64_t>(q.extent(2));
+constexpr AttentionProducts kAttentionProducts =
+    kHostBlasLinked && Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible ? AttentionProducts::in_place
+                                                                                         : AttentionProducts::staged;
+
+// Per-head (B*NH, T, hd) copies that staged products use; in_place leaves them untouched.
+// Forward: q, k, v, y. Backward: q, k, v (may share dqkv's memory: written last), y for
+// dy, and dq, dk, dv.
+template <class Exec>
+struct AttentionHeads {
+  Mats<Exec> q, k, v, y;
+  Mats<Exec> dq, dk, dv;
+};
+
+// out: (B*T, A) attention output before the projection
+// att: (B*NH, T, T) probabilities, saved; qkv: (B*T, 3A) output of the QKV projection, saved
+template <class Exec>
+void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>& att, const Mat<Exec>& qkv,
+                       const AttentionHeads<Exec>& heads, std::int64_t NH,
+                       AttentionProducts how = kAttentionProducts<Exec>) {
+  const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0));
+  const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
+  const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
-  detail::permute_heads(exec, "lamina::attention_forward_split", qkv, q, k, v, NH, false);
-  detail::causal_batched_gemm<Exec>(exec, detail::CausalProduct::scores, "N", "T", scale, q, k, att);
-  Kokkos::parallel_for("lamina::attention_forward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
-                       detail::AttentionSoftmaxForward<Exec>{att, T});
-  detail::causal_batched_gemm<Exec>(exec, detail::CausalProduct::lower, "N", "N", 1.0f, att, v, y);
-  detail::split_heads(exec, "lamina::attention_forward_merge", out, y, NH, true);
+  const auto softmax = [&] {
+    Kokkos::parallel_for("lamina::attention_forward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
+                         detail::AttentionSoftmaxForward<Exec>{att, T});
+  };
+  if constexpr (kAttentionProducts<Exec> == AttentionProducts::in_place) {
+    if (how == AttentionProducts::in_place) {
+      using detail::CausalProduct;
+      const auto products = [&](CausalProduct kind, float alpha, const detail::HeadMatrices& a,
+                                const detail::HeadMatrices& b, const detail::HeadMatrices& c) {
+        detail::causal_head_products(exec, kind, alpha, a, b, c, BNH, NH, T, hd);
+      };
+      const detail::HeadMatrices scores = detail::score_heads<Exec>(att, NH);
+      products(CausalProduct::scores, scale, detail::row_heads<Exec>(qkv, 3, 0, T, hd),
+               detail::row_heads<Exec>(qkv, 3, 1, T, hd), scores);
+      softmax();
+      products(CausalProduct::lower, 1.0f, scores, detail::row_heads<Exec>(qkv, 3, 2, T, hd),
+               detail::row_heads<Exec>(out, 1, 0, T, hd));
+      return;
+    }
+  }
+  detail::permute_heads(exec, "lamina::attention_forward_split", qkv, heads.q, heads.k, heads.v, NH, false);
+  batched_gemm<Exec>(exec, "N", "T", scale, heads.q, heads.k, 0.0f, att);
+  softmax();
+  batched_gemm<Exec>(exec, "N", "N", 1.0f, att, heads.v, 0.0f, heads.y);
+  detail::split_heads(exec, "lamina::attention_forward_merge", out, heads.y, NH, true);
 }
 
-// dqkv: (B*T, 3C) overwritten; dout: (B*T, C)
-// dq, dk, dv, dy: (B*NH, T, hd) workspace; datt: (B*NH, T, T) workspace
-// q, k, v, att: as saved by attention_forward
+// dqkv: (B*T, 3A) overwritten; datt: (B*NH, T, T) workspace; dout: (B*T, A)
+// qkv, att: as saved by attention_forward
 template <class Exec>
-void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& dq, const Mats<Exec>& dk,
-                        const Mats<Exec>& dv, const Mats<Exec>& datt, const Mats<Exec>& dy, const Mat<Exec>& dout,
-                        const Mats<Exec>& q, const Mats<Exec>& k, const Mats<Exec>& v, const Mats<Exec>& att,
-                        std::int64_t NH) {
-  const std::int64_t BNH = static_cast<std::int64_t>(q.extent(0));
-  const std::int64_t T = static_cast<std::int64_t>(q.extent(1));
-  const std::int64_t hd = static_cast<std::int64_t>(q.extent(2));
+void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& datt, const Mat<Exec>& dout,
+                        const Mat<Exec>& qkv, const Mats<Exec>& att, const AttentionHeads<Exec>& heads,
+                        std::int64_t NH, AttentionProducts how = kAttentionProducts<Exec>) {
+  const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0));
+  const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
+  const std::int64_t hd = static_cast<std::int64_t>(dout.extent(1)) / NH;
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
-  detail::split_heads(exec, "lamina::attention_backward_split", dout, dy, NH, false);
-  using detail::CausalProduct;
-  detail::causal_batched_gemm<Exec>(exec, CausalProduct::scores, "N", "T", 1.0f, dy, v, datt);            // dP = dy v^T
-  detail::causal_batched_gemm<Exec>(exec, CausalProduct::lower_transposed, "T", "N", 1.0f, att, dy, dv);  // dv = P^T dy
   // Softmax backward, row by row: dS = P * (dP - sum_j P dP); masked entries are zero.
-  Kokkos::parallel_for("lamina::attention_backward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
-                       detail::AttentionSoftmaxBackward<Exec>{datt, att, T});
-  detail::causal_batched_gemm<Exec>(exec, CausalProduct::lower, "N", "N", scale, datt, k, dq);              // dq = scale dS k
-  detail::causal_batched_gemm<Exec>(exec, CausalProduct::lower_transposed, "T", "N", scale, datt, q, dk);  // dk = scale dS^T q
-  detail::permute_heads(exec, "lamina::attention_backward_merge", dqkv, dq, dk, dv, NH, true);
+  const auto softmax = [&] {
+    Kokkos::parallel_for("lamina::attention_backward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
+                         detail::AttentionSoftmaxBackward<Exec>{datt, att, T});
+  };
+  if constexpr (kAttentionProducts<Exec> == AttentionProducts::in_place) {
+    if (how == AttentionProducts::in_place) {
+      using detail::CausalProduct;
+      using detail::row_heads;
+      const auto products = [&](CausalProduct kind, float alpha, const detail::HeadMatrices& a,
+                                const detail::HeadMatrices& b, const detail::HeadMatrices& c) {
+        detail::causal_head_products(exec, kind, alpha, a, b, c, BNH, NH, T, hd);
+      };
+      const detail::HeadMatrices P = detail::score_heads<Exec>(att, NH), dS = detail::score_heads<Exec>(datt, NH),
+                                 dy = row_heads<Exec>(dout, 1, 0, T, hd);
+      products(CausalProduct::scores, 1.0f, dy, row_heads<Exec>(qkv, 3, 2, T, hd), dS);           // dP = dy v^T
+      products(CausalProduct::lower_transposed, 1.0f, P, dy, row_heads<Exec>(dqkv, 3, 2, T, hd));  // dv = P^T dy
+      softmax();
+      products(CausalProduct::lower, scale, dS, row_heads<Exec>(qkv, 3, 1, T, hd),
+               row_heads<Exec>(dqkv, 3, 0, T, hd));  // dq = scale dS k
+      products(CausalProduct::lower_transposed, scale, dS, row_heads<Exec>(qkv, 3, 0, T, hd),
+               row_heads<Exec>(dqkv, 3, 1, T, hd));  // dk = scale dS^T q
+      return;
+    }
+  }
+  detail::split_heads(exec, "lamina::attention_backward_split", dout, heads.y, NH, false);
+  detail::permute_heads(exec, "lamina::attention_backward_split_qkv", qkv, heads.q, heads.k, heads.v, NH, false);
+  batched_gemm<Exec>(exec, "N", "T", 1.0f, heads.y, heads.v, 0.0f, datt);     // dP = dy v^T
+  batched_gemm<Exec>(exec, "T", "N", 1.0f, att, heads.y, 0.0f, heads.dv);     // dv = P^T dy
+  softmax();
+  batched_gemm<Exec>(exec, "N", "N", scale, datt, heads.k, 0.0f, heads.dq);   // dq = scale dS k
+  batched_gemm<Exec>(exec, "T", "N", scale, datt, heads.q, 0.0f, heads.dk);   // dk = scale dS^T q
+  detail::permute_heads(exec, "lamina::attention_backward_merge", dqkv, heads.dq, heads.dk, heads.dv, NH, true);
 }
 
 // Gradient of the fused QKV bias, dbias: (3C) +=, from dqkv: (N, 3C).

@@ -31,8 +31,9 @@ constexpr bool kHostBlasLinked =
     false;
 #endif
 
-// Block `index` of `count` of the product, cut along the longer of C's two sides in
-// multiples of 16 rows or columns (the BLAS's register blocks stay whole); empty past the end.
+// Block `index` of `count` of the product, cut in multiples of 16 rows, or columns where C has
+// fewer rows than that and more columns (the BLAS's register blocks stay whole); empty past
+// the end.
 HostGemm gemm_tile(const HostGemm& g, int index, int count);
 
 // How many tiles are worth it for `threads` threads: one per thread, fewer for small products.

@@ -74,8 +74,8 @@ void block_forward(const Exec& exec, const BlockTensors<Exec>& w, const BlockAct
                    std::int64_t nh, const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_forward");
   layernorm_forward(exec, s.ln1, s.ln1_mean, s.ln1_rstd, x, w.ln1_w, w.ln1_b);
-  linear_forward(exec, ws.qkv, s.ln1, w.qkv_w, w.qkv_b);
-  attention_forward(exec, s.atty, s.q, s.k, s.v, s.att, ws.y, ws.qkv, nh);
+  linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b);
+  attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, nh);
   linear_forward(exec, ws.attproj, s.atty, w.proj_w, detail::row_parallel_bias<Exec>(w.proj_b, tp));
   detail::combine(exec, tp.sum, ws.attproj);
   residual_forward(exec, detail::flat(s.x2), detail::flat(x), detail::flat(ws.attproj));
@@ -104,7 +104,7 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockTe
                      ws.ones);
   // attention branch: x2 = x + c_proj(attn(c_attn(ln_1(x))))
   linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.ones);
-  attention_backward(exec, ws.dqkv, ws.dq, ws.dk, ws.dv, ws.datt, ws.dy, ws.datty, s.q, s.k, s.v, s.att, nh);
+  attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.att, ws.dheads, nh);
   linear_backward(exec, ws.dln, g.qkv_w, Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w, ws.ones);
   qkv_bias_backward(exec, g.qkv_b, ws.dqkv, ws.qkv_bias_sums, ws.ones);
   detail::combine(exec, tp.sum, ws.dln);

@@ -12,8 +12,9 @@
 
 #include "lamina/core/buffer.hpp"
 #include "lamina/core/config.hpp"
-#include "lamina/model/activation_policy.hpp"
+#include "lamina/kernels/attention.hpp"
 #include "lamina/kernels/common.hpp"
+#include "lamina/model/activation_policy.hpp"
 
 namespace lamina {
 
@@ -56,7 +57,7 @@ template <class Exec>
 struct BlockActs {
   Mat<Exec> ln1;                 // (N, C)
   Vec<Exec> ln1_mean, ln1_rstd;  // (N)
-  Mats<Exec> q, k, v;            // (B*NH, T, hd)
+  Mat<Exec> qkv;                 // (N, 3A) output of the QKV projection: [q | k | v]
   Mats<Exec> att;                // (B*NH, T, T) softmax probabilities
   Mat<Exec> atty;                // (N, A) attention output before projection
   Mat<Exec> x2;                  // (N, C) residual after attention
@@ -78,15 +79,14 @@ struct HeadActs {
 template <class Exec>
 struct Workspace {
   // forward
-  Mat<Exec> qkv;              // (N, 3A)
-  Mats<Exec> y;               // (B*NH, T, hd)
-  Mat<Exec> attproj, fcproj;  // (N, C)
+  AttentionHeads<Exec> heads;  // q, k, v, y (B*NH, T, hd), for staged attention products
+  Mat<Exec> attproj, fcproj;   // (N, C)
   // backward (same memory as forward)
-  Mat<Exec> dln;              // (N, C) gradient of a layernorm output
-  Mat<Exec> dfch;             // (N, F)
-  Mat<Exec> dqkv;             // (N, 3A)
-  Mats<Exec> dq, dk, dv, dy;  // (B*NH, T, hd)
-  Mats<Exec> datt;            // (B*NH, T, T)
+  Mat<Exec> dln;               // (N, C) gradient of a layernorm output
+  Mat<Exec> dfch;              // (N, F)
+  Mat<Exec> dqkv;              // (N, 3A)
+  AttentionHeads<Exec> dheads; // q, k, v (in dqkv's memory), dy (as y), dq, dk, dv
+  Mats<Exec> datt;             // (B*NH, T, T)
   Mat<Exec> datty;            // (N, A)
   Mat<Exec> scratch;          // (N, C)
   Vec<Exec> qkv_bias_sums;    // (3A)
@@ -103,18 +103,23 @@ class WorkspaceBuffers {
     const std::int64_t N = d.N(), C = d.C, A = d.A(), F = d.F, BNH = d.B * d.NH, T = d.T, hd = d.hd;
     buf_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::workspace", s.workspace);
     float* p = buf_.data();
-    ws.qkv = as_mat<Exec>(p, N, 3 * A);
-    ws.y = as_mats<Exec>(p += 3 * N * A, BNH, T, hd);
+    ws.heads.q = as_mats<Exec>(p, BNH, T, hd);
+    ws.heads.k = as_mats<Exec>(p += N * A, BNH, T, hd);
+    ws.heads.v = as_mats<Exec>(p += N * A, BNH, T, hd);
+    ws.heads.y = as_mats<Exec>(p += N * A, BNH, T, hd);
     ws.attproj = as_mat<Exec>(p += N * A, N, C);
     ws.fcproj = as_mat<Exec>(p += N * C, N, C);
     p = buf_.data();
     ws.dln = as_mat<Exec>(p, N, C);
     ws.dfch = as_mat<Exec>(p += N * C, N, F);
     ws.dqkv = as_mat<Exec>(p += N * F, N, 3 * A);
-    ws.dq = as_mats<Exec>(p += 3 * N * A, BNH, T, hd);
-    ws.dk = as_mats<Exec>(p += N * A, BNH, T, hd);
-    ws.dv = as_mats<Exec>(p += N * A, BNH, T, hd);
-    ws.dy = as_mats<Exec>(p += N * A, BNH, T, hd);
+    ws.dheads.q = as_mats<Exec>(p, BNH, T, hd);
+    ws.dheads.k = as_mats<Exec>(p += N * A, BNH, T, hd);
+    ws.dheads.v = as_mats<Exec>(p += N * A, BNH, T, hd);
+    ws.dheads.dq = as_mats<Exec>(p += N * A, BNH, T, hd);
+    ws.dheads.dk = as_mats<Exec>(p += N * A, BNH, T, hd);
+    ws.dheads.dv = as_mats<Exec>(p += N * A, BNH, T, hd);
+    ws.dheads.y = as_mats<Exec>(p += N * A, BNH, T, hd);
     ws.datt = as_mats<Exec>(p += N * A, BNH, T, T);
     ws.datty = as_mat<Exec>(p += BNH * T * T, N, A);
     ws.scratch = as_mat<Exec>(p += N * A, N, C);
@@ -133,7 +138,7 @@ class WorkspaceBuffers {
 // with its output in `out`.
 template <class Exec>
 BlockActs<Exec> bind_block_acts(float* inner, const Mat<Exec>& out, const Dims& d) {
-  const std::int64_t N = d.N(), C = d.C, A = d.A(), F = d.F, BNH = d.B * d.NH, T = d.T, hd = d.hd;
+  const std::int64_t N = d.N(), C = d.C, A = d.A(), F = d.F, BNH = d.B * d.NH, T = d.T;
   float* p = inner;
   auto take = [&p](std::int64_t n) {
     float* q = p;
@@ -144,9 +149,7 @@ BlockActs<Exec> bind_block_acts(float* inner, const Mat<Exec>& out, const Dims& 
   a.ln1 = as_mat<Exec>(take(N * C), N, C);
   a.ln1_mean = as_vec<Exec>(take(N), N);
   a.ln1_rstd = as_vec<Exec>(take(N), N);
-  a.q = as_mats<Exec>(take(N * A), BNH, T, hd);
-  a.k = as_mats<Exec>(take(N * A), BNH, T, hd);
-  a.v = as_mats<Exec>(take(N * A), BNH, T, hd);
+  a.qkv = as_mat<Exec>(take(3 * N * A), N, 3 * A);
   a.att = as_mats<Exec>(take(BNH * T * T), BNH, T, T);
   a.atty = as_mat<Exec>(take(N * A), N, A);
   a.x2 = as_mat<Exec>(take(N * C), N, C);

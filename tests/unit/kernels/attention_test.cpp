@@ -55,9 +55,24 @@ void attention_reference(const std::vector<double>& qkv, const std::vector<doubl
   }
 }
 
+// Per-head scratch for the staged products, with NaN where in-place products must not look.
+template <class Exec>
+struct HeadsScratch {
+  std::int64_t BNH, T, hd;
+  Vec<Exec> buf;
+  HeadsScratch(std::int64_t bnh, std::int64_t t, std::int64_t d)
+      : BNH(bnh), T(t), hd(d), buf(to_device<Exec>(std::vector<double>(7 * bnh * t * d, std::nan("")))) {}
+  AttentionHeads<Exec> heads() const {
+    auto at = [&](int i) { return as_mats<Exec>(buf.data() + i * BNH * T * hd, BNH, T, hd); };
+    return {at(0), at(1), at(2), at(3), at(4), at(5), at(6)};
+  }
+};
+
 template <class Exec>
 class AttentionTest : public ::testing::Test {};
 TYPED_TEST_SUITE(AttentionTest, ExecSpaces);
+
+constexpr AttentionProducts kPaths[] = {AttentionProducts::in_place, AttentionProducts::staged};
 
 TYPED_TEST(AttentionTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifferences) {
   using Exec = TypeParam;
@@ -65,49 +80,57 @@ TYPED_TEST(AttentionTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiffere
   const auto qkv = random_vector(N * 3 * C, 41, -1.5, 1.5), dout = random_vector(N * C, 42);
   std::vector<double> want, want_dqkv;
   attention_reference(qkv, dout, B, T, C, NH, want, want_dqkv);
-
-  Vec<Exec> q("q", N * C), k("k", N * C), v("v", N * C), att("att", BNH * T * T), y("y", N * C), out("out", N * C);
-  auto heads = [&](const Vec<Exec>& s) { return as_mats<Exec>(s.data(), BNH, T, hd); };
-  auto run = [&](const std::vector<double>& in) {
-    auto d = to_device<Exec>(in);
-    attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), heads(q), heads(k), heads(v),
-                      as_mats<Exec>(att.data(), BNH, T, T), heads(y), as_mat<Exec>(d.data(), N, 3 * C), NH);
-    return to_host(out);
-  };
-  EXPECT_LT(rel_error(run(qkv), want), 1e-6);
-
-  auto dd = to_device<Exec>(dout);
-  Vec<Exec> dqkv("dqkv", N * 3 * C), dq("dq", N * C), dk("dk", N * C), dv("dv", N * C), dy("dy", N * C),
-      datt("datt", BNH * T * T);
-  attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), heads(dq), heads(dk), heads(dv),
-                     as_mats<Exec>(datt.data(), BNH, T, T), heads(dy), as_mat<Exec>(dd.data(), N, C), heads(q),
-                     heads(k), heads(v), as_mats<Exec>(att.data(), BNH, T, T), NH);
-  const auto got = to_host(dqkv);
-  EXPECT_LT(rel_error(got, want_dqkv), 1e-5);
-  expect_fd_matches([&](const std::vector<double>& in) { return dot(run(in), dout); }, qkv, got, "dqkv", 30);
+  for (const AttentionProducts how : kPaths) {
+    SCOPED_TRACE(how == AttentionProducts::in_place ? "in place" : "staged");
+    const HeadsScratch<Exec> scratch(BNH, T, hd);
+    Vec<Exec> att("att", BNH * T * T), out("out", N * C), saved("qkv", N * 3 * C);
+    auto run = [&](const std::vector<double>& in) {
+      saved = to_device<Exec>(in);
+      attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), as_mats<Exec>(att.data(), BNH, T, T),
+                        as_mat<Exec>(saved.data(), N, 3 * C), scratch.heads(), NH, how);
+      return to_host(out);
+    };
+    EXPECT_LT(rel_error(run(qkv), want), 1e-6);
+    auto dd = to_device<Exec>(dout);
+    Vec<Exec> dqkv("dqkv", N * 3 * C), datt("datt", BNH * T * T);
+    attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mats<Exec>(datt.data(), BNH, T, T),
+                       as_mat<Exec>(dd.data(), N, C), as_mat<Exec>(saved.data(), N, 3 * C),
+                       as_mats<Exec>(att.data(), BNH, T, T), scratch.heads(), NH, how);
+    const auto got = to_host(dqkv);
+    EXPECT_LT(rel_error(got, want_dqkv), 1e-5);
+    expect_fd_matches([&](const std::vector<double>& in) { return dot(run(in), dout); }, qkv, got, "dqkv", 30);
+  }
 }
 
 // Long enough for the host path's row blocks of 64 (two whole, one partial); the score
 // buffers start as NaN, so reading any entry the causal products skip would show.
 TYPED_TEST(AttentionTest, LongSequencesMatchDoubleReferenceWithoutReadingMaskedScores) {
   using Exec = TypeParam;
-  const int B = 1, T = 150, C = 16, NH = 2, hd = C / NH, N = B * T, BNH = B * NH;
+  const int B = 2, T = 150, C = 16, NH = 2, hd = C / NH, N = B * T, BNH = B * NH;
   const auto qkv = random_vector(N * 3 * C, 45, -1.5, 1.5), dout = random_vector(N * C, 46);
   std::vector<double> want, want_dqkv;
   attention_reference(qkv, dout, B, T, C, NH, want, want_dqkv);
   const std::vector<double> nan(BNH * T * T, std::nan(""));
-  auto att = to_device<Exec>(nan), datt = to_device<Exec>(nan), dqkv_in = to_device<Exec>(qkv),
-       dd = to_device<Exec>(dout);
-  Vec<Exec> q("q", N * C), k("k", N * C), v("v", N * C), y("y", N * C), out("out", N * C), dqkv("dqkv", N * 3 * C),
-      dq("dq", N * C), dk("dk", N * C), dv("dv", N * C), dy("dy", N * C);
-  auto heads = [&](const Vec<Exec>& s) { return as_mats<Exec>(s.data(), BNH, T, hd); };
-  attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), heads(q), heads(k), heads(v),
-                    as_mats<Exec>(att.data(), BNH, T, T), heads(y), as_mat<Exec>(dqkv_in.data(), N, 3 * C), NH);
-  EXPECT_LT(rel_error(to_host(out), want), 1e-5);
-  attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), heads(dq), heads(dk), heads(dv),
-                     as_mats<Exec>(datt.data(), BNH, T, T), heads(dy), as_mat<Exec>(dd.data(), N, C), heads(q),
-                     heads(k), heads(v), as_mats<Exec>(att.data(), BNH, T, T), NH);
-  EXPECT_LT(rel_error(to_host(dqkv), want_dqkv), 1e-5);
+  for (const AttentionProducts how : kPaths) {
+    SCOPED_TRACE(how == AttentionProducts::in_place ? "in place" : "staged");
+    const HeadsScratch<Exec> scratch(BNH, T, hd);
+    auto att = to_device<Exec>(nan), datt = to_device<Exec>(nan), saved = to_device<Exec>(qkv),
+         dd = to_device<Exec>(dout);
+    Vec<Exec> out("out", N * C), dqkv("dqkv", N * 3 * C);
+    // As in the workspace: the staged backward's copies of q, k, v share dqkv's memory.
+    AttentionHeads<Exec> dheads = scratch.heads();
+    dheads.q = as_mats<Exec>(dqkv.data(), BNH, T, hd);
+    dheads.k = as_mats<Exec>(dqkv.data() + N * C, BNH, T, hd);
+    dheads.v = as_mats<Exec>(dqkv.data() + 2 * N * C, BNH, T, hd);
+    attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), as_mats<Exec>(att.data(), BNH, T, T),
+                      as_mat<Exec>(saved.data(), N, 3 * C), scratch.heads(), NH, how);
+    EXPECT_LT(rel_error(to_host(out), want), 1e-5);
+    attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mats<Exec>(datt.data(), BNH, T, T),
+                       as_mat<Exec>(dd.data(), N, C), as_mat<Exec>(saved.data(), N, 3 * C),
+                       as_mats<Exec>(att.data(), BNH, T, T), dheads, NH, how);
+    EXPECT_LT(rel_error(to_host(dqkv), want_dqkv), 1e-5);
+    EXPECT_LT(rel_error(to_host(saved), qkv), 1e-7) << "the saved qkv rows changed";
+  }
 }
 
 TYPED_TEST(AttentionTest, QkvBiasGradientSumsQAndVAndLeavesKExactlyZero) {

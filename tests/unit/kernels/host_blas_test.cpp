@@ -92,6 +92,17 @@ TEST(HostBlas, TilesAreDisjointWholeBlocksOf16) {
   EXPECT_EQ(gemm_tile(g, 5, 3).m, 0) << "a tile past the end is empty";
 }
 
+TEST(HostBlas, TilesAreRowsWhereEachGetsWholeBlocksOfThem) {
+  HostGemm g;
+  g.m = 1024;
+  g.n = 8192;
+  EXPECT_EQ(gemm_tile(g, 1, 2).m, 512) << "wider than tall, still cut by rows";
+  EXPECT_EQ(gemm_tile(g, 1, 2).n, g.n);
+  g.m = 40;
+  EXPECT_EQ(gemm_tile(g, 1, 4).m, g.m) << "too few rows for four tiles: cut by columns";
+  EXPECT_EQ(gemm_tile(g, 1, 4).n, 2048);
+}
+
 TEST(HostBlas, SmallProductsAreNotCut) {
   HostGemm g;
   g.m = g.n = g.k = 16;
