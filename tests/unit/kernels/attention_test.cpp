@@ -102,7 +102,7 @@ TYPED_TEST(AttentionTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiffere
   }
 }
 
-// Long enough for the host path's row blocks of 64 (two whole, one partial); the score
+// Long enough for the host path's row blocks of 32 (four whole, one partial); the score
 // buffers start as NaN, so reading any entry the causal products skip would show.
 TYPED_TEST(AttentionTest, LongSequencesMatchDoubleReferenceWithoutReadingMaskedScores) {
   using Exec = TypeParam;
