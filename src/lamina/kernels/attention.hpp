@@ -97,34 +97,43 @@ void split_heads(const Exec& exec, const char* label, const Mat<Exec>& rows, con
   }
 }
 
-// Causal softmax in place, one team per score row (b*NH + h, t); entries past t become 0.
+// Causal softmax of score row t in place (T entries); entries past t become 0.
+template <class Row>
+KOKKOS_INLINE_FUNCTION void causal_softmax_row(const Row& loop, float* row, std::int64_t t, std::int64_t T) {
+  const float mx = loop.max(t + 1, [&](std::int64_t j) { return row[j]; });
+  loop.for_each(t + 1, [&](std::int64_t j) { row[j] = fast_exp(row[j] - mx); });
+  loop.barrier();
+  const float inv = 1.0f / loop.sum(t + 1, [&](std::int64_t j) { return row[j]; });
+  loop.for_each(T, [&](std::int64_t j) { row[j] = j <= t ? row[j] * inv : 0.0f; });
+}
+
+// Its backward in place on the row's gradient: dS = P * (dP - sum_j P dP); masked entries are 0.
+template <class Row>
+KOKKOS_INLINE_FUNCTION void causal_softmax_row_backward(const Row& loop, float* drow, const float* prow,
+                                                        std::int64_t t, std::int64_t T) {
+  const float dot = loop.sum(t + 1, [&](std::int64_t j) { return prow[j] * drow[j]; });
+  loop.for_each(T, [&](std::int64_t j) { drow[j] = j <= t ? prow[j] * (drow[j] - dot) : 0.0f; });
+}
+
+// One team per score row (b*NH + h, t).
 template <class Exec>
 struct AttentionSoftmaxForward {
   Mats<Exec> att;
   std::int64_t T;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
     const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
-    const float mx = team_max(team, t + 1, [&](std::int64_t j) { return att(bh, t, j); });
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t + 1),
-                         [&](std::int64_t j) { att(bh, t, j) = fast_exp(att(bh, t, j) - mx); });
-    team.team_barrier();
-    const float inv = 1.0f / team_sum(team, t + 1, [&](std::int64_t j) { return att(bh, t, j); });
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, T),
-                         [&](std::int64_t j) { att(bh, t, j) = j <= t ? att(bh, t, j) * inv : 0.0f; });
+    causal_softmax_row(TeamRow<typename Teams<Exec>::member_type>{team}, &att(bh, t, 0), t, T);
   }
 };
 
-// Softmax backward in place on datt, one team per score row (see attention_backward).
 template <class Exec>
 struct AttentionSoftmaxBackward {
   Mats<Exec> datt, att;
   std::int64_t T;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
     const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
-    const float dot = team_sum(team, t + 1, [&](std::int64_t j) { return att(bh, t, j) * datt(bh, t, j); });
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, T), [&](std::int64_t j) {
-      datt(bh, t, j) = j <= t ? att(bh, t, j) * (datt(bh, t, j) - dot) : 0.0f;
-    });
+    causal_softmax_row_backward(TeamRow<typename Teams<Exec>::member_type>{team}, &datt(bh, t, 0), &att(bh, t, 0),
+                                t, T);
   }
 };
 
@@ -175,14 +184,12 @@ HeadMatrices score_heads(const Mats<Exec>& s, std::int64_t NH) {
   return {s.data(), static_cast<std::int64_t>(s.stride_1()), NH * stride, stride};
 }
 
-struct CausalBlocks {
-  CausalProduct kind;
-  float alpha;
-  HeadMatrices a, b, c;
-  std::int64_t NH, T, hd, blocks;
-  void operator()(const std::int64_t item) const {
-    const std::int64_t i = item / blocks, s = i / NH, h = i % NH;
-    const std::int64_t r0 = item % blocks * kCausalBlock, r1 = std::min(T, r0 + kCausalBlock);
+// Row block [r0, r1) of (sequence s, head h) of one of the products above.
+struct CausalBlock {
+  std::int64_t s, h, r0, r1, T, hd;
+
+  HostGemm product(CausalProduct kind, float alpha, const HeadMatrices& a, const HeadMatrices& b,
+                   const HeadMatrices& c) const {
     HostGemm p;
     p.alpha = alpha;
     p.a = a.at(s, h) + r0 * a.ld;
@@ -204,32 +211,81 @@ struct CausalBlocks {
         break;
       case CausalProduct::lower_transposed:  // L rows r0..T, columns r0..r1; X rows r0..T
         p.ta = 'T';
-        p.a = a.at(s, h) + r0 * a.ld + r0;
+        p.a += r0;
         p.b += r0 * b.ld;
         p.n = hd;
         p.k = T - r0;
         break;
     }
-    host_sgemm(p);
+    return p;
   }
 };
 
-// One of the products above for all B*NH (sequence, head) pairs, one row block per item.
-template <class Exec>
-void causal_head_products(const Exec& exec, CausalProduct kind, float alpha, const HeadMatrices& a,
-                          const HeadMatrices& b, const HeadMatrices& c, std::int64_t batch, std::int64_t NH,
-                          std::int64_t T, std::int64_t hd) {
-  const std::int64_t blocks = (T + kCausalBlock - 1) / kCausalBlock;
-  Kokkos::parallel_for("lamina::attention_causal_products",
-                       Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, batch * blocks),
-                       CausalBlocks{kind, alpha, a, b, c, NH, T, hd, blocks});
+// Work items: every row block of every (sequence, head), (s, h) major.
+struct CausalBlocks {
+  std::int64_t NH, T, hd, blocks;
+  CausalBlocks(std::int64_t nh, std::int64_t t, std::int64_t d)
+      : NH(nh), T(t), hd(d), blocks((t + kCausalBlock - 1) / kCausalBlock) {}
+  CausalBlock operator[](std::int64_t item) const {
+    const std::int64_t i = item / blocks, r0 = item % blocks * kCausalBlock;
+    return {i / NH, i % NH, r0, std::min(T, r0 + kCausalBlock), T, hd};
+  }
+};
+
+// Whole row blocks of attention per work item, so that each block's scores are still in
+// the thread's cache when it takes their softmax and multiplies them by v.
+struct CausalAttentionForward {
+  CausalBlocks blocks;
+  float scale;
+  HeadMatrices q, k, v, att, y;
+  void operator()(const std::int64_t item) const {
+    const CausalBlock b = blocks[item];
+    host_sgemm(b.product(CausalProduct::scores, scale, q, k, att));
+    for (std::int64_t t = b.r0; t < b.r1; ++t) causal_softmax_row(SerialRow{}, att.at(b.s, b.h) + t * att.ld, t, b.T);
+    host_sgemm(b.product(CausalProduct::lower, 1.0f, att, v, y));
+  }
+};
+
+// Backward by row blocks: dP = dy v^T, dS = softmax backward, dq = scale dS k.
+struct CausalAttentionBackwardRows {
+  CausalBlocks blocks;
+  float scale;
+  HeadMatrices dy, q, k, v, att, datt, dq;
+  void operator()(const std::int64_t item) const {
+    const CausalBlock b = blocks[item];
+    host_sgemm(b.product(CausalProduct::scores, 1.0f, dy, v, datt));
+    for (std::int64_t t = b.r0; t < b.r1; ++t) {
+      causal_softmax_row_backward(SerialRow{}, datt.at(b.s, b.h) + t * datt.ld, att.at(b.s, b.h) + t * att.ld, t,
+                                  b.T);
+    }
+    host_sgemm(b.product(CausalProduct::lower, scale, datt, k, dq));
+  }
+};
+
+// Backward by column blocks of P and dS (all of dS done): dv = P^T dy, dk = scale dS^T q.
+struct CausalAttentionBackwardColumns {
+  CausalBlocks blocks;
+  float scale;
+  HeadMatrices dy, q, att, datt, dk, dv;
+  void operator()(const std::int64_t item) const {
+    const CausalBlock b = blocks[item];
+    host_sgemm(b.product(CausalProduct::lower_transposed, 1.0f, att, dy, dv));
+    host_sgemm(b.product(CausalProduct::lower_transposed, scale, datt, q, dk));
+  }
+};
+
+template <class Exec, class Item>
+void for_each_causal_block(const Exec& exec, const char* label, std::int64_t batch, const Item& item) {
+  Kokkos::parallel_for(label,
+                       Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, batch * item.blocks.blocks),
+                       item);
 }
 
 }  // namespace detail
 
-// How attention_forward and attention_backward run the products. in_place: on a host BLAS,
-// per (sequence, head) straight from and into the rows, without the blocks the mask zeroes;
-// staged: per-head copies in AttentionHeads and whole batched products through KokkosBlas
+// How attention_forward and attention_backward run. in_place: on a host BLAS, per (sequence,
+// head) and row block, straight from and into the rows, without the blocks the mask zeroes,
+// each block's softmax taken while its scores are in cache; staged: per-head copies in AttentionHeads and whole batched products through KokkosBlas
 // (a device, or a host with another BLAS). The default is in_place where the backend allows.
 enum class AttentionProducts { in_place, staged };
 
@@ -257,29 +313,21 @@ void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>&
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
-  const auto softmax = [&] {
-    Kokkos::parallel_for("lamina::attention_forward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
-                         detail::AttentionSoftmaxForward<Exec>{att, T});
-  };
   if constexpr (kAttentionProducts<Exec> == AttentionProducts::in_place) {
     if (how == AttentionProducts::in_place) {
-      using detail::CausalProduct;
-      const auto products = [&](CausalProduct kind, float alpha, const detail::HeadMatrices& a,
-                                const detail::HeadMatrices& b, const detail::HeadMatrices& c) {
-        detail::causal_head_products(exec, kind, alpha, a, b, c, BNH, NH, T, hd);
-      };
-      const detail::HeadMatrices scores = detail::score_heads<Exec>(att, NH);
-      products(CausalProduct::scores, scale, detail::row_heads<Exec>(qkv, 3, 0, T, hd),
-               detail::row_heads<Exec>(qkv, 3, 1, T, hd), scores);
-      softmax();
-      products(CausalProduct::lower, 1.0f, scores, detail::row_heads<Exec>(qkv, 3, 2, T, hd),
-               detail::row_heads<Exec>(out, 1, 0, T, hd));
+      using detail::row_heads;
+      detail::for_each_causal_block(
+          exec, "lamina::attention_forward_blocks", BNH,
+          detail::CausalAttentionForward{detail::CausalBlocks(NH, T, hd), scale, row_heads<Exec>(qkv, 3, 0, T, hd),
+                                         row_heads<Exec>(qkv, 3, 1, T, hd), row_heads<Exec>(qkv, 3, 2, T, hd),
+                                         detail::score_heads<Exec>(att, NH), row_heads<Exec>(out, 1, 0, T, hd)});
       return;
     }
   }
   detail::permute_heads(exec, "lamina::attention_forward_split", qkv, heads.q, heads.k, heads.v, NH, false);
   batched_gemm<Exec>(exec, "N", "T", scale, heads.q, heads.k, 0.0f, att);
-  softmax();
+  Kokkos::parallel_for("lamina::attention_forward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
+                       detail::AttentionSoftmaxForward<Exec>{att, T});
   batched_gemm<Exec>(exec, "N", "N", 1.0f, att, heads.v, 0.0f, heads.y);
   detail::split_heads(exec, "lamina::attention_forward_merge", out, heads.y, NH, true);
 }
@@ -294,28 +342,21 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(dout.extent(1)) / NH;
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
-  // Softmax backward, row by row: dS = P * (dP - sum_j P dP); masked entries are zero.
-  const auto softmax = [&] {
-    Kokkos::parallel_for("lamina::attention_backward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
-                         detail::AttentionSoftmaxBackward<Exec>{datt, att, T});
-  };
   if constexpr (kAttentionProducts<Exec> == AttentionProducts::in_place) {
     if (how == AttentionProducts::in_place) {
-      using detail::CausalProduct;
       using detail::row_heads;
-      const auto products = [&](CausalProduct kind, float alpha, const detail::HeadMatrices& a,
-                                const detail::HeadMatrices& b, const detail::HeadMatrices& c) {
-        detail::causal_head_products(exec, kind, alpha, a, b, c, BNH, NH, T, hd);
-      };
+      const detail::CausalBlocks blocks(NH, T, hd);
       const detail::HeadMatrices P = detail::score_heads<Exec>(att, NH), dS = detail::score_heads<Exec>(datt, NH),
-                                 dy = row_heads<Exec>(dout, 1, 0, T, hd);
-      products(CausalProduct::scores, 1.0f, dy, row_heads<Exec>(qkv, 3, 2, T, hd), dS);           // dP = dy v^T
-      products(CausalProduct::lower_transposed, 1.0f, P, dy, row_heads<Exec>(dqkv, 3, 2, T, hd));  // dv = P^T dy
-      softmax();
-      products(CausalProduct::lower, scale, dS, row_heads<Exec>(qkv, 3, 1, T, hd),
-               row_heads<Exec>(dqkv, 3, 0, T, hd));  // dq = scale dS k
-      products(CausalProduct::lower_transposed, scale, dS, row_heads<Exec>(qkv, 3, 0, T, hd),
-               row_heads<Exec>(dqkv, 3, 1, T, hd));  // dk = scale dS^T q
+                                 dy = row_heads<Exec>(dout, 1, 0, T, hd), q = row_heads<Exec>(qkv, 3, 0, T, hd);
+      detail::for_each_causal_block(exec, "lamina::attention_backward_row_blocks", BNH,
+                                    detail::CausalAttentionBackwardRows{blocks, scale, dy, q,
+                                                                        row_heads<Exec>(qkv, 3, 1, T, hd),
+                                                                        row_heads<Exec>(qkv, 3, 2, T, hd), P, dS,
+                                                                        row_heads<Exec>(dqkv, 3, 0, T, hd)});
+      detail::for_each_causal_block(exec, "lamina::attention_backward_column_blocks", BNH,
+                                    detail::CausalAttentionBackwardColumns{blocks, scale, dy, q, P, dS,
+                                                                           row_heads<Exec>(dqkv, 3, 1, T, hd),
+                                                                           row_heads<Exec>(dqkv, 3, 2, T, hd)});
       return;
     }
   }
@@ -323,7 +364,8 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
   detail::permute_heads(exec, "lamina::attention_backward_split_qkv", qkv, heads.q, heads.k, heads.v, NH, false);
   batched_gemm<Exec>(exec, "N", "T", 1.0f, heads.y, heads.v, 0.0f, datt);     // dP = dy v^T
   batched_gemm<Exec>(exec, "T", "N", 1.0f, att, heads.y, 0.0f, heads.dv);     // dv = P^T dy
-  softmax();
+  Kokkos::parallel_for("lamina::attention_backward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
+                       detail::AttentionSoftmaxBackward<Exec>{datt, att, T});
   batched_gemm<Exec>(exec, "N", "N", scale, datt, heads.k, 0.0f, heads.dq);   // dq = scale dS k
   batched_gemm<Exec>(exec, "T", "N", scale, datt, heads.q, 0.0f, heads.dk);   // dk = scale dS^T q
   detail::permute_heads(exec, "lamina::attention_backward_merge", dqkv, heads.dq, heads.dk, heads.dv, NH, true);

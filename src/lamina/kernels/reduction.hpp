@@ -46,6 +46,61 @@ KOKKOS_INLINE_FUNCTION float team_max(const Member& team, std::int64_t n, const 
   return n >= 8 ? math::max(body, n > 8 * blocks ? tail : body) : tail;
 }
 
+// A row's reductions and loops over the threads of a team, or (SerialRow) in the calling
+// thread in the order a team of one takes: a kernel written once against them runs one team
+// per row on a device and inside a host thread's work item alike.
+template <class Member>
+struct TeamRow {
+  const Member& team;
+  template <class F>
+  KOKKOS_INLINE_FUNCTION float sum(std::int64_t n, const F& f) const {
+    return team_sum(team, n, f);
+  }
+  template <class F>
+  KOKKOS_INLINE_FUNCTION float max(std::int64_t n, const F& f) const {
+    return team_max(team, n, f);
+  }
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void for_each(std::int64_t n, const F& f) const {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), f);
+  }
+  KOKKOS_INLINE_FUNCTION void barrier() const { team.team_barrier(); }
+};
+
+struct SerialRow {
+  template <class F>
+  KOKKOS_INLINE_FUNCTION float sum(std::int64_t n, const F& f) const {
+    const std::int64_t blocks = n / 8;
+    float body = 0.0f, tail = 0.0f;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      float t[8];
+      for (int k = 0; k < 8; ++k) t[k] = f(8 * b + k);
+      body += ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+    }
+    for (std::int64_t j = 8 * blocks; j < n; ++j) tail += f(j);
+    return body + tail;
+  }
+  template <class F>
+  KOKKOS_INLINE_FUNCTION float max(std::int64_t n, const F& f) const {
+    const std::int64_t blocks = n / 8;
+    float m = f(0);
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      float t[8];
+      for (int k = 0; k < 8; ++k) t[k] = f(8 * b + k);
+      const float a = math::max(math::max(t[0], t[1]), math::max(t[2], t[3]));
+      const float c = math::max(math::max(t[4], t[5]), math::max(t[6], t[7]));
+      m = math::max(m, math::max(a, c));
+    }
+    for (std::int64_t j = 8 * blocks; j < n; ++j) m = math::max(m, f(j));
+    return m;
+  }
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void for_each(std::int64_t n, const F& f) const {
+    for (std::int64_t j = 0; j < n; ++j) f(j);
+  }
+  KOKKOS_INLINE_FUNCTION void barrier() const {}
+};
+
 // Sum of squares of the blocks of eight [8b, 8b + 8) of x.
 template <class Exec>
 struct SumOfSquaresBlocks {

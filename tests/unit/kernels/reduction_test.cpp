@@ -1,0 +1,54 @@
+#include "lamina/kernels/reduction.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "test_util.hpp"
+
+namespace lamina::test {
+namespace {
+
+// Sum and maximum of x[0, n) by a team of one through TeamRow, into out(0), out(1).
+template <class Exec>
+struct TeamRowReductions {
+  ConstVec<Exec> x;
+  Vec<Exec> out;
+  std::int64_t n;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    const TeamRow<typename Teams<Exec>::member_type> row{team};
+    const float s = row.sum(n, [&](std::int64_t j) { return x(j); });
+    const float m = row.max(n, [&](std::int64_t j) { return x(j); });
+    Kokkos::single(Kokkos::PerTeam(team), [&] {
+      out(0) = s;
+      out(1) = m;
+    });
+  }
+};
+
+template <class Exec>
+class RowReductionTest : public ::testing::Test {};
+TYPED_TEST_SUITE(RowReductionTest, ExecSpaces);
+
+// The host attention takes its softmax with SerialRow inside a thread's work item, the
+// staged path with TeamRow: the same order, so the same bits from a team of one.
+TYPED_TEST(RowReductionTest, SerialRowEqualsATeamOfOneBitForBit) {
+  using Exec = TypeParam;
+  for (const std::int64_t n : {1, 7, 8, 9, 64, 150}) {
+    SCOPED_TRACE(n);
+    const std::vector<double> values = random_vector(static_cast<std::size_t>(n), 50 + static_cast<std::uint32_t>(n), -3, 3);
+    const auto x = to_device<Exec>(values);
+    Vec<Exec> out("out", 2);
+    Kokkos::parallel_for("test::team_row", Teams<Exec>(Exec(), 1, 1), TeamRowReductions<Exec>{x, out, n});
+    const std::vector<double> team = to_host(out);
+    const std::vector<double> host = to_host(x);
+    const auto at = [&](std::int64_t j) { return static_cast<float>(host[static_cast<std::size_t>(j)]); };
+    const float sum = SerialRow{}.sum(n, at), max = SerialRow{}.max(n, at);
+    EXPECT_EQ(static_cast<double>(sum), team[0]);
+    EXPECT_EQ(static_cast<double>(max), team[1]);
+    EXPECT_EQ(static_cast<double>(max), *std::max_element(host.begin(), host.end()));
+    EXPECT_NEAR(sum, std::accumulate(host.begin(), host.end(), 0.0), 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace lamina::test
