@@ -9,21 +9,32 @@ namespace lamina {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 
+KOKKOS_INLINE_FUNCTION float gelu(float x) {
+  return 0.5f * x * (1.0f + fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x)));
+}
+
+// The MLP's bias and activation in one pass, one team per row.
 template <class Exec>
-struct GeluForward {
-  Vec<Exec> out;
-  ConstVec<Exec> inp;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
-    const float x = inp(i);
-    out(i) = 0.5f * x * (1.0f + fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x)));
+struct BiasGeluForward {
+  Mat<Exec> pre, out;
+  ConstVec<Exec> bias;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    const std::int64_t i = team.league_rank();
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, static_cast<std::int64_t>(pre.extent(1))),
+                         [&](std::int64_t j) {
+                           const float x = pre(i, j) + bias(j);
+                           pre(i, j) = x;
+                           out(i, j) = gelu(x);
+                         });
   }
 };
 
-// out, inp: (n) flattened
+// pre: (N, F) the product without its bias, += bias (kept for backward); out: (N, F) = gelu(pre)
 template <class Exec>
-void gelu_forward(const Exec& exec, const Vec<Exec>& out, const ConstVec<Exec>& inp) {
-  Kokkos::parallel_for("lamina::gelu_forward", Range<Exec>(exec, 0, static_cast<std::int64_t>(out.extent(0))),
-                       GeluForward<Exec>{out, inp});
+void bias_gelu_forward(const Exec& exec, const Mat<Exec>& pre, const Mat<Exec>& out, const ConstVec<Exec>& bias) {
+  Kokkos::parallel_for("lamina::bias_gelu_forward",
+                       Teams<Exec>(exec, static_cast<std::int64_t>(pre.extent(0)), Kokkos::AUTO),
+                       BiasGeluForward<Exec>{pre, out, bias});
 }
 
 template <class Exec>

@@ -12,8 +12,8 @@ struct LinearBiasBroadcast {
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t j) const { out(i, j) = bias(j); }
 };
 
-// out: (N, OC); inp: (N, IC); weight: (IC, OC); bias: (OC), or empty for none (a
-// row-parallel shard whose bias another rank adds)
+// out: (N, OC); inp: (N, IC); weight: (IC, OC); bias: (OC), or empty for none (where the
+// kernel reading out adds it: residual_forward, bias_gelu_forward)
 template <class Exec>
 void linear_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>& inp, const ConstMat<Exec>& weight,
                     const ConstVec<Exec>& bias) {

@@ -42,11 +42,6 @@ void combine(const Exec& exec, const std::function<void(float*, std::int64_t)>& 
   op(v.data(), static_cast<std::int64_t>(v.size()));
 }
 
-template <class Exec>
-ConstVec<Exec> row_parallel_bias(const Vec<Exec>& bias, const ShardCombine& tp) {
-  return tp.rank == 0 ? ConstVec<Exec>(bias) : ConstVec<Exec>();
-}
-
 }  // namespace detail
 
 // a.input = wte[a.inputs] + wpe
@@ -76,15 +71,16 @@ void block_forward(const Exec& exec, const BlockTensors<Exec>& w, const BlockAct
   layernorm_forward(exec, s.ln1, s.ln1_mean, s.ln1_rstd, x, w.ln1_w, w.ln1_b);
   linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b);
   attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, nh);
-  linear_forward(exec, ws.attproj, s.atty, w.proj_w, detail::row_parallel_bias<Exec>(w.proj_b, tp));
+  // The projections' biases join the residual, the MLP's its activation (no pass of their own).
+  linear_forward(exec, ws.attproj, s.atty, w.proj_w, ConstVec<Exec>());
   detail::combine(exec, tp.sum, ws.attproj);
-  residual_forward(exec, detail::flat(s.x2), detail::flat(x), detail::flat(ws.attproj));
+  residual_forward(exec, s.x2, x, ws.attproj, w.proj_b);
   layernorm_forward(exec, s.ln2, s.ln2_mean, s.ln2_rstd, s.x2, w.ln2_w, w.ln2_b);
-  linear_forward(exec, s.fch, s.ln2, w.fc_w, w.fc_b);
-  gelu_forward(exec, detail::flat(s.fch_gelu), detail::flat(s.fch));
-  linear_forward(exec, ws.fcproj, s.fch_gelu, w.fcproj_w, detail::row_parallel_bias<Exec>(w.fcproj_b, tp));
+  linear_forward(exec, s.fch, s.ln2, w.fc_w, ConstVec<Exec>());
+  bias_gelu_forward(exec, s.fch, s.fch_gelu, w.fc_b);
+  linear_forward(exec, ws.fcproj, s.fch_gelu, w.fcproj_w, ConstVec<Exec>());
   detail::combine(exec, tp.sum, ws.fcproj);
-  residual_forward(exec, detail::flat(s.out), detail::flat(s.x2), detail::flat(ws.fcproj));
+  residual_forward(exec, s.out, s.x2, ws.fcproj, w.fcproj_b);
   Kokkos::Profiling::popRegion();
 }
 

@@ -12,7 +12,6 @@ namespace lamina {
 struct ShardCombine {
   std::function<void(float* data, std::int64_t n)> sum;  // in place, over the group
   std::function<void(float* data, std::int64_t n)> max;  // in place, over the group
-  int rank = 0;  // this rank in the group: rank 0 adds the biases of row-parallel layers
 };
 
 }  // namespace lamina

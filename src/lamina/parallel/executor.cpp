@@ -16,7 +16,6 @@ using Exec = Executor::Exec;
 
 ShardCombine combine_over(const ProcessGrid& grid) {
   ShardCombine c;
-  c.rank = grid.tp_rank();
   if (grid.tp_size() > 1) {
     Communicator* tp = &grid.tp();
     c.sum = [tp](float* data, std::int64_t n) { tp->allreduce(data, n, ReduceOp::sum); };

@@ -16,25 +16,28 @@ template <class Exec>
 class GeluTest : public ::testing::Test {};
 TYPED_TEST_SUITE(GeluTest, ExecSpaces);
 
+// Forward with the bias joined in: pre += bias, out = gelu(pre); backward from pre.
 TYPED_TEST(GeluTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifferences) {
   using Exec = TypeParam;
-  const int n = 257;
-  const auto x = random_vector(n, 7, -6, 6), dout = random_vector(n, 8);
-  std::vector<double> want(n), want_grad(n);
+  const int N = 5, F = 53, n = N * F;
+  const auto x = random_vector(n, 7, -6, 6), bias = random_vector(F, 9), dout = random_vector(n, 8);
+  std::vector<double> want_pre(n), want(n), want_grad(n);
   for (int i = 0; i < n; ++i) {
-    want[i] = gelu_ref(x[i]);
-    want_grad[i] = gelu_grad_ref(x[i]) * dout[i];
+    want_pre[i] = static_cast<double>(static_cast<float>(x[i]) + static_cast<float>(bias[i % F]));
+    want[i] = gelu_ref(want_pre[i]);
+    want_grad[i] = gelu_grad_ref(want_pre[i]) * dout[i];
   }
-  auto dx = to_device<Exec>(x), dd = to_device<Exec>(dout);
+  auto pre = to_device<Exec>(x), dbias = to_device<Exec>(bias), dd = to_device<Exec>(dout);
   Vec<Exec> out("out", n), dinp("dinp", n);
-  gelu_forward(Exec(), out, dx);
-  gelu_backward(Exec(), dinp, dx, dd);
+  bias_gelu_forward(Exec(), as_mat<Exec>(pre.data(), N, F), as_mat<Exec>(out.data(), N, F), dbias);
+  EXPECT_EQ(to_host(pre), want_pre);
+  gelu_backward(Exec(), dinp, pre, dd);
   EXPECT_LT(rel_error(to_host(out), want), 1e-6);
   EXPECT_LT(rel_error(to_host(dinp), want_grad), 1e-6);
   auto f = [&](const std::vector<double>& v) {
     auto d = to_device<Exec>(v);
     Vec<Exec> o("o", n);
-    gelu_forward(Exec(), o, d);
+    bias_gelu_forward(Exec(), as_mat<Exec>(d.data(), N, F), as_mat<Exec>(o.data(), N, F), dbias);
     return dot(to_host(o), dout);
   };
   expect_fd_matches(f, x, to_host(dinp), "dinp", 40);

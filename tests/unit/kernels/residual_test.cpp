@@ -11,15 +11,22 @@ TYPED_TEST_SUITE(ResidualTest, ExecSpaces);
 
 // The backward of a residual is the identity on both branches (no kernel); forward is
 // checked here, the joined gradient through layernorm_backward's dskip in layernorm_test.
-TYPED_TEST(ResidualTest, ForwardAddsExactly) {
+TYPED_TEST(ResidualTest, ForwardAddsTheBranchAndItsBiasExactly) {
   using Exec = TypeParam;
-  const int n = 100;
-  const auto a = random_vector(n, 61), b = random_vector(n, 62);
-  auto da = to_device<Exec>(a), db = to_device<Exec>(b);
-  Vec<Exec> out("out", n);
-  residual_forward(Exec(), out, da, db);
+  const int N = 7, C = 37;
+  const auto a = random_vector(N * C, 61), b = random_vector(N * C, 62), bias = random_vector(C, 63);
+  auto da = to_device<Exec>(a), db = to_device<Exec>(b), dbias = to_device<Exec>(bias);
+  Vec<Exec> out("out", N * C);
+  residual_forward(Exec(), as_mat<Exec>(out.data(), N, C), as_mat<Exec>(da.data(), N, C),
+                   as_mat<Exec>(db.data(), N, C), dbias);
   const auto got = to_host(out);
-  for (int i = 0; i < n; ++i) EXPECT_EQ(got[i], static_cast<double>(static_cast<float>(a[i]) + static_cast<float>(b[i])));
+  for (int i = 0; i < N; ++i) {
+    for (int j = 0; j < C; ++j) {
+      const float want = static_cast<float>(a[i * C + j]) +
+                         (static_cast<float>(b[i * C + j]) + static_cast<float>(bias[j]));
+      EXPECT_EQ(got[i * C + j], static_cast<double>(want)) << i << ", " << j;
+    }
+  }
 }
 
 }  // namespace
