@@ -285,8 +285,9 @@ void for_each_causal_block(const Exec& exec, const char* label, std::int64_t bat
 
 // How attention_forward and attention_backward run. in_place: on a host BLAS, per (sequence,
 // head) and row block, straight from and into the rows, without the blocks the mask zeroes,
-// each block's softmax taken while its scores are in cache; staged: per-head copies in AttentionHeads and whole batched products through KokkosBlas
-// (a device, or a host with another BLAS). The default is in_place where the backend allows.
+// each block's softmax taken while its scores are in cache; staged: per-head copies in
+// AttentionHeads, whole batched products and a softmax kernel of one team per row (a device,
+// or a host with another BLAS). The default is in_place where the backend allows.
 enum class AttentionProducts { in_place, staged };
 
 template <class Exec>

@@ -41,14 +41,15 @@ TYPED_TEST(RowReductionTest, SerialRowEqualsATeamOfOneBitForBit) {
   using Exec = TypeParam;
   for (const std::int64_t n : {1, 7, 8, 9, 64, 150}) {
     SCOPED_TRACE(n);
-    const std::vector<double> values = random_vector(static_cast<std::size_t>(n), 50 + static_cast<std::uint32_t>(n), -3, 3);
-    const auto x = to_device<Exec>(values);
+    const auto seed = 50 + static_cast<std::uint32_t>(n);
+    const auto x = to_device<Exec>(random_vector(static_cast<std::size_t>(n), seed, -3, 3));
     Vec<Exec> out("out", 2);
     Kokkos::parallel_for("test::team_row", Teams<Exec>(Exec(), 1, 1), TeamRowReductions<Exec>{x, out, n});
     const std::vector<double> team = to_host(out);
     const std::vector<double> host = to_host(x);
     const std::vector<float> floats(host.begin(), host.end());
-    const float sum = SerialRow{}.sum(n, Values{floats.data()}), max = SerialRow{}.max(n, Values{floats.data()});
+    const Values values_of{floats.data()};
+    const float sum = SerialRow{}.sum(n, values_of), max = SerialRow{}.max(n, values_of);
     EXPECT_EQ(static_cast<double>(sum), team[0]);
     EXPECT_EQ(static_cast<double>(max), team[1]);
     EXPECT_EQ(static_cast<double>(max), *std::max_element(host.begin(), host.end()));
