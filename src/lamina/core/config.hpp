@@ -4,12 +4,19 @@
 // Layers below the command line take these (or the Plan, plan/plan.hpp), never the parsed
 // deck; core/deck.hpp fills them from TOML.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "lamina/core/precision.hpp"
 
 namespace lamina {
+
+// How attention runs (kernels/attention.hpp): in_place on a host BLAS, probabilities saved;
+// fused, flash-style, saving only each row's log-sum-exp; staged, batched vendor products
+// over per-head copies.
+enum class AttentionProducts { in_place, staged, fused };
+const char* attention_products_name(AttentionProducts a);
 
 struct ModelConfig {
   std::int64_t layers = 0;
@@ -18,6 +25,7 @@ struct ModelConfig {
   std::int64_t seq_len = 0;  // context length = size of the position table
   std::int64_t vocab_size = 0;
   double init_std = 0.02;
+  std::optional<AttentionProducts> attention;  // unset: what the backend runs fastest
 };
 
 enum class DataFormat { text, megatron, llmc, synthetic };

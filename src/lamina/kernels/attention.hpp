@@ -3,9 +3,12 @@
 //   for each sequence b and head h:  P = softmax(mask(q k^T / sqrt(hd))),  y = P v
 // qkv columns are [q | k | v], each head a contiguous slice of hd columns (GPT-2).
 // On a host BLAS the products read q, k, v and write y in those rows, per (sequence, head)
-// and without the blocks the causal mask zeroes; elsewhere they run as batched GEMMs over
-// per-head copies.
+// and without the blocks the causal mask zeroes; on a device one fused kernel streams them
+// through team scratch (kernels/flash_attention.hpp); elsewhere they run as batched GEMMs
+// over per-head copies.
+#include "lamina/core/config.hpp"
 #include "lamina/kernels/fast_math.hpp"
+#include "lamina/kernels/flash_attention.hpp"
 #include "lamina/kernels/gemm.hpp"
 #include "lamina/kernels/reduction.hpp"
 
@@ -283,17 +286,29 @@ void for_each_causal_block(const Exec& exec, const char* label, std::int64_t bat
 
 }  // namespace detail
 
-// How attention_forward and attention_backward run. in_place: on a host BLAS, per (sequence,
-// head) and row block, straight from and into the rows, without the blocks the mask zeroes,
-// each block's softmax taken while its scores are in cache; staged: per-head copies in
-// AttentionHeads, whole batched products and a softmax kernel of one team per row (a device,
-// or a host with another BLAS). The default is in_place where the backend allows.
-enum class AttentionProducts { in_place, staged };
+// How attention_forward and attention_backward run (AttentionProducts, core/config.hpp).
+// in_place: on a host BLAS, per (sequence, head) and row block, straight from and into the
+// rows, without the blocks the mask zeroes, each block's softmax taken while its scores are
+// in cache; fused: one kernel per pass that keeps the scores in team scratch and saves only
+// each row's log-sum-exp (a device); staged: per-head copies in AttentionHeads, whole batched
+// products and a softmax kernel of one team per row (a host with another BLAS). The default
+// is the one its backend runs fastest; in_place needs a host BLAS it can call.
 
 template <class Exec>
 constexpr AttentionProducts kAttentionProducts =
-    kHostBlasLinked && Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible ? AttentionProducts::in_place
-                                                                                         : AttentionProducts::staged;
+    !Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible ? AttentionProducts::fused
+    : kHostBlasLinked                                                 ? AttentionProducts::in_place
+                                                                      : AttentionProducts::staged;
+
+// Whether in_place products can run on Exec.
+template <class Exec>
+constexpr bool kAttentionInPlace = kAttentionProducts<Exec> == AttentionProducts::in_place;
+
+// Columns per score row that attention_forward saves for backward: the probabilities, or
+// (fused) the row's log-sum-exp in two parts.
+constexpr std::int64_t saved_attention_columns(AttentionProducts how, std::int64_t T) {
+  return how == AttentionProducts::fused ? 2 : T;
+}
 
 // Per-head (B*NH, T, hd) copies that staged products use; in_place leaves them untouched.
 // Forward: q, k, v, y. Backward: q, k, v (may share dqkv's memory: written last), y for
@@ -304,17 +319,22 @@ struct AttentionHeads {
   Mats<Exec> dq, dk, dv;
 };
 
-// out: (B*T, A) attention output before the projection
-// att: (B*NH, T, T) probabilities, saved; qkv: (B*T, 3A) output of the QKV projection, saved
+// out: (B*T, A) attention output before the projection, saved
+// att: (B*NH, T, saved_attention_columns(how, T)) probabilities or log-sum-exps, saved
+// qkv: (B*T, 3A) output of the QKV projection, saved
 template <class Exec>
 void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>& att, const Mat<Exec>& qkv,
                        const AttentionHeads<Exec>& heads, std::int64_t NH,
                        AttentionProducts how = kAttentionProducts<Exec>) {
+  if (how == AttentionProducts::fused) {
+    flash_attention_forward(exec, out, att, qkv, NH);
+    return;
+  }
   const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0));
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
-  if constexpr (kAttentionProducts<Exec> == AttentionProducts::in_place) {
+  if constexpr (kAttentionInPlace<Exec>) {
     if (how == AttentionProducts::in_place) {
       using detail::row_heads;
       detail::for_each_causal_block(
@@ -333,17 +353,22 @@ void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>&
   detail::split_heads(exec, "lamina::attention_forward_merge", out, heads.y, NH, true);
 }
 
-// dqkv: (B*T, 3A) overwritten; datt: (B*NH, T, T) workspace; dout: (B*T, A)
-// qkv, att: as saved by attention_forward
+// dqkv: (B*T, 3A) overwritten; datt: (B*NH, T, T) workspace (not read by fused products);
+// dout: (B*T, A); qkv, out, att: as saved by attention_forward
 template <class Exec>
 void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& datt, const Mat<Exec>& dout,
-                        const Mat<Exec>& qkv, const Mats<Exec>& att, const AttentionHeads<Exec>& heads,
-                        std::int64_t NH, AttentionProducts how = kAttentionProducts<Exec>) {
+                        const Mat<Exec>& qkv, const Mat<Exec>& out, const Mats<Exec>& att,
+                        const AttentionHeads<Exec>& heads, std::int64_t NH,
+                        AttentionProducts how = kAttentionProducts<Exec>) {
+  if (how == AttentionProducts::fused) {
+    flash_attention_backward(exec, dqkv, dout, qkv, out, att, NH);
+    return;
+  }
   const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0));
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(dout.extent(1)) / NH;
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
-  if constexpr (kAttentionProducts<Exec> == AttentionProducts::in_place) {
+  if constexpr (kAttentionInPlace<Exec>) {
     if (how == AttentionProducts::in_place) {
       using detail::row_heads;
       const detail::CausalBlocks blocks(NH, T, hd);

@@ -5,11 +5,11 @@
 namespace lamina {
 
 ActivationSizes activation_sizes(const Dims& d) {
-  const std::int64_t N = d.N(), C = d.C, A = d.A(), F = d.F, att = d.B * d.NH * d.T * d.T;
+  const std::int64_t N = d.N(), C = d.C, A = d.A(), F = d.F, scores = d.B * d.NH * d.T;
   ActivationSizes s;
   s.embed = N * C;
   // ln1, x2, ln2, out: 4 NC; qkv, atty: 4 NA; fch, fch_gelu: 2 NF; 4 (mean, rstd) of N
-  s.block = 4 * N * C + 4 * N * A + 2 * N * F + 4 * N + att;
+  s.block = 4 * N * C + 4 * N * A + 2 * N * F + 4 * N + scores * d.saved_attention_columns();
   s.inner = s.block - N * C;
   // lnf: NC; logits: NV; lnf mean/rstd, rowmax, sumexp, target, losses, lse: 7 N
   s.head = N * C + N * d.V + 7 * N;
@@ -18,8 +18,8 @@ ActivationSizes activation_sizes(const Dims& d) {
   // q, k, v, y heads 4 NA, attproj and fcproj 2 NC
   const std::int64_t forward = 3 * N * A + N * A + 2 * N * C;
   // dln, scratch: 2 NC; dfch NF; dqkv 3 NA (holding the staged q, k, v heads first);
-  // dq, dk, dv, dy, datty: 5 NA; 3A bias sums
-  const std::int64_t backward = 2 * N * C + N * F + 8 * N * A + att + 3 * A;
+  // dq, dk, dv, dy, datty: 5 NA; score gradients; 3A bias sums
+  const std::int64_t backward = 2 * N * C + N * F + 8 * N * A + scores * d.score_gradient_columns() + 3 * A;
   s.workspace = std::max(forward, backward);
   s.ones = N;
   return s;

@@ -12,6 +12,7 @@
 
 #include "lamina/core/buffer.hpp"
 #include "lamina/core/config.hpp"
+#include "lamina/core/error.hpp"
 #include "lamina/kernels/attention.hpp"
 #include "lamina/kernels/common.hpp"
 #include "lamina/model/activation_policy.hpp"
@@ -24,7 +25,14 @@ struct Dims {
   std::int64_t F = 0;                // MLP hidden width on this rank (4C / tp)
   std::int64_t V = 0;                // vocabulary rows on this rank (V / tp)
   std::int64_t vocab_begin = 0;      // first token id of this rank's vocabulary rows
+  // how attention runs (it decides what a block saves): what the build's default
+  // execution space runs fastest
+  AttentionProducts attention = kAttentionProducts<Kokkos::DefaultExecutionSpace>;
   std::int64_t N() const { return B * T; }
+  // Columns per score row of what a block saves for attention's backward pass, and of that
+  // pass's score gradients (none where fused products keep them in team scratch).
+  std::int64_t saved_attention_columns() const { return lamina::saved_attention_columns(attention, T); }
+  std::int64_t score_gradient_columns() const { return attention == AttentionProducts::fused ? 0 : T; }
   std::int64_t A() const { return NH * hd; }  // attention width on this rank (C / tp)
   static Dims of(const ModelConfig& m, std::int64_t micro_batch, int tp_size = 1, int tp_rank = 0) {
     Dims d;
@@ -36,6 +44,12 @@ struct Dims {
     d.F = 4 * m.d_model / tp_size;
     d.V = m.vocab_size / tp_size;
     d.vocab_begin = tp_rank * d.V;
+    d.attention = m.attention.value_or(d.attention);
+    if (d.attention == AttentionProducts::in_place && !kAttentionInPlace<Kokkos::DefaultExecutionSpace>) {
+      throw InputError(std::string("model.attention = \"in_place\" needs host execution and OpenBLAS; this build "
+                                   "runs on ") +
+                       Kokkos::DefaultExecutionSpace::name() + ": choose \"fused\" or \"staged\"");
+    }
     return d;
   }
 };
@@ -58,7 +72,8 @@ struct BlockActs {
   Mat<Exec> ln1;                 // (N, C)
   Vec<Exec> ln1_mean, ln1_rstd;  // (N)
   Mat<Exec> qkv;                 // (N, 3A) output of the QKV projection: [q | k | v]
-  Mats<Exec> att;                // (B*NH, T, T) softmax probabilities
+  Mats<Exec> att;                // (B*NH, T, T) softmax probabilities; fused: (B*NH, T, 2) log-sum-exps
+  AttentionProducts attention = kAttentionProducts<Exec>;  // how attention ran
   Mat<Exec> atty;                // (N, A) attention output before projection
   Mat<Exec> x2;                  // (N, C) residual after attention
   Mat<Exec> ln2;                 // (N, C)
@@ -86,7 +101,7 @@ struct Workspace {
   Mat<Exec> dfch;              // (N, F)
   Mat<Exec> dqkv;              // (N, 3A)
   AttentionHeads<Exec> dheads; // q, k, v (in dqkv's memory), dy (as y), dq, dk, dv
-  Mats<Exec> datt;             // (B*NH, T, T)
+  Mats<Exec> datt;             // (B*NH, T, T); fused: (B*NH, T, 0)
   Mat<Exec> datty;            // (N, A)
   Mat<Exec> scratch;          // (N, C)
   Vec<Exec> qkv_bias_sums;    // (3A)
@@ -120,8 +135,8 @@ class WorkspaceBuffers {
     ws.dheads.dk = as_mats<Exec>(p += N * A, BNH, T, hd);
     ws.dheads.dv = as_mats<Exec>(p += N * A, BNH, T, hd);
     ws.dheads.y = as_mats<Exec>(p += N * A, BNH, T, hd);
-    ws.datt = as_mats<Exec>(p += N * A, BNH, T, T);
-    ws.datty = as_mat<Exec>(p += BNH * T * T, N, A);
+    ws.datt = as_mats<Exec>(p += N * A, BNH, T, d.score_gradient_columns());
+    ws.datty = as_mat<Exec>(p += BNH * T * d.score_gradient_columns(), N, A);
     ws.scratch = as_mat<Exec>(p += N * A, N, C);
     ws.qkv_bias_sums = as_vec<Exec>(p += N * C, 3 * A);
     ones_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::ones", s.ones);
@@ -150,7 +165,8 @@ BlockActs<Exec> bind_block_acts(float* inner, const Mat<Exec>& out, const Dims& 
   a.ln1_mean = as_vec<Exec>(take(N), N);
   a.ln1_rstd = as_vec<Exec>(take(N), N);
   a.qkv = as_mat<Exec>(take(3 * N * A), N, 3 * A);
-  a.att = as_mats<Exec>(take(BNH * T * T), BNH, T, T);
+  a.att = as_mats<Exec>(take(BNH * T * d.saved_attention_columns()), BNH, T, d.saved_attention_columns());
+  a.attention = d.attention;
   a.atty = as_mat<Exec>(take(N * A), N, A);
   a.x2 = as_mat<Exec>(take(N * C), N, C);
   a.ln2 = as_mat<Exec>(take(N * C), N, C);

@@ -1,5 +1,7 @@
 #include "lamina/kernels/attention.hpp"
 
+#include "lamina/kernels/bf16.hpp"
+
 #include "fd_check.hpp"
 
 namespace lamina::test {
@@ -72,7 +74,17 @@ template <class Exec>
 class AttentionTest : public ::testing::Test {};
 TYPED_TEST_SUITE(AttentionTest, ExecSpaces);
 
-constexpr AttentionProducts kPaths[] = {AttentionProducts::in_place, AttentionProducts::staged};
+constexpr AttentionProducts kPaths[] = {AttentionProducts::in_place, AttentionProducts::staged,
+                                        AttentionProducts::fused};
+
+const char* name(AttentionProducts how) {
+  switch (how) {
+    case AttentionProducts::in_place: return "in place";
+    case AttentionProducts::staged: return "staged";
+    case AttentionProducts::fused: return "fused";
+  }
+  return "?";
+}
 
 TYPED_TEST(AttentionTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifferences) {
   using Exec = TypeParam;
@@ -81,13 +93,14 @@ TYPED_TEST(AttentionTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiffere
   std::vector<double> want, want_dqkv;
   attention_reference(qkv, dout, B, T, C, NH, want, want_dqkv);
   for (const AttentionProducts how : kPaths) {
-    SCOPED_TRACE(how == AttentionProducts::in_place ? "in place" : "staged");
+    SCOPED_TRACE(name(how));
     const HeadsScratch<Exec> scratch(BNH, T, hd);
     Vec<Exec> att("att", BNH * T * T), out("out", N * C), saved("qkv", N * 3 * C);
+    const Mats<Exec> saved_att = as_mats<Exec>(att.data(), BNH, T, saved_attention_columns(how, T));
     auto run = [&](const std::vector<double>& in) {
       saved = to_device<Exec>(in);
-      attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), as_mats<Exec>(att.data(), BNH, T, T),
-                        as_mat<Exec>(saved.data(), N, 3 * C), scratch.heads(), NH, how);
+      attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), saved_att, as_mat<Exec>(saved.data(), N, 3 * C),
+                        scratch.heads(), NH, how);
       return to_host(out);
     };
     EXPECT_LT(rel_error(run(qkv), want), 1e-6);
@@ -95,42 +108,83 @@ TYPED_TEST(AttentionTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiffere
     Vec<Exec> dqkv("dqkv", N * 3 * C), datt("datt", BNH * T * T);
     attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mats<Exec>(datt.data(), BNH, T, T),
                        as_mat<Exec>(dd.data(), N, C), as_mat<Exec>(saved.data(), N, 3 * C),
-                       as_mats<Exec>(att.data(), BNH, T, T), scratch.heads(), NH, how);
+                       as_mat<Exec>(out.data(), N, C), saved_att, scratch.heads(), NH, how);
     const auto got = to_host(dqkv);
     EXPECT_LT(rel_error(got, want_dqkv), 1e-5);
     expect_fd_matches([&](const std::vector<double>& in) { return dot(run(in), dout); }, qkv, got, "dqkv", 30);
   }
 }
 
-// Long enough for the host path's row blocks of 32 (four whole, one partial); the score
-// buffers start as NaN, so reading any entry the causal products skip would show.
-TYPED_TEST(AttentionTest, LongSequencesMatchDoubleReferenceWithoutReadingMaskedScores) {
-  using Exec = TypeParam;
-  const int B = 2, T = 150, C = 16, NH = 2, hd = C / NH, N = B * T, BNH = B * NH;
-  const auto qkv = random_vector(N * 3 * C, 45, -1.5, 1.5), dout = random_vector(N * C, 46);
+// Every path against the double reference on (B, T, C, NH); the score buffers start as NaN,
+// so reading any entry the causal products skip, or that fused products never write, would
+// show.
+template <class Exec>
+void expect_every_path_matches(int B, int T, int C, int NH, std::uint32_t seed) {
+  const int hd = C / NH, N = B * T, BNH = B * NH;
+  const auto qkv = random_vector(N * 3 * C, seed, -1.5, 1.5), dout = random_vector(N * C, seed + 1);
   std::vector<double> want, want_dqkv;
   attention_reference(qkv, dout, B, T, C, NH, want, want_dqkv);
   const std::vector<double> nan(BNH * T * T, std::nan(""));
   for (const AttentionProducts how : kPaths) {
-    SCOPED_TRACE(how == AttentionProducts::in_place ? "in place" : "staged");
+    SCOPED_TRACE(name(how));
     const HeadsScratch<Exec> scratch(BNH, T, hd);
     auto att = to_device<Exec>(nan), datt = to_device<Exec>(nan), saved = to_device<Exec>(qkv),
          dd = to_device<Exec>(dout);
+    const Mats<Exec> saved_att = as_mats<Exec>(att.data(), BNH, T, saved_attention_columns(how, T));
     Vec<Exec> out("out", N * C), dqkv("dqkv", N * 3 * C);
     // As in the workspace: the staged backward's copies of q, k, v share dqkv's memory.
     AttentionHeads<Exec> dheads = scratch.heads();
     dheads.q = as_mats<Exec>(dqkv.data(), BNH, T, hd);
     dheads.k = as_mats<Exec>(dqkv.data() + N * C, BNH, T, hd);
     dheads.v = as_mats<Exec>(dqkv.data() + 2 * N * C, BNH, T, hd);
-    attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), as_mats<Exec>(att.data(), BNH, T, T),
-                      as_mat<Exec>(saved.data(), N, 3 * C), scratch.heads(), NH, how);
+    attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), saved_att, as_mat<Exec>(saved.data(), N, 3 * C),
+                      scratch.heads(), NH, how);
     EXPECT_LT(rel_error(to_host(out), want), 1e-5);
     attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mats<Exec>(datt.data(), BNH, T, T),
                        as_mat<Exec>(dd.data(), N, C), as_mat<Exec>(saved.data(), N, 3 * C),
-                       as_mats<Exec>(att.data(), BNH, T, T), dheads, NH, how);
+                       as_mat<Exec>(out.data(), N, C), saved_att, dheads, NH, how);
     EXPECT_LT(rel_error(to_host(dqkv), want_dqkv), 1e-5);
     EXPECT_LT(rel_error(to_host(saved), qkv), 1e-7) << "the saved qkv rows changed";
   }
+}
+
+// Long enough for row blocks of 32 (four whole, one partial).
+TYPED_TEST(AttentionTest, LongSequencesMatchDoubleReferenceWithoutReadingMaskedScores) {
+  expect_every_path_matches<TypeParam>(2, 150, 16, 2, 45);
+}
+
+// GPT-2's head width: the fused backward passes' scratch exceeds a host team's level 0
+// (32 KiB) and comes from level 1, as on a GPU.
+TYPED_TEST(AttentionTest, WideHeadsMatchDoubleReference) { expect_every_path_matches<TypeParam>(1, 70, 128, 2, 47); }
+
+// Fused products save each row's log-sum-exp in two parts so that storing the saved
+// activations in bf16 (mixed precision) leaves the recomputed probabilities accurate; the
+// high part alone would not.
+TYPED_TEST(AttentionTest, FusedLogSumExpSurvivesBf16Storage) {
+  using Exec = TypeParam;
+  const int B = 1, T = 40, C = 16, NH = 2, N = B * T, BNH = B * NH;
+  // Large scores, as in a trained model: log-sum-exps far from zero.
+  const auto qkv = random_vector(N * 3 * C, 48, -3.0, 3.0), dout = random_vector(N * C, 49);
+  std::vector<double> want, want_dqkv;
+  attention_reference(qkv, dout, B, T, C, NH, want, want_dqkv);
+  auto saved = to_device<Exec>(qkv), dd = to_device<Exec>(dout);
+  Vec<Exec> out("out", N * C), lse("lse", BNH * T * 2), dqkv("dqkv", N * 3 * C), none("none", 0);
+  const Mats<Exec> saved_lse = as_mats<Exec>(lse.data(), BNH, T, 2);
+  const AttentionHeads<Exec> heads{};
+  attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), saved_lse, as_mat<Exec>(saved.data(), N, 3 * C), heads, NH,
+                    AttentionProducts::fused);
+  round_to_bf16(Exec(), lse);
+  auto backward_error = [&] {
+    attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mats<Exec>(none.data(), BNH, T, 0),
+                       as_mat<Exec>(dd.data(), N, C), as_mat<Exec>(saved.data(), N, 3 * C),
+                       as_mat<Exec>(out.data(), N, C), saved_lse, heads, NH, AttentionProducts::fused);
+    return rel_error(to_host(dqkv), want_dqkv);
+  };
+  EXPECT_LT(backward_error(), 1e-4);
+  auto host = to_host(lse);
+  for (int r = 0; r < BNH * T; ++r) host[2 * r + 1] = 0.0;
+  Kokkos::deep_copy(lse, to_device<Exec>(host));
+  EXPECT_GT(backward_error(), 1e-3) << "the high part alone should be visibly worse (the test would not see a loss)";
 }
 
 TYPED_TEST(AttentionTest, QkvBiasGradientSumsQAndVAndLeavesKExactlyZero) {

@@ -1,0 +1,322 @@
+#pragma once
+// Fused causal attention (flash attention, Dao et al. 2022): one team per block of query
+// rows of one (sequence, head) streams the key blocks through team scratch memory with an
+// online softmax, so no T x T matrix reaches global memory. The forward pass saves each
+// row's log-sum-exp (as a bf16-exact high part and the rest: bf16 storage of the saved
+// activations keeps it to 2^-17 of its value, where rounding it whole to bf16 would move it
+// by up to 2^-9, which exp() turns into errors of percents in the probabilities); the backward pass recomputes the probabilities from it in two kernels,
+// dk and dv per key block and dq per query block, so that every output element is summed
+// by one thread in a fixed order (deterministic, no atomics). q, k, v are read and y, dq,
+// dk, dv written in place in the (B*T, 3A) and (B*T, A) rows. Portable Kokkos: the same
+// teams run on a device and, one thread each, on the host backends.
+#include "lamina/kernels/bf16.hpp"
+#include "lamina/kernels/common.hpp"
+#include "lamina/kernels/fast_math.hpp"
+
+namespace lamina {
+
+namespace detail {
+
+// Positions per query or key block. With 64-wide heads the forward pass's scratch (29 KiB)
+// fits the 40 KiB of a CUDA block's shared memory that Kokkos leaves to level 0; the
+// backward passes' (45 and 57 KiB) take level 1. Not yet tuned on a device.
+constexpr std::int64_t kFlashBlock = 32;
+// Below every score the online softmax meets, and far from float's overflow.
+constexpr float kNoScoresYet = -3.0e38f;
+
+template <class Exec>
+using ScratchMat = Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::scratch_memory_space,
+                                Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+// Block r0 / kFlashBlock of positions of (sequence, head) bh: its first row in the (B*T, .)
+// rows, the head's first column within a part, and its n positions.
+struct FlashTile {
+  std::int64_t bh, row0, col0, r0, n;
+};
+
+struct FlashBlocks {
+  std::int64_t NH, T, hd, blocks;
+  FlashBlocks(std::int64_t nh, std::int64_t t, std::int64_t d)
+      : NH(nh), T(t), hd(d), blocks((t + kFlashBlock - 1) / kFlashBlock) {}
+  KOKKOS_INLINE_FUNCTION FlashTile operator[](std::int64_t item) const {
+    const std::int64_t bh = item / blocks, r0 = item % blocks * kFlashBlock;
+    return {bh, bh / NH * T, bh % NH * hd, r0, math::min(kFlashBlock, T - r0)};
+  }
+  KOKKOS_INLINE_FUNCTION std::int64_t size(std::int64_t r0) const { return math::min(kFlashBlock, T - r0); }
+  // Scratch for `rows` blocks of (kFlashBlock, hd), `scores` of (kFlashBlock, kFlashBlock)
+  // and per-row statistics.
+  template <class Exec>
+  std::size_t scratch_bytes(int rows, int scores) const {
+    return rows * ScratchMat<Exec>::shmem_size(kFlashBlock, hd) +
+           scores * ScratchMat<Exec>::shmem_size(kFlashBlock, kFlashBlock) +
+           ScratchMat<Exec>::shmem_size(kFlashBlock, 3);
+  }
+};
+
+// dst(i, d) = scale * src(row0 + i, col0 + d) for the n rows of a block.
+template <class Member, class Dst, class Src>
+KOKKOS_INLINE_FUNCTION void flash_load(const Member& team, const Dst& dst, const Src& src, std::int64_t row0,
+                                       std::int64_t col0, std::int64_t n, std::int64_t hd, float scale) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n * hd), [&](std::int64_t e) {
+    const std::int64_t i = e / hd, d = e % hd;
+    dst(i, d) = scale * src(row0 + i, col0 + d);
+  });
+}
+
+template <class Member, class Dst>
+KOKKOS_INLINE_FUNCTION void flash_zero(const Member& team, const Dst& dst, std::int64_t n, std::int64_t hd) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n * hd),
+                       [&](std::int64_t e) { dst(e / hd, e % hd) = 0.0f; });
+}
+
+template <class Exec>
+struct FlashAttentionForward {
+  using Member = typename Teams<Exec>::member_type;
+  FlashBlocks blocks;
+  float scale;
+  int level;
+  Mat<Exec> qkv, out;
+  Mats<Exec> lse;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const FlashTile t = blocks[team.league_rank()];
+    const std::int64_t hd = blocks.hd, A = blocks.NH * hd, B = kFlashBlock;
+    const ScratchMat<Exec> q(team.team_scratch(level), B, hd), kv(team.team_scratch(level), B, hd),
+        o(team.team_scratch(level), B, hd), s(team.team_scratch(level), B, B), st(team.team_scratch(level), B, 3);
+    flash_load(team, q, qkv, t.row0 + t.r0, t.col0, t.n, hd, scale);
+    flash_zero(team, o, t.n, hd);
+    // st: running maximum, running sum of exponentials, this block's rescaling of both
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n), [&](std::int64_t i) {
+      st(i, 0) = kNoScoresYet;
+      st(i, 1) = 0.0f;
+    });
+    team.team_barrier();
+    for (std::int64_t c0 = 0; c0 < t.r0 + t.n; c0 += B) {
+      const std::int64_t m = blocks.size(c0);
+      flash_load(team, kv, qkv, t.row0 + c0, A + t.col0, m, hd, 1.0f);
+      team.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n * m), [&](std::int64_t e) {
+        const std::int64_t i = e / m, j = e % m;
+        float dot = 0.0f;
+        for (std::int64_t d = 0; d < hd; ++d) dot += q(i, d) * kv(j, d);
+        s(i, j) = dot;
+      });
+      team.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n), [&](std::int64_t i) {
+        const std::int64_t seen = math::min(m, t.r0 + i - c0 + 1);  // keys at or before position r0 + i
+        float mx = st(i, 0);
+        for (std::int64_t j = 0; j < seen; ++j) mx = math::max(mx, s(i, j));
+        float sum = 0.0f;
+        for (std::int64_t j = 0; j < m; ++j) {
+          const float p = j < seen ? fast_exp(s(i, j) - mx) : 0.0f;
+          s(i, j) = p;
+          sum += p;
+        }
+        const float rescale = fast_exp(st(i, 0) - mx);
+        st(i, 0) = mx;
+        st(i, 1) = st(i, 1) * rescale + sum;
+        st(i, 2) = rescale;
+      });
+      team.team_barrier();
+      flash_load(team, kv, qkv, t.row0 + c0, 2 * A + t.col0, m, hd, 1.0f);
+      team.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n * hd), [&](std::int64_t e) {
+        const std::int64_t i = e / hd, d = e % hd;
+        float acc = o(i, d) * st(i, 2);
+        for (std::int64_t j = 0; j < m; ++j) acc += s(i, j) * kv(j, d);
+        o(i, d) = acc;
+      });
+      team.team_barrier();
+    }
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n * hd), [&](std::int64_t e) {
+      const std::int64_t i = e / hd, d = e % hd;
+      out(t.row0 + t.r0 + i, t.col0 + d) = o(i, d) / st(i, 1);
+    });
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n), [&](std::int64_t i) {
+      const float l = st(i, 0) + math::log(st(i, 1)), high = from_bf16(to_bf16(l));
+      lse(t.bh, t.r0 + i, 0) = high;
+      lse(t.bh, t.r0 + i, 1) = l - high;
+    });
+  }
+};
+
+// The backward pass's view of one query block against one key block (p: only where dv is
+// wanted).
+template <class Exec>
+struct FlashBackwardBlock {
+  ScratchMat<Exec> q, dy, k, v, ds, st, p;
+
+  // st(i, 0) = the row's log-sum-exp, st(i, 1) = dy_i . y_i, the softmax backward's row sum.
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void row_stats(const Member& team, const FlashTile& t, const Mats<Exec>& lse,
+                                        const Mat<Exec>& dout, const Mat<Exec>& out, std::int64_t hd) const {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n), [&](std::int64_t i) {
+      float dot = 0.0f;
+      for (std::int64_t d = 0; d < hd; ++d) dot += dout(t.row0 + t.r0 + i, t.col0 + d) * out(t.row0 + t.r0 + i, t.col0 + d);
+      st(i, 0) = lse(t.bh, t.r0 + i, 0) + lse(t.bh, t.r0 + i, 1);
+      st(i, 1) = dot;
+    });
+  }
+
+  // With q scaled: P = exp(q k^T - lse), dS = P (dy v^T - D); zero where the mask hides
+  // key c0 + j from query r0 + i.
+  template <bool kKeepP, class Member>
+  KOKKOS_INLINE_FUNCTION void probabilities(const Member& team, std::int64_t r0, std::int64_t n, std::int64_t c0,
+                                            std::int64_t m, std::int64_t hd) const {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n * m), [&](std::int64_t e) {
+      const std::int64_t i = e / m, j = e % m;
+      float pij = 0.0f, dsij = 0.0f;
+      if (c0 + j <= r0 + i) {
+        float score = 0.0f, dp = 0.0f;
+        for (std::int64_t d = 0; d < hd; ++d) {
+          score += q(i, d) * k(j, d);
+          dp += dy(i, d) * v(j, d);
+        }
+        pij = fast_exp(score - st(i, 0));
+        dsij = pij * (dp - st(i, 1));
+      }
+      if (kKeepP) p(i, j) = pij;
+      ds(i, j) = dsij;
+    });
+  }
+};
+
+// dk, dv of one key block, over the query blocks at or after it.
+template <class Exec>
+struct FlashAttentionBackwardKeys {
+  using Member = typename Teams<Exec>::member_type;
+  FlashBlocks blocks;
+  float scale;
+  int level;
+  Mat<Exec> dqkv, dout, qkv, out;
+  Mats<Exec> lse;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const FlashTile kt = blocks[team.league_rank()];
+    const std::int64_t hd = blocks.hd, A = blocks.NH * hd, B = kFlashBlock;
+    const auto sc = team.team_scratch(level);
+    const FlashBackwardBlock<Exec> b{ScratchMat<Exec>(sc, B, hd), ScratchMat<Exec>(sc, B, hd),
+                                     ScratchMat<Exec>(sc, B, hd), ScratchMat<Exec>(sc, B, hd),
+                                     ScratchMat<Exec>(sc, B, B),  ScratchMat<Exec>(sc, B, 3),
+                                     ScratchMat<Exec>(sc, B, B)};
+    const ScratchMat<Exec> dk(sc, B, hd), dv(sc, B, hd);
+    flash_load(team, b.k, qkv, kt.row0 + kt.r0, A + kt.col0, kt.n, hd, 1.0f);
+    flash_load(team, b.v, qkv, kt.row0 + kt.r0, 2 * A + kt.col0, kt.n, hd, 1.0f);
+    flash_zero(team, dk, kt.n, hd);
+    flash_zero(team, dv, kt.n, hd);
+    for (std::int64_t r0 = kt.r0; r0 < blocks.T; r0 += B) {
+      const FlashTile qt{kt.bh, kt.row0, kt.col0, r0, blocks.size(r0)};
+      flash_load(team, b.q, qkv, qt.row0 + r0, qt.col0, qt.n, hd, scale);
+      flash_load(team, b.dy, dout, qt.row0 + r0, qt.col0, qt.n, hd, 1.0f);
+      b.row_stats(team, qt, lse, dout, out, hd);
+      team.team_barrier();
+      b.template probabilities<true>(team, r0, qt.n, kt.r0, kt.n, hd);
+      team.team_barrier();
+      // dv = P^T dy; dk = dS^T (scale q)
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kt.n * hd), [&](std::int64_t e) {
+        const std::int64_t j = e / hd, d = e % hd;
+        float gv = dv(j, d), gk = dk(j, d);
+        for (std::int64_t i = 0; i < qt.n; ++i) {
+          gv += b.p(i, j) * b.dy(i, d);
+          gk += b.ds(i, j) * b.q(i, d);
+        }
+        dv(j, d) = gv;
+        dk(j, d) = gk;
+      });
+      team.team_barrier();
+    }
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kt.n * hd), [&](std::int64_t e) {
+      const std::int64_t j = e / hd, d = e % hd;
+      dqkv(kt.row0 + kt.r0 + j, A + kt.col0 + d) = dk(j, d);
+      dqkv(kt.row0 + kt.r0 + j, 2 * A + kt.col0 + d) = dv(j, d);
+    });
+  }
+};
+
+// dq of one query block, over the key blocks at or before it.
+template <class Exec>
+struct FlashAttentionBackwardQueries {
+  using Member = typename Teams<Exec>::member_type;
+  FlashBlocks blocks;
+  float scale;
+  int level;
+  Mat<Exec> dqkv, dout, qkv, out;
+  Mats<Exec> lse;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const FlashTile qt = blocks[team.league_rank()];
+    const std::int64_t hd = blocks.hd, A = blocks.NH * hd, B = kFlashBlock;
+    const auto sc = team.team_scratch(level);
+    const FlashBackwardBlock<Exec> b{ScratchMat<Exec>(sc, B, hd), ScratchMat<Exec>(sc, B, hd),
+                                     ScratchMat<Exec>(sc, B, hd), ScratchMat<Exec>(sc, B, hd),
+                                     ScratchMat<Exec>(sc, B, B),  ScratchMat<Exec>(sc, B, 3),
+                                     ScratchMat<Exec>()};
+    const ScratchMat<Exec> dq(sc, B, hd);
+    flash_load(team, b.q, qkv, qt.row0 + qt.r0, qt.col0, qt.n, hd, scale);
+    flash_load(team, b.dy, dout, qt.row0 + qt.r0, qt.col0, qt.n, hd, 1.0f);
+    flash_zero(team, dq, qt.n, hd);
+    b.row_stats(team, qt, lse, dout, out, hd);
+    for (std::int64_t c0 = 0; c0 < qt.r0 + qt.n; c0 += B) {
+      const std::int64_t m = blocks.size(c0);
+      team.team_barrier();
+      flash_load(team, b.k, qkv, qt.row0 + c0, A + qt.col0, m, hd, 1.0f);
+      flash_load(team, b.v, qkv, qt.row0 + c0, 2 * A + qt.col0, m, hd, 1.0f);
+      team.team_barrier();
+      b.template probabilities<false>(team, qt.r0, qt.n, c0, m, hd);
+      team.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, qt.n * hd), [&](std::int64_t e) {
+        const std::int64_t i = e / hd, d = e % hd;
+        float g = dq(i, d);
+        for (std::int64_t j = 0; j < m; ++j) g += b.ds(i, j) * b.k(j, d);
+        dq(i, d) = g;
+      });
+    }
+    team.team_barrier();
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, qt.n * hd), [&](std::int64_t e) {
+      const std::int64_t i = e / hd, d = e % hd;
+      dqkv(qt.row0 + qt.r0 + i, qt.col0 + d) = scale * dq(i, d);
+    });
+  }
+};
+
+// One team per block of every (sequence, head), its scratch in level 0 (a GPU's shared
+// memory) where it fits, else level 1.
+template <class Exec, class Kernel>
+void for_each_flash_block(const Exec& exec, const char* label, std::int64_t BNH, std::size_t bytes, Kernel kernel) {
+  kernel.level = bytes <= static_cast<std::size_t>(Teams<Exec>::scratch_size_max(0)) ? 0 : 1;
+  const int items = static_cast<int>(BNH * kernel.blocks.blocks);
+  Kokkos::parallel_for(label, Teams<Exec>(exec, items, Kokkos::AUTO).set_scratch_size(kernel.level, Kokkos::PerTeam(bytes)),
+                       kernel);
+}
+
+}  // namespace detail
+
+// out: (B*T, A) attention output; lse: (B*NH, T, 2) each score row's log-sum-exp, saved;
+// qkv: (B*T, 3A) [q | k | v] rows
+template <class Exec>
+void flash_attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>& lse, const Mat<Exec>& qkv,
+                             std::int64_t NH) {
+  const std::int64_t BNH = static_cast<std::int64_t>(lse.extent(0)), T = static_cast<std::int64_t>(lse.extent(1));
+  const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
+  const detail::FlashBlocks blocks(NH, T, hd);
+  detail::for_each_flash_block(exec, "lamina::flash_attention_forward", BNH, blocks.scratch_bytes<Exec>(3, 1),
+                               detail::FlashAttentionForward<Exec>{blocks, 1.0f / math::sqrt(static_cast<float>(hd)),
+                                                                   0, qkv, out, lse});
+}
+
+// dqkv: (B*T, 3A) overwritten; dout: (B*T, A); qkv, out, lse: as flash_attention_forward
+// left them.
+template <class Exec>
+void flash_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mat<Exec>& dout, const Mat<Exec>& qkv,
+                              const Mat<Exec>& out, const Mats<Exec>& lse, std::int64_t NH) {
+  const std::int64_t BNH = static_cast<std::int64_t>(lse.extent(0)), T = static_cast<std::int64_t>(lse.extent(1));
+  const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
+  const detail::FlashBlocks blocks(NH, T, hd);
+  const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
+  detail::for_each_flash_block(exec, "lamina::flash_attention_backward_keys", BNH, blocks.scratch_bytes<Exec>(6, 2),
+                               detail::FlashAttentionBackwardKeys<Exec>{blocks, scale, 0, dqkv, dout, qkv, out, lse});
+  detail::for_each_flash_block(exec, "lamina::flash_attention_backward_queries", BNH, blocks.scratch_bytes<Exec>(5, 1),
+                               detail::FlashAttentionBackwardQueries<Exec>{blocks, scale, 0, dqkv, dout, qkv, out, lse});
+}
+
+}  // namespace lamina
