@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,7 +35,7 @@
 namespace {
 
 struct Options {
-  std::string deck, reference;
+  std::string deck, reference, attention = "auto";
   std::vector<std::string> sets;
   bool check = false, verbose = false, quiet = false;
   double tolerance = 1e-4;
@@ -102,7 +103,12 @@ std::string configure_host_threads(const lamina::Log& log, int rank) {
 }
 
 int run_verify(const Options& o, const lamina::Log& log) {
-  const lamina::VerifyReport r = lamina::verify_reference(o.reference);
+  std::optional<lamina::AttentionProducts> attention;
+  for (const auto a : {lamina::AttentionProducts::in_place, lamina::AttentionProducts::staged,
+                       lamina::AttentionProducts::fused}) {
+    if (o.attention == lamina::attention_products_name(a)) attention = a;
+  }
+  const lamina::VerifyReport r = lamina::verify_reference(o.reference, attention);
   log.info(lamina::strprintf("verify %s: loss %.8f, reference %.8f", r.path.c_str(), r.loss, r.reference_loss));
   int bad = 0;
   for (const auto& item : r.items) {
@@ -152,6 +158,8 @@ int main(int argc, char** argv) {
   verify->add_option("--reference", o.reference, "reference file (HDF5, see docs/reference-format.md)")->required();
   verify->add_option("--tolerance", o.tolerance, "largest relative error accepted (default 1e-4)")
       ->check(kFiniteNonNegative);
+  verify->add_option("--attention", o.attention, "how attention runs, as model.attention (default auto)")
+      ->check(CLI::IsMember({"auto", "in_place", "staged", "fused"}));
 
   auto* bench = app.add_subcommand("bench", "benchmarks; the last line printed is one JSON object");
   bench->require_subcommand(1);

@@ -30,6 +30,15 @@ std::string Deck::where(const std::string& key) const {
   return it == locations.end() ? source : it->second;
 }
 
+const char* attention_products_name(AttentionProducts a) {
+  switch (a) {
+    case AttentionProducts::in_place: return "in_place";
+    case AttentionProducts::staged: return "staged";
+    case AttentionProducts::fused: return "fused";
+  }
+  return "?";
+}
+
 const char* data_format_name(DataFormat f) {
   switch (f) {
     case DataFormat::text: return "text";
@@ -119,7 +128,7 @@ struct Section {
 // The schema: every section and key the deck accepts, for unknown-key suggestions.
 const std::vector<Section>& schema() {
   static const std::vector<Section> s = {
-      {"model", {"layers", "d_model", "heads", "seq_len", "vocab_size", "init_std"}},
+      {"model", {"layers", "d_model", "heads", "seq_len", "vocab_size", "init_std", "attention"}},
       {"data", {"format", "path", "batch_size", "micro_batch_size", "shuffle"}},
       {"train", {"steps", "seed", "precision", "skip_nonfinite", "max_skipped"}},
       {"optimizer",
@@ -543,6 +552,10 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   const bool byte_vocab = dc.format == DataFormat::text;
   m.vocab_size = r.integer("model", "vocab_size", byte_vocab ? 256 : 0, 2, 1 << 30, !byte_vocab);
   m.init_std = r.real("model", "init_std", 0.02, 0.0, kInf, true);
+  const std::string attention = r.choice("model", "attention", "auto", {"auto", "in_place", "staged", "fused"});
+  for (const AttentionProducts a : {AttentionProducts::in_place, AttentionProducts::staged, AttentionProducts::fused}) {
+    if (attention == attention_products_name(a)) m.attention = a;
+  }
   dc.paths = r.strings("data", "path", dc.format != DataFormat::synthetic);
   auto& p = d.parallel;
   p.dp = r.integer("parallel", "dp", 1, 1, 1 << 20);

@@ -49,8 +49,9 @@ double VerifyReport::max_rel_error() const {
   return m;
 }
 
-VerifyReport verify_reference(const std::string& path) {
+VerifyReport verify_reference(const std::string& path, std::optional<AttentionProducts> attention) {
   ReferenceFile ref = read_reference_header(path);
+  ref.model.attention = attention;
   MemoryTracker tracker;
   Runtime rt(tracker, ref.model, reference_optimizer(ref), reference_plan(ref), RunExtras{}, MPI_COMM_SELF);
   RankState& state = rt.state();

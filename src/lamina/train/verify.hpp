@@ -1,8 +1,11 @@
 #pragma once
 // `lamina verify`: one forward/backward and one AdamW step on a PyTorch reference file
 // (docs/reference-format.md), compared tensor by tensor.
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "lamina/core/config.hpp"
 
 namespace lamina {
 
@@ -18,7 +21,8 @@ struct VerifyReport {
   double max_rel_error() const;
 };
 
-// Throws InputError for a missing or malformed file.
-VerifyReport verify_reference(const std::string& path);
+// Throws InputError for a missing or malformed file. attention: as model.attention (unset:
+// the backend's default).
+VerifyReport verify_reference(const std::string& path, std::optional<AttentionProducts> attention = std::nullopt);
 
 }  // namespace lamina

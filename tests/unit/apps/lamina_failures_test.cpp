@@ -74,6 +74,12 @@ TEST_F(CliFailures, VerifyToleranceMustBeFiniteAndNonNegative) {
   }
 }
 
+TEST_F(CliFailures, VerifyAttentionMustBeOneOfTheWaysItRuns) {
+  const Result r = run("verify --reference " + dir_ + "/ref.h5 --attention flash");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--attention: flash not in {auto,in_place,staged,fused}"), std::string::npos) << r.out;
+}
+
 void expect_exit3_with(const Result& r, const std::string& text) {
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find(text), std::string::npos) << "expected '" << text << "' in:\n" << r.out;

@@ -50,6 +50,7 @@ TEST(Deck, GoodDeckResolvesDefaults) {
   const Deck d = parse_deck(kGood, "runs/my-deck.toml");
   EXPECT_EQ(d.model.layers, 2);
   EXPECT_EQ(d.model.vocab_size, 256);  // byte vocabulary for text data
+  EXPECT_FALSE(d.model.attention.has_value());  // the backend's fastest
   EXPECT_EQ(d.data.micro_batch_size, 4);
   EXPECT_EQ(d.data.paths, std::vector<std::string>{"corpus.txt"});
   EXPECT_DOUBLE_EQ(d.optimizer.lr, 1e-3);
@@ -65,13 +66,14 @@ TEST(Deck, GoodDeckResolvesDefaults) {
 TEST(Deck, SetOverridesAnyKeyWithTypedValues) {
   const Deck d = parse_deck(kGood, "deck.toml",
                             {"optimizer.lr=3e-4", "data.shuffle=false", "output.dir=elsewhere", "memory.host_budget=2GiB",
-                             "checkpoint.resume = latest", "data.path=[\"a\", \"b\"]"});
+                             "checkpoint.resume = latest", "data.path=[\"a\", \"b\"]", "model.attention=fused"});
   EXPECT_DOUBLE_EQ(d.optimizer.lr, 3e-4);
   EXPECT_FALSE(d.data.shuffle);
   EXPECT_EQ(d.output.dir, "elsewhere");
   EXPECT_EQ(d.memory.host_budget, 2LL << 30);
   EXPECT_EQ(d.checkpoint.resume, "latest");
   EXPECT_EQ(d.data.paths.size(), 2u);
+  EXPECT_EQ(d.model.attention, AttentionProducts::fused);
 }
 
 TEST(Deck, ParsesByteSizes) {
@@ -129,6 +131,8 @@ INSTANTIATE_TEST_SUITE_P(
                 {"data.format: 'parquet' is not one of 'text', 'megatron', 'llmc', 'synthetic'"}},
         BadDeck{"choice_typo_gets_hint", with("lr = 1e-3", "lr = 1e-3\nschedule = \"cosin\""), {},
                 {"'cosin' is not one of 'constant', 'cosine' (did you mean 'cosine'?)"}},
+        BadDeck{"attention_typo_gets_hint", with("seq_len = 32", "seq_len = 32\nattention = \"flash\""), {},
+                {"model.attention: 'flash' is not one of 'auto', 'in_place', 'staged', 'fused'"}},
         BadDeck{"small_vocab_for_bytes", with("seq_len = 32", "seq_len = 32\nvocab_size = 100"), {},
                 {"model.vocab_size: 100 is smaller than 256, the byte vocabulary"}},
         BadDeck{"bad_budget", with("lr = 1e-3", "lr = 1e-3\n[memory]\ndevice_budget = \"lots\""), {},

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "lamina/core/error.hpp"
+#include "lamina/kernels/attention.hpp"
 
 namespace lamina::test {
 namespace {
@@ -42,6 +43,30 @@ TEST(VerifyReference, EveryReferenceFileMatchesWithin1em4) {
     std::printf("%s: loss %.6f (reference %.6f), max relative error %.2e over %zu tensors\n", f.c_str(), r.loss,
                 r.reference_loss, r.max_rel_error(), r.items.size());
   }
+}
+
+// Every way attention can run that this build can run, through the whole model: fused
+// attention saves no probabilities and recomputes them, with its own workspace layout.
+TEST(VerifyReference, EveryAttentionPathMatchesWithin1em4) {
+  const auto files = reference_files();
+  if (files.empty()) GTEST_SKIP() << "no ref_*.h5 in LAMINA_REFERENCE_DIR (see EveryReferenceFileMatchesWithin1em4)";
+  std::vector<AttentionProducts> paths = {AttentionProducts::staged, AttentionProducts::fused};
+  if (kAttentionInPlace<Kokkos::DefaultExecutionSpace>) paths.push_back(AttentionProducts::in_place);
+  for (const AttentionProducts how : paths) {
+    for (const auto& f : files) {
+      const VerifyReport r = verify_reference(f, how);
+      for (const auto& item : r.items)
+        EXPECT_LT(item.rel_error, 1e-4) << f << " (" << attention_products_name(how) << "): " << item.what;
+    }
+  }
+}
+
+TEST(VerifyReference, InPlaceAttentionWhereItCannotRunIsAnInputError) {
+  const auto files = reference_files();
+  if (files.empty() || kAttentionInPlace<Kokkos::DefaultExecutionSpace>) {
+    GTEST_SKIP() << "this build runs in_place attention";
+  }
+  EXPECT_THROW(verify_reference(files.front(), AttentionProducts::in_place), InputError);
 }
 
 TEST(VerifyReference, MissingOrMalformedFileIsAnInputError) {
