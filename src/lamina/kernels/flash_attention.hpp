@@ -28,6 +28,14 @@ template <class Exec>
 using ScratchMat = Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::scratch_memory_space,
                                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
+// A block of kFlashBlock rows of `cols` in team scratch, its rows one float longer (the last
+// column unused): threads that read down a column (keys j of scores, each thread its own
+// row in the softmax) then hit distinct shared-memory banks on a GPU instead of one.
+template <class Exec, class Scratch>
+KOKKOS_INLINE_FUNCTION ScratchMat<Exec> scratch_block(const Scratch& scratch, std::int64_t cols) {
+  return ScratchMat<Exec>(scratch, kFlashBlock, cols + 1);
+}
+
 // Block r0 / kFlashBlock of positions of (sequence, head) bh: its first row in the (B*T, .)
 // rows, the head's first column within a part, and its n positions.
 struct FlashTile {
@@ -43,12 +51,12 @@ struct FlashBlocks {
     return {bh, bh / NH * T, bh % NH * hd, r0, math::min(kFlashBlock, T - r0)};
   }
   KOKKOS_INLINE_FUNCTION std::int64_t size(std::int64_t r0) const { return math::min(kFlashBlock, T - r0); }
-  // Scratch for `rows` blocks of (kFlashBlock, hd), `scores` of (kFlashBlock, kFlashBlock)
-  // and per-row statistics.
+  // Scratch for `rows` blocks of hd columns, `scores` of kFlashBlock (scratch_block) and
+  // per-row statistics.
   template <class Exec>
   std::size_t scratch_bytes(int rows, int scores) const {
-    return rows * ScratchMat<Exec>::shmem_size(kFlashBlock, hd) +
-           scores * ScratchMat<Exec>::shmem_size(kFlashBlock, kFlashBlock) +
+    return rows * ScratchMat<Exec>::shmem_size(kFlashBlock, hd + 1) +
+           scores * ScratchMat<Exec>::shmem_size(kFlashBlock, kFlashBlock + 1) +
            ScratchMat<Exec>::shmem_size(kFlashBlock, 3);
   }
 };
@@ -81,8 +89,9 @@ struct FlashAttentionForward {
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const FlashTile t = blocks[team.league_rank()];
     const std::int64_t hd = blocks.hd, A = blocks.NH * hd, B = kFlashBlock;
-    const ScratchMat<Exec> q(team.team_scratch(level), B, hd), kv(team.team_scratch(level), B, hd),
-        o(team.team_scratch(level), B, hd), s(team.team_scratch(level), B, B), st(team.team_scratch(level), B, 3);
+    const auto sc = team.team_scratch(level);
+    const ScratchMat<Exec> q = scratch_block<Exec>(sc, hd), kv = scratch_block<Exec>(sc, hd),
+                           o = scratch_block<Exec>(sc, hd), s = scratch_block<Exec>(sc, B), st(sc, B, 3);
     flash_load(team, q, qkv, t.row0 + t.r0, t.col0, t.n, hd, scale);
     flash_zero(team, o, t.n, hd);
     // st: running maximum, running sum of exponentials, this block's rescaling of both
@@ -195,11 +204,11 @@ struct FlashAttentionBackwardKeys {
     const FlashTile kt = blocks[team.league_rank()];
     const std::int64_t hd = blocks.hd, A = blocks.NH * hd, B = kFlashBlock;
     const auto sc = team.team_scratch(level);
-    const FlashBackwardBlock<Exec> b{ScratchMat<Exec>(sc, B, hd), ScratchMat<Exec>(sc, B, hd),
-                                     ScratchMat<Exec>(sc, B, hd), ScratchMat<Exec>(sc, B, hd),
-                                     ScratchMat<Exec>(sc, B, B),  ScratchMat<Exec>(sc, B, 3),
-                                     ScratchMat<Exec>(sc, B, B)};
-    const ScratchMat<Exec> dk(sc, B, hd), dv(sc, B, hd);
+    const FlashBackwardBlock<Exec> b{scratch_block<Exec>(sc, hd), scratch_block<Exec>(sc, hd),
+                                     scratch_block<Exec>(sc, hd), scratch_block<Exec>(sc, hd),
+                                     scratch_block<Exec>(sc, B),  ScratchMat<Exec>(sc, B, 3),
+                                     scratch_block<Exec>(sc, B)};
+    const ScratchMat<Exec> dk = scratch_block<Exec>(sc, hd), dv = scratch_block<Exec>(sc, hd);
     flash_load(team, b.k, qkv, kt.row0 + kt.r0, A + kt.col0, kt.n, hd, 1.0f);
     flash_load(team, b.v, qkv, kt.row0 + kt.r0, 2 * A + kt.col0, kt.n, hd, 1.0f);
     flash_zero(team, dk, kt.n, hd);
@@ -247,11 +256,11 @@ struct FlashAttentionBackwardQueries {
     const FlashTile qt = blocks[team.league_rank()];
     const std::int64_t hd = blocks.hd, A = blocks.NH * hd, B = kFlashBlock;
     const auto sc = team.team_scratch(level);
-    const FlashBackwardBlock<Exec> b{ScratchMat<Exec>(sc, B, hd), ScratchMat<Exec>(sc, B, hd),
-                                     ScratchMat<Exec>(sc, B, hd), ScratchMat<Exec>(sc, B, hd),
-                                     ScratchMat<Exec>(sc, B, B),  ScratchMat<Exec>(sc, B, 3),
+    const FlashBackwardBlock<Exec> b{scratch_block<Exec>(sc, hd), scratch_block<Exec>(sc, hd),
+                                     scratch_block<Exec>(sc, hd), scratch_block<Exec>(sc, hd),
+                                     scratch_block<Exec>(sc, B),  ScratchMat<Exec>(sc, B, 3),
                                      ScratchMat<Exec>()};
-    const ScratchMat<Exec> dq(sc, B, hd);
+    const ScratchMat<Exec> dq = scratch_block<Exec>(sc, hd);
     flash_load(team, b.q, qkv, qt.row0 + qt.r0, qt.col0, qt.n, hd, scale);
     flash_load(team, b.dy, dout, qt.row0 + qt.r0, qt.col0, qt.n, hd, 1.0f);
     flash_zero(team, dq, qt.n, hd);
