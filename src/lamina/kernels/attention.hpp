@@ -3,7 +3,7 @@
 //   for each sequence b and head h:  P = softmax(mask(q k^T / sqrt(hd))),  y = P v
 // qkv columns are [q | k | v], each head a contiguous slice of hd columns (GPT-2).
 // On a host BLAS the products read q, k, v and write y in those rows, per (sequence, head)
-// and without the blocks the causal mask zeroes; on a device one fused kernel streams them
+// and without the blocks the causal mask zeroes; on a device fused kernels stream them
 // through team scratch (kernels/flash_attention.hpp); elsewhere they run as batched GEMMs
 // over per-head copies.
 #include "lamina/core/config.hpp"
@@ -100,14 +100,20 @@ void split_heads(const Exec& exec, const char* label, const Mat<Exec>& rows, con
   }
 }
 
+// A score row's maximum and sum of exponentials: its log-sum-exp is max + log(sum).
+struct RowSoftmax {
+  float max, sum;
+};
+
 // Causal softmax of score row t in place (T entries); entries past t become 0.
 template <class Row>
-KOKKOS_INLINE_FUNCTION void causal_softmax_row(const Row& loop, float* row, std::int64_t t, std::int64_t T) {
+KOKKOS_INLINE_FUNCTION RowSoftmax causal_softmax_row(const Row& loop, float* row, std::int64_t t, std::int64_t T) {
   const float mx = loop.max(t + 1, [&](std::int64_t j) { return row[j]; });
   loop.for_each(t + 1, [&](std::int64_t j) { row[j] = fast_exp(row[j] - mx); });
   loop.barrier();
-  const float inv = 1.0f / loop.sum(t + 1, [&](std::int64_t j) { return row[j]; });
+  const float sum = loop.sum(t + 1, [&](std::int64_t j) { return row[j]; }), inv = 1.0f / sum;
   loop.for_each(T, [&](std::int64_t j) { row[j] = j <= t ? row[j] * inv : 0.0f; });
+  return {mx, sum};
 }
 
 // Its backward in place on the row's gradient: dS = P * (dP - sum_j P dP); masked entries are 0.
@@ -235,17 +241,47 @@ struct CausalBlocks {
   }
 };
 
+// Where (sequence s, head h)'s saved log-sum-exps start in (B*NH, T, 2).
+inline float* log_sum_exps(float* lse, const CausalBlock& b, std::int64_t NH) {
+  return lse + (b.s * NH + b.h) * b.T * 2;
+}
+
 // Whole row blocks of attention per work item, so that each block's scores are still in
-// the thread's cache when it takes their softmax and multiplies them by v.
+// the thread's cache when it takes their softmax and multiplies them by v. With lse (fused
+// products) the rows' log-sum-exps are saved there, (B*NH, T, 2).
 struct CausalAttentionForward {
   CausalBlocks blocks;
   float scale;
   HeadMatrices q, k, v, att, y;
+  float* lse = nullptr;
   void operator()(const std::int64_t item) const {
     const CausalBlock b = blocks[item];
     host_sgemm(b.product(CausalProduct::scores, scale, q, k, att));
-    for (std::int64_t t = b.r0; t < b.r1; ++t) causal_softmax_row(SerialRow{}, att.at(b.s, b.h) + t * att.ld, t, b.T);
+    for (std::int64_t t = b.r0; t < b.r1; ++t) {
+      const RowSoftmax r = causal_softmax_row(SerialRow{}, att.at(b.s, b.h) + t * att.ld, t, b.T);
+      if (lse != nullptr) save_log_sum_exp(log_sum_exps(lse, b, blocks.NH) + 2 * t, r.max + math::log(r.sum));
+    }
     host_sgemm(b.product(CausalProduct::lower, 1.0f, att, v, y));
+  }
+};
+
+// Fused products' backward on a host BLAS: the probabilities of a row block again, from
+// the scores and the saved log-sum-exps (entries past the diagonal 0, as the softmax left them).
+struct CausalAttentionProbabilities {
+  CausalBlocks blocks;
+  float scale;
+  HeadMatrices q, k, att;
+  float* lse;
+  void operator()(const std::int64_t item) const {
+    const CausalBlock b = blocks[item];
+    host_sgemm(b.product(CausalProduct::scores, scale, q, k, att));
+    const float* saved = log_sum_exps(lse, b, blocks.NH);
+    for (std::int64_t t = b.r0; t < b.r1; ++t) {
+      float* row = att.at(b.s, b.h) + t * att.ld;
+      const float l = load_log_sum_exp(saved + 2 * t);
+      for (std::int64_t j = 0; j <= t; ++j) row[j] = fast_exp(row[j] - l);
+      for (std::int64_t j = t + 1; j < b.T; ++j) row[j] = 0.0f;
+    }
   }
 };
 
@@ -289,18 +325,19 @@ void for_each_causal_block(const Exec& exec, const char* label, std::int64_t bat
 // How attention_forward and attention_backward run (AttentionProducts, core/config.hpp).
 // in_place: on a host BLAS, per (sequence, head) and row block, straight from and into the
 // rows, without the blocks the mask zeroes, each block's softmax taken while its scores are
-// in cache; fused: one kernel per pass that keeps the scores in team scratch and saves only
-// each row's log-sum-exp (a device); staged: per-head copies in AttentionHeads, whole batched
-// products and a softmax kernel of one team per row (a host with another BLAS). The default
-// is the one its backend runs fastest; in_place needs a host BLAS it can call.
-
+// in cache. fused: only each row's log-sum-exp is saved and backward recomputes the
+// probabilities: on a host BLAS as in_place, the probabilities of one layer at a time in
+// AttentionWorkspace::probs; on a device in kernels that keep them in team scratch
+// (kernels/flash_attention.hpp). staged: per-head copies in AttentionWorkspace, whole
+// batched products and a softmax kernel of one team per row (a host with another BLAS).
+// The default is what the backend runs fastest; in_place needs a host BLAS it can call.
 template <class Exec>
 constexpr AttentionProducts kAttentionProducts =
     !Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible ? AttentionProducts::fused
     : kHostBlasLinked                                                 ? AttentionProducts::in_place
                                                                       : AttentionProducts::staged;
 
-// Whether in_place products can run on Exec.
+// Whether the host BLAS products (in_place, and fused on a host) can run on Exec.
 template <class Exec>
 constexpr bool kAttentionInPlace = kAttentionProducts<Exec> == AttentionProducts::in_place;
 
@@ -310,13 +347,15 @@ constexpr std::int64_t saved_attention_columns(AttentionProducts how, std::int64
   return how == AttentionProducts::fused ? 2 : T;
 }
 
-// Per-head (B*NH, T, hd) copies that staged products use; in_place leaves them untouched.
-// Forward: q, k, v, y. Backward: q, k, v (may share dqkv's memory: written last), y for
-// dy, and dq, dk, dv.
+// Scratch of one layer's attention. Staged products: per-head (B*NH, T, hd) copies;
+// forward q, k, v, y; backward q, k, v (may share dqkv's memory: written last), y for dy,
+// and dq, dk, dv. Fused products on a host BLAS: probs, (B*NH, T, T) probabilities. The
+// other ways leave them untouched.
 template <class Exec>
-struct AttentionHeads {
+struct AttentionWorkspace {
   Mats<Exec> q, k, v, y;
   Mats<Exec> dq, dk, dv;
+  Mats<Exec> probs;
 };
 
 // out: (B*T, A) attention output before the projection, saved
@@ -324,61 +363,65 @@ struct AttentionHeads {
 // qkv: (B*T, 3A) output of the QKV projection, saved
 template <class Exec>
 void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>& att, const Mat<Exec>& qkv,
-                       const AttentionHeads<Exec>& heads, std::int64_t NH,
+                       const AttentionWorkspace<Exec>& ws, std::int64_t NH,
                        AttentionProducts how = kAttentionProducts<Exec>) {
-  if (how == AttentionProducts::fused) {
-    flash_attention_forward(exec, out, att, qkv, NH);
-    return;
-  }
   const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0));
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
   if constexpr (kAttentionInPlace<Exec>) {
-    if (how == AttentionProducts::in_place) {
+    if (how != AttentionProducts::staged) {
       using detail::row_heads;
+      const bool fused = how == AttentionProducts::fused;
       detail::for_each_causal_block(
           exec, "lamina::attention_forward_blocks", BNH,
           detail::CausalAttentionForward{detail::CausalBlocks(NH, T, hd), scale, row_heads<Exec>(qkv, 3, 0, T, hd),
                                          row_heads<Exec>(qkv, 3, 1, T, hd), row_heads<Exec>(qkv, 3, 2, T, hd),
-                                         detail::score_heads<Exec>(att, NH), row_heads<Exec>(out, 1, 0, T, hd)});
+                                         detail::score_heads<Exec>(fused ? ws.probs : att, NH),
+                                         row_heads<Exec>(out, 1, 0, T, hd), fused ? att.data() : nullptr});
       return;
     }
   }
-  detail::permute_heads(exec, "lamina::attention_forward_split", qkv, heads.q, heads.k, heads.v, NH, false);
-  batched_gemm<Exec>(exec, "N", "T", scale, heads.q, heads.k, 0.0f, att);
+  if (how == AttentionProducts::fused) {
+    flash_attention_forward(exec, out, att, qkv, NH);
+    return;
+  }
+  detail::permute_heads(exec, "lamina::attention_forward_split", qkv, ws.q, ws.k, ws.v, NH, false);
+  batched_gemm<Exec>(exec, "N", "T", scale, ws.q, ws.k, 0.0f, att);
   Kokkos::parallel_for("lamina::attention_forward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
                        detail::AttentionSoftmaxForward<Exec>{att, T});
-  batched_gemm<Exec>(exec, "N", "N", 1.0f, att, heads.v, 0.0f, heads.y);
-  detail::split_heads(exec, "lamina::attention_forward_merge", out, heads.y, NH, true);
+  batched_gemm<Exec>(exec, "N", "N", 1.0f, att, ws.v, 0.0f, ws.y);
+  detail::split_heads(exec, "lamina::attention_forward_merge", out, ws.y, NH, true);
 }
 
-// dqkv: (B*T, 3A) overwritten; datt: (B*NH, T, T) workspace (not read by fused products);
-// dout: (B*T, A); qkv, out, att: as saved by attention_forward
+// dqkv: (B*T, 3A) overwritten; datt: (B*NH, T, T) workspace (a device's fused products
+// keep it in team scratch instead); dout: (B*T, A); qkv, out, att: as attention_forward
+// saved them
 template <class Exec>
 void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& datt, const Mat<Exec>& dout,
                         const Mat<Exec>& qkv, const Mat<Exec>& out, const Mats<Exec>& att,
-                        const AttentionHeads<Exec>& heads, std::int64_t NH,
+                        const AttentionWorkspace<Exec>& ws, std::int64_t NH,
                         AttentionProducts how = kAttentionProducts<Exec>) {
-  if (how == AttentionProducts::fused) {
-    flash_attention_backward(exec, dqkv, dout, qkv, out, att, NH);
-    return;
-  }
   const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0));
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(dout.extent(1)) / NH;
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
   if constexpr (kAttentionInPlace<Exec>) {
-    if (how == AttentionProducts::in_place) {
+    if (how != AttentionProducts::staged) {
       using detail::row_heads;
       const detail::CausalBlocks blocks(NH, T, hd);
-      const detail::HeadMatrices P = detail::score_heads<Exec>(att, NH), dS = detail::score_heads<Exec>(datt, NH),
-                                 dy = row_heads<Exec>(dout, 1, 0, T, hd), q = row_heads<Exec>(qkv, 3, 0, T, hd);
-      detail::for_each_causal_block(exec, "lamina::attention_backward_row_blocks", BNH,
-                                    detail::CausalAttentionBackwardRows{blocks, scale, dy, q,
-                                                                        row_heads<Exec>(qkv, 3, 1, T, hd),
-                                                                        row_heads<Exec>(qkv, 3, 2, T, hd), P, dS,
-                                                                        row_heads<Exec>(dqkv, 3, 0, T, hd)});
+      const detail::HeadMatrices dS = detail::score_heads<Exec>(datt, NH), dy = row_heads<Exec>(dout, 1, 0, T, hd),
+                                 q = row_heads<Exec>(qkv, 3, 0, T, hd), k = row_heads<Exec>(qkv, 3, 1, T, hd);
+      detail::HeadMatrices P = detail::score_heads<Exec>(att, NH);
+      if (how == AttentionProducts::fused) {
+        P = detail::score_heads<Exec>(ws.probs, NH);
+        detail::for_each_causal_block(exec, "lamina::attention_backward_probabilities", BNH,
+                                      detail::CausalAttentionProbabilities{blocks, scale, q, k, P, att.data()});
+      }
+      detail::for_each_causal_block(
+          exec, "lamina::attention_backward_row_blocks", BNH,
+          detail::CausalAttentionBackwardRows{blocks, scale, dy, q, k, row_heads<Exec>(qkv, 3, 2, T, hd), P, dS,
+                                              row_heads<Exec>(dqkv, 3, 0, T, hd)});
       detail::for_each_causal_block(exec, "lamina::attention_backward_column_blocks", BNH,
                                     detail::CausalAttentionBackwardColumns{blocks, scale, dy, q, P, dS,
                                                                            row_heads<Exec>(dqkv, 3, 1, T, hd),
@@ -386,15 +429,19 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
       return;
     }
   }
-  detail::split_heads(exec, "lamina::attention_backward_split", dout, heads.y, NH, false);
-  detail::permute_heads(exec, "lamina::attention_backward_split_qkv", qkv, heads.q, heads.k, heads.v, NH, false);
-  batched_gemm<Exec>(exec, "N", "T", 1.0f, heads.y, heads.v, 0.0f, datt);     // dP = dy v^T
-  batched_gemm<Exec>(exec, "T", "N", 1.0f, att, heads.y, 0.0f, heads.dv);     // dv = P^T dy
+  if (how == AttentionProducts::fused) {
+    flash_attention_backward(exec, dqkv, dout, qkv, out, att, NH);
+    return;
+  }
+  detail::split_heads(exec, "lamina::attention_backward_split", dout, ws.y, NH, false);
+  detail::permute_heads(exec, "lamina::attention_backward_split_qkv", qkv, ws.q, ws.k, ws.v, NH, false);
+  batched_gemm<Exec>(exec, "N", "T", 1.0f, ws.y, ws.v, 0.0f, datt);     // dP = dy v^T
+  batched_gemm<Exec>(exec, "T", "N", 1.0f, att, ws.y, 0.0f, ws.dv);     // dv = P^T dy
   Kokkos::parallel_for("lamina::attention_backward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
                        detail::AttentionSoftmaxBackward<Exec>{datt, att, T});
-  batched_gemm<Exec>(exec, "N", "N", scale, datt, heads.k, 0.0f, heads.dq);   // dq = scale dS k
-  batched_gemm<Exec>(exec, "T", "N", scale, datt, heads.q, 0.0f, heads.dk);   // dk = scale dS^T q
-  detail::permute_heads(exec, "lamina::attention_backward_merge", dqkv, heads.dq, heads.dk, heads.dv, NH, true);
+  batched_gemm<Exec>(exec, "N", "N", scale, datt, ws.k, 0.0f, ws.dq);   // dq = scale dS k
+  batched_gemm<Exec>(exec, "T", "N", scale, datt, ws.q, 0.0f, ws.dk);   // dk = scale dS^T q
+  detail::permute_heads(exec, "lamina::attention_backward_merge", dqkv, ws.dq, ws.dk, ws.dv, NH, true);
 }
 
 // Gradient of the fused QKV bias, dbias: (3C) +=, from dqkv: (N, 3C).

@@ -24,6 +24,13 @@ constexpr std::int64_t kFlashBlock = 32;
 // Below every score the online softmax meets, and far from float's overflow.
 constexpr float kNoScoresYet = -3.0e38f;
 
+// A row's log-sum-exp as saved: a bf16-exact high part and the rest (see above).
+KOKKOS_INLINE_FUNCTION void save_log_sum_exp(float* saved, float lse) {
+  saved[0] = from_bf16(to_bf16(lse));
+  saved[1] = lse - saved[0];
+}
+KOKKOS_INLINE_FUNCTION float load_log_sum_exp(const float* saved) { return saved[0] + saved[1]; }
+
 template <class Exec>
 using ScratchMat = Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::scratch_memory_space,
                                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
@@ -142,9 +149,7 @@ struct FlashAttentionForward {
       out(t.row0 + t.r0 + i, t.col0 + d) = o(i, d) / st(i, 1);
     });
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n), [&](std::int64_t i) {
-      const float l = st(i, 0) + math::log(st(i, 1)), high = from_bf16(to_bf16(l));
-      lse(t.bh, t.r0 + i, 0) = high;
-      lse(t.bh, t.r0 + i, 1) = l - high;
+      save_log_sum_exp(&lse(t.bh, t.r0 + i, 0), st(i, 0) + math::log(st(i, 1)));
     });
   }
 };
@@ -162,7 +167,7 @@ struct FlashBackwardBlock {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n), [&](std::int64_t i) {
       float dot = 0.0f;
       for (std::int64_t d = 0; d < hd; ++d) dot += dout(t.row0 + t.r0 + i, t.col0 + d) * out(t.row0 + t.r0 + i, t.col0 + d);
-      st(i, 0) = lse(t.bh, t.r0 + i, 0) + lse(t.bh, t.r0 + i, 1);
+      st(i, 0) = load_log_sum_exp(&lse(t.bh, t.r0 + i, 0));
       st(i, 1) = dot;
     });
   }

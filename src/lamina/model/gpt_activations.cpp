@@ -18,8 +18,9 @@ ActivationSizes activation_sizes(const Dims& d) {
   // q, k, v, y heads 4 NA, attproj and fcproj 2 NC
   const std::int64_t forward = 3 * N * A + N * A + 2 * N * C;
   // dln, scratch: 2 NC; dfch NF; dqkv 3 NA (holding the staged q, k, v heads first);
-  // dq, dk, dv, dy, datty: 5 NA; score gradients; 3A bias sums
-  const std::int64_t backward = 2 * N * C + N * F + 8 * N * A + scores * d.score_gradient_columns() + 3 * A;
+  // dq, dk, dv, dy, datty: 5 NA; score gradients and recomputed probabilities; 3A bias sums
+  const std::int64_t backward = 2 * N * C + N * F + 8 * N * A +
+                                scores * (d.score_gradient_columns() + d.recomputed_probability_columns()) + 3 * A;
   s.workspace = std::max(forward, backward);
   s.ones = N;
   return s;

@@ -29,10 +29,16 @@ struct Dims {
   // execution space runs fastest
   AttentionProducts attention = kAttentionProducts<Kokkos::DefaultExecutionSpace>;
   std::int64_t N() const { return B * T; }
-  // Columns per score row of what a block saves for attention's backward pass, and of that
-  // pass's score gradients (none where fused products keep them in team scratch).
+  // Columns per score row of what a block saves for attention's backward pass; of that
+  // pass's score gradients, and of the probabilities fused products recompute, one layer at
+  // a time, on a host BLAS (a device's fused products keep both in team scratch).
   std::int64_t saved_attention_columns() const { return lamina::saved_attention_columns(attention, T); }
-  std::int64_t score_gradient_columns() const { return attention == AttentionProducts::fused ? 0 : T; }
+  std::int64_t score_gradient_columns() const {
+    return attention != AttentionProducts::fused || kAttentionInPlace<Kokkos::DefaultExecutionSpace> ? T : 0;
+  }
+  std::int64_t recomputed_probability_columns() const {
+    return attention == AttentionProducts::fused && kAttentionInPlace<Kokkos::DefaultExecutionSpace> ? T : 0;
+  }
   std::int64_t A() const { return NH * hd; }  // attention width on this rank (C / tp)
   static Dims of(const ModelConfig& m, std::int64_t micro_batch, int tp_size = 1, int tp_rank = 0) {
     Dims d;
@@ -94,14 +100,14 @@ struct HeadActs {
 template <class Exec>
 struct Workspace {
   // forward
-  AttentionHeads<Exec> heads;  // q, k, v, y (B*NH, T, hd), for staged attention products
+  AttentionWorkspace<Exec> heads;  // q, k, v, y (B*NH, T, hd) for staged attention products; probs
   Mat<Exec> attproj, fcproj;   // (N, C)
   // backward (same memory as forward)
   Mat<Exec> dln;               // (N, C) gradient of a layernorm output
   Mat<Exec> dfch;              // (N, F)
   Mat<Exec> dqkv;              // (N, 3A)
-  AttentionHeads<Exec> dheads; // q, k, v (in dqkv's memory), dy (as y), dq, dk, dv
-  Mats<Exec> datt;             // (B*NH, T, T); fused: (B*NH, T, 0)
+  AttentionWorkspace<Exec> dheads; // q, k, v (in dqkv's memory), dy (as y), dq, dk, dv; probs
+  Mats<Exec> datt;             // (B*NH, T, T); fused on a device: (B*NH, T, 0)
   Mat<Exec> datty;            // (N, A)
   Mat<Exec> scratch;          // (N, C)
   Vec<Exec> qkv_bias_sums;    // (3A)
@@ -136,7 +142,10 @@ class WorkspaceBuffers {
     ws.dheads.dv = as_mats<Exec>(p += N * A, BNH, T, hd);
     ws.dheads.y = as_mats<Exec>(p += N * A, BNH, T, hd);
     ws.datt = as_mats<Exec>(p += N * A, BNH, T, d.score_gradient_columns());
-    ws.datty = as_mat<Exec>(p += BNH * T * d.score_gradient_columns(), N, A);
+    // The forward pass uses them too, while nothing else in the workspace is live.
+    ws.dheads.probs = ws.heads.probs =
+        as_mats<Exec>(p += BNH * T * d.score_gradient_columns(), BNH, T, d.recomputed_probability_columns());
+    ws.datty = as_mat<Exec>(p += BNH * T * d.recomputed_probability_columns(), N, A);
     ws.scratch = as_mat<Exec>(p += N * A, N, C);
     ws.qkv_bias_sums = as_vec<Exec>(p += N * C, 3 * A);
     ones_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::ones", s.ones);

@@ -57,16 +57,16 @@ void attention_reference(const std::vector<double>& qkv, const std::vector<doubl
   }
 }
 
-// Per-head scratch for the staged products, with NaN where in-place products must not look.
+// Attention's workspace, NaN-filled: what a path reads before it writes it shows.
 template <class Exec>
 struct HeadsScratch {
   std::int64_t BNH, T, hd;
   Vec<Exec> buf;
   HeadsScratch(std::int64_t bnh, std::int64_t t, std::int64_t d)
-      : BNH(bnh), T(t), hd(d), buf(to_device<Exec>(std::vector<double>(7 * bnh * t * d, std::nan("")))) {}
-  AttentionHeads<Exec> heads() const {
+      : BNH(bnh), T(t), hd(d), buf(to_device<Exec>(std::vector<double>(bnh * t * (7 * d + t), std::nan("")))) {}
+  AttentionWorkspace<Exec> heads() const {
     auto at = [&](int i) { return as_mats<Exec>(buf.data() + i * BNH * T * hd, BNH, T, hd); };
-    return {at(0), at(1), at(2), at(3), at(4), at(5), at(6)};
+    return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), as_mats<Exec>(buf.data() + 7 * BNH * T * hd, BNH, T, T)};
   }
 };
 
@@ -133,7 +133,7 @@ void expect_every_path_matches(int B, int T, int C, int NH, std::uint32_t seed) 
     const Mats<Exec> saved_att = as_mats<Exec>(att.data(), BNH, T, saved_attention_columns(how, T));
     Vec<Exec> out("out", N * C), dqkv("dqkv", N * 3 * C);
     // As in the workspace: the staged backward's copies of q, k, v share dqkv's memory.
-    AttentionHeads<Exec> dheads = scratch.heads();
+    AttentionWorkspace<Exec> dheads = scratch.heads();
     dheads.q = as_mats<Exec>(dqkv.data(), BNH, T, hd);
     dheads.k = as_mats<Exec>(dqkv.data() + N * C, BNH, T, hd);
     dheads.v = as_mats<Exec>(dqkv.data() + 2 * N * C, BNH, T, hd);
@@ -146,6 +146,18 @@ void expect_every_path_matches(int B, int T, int C, int NH, std::uint32_t seed) 
     EXPECT_LT(rel_error(to_host(dqkv), want_dqkv), 1e-5);
     EXPECT_LT(rel_error(to_host(saved), qkv), 1e-7) << "the saved qkv rows changed";
   }
+  // A device's fused kernels, which team scratch runs on every execution space.
+  SCOPED_TRACE("team scratch");
+  auto lse = to_device<Exec>(std::vector<double>(BNH * T * 2, std::nan(""))), saved = to_device<Exec>(qkv),
+       dd = to_device<Exec>(dout);
+  Vec<Exec> out("out", N * C), dqkv("dqkv", N * 3 * C);
+  flash_attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), as_mats<Exec>(lse.data(), BNH, T, 2),
+                          as_mat<Exec>(saved.data(), N, 3 * C), NH);
+  EXPECT_LT(rel_error(to_host(out), want), 1e-5);
+  flash_attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mat<Exec>(dd.data(), N, C),
+                           as_mat<Exec>(saved.data(), N, 3 * C), as_mat<Exec>(out.data(), N, C),
+                           as_mats<Exec>(lse.data(), BNH, T, 2), NH);
+  EXPECT_LT(rel_error(to_host(dqkv), want_dqkv), 1e-5);
 }
 
 // Long enough for row blocks of 32 (four whole, one partial).
@@ -159,32 +171,43 @@ TYPED_TEST(AttentionTest, WideHeadsMatchDoubleReference) { expect_every_path_mat
 
 // Fused products save each row's log-sum-exp in two parts so that storing the saved
 // activations in bf16 (mixed precision) leaves the recomputed probabilities accurate; the
-// high part alone would not.
+// high part alone would not. Both implementations: host BLAS and team scratch.
 TYPED_TEST(AttentionTest, FusedLogSumExpSurvivesBf16Storage) {
   using Exec = TypeParam;
-  const int B = 1, T = 40, C = 16, NH = 2, N = B * T, BNH = B * NH;
+  const int B = 1, T = 40, C = 16, NH = 2, hd = C / NH, N = B * T, BNH = B * NH;
   // Large scores, as in a trained model: log-sum-exps far from zero.
   const auto qkv = random_vector(N * 3 * C, 48, -3.0, 3.0), dout = random_vector(N * C, 49);
   std::vector<double> want, want_dqkv;
   attention_reference(qkv, dout, B, T, C, NH, want, want_dqkv);
-  auto saved = to_device<Exec>(qkv), dd = to_device<Exec>(dout);
-  Vec<Exec> out("out", N * C), lse("lse", BNH * T * 2), dqkv("dqkv", N * 3 * C), none("none", 0);
-  const Mats<Exec> saved_lse = as_mats<Exec>(lse.data(), BNH, T, 2);
-  const AttentionHeads<Exec> heads{};
-  attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), saved_lse, as_mat<Exec>(saved.data(), N, 3 * C), heads, NH,
-                    AttentionProducts::fused);
-  round_to_bf16(Exec(), lse);
-  auto backward_error = [&] {
-    attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mats<Exec>(none.data(), BNH, T, 0),
-                       as_mat<Exec>(dd.data(), N, C), as_mat<Exec>(saved.data(), N, 3 * C),
-                       as_mat<Exec>(out.data(), N, C), saved_lse, heads, NH, AttentionProducts::fused);
-    return rel_error(to_host(dqkv), want_dqkv);
-  };
-  EXPECT_LT(backward_error(), 1e-4);
-  auto host = to_host(lse);
-  for (int r = 0; r < BNH * T; ++r) host[2 * r + 1] = 0.0;
-  Kokkos::deep_copy(lse, to_device<Exec>(host));
-  EXPECT_GT(backward_error(), 1e-3) << "the high part alone should be visibly worse (the test would not see a loss)";
+  for (const bool team : {false, true}) {
+    SCOPED_TRACE(team ? "team scratch" : "attention_forward/backward");
+    auto saved = to_device<Exec>(qkv), dd = to_device<Exec>(dout);
+    Vec<Exec> out("out", N * C), lse("lse", BNH * T * 2), dqkv("dqkv", N * 3 * C), datt("datt", BNH * T * T);
+    const Mat<Exec> o = as_mat<Exec>(out.data(), N, C), rows = as_mat<Exec>(saved.data(), N, 3 * C);
+    const Mats<Exec> saved_lse = as_mats<Exec>(lse.data(), BNH, T, 2);
+    const HeadsScratch<Exec> scratch(BNH, T, hd);
+    if (team) {
+      flash_attention_forward(Exec(), o, saved_lse, rows, NH);
+    } else {
+      attention_forward(Exec(), o, saved_lse, rows, scratch.heads(), NH, AttentionProducts::fused);
+    }
+    round_to_bf16(Exec(), lse);
+    auto backward_error = [&] {
+      const Mat<Exec> g = as_mat<Exec>(dqkv.data(), N, 3 * C), dy = as_mat<Exec>(dd.data(), N, C);
+      if (team) {
+        flash_attention_backward(Exec(), g, dy, rows, o, saved_lse, NH);
+      } else {
+        attention_backward(Exec(), g, as_mats<Exec>(datt.data(), BNH, T, T), dy, rows, o, saved_lse, scratch.heads(),
+                           NH, AttentionProducts::fused);
+      }
+      return rel_error(to_host(dqkv), want_dqkv);
+    };
+    EXPECT_LT(backward_error(), 1e-4);
+    auto host = to_host(lse);
+    for (int r = 0; r < BNH * T; ++r) host[2 * r + 1] = 0.0;
+    Kokkos::deep_copy(lse, to_device<Exec>(host));
+    EXPECT_GT(backward_error(), 1e-3) << "the high part alone should be visibly worse (the test would not see a loss)";
+  }
 }
 
 TYPED_TEST(AttentionTest, QkvBiasGradientSumsQAndVAndLeavesKExactlyZero) {
