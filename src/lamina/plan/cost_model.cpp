@@ -36,17 +36,23 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double gemm = machine.peak_flops(bf16_) * machine.gemm_efficiency;
   const double attention = machine.peak_flops(bf16_) * machine.attention_efficiency;
   const double bandwidth = machine.memory_bandwidth * machine.elementwise_efficiency;
+  // Fused attention keeps the (T, T) scores out of memory, and its backward pass computes
+  // them again: one product more on a host BLAS (2.5 times the forward's products, as
+  // FlashAttention-2), three in the device kernels, which recompute the scores and their
+  // gradient for dk, dv and again for dq instead of accumulating dq atomically.
+  const bool fused = d.attention == AttentionProducts::fused;
+  const double attention_backward = !fused ? 2.0 : kAttentionInPlace<Kokkos::DefaultExecutionSpace> ? 2.5 : 3.5;
   // Element-wise passes of a block's forward, in floats moved: two layer norms, two
-  // residual adds, the q/k/v scatter and attention gather, softmax over the (T, T) scores,
-  // GELU over the 4C hidden width.
+  // residual adds, the q/k/v scatter and attention gather, softmax over the (T, T) scores
+  // unless fused, GELU over the 4C hidden width.
+  const double scores = fused ? 0.0 : 3 * static_cast<double>(d.B) * heads * T * T;
   const double ew_forward =
-      4.0 * (2 * 2 * N * C + 2 * 3 * N * C + 2 * 3 * N * C / tp + 3 * static_cast<double>(d.B) * heads * T * T +
-             2 * 4 * N * C / tp);
+      4.0 * (2 * 2 * N * C + 2 * 3 * N * C + 2 * 3 * N * C / tp + scores + 2 * 4 * N * C / tp);
   // Tensor parallelism: two all-reduces of the (N, C) residual stream per pass (Megatron).
   const double tp_comm = o.tp > 1 ? 2.0 * collective(2.0 * (tp - 1) / tp * 4.0 * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
   block_forward_ = 24 * N * C * C / tp / gemm + 4 * N * T * C / tp / attention + ew_forward / bandwidth + tp_comm;
-  block_backward_ = 2 * 24 * N * C * C / tp / gemm + 2 * 4 * N * T * C / tp / attention + 2 * ew_forward / bandwidth +
-                    tp_comm;
+  block_backward_ = 2 * 24 * N * C * C / tp / gemm + attention_backward * 4 * N * T * C / tp / attention +
+                    2 * ew_forward / bandwidth + tp_comm;
   const double embed_tp = o.tp > 1 ? collective(2.0 * (tp - 1) / tp * 4.0 * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
   embed_forward_ = 3 * 4 * N * C / bandwidth + embed_tp;
   embed_backward_ = 3 * 4 * N * C / bandwidth;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "lamina/kernels/attention.hpp"
 #include "lamina/parallel/shard.hpp"
 
 namespace lamina::test {
@@ -36,6 +37,7 @@ ModelConfig model() {
   c.heads = 16;
   c.seq_len = 2048;
   c.vocab_size = 32768;
+  c.attention = AttentionProducts::staged;  // probabilities kept, on every build
   return c;
 }
 
@@ -57,6 +59,19 @@ TEST(CostModel, BlockForwardIsItsGemmsAttentionAndElementwisePasses) {
   const double elementwise = 4.0 * (4 * N * C + 6 * N * C + 6 * N * C + 3 * H * T * T + 8 * N * C) / (2e12 * 0.5);
   EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise, 1e-12);
   EXPECT_NEAR(c.block_backward(), 2 * (gemm + attention + elementwise), 1e-12);
+}
+
+TEST(CostModel, FusedAttentionRecomputesTheScoresInsteadOfMovingThem) {
+  ModelConfig m = model();
+  m.attention = AttentionProducts::fused;
+  const CostModel c(m, plan(1, 1, 1, Precision::bf16), machine());
+  const double N = 2048, C = 1024, T = 2048;
+  const double gemm = 24 * N * C * C / (400e12 * 0.5);
+  const double attention = 4 * N * T * C / (400e12 * 0.25);
+  const double elementwise = 4.0 * (4 * N * C + 6 * N * C + 6 * N * C + 8 * N * C) / (2e12 * 0.5);
+  const double recompute = kAttentionInPlace<Kokkos::DefaultExecutionSpace> ? 2.5 : 3.5;
+  EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise, 1e-12);
+  EXPECT_NEAR(c.block_backward(), 2 * gemm + recompute * attention + 2 * elementwise, 1e-12);
 }
 
 TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {
