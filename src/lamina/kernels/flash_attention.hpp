@@ -160,10 +160,22 @@ template <class Exec>
 struct FlashBackwardBlock {
   ScratchMat<Exec> q, dy, k, v, ds, st, p;
 
-  // st(i, 0) = the row's log-sum-exp, st(i, 1) = dy_i . y_i, the softmax backward's row sum.
+  // Its blocks in team scratch.
+  template <class Scratch>
+  KOKKOS_INLINE_FUNCTION static FlashBackwardBlock in_scratch(const Scratch& sc, std::int64_t hd, bool keep_p) {
+    return {scratch_block<Exec>(sc, hd), scratch_block<Exec>(sc, hd),          scratch_block<Exec>(sc, hd),
+            scratch_block<Exec>(sc, hd), scratch_block<Exec>(sc, kFlashBlock), ScratchMat<Exec>(sc, kFlashBlock, 3),
+            keep_p ? scratch_block<Exec>(sc, kFlashBlock) : ScratchMat<Exec>()};
+  }
+
+  // Query block t: q (scaled), dy, and in st(i, 0) each row's log-sum-exp, in st(i, 1)
+  // dy_i . y_i, the softmax backward's row sum.
   template <class Member>
-  KOKKOS_INLINE_FUNCTION void row_stats(const Member& team, const FlashTile& t, const Mats<Exec>& lse,
-                                        const Mat<Exec>& dout, const Mat<Exec>& out, std::int64_t hd) const {
+  KOKKOS_INLINE_FUNCTION void load_queries(const Member& team, const FlashTile& t, float scale, const Mat<Exec>& qkv,
+                                           const Mat<Exec>& dout, const Mat<Exec>& out, const Mats<Exec>& lse,
+                                           std::int64_t hd) const {
+    flash_load(team, q, qkv, t.row0 + t.r0, t.col0, t.n, hd, scale);
+    flash_load(team, dy, dout, t.row0 + t.r0, t.col0, t.n, hd, 1.0f);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n), [&](std::int64_t i) {
       float dot = 0.0f;
       for (std::int64_t d = 0; d < hd; ++d) dot += dout(t.row0 + t.r0 + i, t.col0 + d) * out(t.row0 + t.r0 + i, t.col0 + d);
@@ -209,10 +221,7 @@ struct FlashAttentionBackwardKeys {
     const FlashTile kt = blocks[team.league_rank()];
     const std::int64_t hd = blocks.hd, A = blocks.NH * hd, B = kFlashBlock;
     const auto sc = team.team_scratch(level);
-    const FlashBackwardBlock<Exec> b{scratch_block<Exec>(sc, hd), scratch_block<Exec>(sc, hd),
-                                     scratch_block<Exec>(sc, hd), scratch_block<Exec>(sc, hd),
-                                     scratch_block<Exec>(sc, B),  ScratchMat<Exec>(sc, B, 3),
-                                     scratch_block<Exec>(sc, B)};
+    const auto b = FlashBackwardBlock<Exec>::in_scratch(sc, hd, true);
     const ScratchMat<Exec> dk = scratch_block<Exec>(sc, hd), dv = scratch_block<Exec>(sc, hd);
     flash_load(team, b.k, qkv, kt.row0 + kt.r0, A + kt.col0, kt.n, hd, 1.0f);
     flash_load(team, b.v, qkv, kt.row0 + kt.r0, 2 * A + kt.col0, kt.n, hd, 1.0f);
@@ -220,9 +229,7 @@ struct FlashAttentionBackwardKeys {
     flash_zero(team, dv, kt.n, hd);
     for (std::int64_t r0 = kt.r0; r0 < blocks.T; r0 += B) {
       const FlashTile qt{kt.bh, kt.row0, kt.col0, r0, blocks.size(r0)};
-      flash_load(team, b.q, qkv, qt.row0 + r0, qt.col0, qt.n, hd, scale);
-      flash_load(team, b.dy, dout, qt.row0 + r0, qt.col0, qt.n, hd, 1.0f);
-      b.row_stats(team, qt, lse, dout, out, hd);
+      b.load_queries(team, qt, scale, qkv, dout, out, lse, hd);
       team.team_barrier();
       b.template probabilities<true>(team, r0, qt.n, kt.r0, kt.n, hd);
       team.team_barrier();
@@ -261,15 +268,10 @@ struct FlashAttentionBackwardQueries {
     const FlashTile qt = blocks[team.league_rank()];
     const std::int64_t hd = blocks.hd, A = blocks.NH * hd, B = kFlashBlock;
     const auto sc = team.team_scratch(level);
-    const FlashBackwardBlock<Exec> b{scratch_block<Exec>(sc, hd), scratch_block<Exec>(sc, hd),
-                                     scratch_block<Exec>(sc, hd), scratch_block<Exec>(sc, hd),
-                                     scratch_block<Exec>(sc, B),  ScratchMat<Exec>(sc, B, 3),
-                                     ScratchMat<Exec>()};
+    const auto b = FlashBackwardBlock<Exec>::in_scratch(sc, hd, false);
     const ScratchMat<Exec> dq = scratch_block<Exec>(sc, hd);
-    flash_load(team, b.q, qkv, qt.row0 + qt.r0, qt.col0, qt.n, hd, scale);
-    flash_load(team, b.dy, dout, qt.row0 + qt.r0, qt.col0, qt.n, hd, 1.0f);
+    b.load_queries(team, qt, scale, qkv, dout, out, lse, hd);
     flash_zero(team, dq, qt.n, hd);
-    b.row_stats(team, qt, lse, dout, out, hd);
     for (std::int64_t c0 = 0; c0 < qt.r0 + qt.n; c0 += B) {
       const std::int64_t m = blocks.size(c0);
       team.team_barrier();

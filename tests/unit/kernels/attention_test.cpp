@@ -77,15 +77,6 @@ TYPED_TEST_SUITE(AttentionTest, ExecSpaces);
 constexpr AttentionProducts kPaths[] = {AttentionProducts::in_place, AttentionProducts::staged,
                                         AttentionProducts::fused};
 
-const char* name(AttentionProducts how) {
-  switch (how) {
-    case AttentionProducts::in_place: return "in place";
-    case AttentionProducts::staged: return "staged";
-    case AttentionProducts::fused: return "fused";
-  }
-  return "?";
-}
-
 TYPED_TEST(AttentionTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifferences) {
   using Exec = TypeParam;
   const int B = 2, T = 5, C = 8, NH = 2, hd = C / NH, N = B * T, BNH = B * NH;
@@ -93,7 +84,7 @@ TYPED_TEST(AttentionTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiffere
   std::vector<double> want, want_dqkv;
   attention_reference(qkv, dout, B, T, C, NH, want, want_dqkv);
   for (const AttentionProducts how : kPaths) {
-    SCOPED_TRACE(name(how));
+    SCOPED_TRACE(attention_products_name(how));
     const HeadsScratch<Exec> scratch(BNH, T, hd);
     Vec<Exec> att("att", BNH * T * T), out("out", N * C), saved("qkv", N * 3 * C);
     const Mats<Exec> saved_att = as_mats<Exec>(att.data(), BNH, T, saved_attention_columns(how, T));
@@ -126,7 +117,7 @@ void expect_every_path_matches(int B, int T, int C, int NH, std::uint32_t seed) 
   attention_reference(qkv, dout, B, T, C, NH, want, want_dqkv);
   const std::vector<double> nan(BNH * T * T, std::nan(""));
   for (const AttentionProducts how : kPaths) {
-    SCOPED_TRACE(name(how));
+    SCOPED_TRACE(attention_products_name(how));
     const HeadsScratch<Exec> scratch(BNH, T, hd);
     auto att = to_device<Exec>(nan), datt = to_device<Exec>(nan), saved = to_device<Exec>(qkv),
          dd = to_device<Exec>(dout);
