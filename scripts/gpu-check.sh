@@ -2,13 +2,14 @@
 # What to run on a GPU node after installing lamina's dependencies (e.g. `spack install
 # lamina +cuda`, or a Kokkos + Kokkos Kernels CUDA install): builds lamina against the
 # Kokkos found in CMAKE_PREFIX_PATH, runs the unit and MPI suites, `lamina verify` on
-# every reference file, the step, AdamW and Deep Optimizer States benchmarks, and prints
+# every reference file with each way attention runs, the step (also with staged attention),
+# AdamW and Deep Optimizer States benchmarks, and prints
 # one summary. Works the same on a CPU-only Kokkos, which is how CI-less changes to this
 # script are checked.
 #
 #   CMAKE_PREFIX_PATH=/opt/kokkos-cuda scripts/gpu-check.sh [build dir] [extra cmake args]
 #
-# The C++ compiler is Kokkos' nvcc_wrapper when one is found next to Kokkos (set CXX to
+# The C++ compiler is Kokkos' nvcc_wrapper when the Kokkos found is a CUDA one (set CXX to
 # choose another). Output of every step is kept in <build dir>/gpu-check/*.log. Exit
 # status: 0 when every step passed, 1 otherwise.
 set -uo pipefail
@@ -24,7 +25,8 @@ if [[ -z ${CXX:-} ]]; then
   IFS=: read -r -a prefixes <<< "${CMAKE_PREFIX_PATH:-}"
   for p in "${prefixes[@]}"; do
     p=${p%%;*}
-    if [[ -x $p/bin/nvcc_wrapper ]]; then
+    # Every Kokkos install ships nvcc_wrapper; only a CUDA one needs it.
+    if [[ -x $p/bin/nvcc_wrapper ]] && grep -qs '^#define KOKKOS_ENABLE_CUDA$' "$p/include/KokkosCore_config.h"; then
       export CXX=$p/bin/nvcc_wrapper
       break
     fi
@@ -39,9 +41,9 @@ step() {
   shift 2
   local t0=$SECONDS
   if "$@" > "$log" 2>&1; then
-    summary+=("$(printf '%-28s PASS %5ds' "$name" $((SECONDS - t0)))")
+    summary+=("$(printf '%-36s PASS %5ds' "$name" $((SECONDS - t0)))")
   else
-    summary+=("$(printf '%-28s FAIL %5ds  (%s)' "$name" $((SECONDS - t0)) "$log")")
+    summary+=("$(printf '%-36s FAIL %5ds  (%s)' "$name" $((SECONDS - t0)) "$log")")
     failed=1
   fi
 }
@@ -67,7 +69,10 @@ step "unit tests" unit.log in_build ctest -LE mpi -j "$jobs" --output-on-failure
 step "MPI tests" mpi.log in_build ctest -L mpi --output-on-failure
 for ref in "$root"/tests/reference/ref_*.h5; do
   name=$(basename "$ref" .h5)
-  step "verify $name" "verify_$name.log" "$lamina" verify --reference "$ref"
+  for attention in auto staged fused; do
+    step "verify $name (attention $attention)" "verify_${name}_$attention.log" "$lamina" verify --reference "$ref" \
+      --attention "$attention"
+  done
 done
 # On a GPU, GPT-2 124M at 16 x 1024 tokens per step (the size PyTorch is compared on);
 # on a CPU, the 6 x 384 model of inputs/bench-torch.toml.
@@ -82,6 +87,8 @@ fi
 step "bench step fp32" bench_step.log "$lamina" bench step "${bench[@]}" --steps 10 --warmup 3
 step "bench step bf16" bench_step_bf16.log "$lamina" bench step "${bench[@]}" --set train.precision=bf16 \
   --steps 10 --warmup 3
+step "bench step fp32, attention staged" bench_step_staged.log "$lamina" bench step "${bench[@]}" \
+  --set model.attention=staged --steps 10 --warmup 3
 step "bench adam" bench_adam.log "$lamina" bench adam
 step "bench dos" bench_dos.log "$lamina" bench dos "${bench[@]}" --steps 5
 
@@ -91,8 +98,10 @@ echo "build: $build (logs in $logs)"
 printf '%s\n' "${summary[@]}"
 fp32=$(json_of bench_step.log)
 bf16=$(json_of bench_step_bf16.log)
+staged=$(json_of bench_step_staged.log)
 echo "$model: fp32 $(field "$fp32" step_ms_median) ms/step, $(field "$fp32" tokens_per_s) tokens/s;" \
-  "bf16 $(field "$bf16" step_ms_median) ms/step, $(field "$bf16" tokens_per_s) tokens/s"
+  "bf16 $(field "$bf16" step_ms_median) ms/step, $(field "$bf16" tokens_per_s) tokens/s;" \
+  "fp32 with staged attention $(field "$staged" step_ms_median) ms/step"
 echo "bench adam: $(json_of bench_adam.log)"
 echo "bench dos: $(json_of bench_dos.log)"
 exit $failed
