@@ -1,14 +1,15 @@
 #pragma once
-// Fused causal attention (flash attention, Dao et al. 2022): one team per block of query
-// rows of one (sequence, head) streams the key blocks through team scratch memory with an
-// online softmax, so no T x T matrix reaches global memory. The forward pass saves each
-// row's log-sum-exp (as a bf16-exact high part and the rest: bf16 storage of the saved
-// activations keeps it to 2^-17 of its value, where rounding it whole to bf16 would move it
-// by up to 2^-9, which exp() turns into errors of percents in the probabilities); the backward pass recomputes the probabilities from it in two kernels,
+// Fused causal attention (flash attention, Dao et al. 2022), the device's way: one team per
+// block of query rows of one (sequence, head) streams the key blocks through team scratch
+// memory with an online softmax, so no T x T matrix reaches global memory. The forward
+// pass saves each row's log-sum-exp as a bf16-exact high part and the rest: bf16 storage
+// of the saved activations then keeps it to 2^-17 of its value, where rounding it whole
+// would move it by up to 2^-9, which exp() turns into errors of percents in the
+// probabilities. The backward pass recomputes the probabilities from it in two kernels,
 // dk and dv per key block and dq per query block, so that every output element is summed
 // by one thread in a fixed order (deterministic, no atomics). q, k, v are read and y, dq,
 // dk, dv written in place in the (B*T, 3A) and (B*T, A) rows. Portable Kokkos: the same
-// teams run on a device and, one thread each, on the host backends.
+// teams run, one thread each, on the host backends, where the tests check them.
 #include "lamina/kernels/bf16.hpp"
 #include "lamina/kernels/common.hpp"
 #include "lamina/kernels/fast_math.hpp"
