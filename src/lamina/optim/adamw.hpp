@@ -3,6 +3,9 @@
 // PyTorch's order of operations (torch.optim.AdamW, single-tensor path), so that one
 // step reproduces torch to float rounding. One kernel for every execution space: the
 // same code updates optimizer-state subgroups on the host and on a device.
+#include <algorithm>
+#include <cmath>
+
 #include "lamina/kernels/common.hpp"
 
 namespace lamina {
@@ -31,53 +34,60 @@ inline AdamWStep AdamWStep::make(double lr, double beta1, double beta2, double e
   return s;
 }
 
+// Elements below `split` decay by `decay_below`, the rest by `decay_above`: one launch updates
+// a subgroup that holds both a layer's matrices and its biases and norm gains.
 template <class Exec>
 struct AdamWUpdate {
   Vec<Exec> params, m, v;
   ConstVec<Exec> grads;
-  float decay, one_minus_b1, one_minus_b2, step_size, bc2_sqrt, eps, b2, gs;
+  std::int64_t split;
+  float decay_below, decay_above, one_minus_b1, one_minus_b2, step_size, bc2_sqrt, eps, b2, gs;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
     const float g = grads(i) * gs;
     const float mi = m(i) + one_minus_b1 * (g - m(i));  // torch: exp_avg.lerp_(grad, 1 - beta1)
     const float vi = b2 * v(i) + one_minus_b2 * g * g;
     const float denom = math::sqrt(vi) / bc2_sqrt + eps;
-    params(i) = params(i) * decay - step_size * (mi / denom);
+    params(i) = params(i) * (i < split ? decay_below : decay_above) - step_size * (mi / denom);
     m(i) = mi;
     v(i) = vi;
   }
 };
 
+namespace detail {
+
+template <class Exec>
+void adamw_launch(const Exec& exec, const Vec<Exec>& params, const Vec<Exec>& m, const Vec<Exec>& v,
+                  const ConstVec<Exec>& grads, const AdamWStep& s, std::int64_t split, float wd_below, float wd_above) {
+  const std::int64_t n = static_cast<std::int64_t>(params.extent(0));
+  if (n == 0) return;
+  const float one_minus_b1 = 1.0f - s.beta1, one_minus_b2 = 1.0f - s.beta2;
+  const float step_size = s.lr / s.bias_correction1;
+  Kokkos::parallel_for("lamina::adamw_update", Range<Exec>(exec, 0, n),
+                       AdamWUpdate<Exec>{params, m, v, grads, split, 1.0f - s.lr * wd_below, 1.0f - s.lr * wd_above,
+                                         one_minus_b1, one_minus_b2, step_size, s.bias_correction2_sqrt, s.eps,
+                                         s.beta2, s.grad_scale});
+}
+
+}  // namespace detail
+
 // params, m, v: (n) updated in place; grads: (n). All four are slices of the same range.
 template <class Exec>
 void adamw_update(const Exec& exec, const Vec<Exec>& params, const Vec<Exec>& m, const Vec<Exec>& v,
                   const ConstVec<Exec>& grads, const AdamWStep& s, float weight_decay) {
-  const float decay = 1.0f - s.lr * weight_decay;
-  const float one_minus_b1 = 1.0f - s.beta1, one_minus_b2 = 1.0f - s.beta2;
-  const float step_size = s.lr / s.bias_correction1;
-  const float bc2_sqrt = s.bias_correction2_sqrt, eps = s.eps, b2 = s.beta2;
-  const float gs = s.grad_scale;
-  Kokkos::parallel_for(
-      "lamina::adamw_update", Range<Exec>(exec, 0, static_cast<std::int64_t>(params.extent(0))),
-      AdamWUpdate<Exec>{params, m, v, grads, decay, one_minus_b1, one_minus_b2, step_size, bc2_sqrt, eps, b2, gs});
+  detail::adamw_launch(exec, params, m, v, grads, s, static_cast<std::int64_t>(params.extent(0)), weight_decay,
+                       weight_decay);
 }
 
-// Updates elements [begin, begin + n) of one layer's flat buffer; the four views start
-// at element `begin`. Layer elements below `matrix_end` are matrices (always decayed);
+// Updates elements [begin, begin + n) of one layer's flat buffer in one launch; the four views
+// start at element `begin`. Layer elements below `matrix_end` are matrices (always decayed);
 // the rest are biases and norm gains, decayed only when `decay_vectors`.
 template <class Exec>
 void adamw_update_range(const Exec& exec, const Vec<Exec>& params, const Vec<Exec>& m, const Vec<Exec>& v,
                         const ConstVec<Exec>& grads, std::int64_t begin, std::int64_t matrix_end, const AdamWStep& s,
                         float weight_decay, bool decay_vectors) {
   const std::int64_t n = static_cast<std::int64_t>(params.extent(0));
-  auto run = [&](std::int64_t b, std::int64_t e, float wd) {
-    if (b >= e) return;
-    const auto r = std::make_pair(b, e);
-    adamw_update(exec, Vec<Exec>(Kokkos::subview(params, r)), Vec<Exec>(Kokkos::subview(m, r)),
-                 Vec<Exec>(Kokkos::subview(v, r)), ConstVec<Exec>(Kokkos::subview(grads, r)), s, wd);
-  };
   const std::int64_t split = std::min(std::max(matrix_end - begin, std::int64_t(0)), n);
-  run(0, split, weight_decay);
-  run(split, n, decay_vectors ? weight_decay : 0.0f);
+  detail::adamw_launch(exec, params, m, v, grads, s, split, weight_decay, decay_vectors ? weight_decay : 0.0f);
 }
 
 }  // namespace lamina
