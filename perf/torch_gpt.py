@@ -10,6 +10,12 @@ what lamina's step is: zero the gradients, forward, backward, clip the global gr
 norm to 1.0, one torch.optim.AdamW step (lr 3e-4, betas (0.9, 0.999), eps 1e-8, weight
 decay 0.01, as inputs/bench-torch.toml). Tokens are random, as lamina's synthetic data.
 
+--precision bf16 is what a PyTorch user runs for speed: forward and loss under bf16 autocast
+(products on bf16 tensor cores, fp32 weights, gradients and optimizer state), and on a GPU
+the fused AdamW where this PyTorch has it; with scaled_dot_product_attention (PyTorch >= 2.0)
+attention is flash attention on such a GPU. Compare with `lamina bench step --set
+train.precision=bf16`.
+
 FLOPs per step use lamina's formula (src/lamina/model/flops.hpp), PaLM's model FLOPs:
 per token 6 N_mm + 12 L C T with N_mm = 12 L C^2 + V C (weights in products, tied head
 included, attention over the full T x T scores), times batch * seq tokens.
@@ -21,6 +27,7 @@ Prints a line per measured step and a summary; the last line is one JSON object
     --vocab 8192 --threads 2 --steps 10 --warmup 3
 """
 import argparse
+import inspect
 import json
 import math
 import statistics
@@ -99,6 +106,8 @@ def main():
                  ("threads", 2), ("steps", 10), ("warmup", 3), ("seed", 1)):
         ap.add_argument("--" + k, type=int, default=v)
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                    help="fp32 (default), or bf16 autocast with the fused AdamW on a GPU")
     a = ap.parse_args()
     if a.d_model % a.heads:
         ap.error("--d-model must be divisible by --heads")
@@ -108,7 +117,10 @@ def main():
     torch.manual_seed(a.seed)
     dev = torch.device(a.device)
     model = GPT(a.layers, a.d_model, a.heads, a.seq, a.vocab).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+    bf16 = a.precision == "bf16"
+    fused = bf16 and dev.type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
+                            **({"fused": True} if fused else {}))
     params = sum(p.numel() for p in model.parameters())
     tokens = torch.randint(0, a.vocab, (a.warmup + a.steps, a.batch, a.seq + 1), device=dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -119,7 +131,8 @@ def main():
         sync()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
         opt.step()
@@ -135,12 +148,14 @@ def main():
     flops_per_token = training_flops_per_token(a.layers, a.d_model, a.seq, a.vocab)
     flops_per_step = flops_per_token * tokens_per_step
     med = statistics.median(times)
-    print(f"torch {torch.__version__} on {a.device} ({a.threads} threads), {a.layers} layers, d {a.d_model}, "
+    print(f"torch {torch.__version__} on {a.device} ({a.threads} threads, {a.precision}"
+          f"{', fused AdamW' if fused else ''}), {a.layers} layers, d {a.d_model}, "
           f"{a.heads} heads, seq {a.seq}, batch {a.batch}, vocab {a.vocab}, {params} parameters: "
           f"{med * 1e3:.1f} ms per step (median of {len(times)}), {tokens_per_step / med:.0f} tokens/s, "
           f"{flops_per_step / 1e9:.1f} GFLOP per step, {flops_per_step / med / 1e12:.4f} TFLOP/s")
     print(json.dumps({
         "peer": "pytorch", "torch": torch.__version__, "device": a.device, "threads": a.threads,
+        "precision": a.precision, "fused_adamw": fused,
         "layers": a.layers, "d_model": a.d_model, "heads": a.heads, "seq": a.seq, "batch": a.batch,
         "vocab": a.vocab, "params": params, "steps": len(times), "warmup": a.warmup,
         "attention": "sdpa" if hasattr(F, "scaled_dot_product_attention") else "explicit",

@@ -2,9 +2,9 @@
 # What to run on a GPU node after installing lamina's dependencies (e.g. `spack install
 # lamina +cuda`, or a Kokkos + Kokkos Kernels CUDA install): builds lamina against the
 # Kokkos found in CMAKE_PREFIX_PATH, runs the unit and MPI suites, `lamina verify` on
-# every reference file with each way attention runs, the step (also with staged attention),
-# AdamW and Deep Optimizer States benchmarks, and prints
-# one summary. Works the same on a CPU-only Kokkos, which is how CI-less changes to this
+# every reference file with each way attention runs, the step (also with staged attention;
+# PyTorch's beside it where python3 has torch), AdamW and Deep Optimizer States benchmarks,
+# and prints one summary. Works the same on a CPU-only Kokkos, which is how CI-less changes to this
 # script are checked.
 #
 #   CMAKE_PREFIX_PATH=/opt/kokkos-cuda scripts/gpu-check.sh [build dir] [extra cmake args]
@@ -80,15 +80,26 @@ if "$lamina" --version | grep -q Cuda; then
   model="GPT-2 124M, 16 x 1024 tokens"
   bench=("$root/inputs/gpt2-124m.toml" --set data.format=synthetic --set data.batch_size=16
     --set data.micro_batch_size=16)
+  torch_args=(--layers 12 --d-model 768 --heads 12 --seq 1024 --batch 16 --vocab 50257 --device cuda)
 else
   model="6 x 384, 4 x 256 tokens"
   bench=("$root/inputs/bench-torch.toml")
+  torch_args=(--threads "$jobs")
 fi
 step "bench step fp32" bench_step.log "$lamina" bench step "${bench[@]}" --steps 10 --warmup 3
 step "bench step bf16" bench_step_bf16.log "$lamina" bench step "${bench[@]}" --set train.precision=bf16 \
   --steps 10 --warmup 3
 step "bench step fp32, attention staged" bench_step_staged.log "$lamina" bench step "${bench[@]}" \
   --set model.attention=staged --steps 10 --warmup 3
+# PyTorch on the same model beside lamina, when this node's python3 has it (else skipped).
+python=${PYTHON:-python3}
+has_torch=0
+"$python" -c "import torch" 2> /dev/null && has_torch=1
+if ((has_torch)); then
+  step "PyTorch step fp32" torch_step.log "$python" "$root/perf/torch_gpt.py" "${torch_args[@]}"
+  step "PyTorch step bf16" torch_step_bf16.log "$python" "$root/perf/torch_gpt.py" "${torch_args[@]}" \
+    --precision bf16
+fi
 step "bench adam" bench_adam.log "$lamina" bench adam
 step "bench dos" bench_dos.log "$lamina" bench dos "${bench[@]}" --steps 5
 
@@ -102,6 +113,15 @@ staged=$(json_of bench_step_staged.log)
 echo "$model: fp32 $(field "$fp32" step_ms_median) ms/step, $(field "$fp32" tokens_per_s) tokens/s;" \
   "bf16 $(field "$bf16" step_ms_median) ms/step, $(field "$bf16" tokens_per_s) tokens/s;" \
   "fp32 with staged attention $(field "$staged" step_ms_median) ms/step"
+if ((has_torch)); then
+  torch32=$(json_of torch_step.log)
+  torch16=$(json_of torch_step_bf16.log)
+  echo "PyTorch $(field "$torch16" torch): fp32 $(field "$torch32" ms_per_step_median) ms/step," \
+    "$(field "$torch32" tokens_per_s) tokens/s; bf16 autocast (fused AdamW: $(field "$torch16" fused_adamw))" \
+    "$(field "$torch16" ms_per_step_median) ms/step, $(field "$torch16" tokens_per_s) tokens/s"
+else
+  echo "PyTorch: $python cannot import torch; no side-by-side step"
+fi
 echo "bench adam: $(json_of bench_adam.log)"
 echo "bench dos: $(json_of bench_dos.log)"
 exit $failed
