@@ -262,7 +262,7 @@ int main(int argc, char** argv) {
       ref.heads = 8;
       ref.seq_len = 256;
       ref.vocab_size = 8192;
-      lamina::calibrate(m, ref, lamina::Precision::fp32, lamina::profile_model(ref, {4}).front());
+      lamina::calibrate(m, ref, lamina::Precision::fp32, lamina::profile_model(ref, lamina::Precision::fp32, {4}).front());
       if (rank == 0) {
         std::FILE* f = std::fopen(o.write.c_str(), "w");
         const std::string text = "# measured by `lamina bench machine --write` (" + build_info() + ")\n" +

@@ -197,9 +197,9 @@ HeadMatrices score_heads(const Mats<Exec>& s, std::int64_t NH) {
 struct CausalBlock {
   std::int64_t s, h, r0, r1, T, hd;
 
-  HostGemm product(CausalProduct kind, float alpha, const HeadMatrices& a, const HeadMatrices& b,
+  RowMajorGemm product(CausalProduct kind, float alpha, const HeadMatrices& a, const HeadMatrices& b,
                    const HeadMatrices& c) const {
-    HostGemm p;
+    RowMajorGemm p;
     p.alpha = alpha;
     p.a = a.at(s, h) + r0 * a.ld;
     p.lda = a.ld;

@@ -1,11 +1,13 @@
 #pragma once
 // Dense products through KokkosBlas (OpenBLAS / cuBLAS / rocBLAS underneath); on the Kokkos
-// OpenMP backend through the host BLAS, one tile per Kokkos thread (kernels/host_blas.hpp).
+// OpenMP backend through the host BLAS, one tile per Kokkos thread (kernels/host_blas.hpp); on
+// CUDA, bf16 products and batches through cuBLAS directly (kernels/device_blas.hpp).
 #include <KokkosBlas3_gemm.hpp>
 #include <climits>
 #include <type_traits>
 
 #include "lamina/kernels/common.hpp"
+#include "lamina/kernels/device_blas.hpp"
 #include "lamina/kernels/host_blas.hpp"
 
 namespace lamina {
@@ -13,8 +15,8 @@ namespace lamina {
 namespace detail {
 
 template <class AV, class BV, class CV>
-HostGemm host_gemm(const char* ta, const char* tb, float alpha, const AV& A, const BV& B, float beta, const CV& C) {
-  HostGemm g;
+RowMajorGemm row_major_gemm(const char* ta, const char* tb, float alpha, const AV& A, const BV& B, float beta, const CV& C) {
+  RowMajorGemm g;
   g.ta = *ta;
   g.tb = *tb;
   g.m = static_cast<std::int64_t>(C.extent(0));
@@ -31,7 +33,7 @@ HostGemm host_gemm(const char* ta, const char* tb, float alpha, const AV& A, con
   return g;
 }
 
-inline bool fits_blas_int(const HostGemm& g) {
+inline bool fits_blas_int(const RowMajorGemm& g) {
   for (std::int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldc}) {
     if (v > INT_MAX) return false;
   }
@@ -39,20 +41,20 @@ inline bool fits_blas_int(const HostGemm& g) {
 }
 
 struct GemmTiles {
-  HostGemm g;
+  RowMajorGemm g;
   int count;
   void operator()(const int i) const { host_sgemm(gemm_tile(g, i, count)); }
 };
 
-// Product i of a batch: the first product's operands moved by i whole matrices.
-struct GemmBatch {
-  HostGemm g;
-  std::int64_t stride_a, stride_b, stride_c;
+// Product i of a batch: the first product's operands moved by i strides.
+struct HostGemmBatch {
+  RowMajorGemm g;
+  GemmBatch batch;
   void operator()(const int i) const {
-    HostGemm p = g;
-    p.a += i * stride_a;
-    p.b += i * stride_b;
-    p.c += i * stride_c;
+    RowMajorGemm p = g;
+    p.a += i * batch.stride_a;
+    p.b += i * batch.stride_b;
+    p.c += i * batch.stride_c;
     host_sgemm(p);
   }
 };
@@ -67,15 +69,25 @@ constexpr bool kTiledOnHost = false;
 
 }  // namespace detail
 
-// C = alpha * op(A) @ op(B) + beta * C. `ta`, `tb` are "N" or "T".
+// C = alpha * op(A) @ op(B) + beta * C. `ta`, `tb` are "N" or "T". `math`: how the operands
+// are read where the device's BLAS offers a choice (ProductMath), else fp32.
 template <class Exec, class AV, class BV>
 void gemm(const Exec& exec, const char* ta, const char* tb, float alpha, const AV& A, const BV& B, float beta,
-          const Mat<Exec>& C) {
+          const Mat<Exec>& C, [[maybe_unused]] ProductMath math = ProductMath::fp32) {
+  static_assert(std::is_same<typename AV::array_layout, Kokkos::LayoutRight>::value &&
+                    std::is_same<typename BV::array_layout, Kokkos::LayoutRight>::value,
+                "the BLAS called directly reads operands as row-major matrices");
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (kDeviceBlas<Exec>) {
+    // fp32 products stay with Kokkos Kernels; it has no bf16 compute type for fp32 operands.
+    if (math == ProductMath::bf16) {
+      device_gemm(exec.cuda_stream(), math, detail::row_major_gemm(ta, tb, alpha, A, B, beta, C), GemmBatch{});
+      return;
+    }
+  }
+#endif
   if constexpr (detail::kTiledOnHost<Exec>) {
-    static_assert(std::is_same<typename AV::array_layout, Kokkos::LayoutRight>::value &&
-                      std::is_same<typename BV::array_layout, Kokkos::LayoutRight>::value,
-                  "the host BLAS path reads operands as row-major matrices");
-    const HostGemm g = detail::host_gemm(ta, tb, alpha, A, B, beta, C);
+    const RowMajorGemm g = detail::row_major_gemm(ta, tb, alpha, A, B, beta, C);
     if (detail::fits_blas_int(g)) {
       const int tiles = gemm_tile_count(g, exec.concurrency());
       if (tiles == 1) {
@@ -97,28 +109,33 @@ void gemm(const Exec& exec, const char* ta, const char* tb, float alpha, const A
 template <class Exec>
 void batched_gemm(const Exec& exec, const char* ta, const char* tb, float alpha, const ConstMats<Exec>& A,
                   const ConstMats<Exec>& B, float beta, const Mats<Exec>& C) {
-  const std::int64_t batch = static_cast<std::int64_t>(C.extent(0));
-  if constexpr (detail::kTiledOnHost<Exec>) {
-    // One whole product per thread when there are enough of them; else each one tiled.
-    if (batch >= exec.concurrency() && batch > 1) {
-      auto a = Kokkos::subview(A, 0, Kokkos::ALL, Kokkos::ALL);
-      auto b = Kokkos::subview(B, 0, Kokkos::ALL, Kokkos::ALL);
-      auto c = Kokkos::subview(C, 0, Kokkos::ALL, Kokkos::ALL);
-      const HostGemm g = detail::host_gemm(ta, tb, alpha, a, b, beta, c);
-      if (detail::fits_blas_int(g)) {
-        Kokkos::parallel_for("lamina::gemm_batch", Kokkos::RangePolicy<Exec>(exec, 0, batch),
-                             detail::GemmBatch{g, static_cast<std::int64_t>(A.stride_0()),
-                                               static_cast<std::int64_t>(B.stride_0()),
-                                               static_cast<std::int64_t>(C.stride_0())});
+  const std::int64_t count = static_cast<std::int64_t>(C.extent(0));
+  if (count == 0) return;
+  const RowMajorGemm first =
+      detail::row_major_gemm(ta, tb, alpha, Kokkos::subview(A, 0, Kokkos::ALL, Kokkos::ALL),
+                             Kokkos::subview(B, 0, Kokkos::ALL, Kokkos::ALL), beta,
+                             Kokkos::subview(C, 0, Kokkos::ALL, Kokkos::ALL));
+  const GemmBatch batch{count, static_cast<std::int64_t>(A.stride_0()), static_cast<std::int64_t>(B.stride_0()),
+                        static_cast<std::int64_t>(C.stride_0())};
+  if constexpr (kDeviceBlas<Exec>) {
+#if defined(KOKKOS_ENABLE_CUDA)
+    device_gemm(exec.cuda_stream(), ProductMath::fp32, first, batch);  // one launch, not one per matrix
+#endif
+  } else {
+    if constexpr (detail::kTiledOnHost<Exec>) {
+      // One whole product per thread when there are enough of them; else each one tiled.
+      if (count >= exec.concurrency() && count > 1 && detail::fits_blas_int(first)) {
+        Kokkos::parallel_for("lamina::gemm_batch", Kokkos::RangePolicy<Exec>(exec, 0, count),
+                             detail::HostGemmBatch{first, batch});
         return;
       }
     }
-  }
-  for (std::int64_t i = 0; i < batch; ++i) {
-    auto a = Kokkos::subview(A, i, Kokkos::ALL, Kokkos::ALL);
-    auto b = Kokkos::subview(B, i, Kokkos::ALL, Kokkos::ALL);
-    Mat<Exec> c = Kokkos::subview(C, i, Kokkos::ALL, Kokkos::ALL);
-    gemm(exec, ta, tb, alpha, a, b, beta, c);
+    for (std::int64_t i = 0; i < count; ++i) {
+      auto a = Kokkos::subview(A, i, Kokkos::ALL, Kokkos::ALL);
+      auto b = Kokkos::subview(B, i, Kokkos::ALL, Kokkos::ALL);
+      Mat<Exec> c = Kokkos::subview(C, i, Kokkos::ALL, Kokkos::ALL);
+      gemm(exec, ta, tb, alpha, a, b, beta, c);
+    }
   }
 }
 

@@ -46,8 +46,8 @@ int usable_cores() {
 
 }  // namespace
 
-HostGemm gemm_tile(const HostGemm& g, int index, int count) {
-  HostGemm t = g;
+RowMajorGemm gemm_tile(const RowMajorGemm& g, int index, int count) {
+  RowMajorGemm t = g;
   // Rows wherever each tile gets whole blocks of them: with OpenBLAS as fast as columns or up
   // to 9 % faster for every product of the model measured, even where C is wider than tall.
   const bool by_rows = g.m >= count * kTileMultiple || g.m >= g.n;
@@ -68,7 +68,7 @@ HostGemm gemm_tile(const HostGemm& g, int index, int count) {
   return t;
 }
 
-int gemm_tile_count(const HostGemm& g, int threads) {
+int gemm_tile_count(const RowMajorGemm& g, int threads) {
   const std::int64_t side = std::max(g.m, g.n);
   const std::int64_t work = g.m * g.n * std::max<std::int64_t>(g.k, 1);
   const std::int64_t by_side = (side + kTileMultiple - 1) / kTileMultiple;
@@ -76,7 +76,7 @@ int gemm_tile_count(const HostGemm& g, int threads) {
   return static_cast<int>(std::max<std::int64_t>(1, std::min({std::int64_t{threads}, by_side, by_work})));
 }
 
-void host_sgemm(const HostGemm& g) {
+void host_sgemm(const RowMajorGemm& g) {
   if (g.m == 0 || g.n == 0) return;
 #if defined(LAMINA_HAVE_OPENBLAS)
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the same memory with the

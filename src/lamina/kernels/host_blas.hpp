@@ -6,22 +6,9 @@
 #include <cstdint>
 #include <string>
 
-namespace lamina {
+#include "lamina/kernels/row_major_gemm.hpp"
 
-// C = alpha * op(A) @ op(B) + beta * C on row-major matrices with row strides lda, ldb, ldc.
-// `ta`, `tb` are 'N' or 'T'; op(A) is m x k, op(B) is k x n.
-struct HostGemm {
-  char ta = 'N', tb = 'N';
-  std::int64_t m = 0, n = 0, k = 0;
-  float alpha = 1.0f;
-  const float* a = nullptr;
-  std::int64_t lda = 1;
-  const float* b = nullptr;
-  std::int64_t ldb = 1;
-  float beta = 0.0f;
-  float* c = nullptr;
-  std::int64_t ldc = 1;
-};
+namespace lamina {
 
 // Whether the Fortran BLAS is linked (an OpenBLAS found at configure time).
 constexpr bool kHostBlasLinked =
@@ -34,13 +21,13 @@ constexpr bool kHostBlasLinked =
 // Block `index` of `count` of the product, cut in multiples of 16 rows, or columns where C has
 // fewer rows than that and more columns (the BLAS's register blocks stay whole); empty past
 // the end.
-HostGemm gemm_tile(const HostGemm& g, int index, int count);
+RowMajorGemm gemm_tile(const RowMajorGemm& g, int index, int count);
 
 // How many tiles are worth it for `threads` threads: one per thread, fewer for small products.
-int gemm_tile_count(const HostGemm& g, int threads);
+int gemm_tile_count(const RowMajorGemm& g, int threads);
 
 // One call of the BLAS, in the calling thread. Throws when no BLAS is linked.
-void host_sgemm(const HostGemm& g);
+void host_sgemm(const RowMajorGemm& g);
 
 // Sets the BLAS's own threads for the Kokkos host space this process runs (one per call under
 // OpenMP, left as configured under Serial) and says what the host's thread pools are, e.g.

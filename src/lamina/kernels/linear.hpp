@@ -12,15 +12,18 @@ struct LinearBiasBroadcast {
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t j) const { out(i, j) = bias(j); }
 };
 
+// Every product takes `math` (ProductMath): bf16 reads its operands rounded to bf16 where the
+// device's BLAS can, and always sums in fp32.
+
 // out: (N, OC); inp: (N, IC); weight: (IC, OC); bias: (OC), or empty for none (where the
 // kernel reading out adds it: residual_forward, bias_gelu_forward)
 template <class Exec>
 void linear_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>& inp, const ConstMat<Exec>& weight,
-                    const ConstVec<Exec>& bias) {
+                    const ConstVec<Exec>& bias, ProductMath math) {
   const std::int64_t N = static_cast<std::int64_t>(out.extent(0));
   const std::int64_t OC = static_cast<std::int64_t>(out.extent(1));
   if (bias.data() == nullptr) {
-    gemm(exec, "N", "N", 1.0f, inp, weight, 0.0f, out);
+    gemm(exec, "N", "N", 1.0f, inp, weight, 0.0f, out, math);
     return;
   }
   // Broadcasting the bias first lets the product accumulate onto it (beta = 1) instead
@@ -29,7 +32,7 @@ void linear_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>
       "lamina::linear_forward_bias",
       Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {N, OC}),
       LinearBiasBroadcast<Exec>{out, bias});
-  gemm(exec, "N", "N", 1.0f, inp, weight, 1.0f, out);
+  gemm(exec, "N", "N", 1.0f, inp, weight, 1.0f, out, math);
 }
 
 // dinp: (N, IC) overwritten; dweight: (IC, OC) +=; dbias: (OC) +=, or empty when the
@@ -37,25 +40,26 @@ void linear_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>
 template <class Exec>
 void linear_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
                      const ConstMat<Exec>& dout, const ConstMat<Exec>& inp, const ConstMat<Exec>& weight,
-                     const ConstVec<Exec>& ones) {
-  gemm(exec, "N", "T", 1.0f, dout, weight, 0.0f, dinp);
-  gemm(exec, "T", "N", 1.0f, inp, dout, 1.0f, dweight);
+                     const ConstVec<Exec>& ones, ProductMath math) {
+  gemm(exec, "N", "T", 1.0f, dout, weight, 0.0f, dinp, math);
+  gemm(exec, "T", "N", 1.0f, inp, dout, 1.0f, dweight, math);
   if (dbias.data() != nullptr) add_column_sums(exec, dbias, dout, ones);
 }
 
 // logits: (N, V); inp: (N, C); embedding: (V, C)
 template <class Exec>
 void tied_head_forward(const Exec& exec, const Mat<Exec>& logits, const ConstMat<Exec>& inp,
-                       const ConstMat<Exec>& embedding) {
-  gemm(exec, "N", "T", 1.0f, inp, embedding, 0.0f, logits);
+                       const ConstMat<Exec>& embedding, ProductMath math) {
+  gemm(exec, "N", "T", 1.0f, inp, embedding, 0.0f, logits, math);
 }
 
 // dinp: (N, C) overwritten; dembedding: (V, C) +=; dlogits: (N, V)
 template <class Exec>
 void tied_head_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dembedding,
-                        const ConstMat<Exec>& dlogits, const ConstMat<Exec>& inp, const ConstMat<Exec>& embedding) {
-  gemm(exec, "N", "N", 1.0f, dlogits, embedding, 0.0f, dinp);
-  gemm(exec, "T", "N", 1.0f, dlogits, inp, 1.0f, dembedding);
+                        const ConstMat<Exec>& dlogits, const ConstMat<Exec>& inp, const ConstMat<Exec>& embedding,
+                        ProductMath math) {
+  gemm(exec, "N", "N", 1.0f, dlogits, embedding, 0.0f, dinp, math);
+  gemm(exec, "T", "N", 1.0f, dlogits, inp, 1.0f, dembedding, math);
 }
 
 }  // namespace lamina

@@ -69,16 +69,16 @@ void block_forward(const Exec& exec, const BlockTensors<Exec>& w, const BlockAct
                    std::int64_t nh, const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_forward");
   layernorm_forward(exec, s.ln1, s.ln1_mean, s.ln1_rstd, x, w.ln1_w, w.ln1_b);
-  linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b);
+  linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b, s.products);
   attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, nh, s.attention);
   // The projections' biases join the residual, the MLP's its activation (no pass of their own).
-  linear_forward(exec, ws.attproj, s.atty, w.proj_w, ConstVec<Exec>());
+  linear_forward(exec, ws.attproj, s.atty, w.proj_w, ConstVec<Exec>(), s.products);
   detail::combine(exec, tp.sum, ws.attproj);
   residual_forward(exec, s.x2, x, ws.attproj, w.proj_b);
   layernorm_forward(exec, s.ln2, s.ln2_mean, s.ln2_rstd, s.x2, w.ln2_w, w.ln2_b);
-  linear_forward(exec, s.fch, s.ln2, w.fc_w, ConstVec<Exec>());
+  linear_forward(exec, s.fch, s.ln2, w.fc_w, ConstVec<Exec>(), s.products);
   bias_gelu_forward(exec, s.fch, s.fch_gelu, w.fc_b);
-  linear_forward(exec, ws.fcproj, s.fch_gelu, w.fcproj_w, ConstVec<Exec>());
+  linear_forward(exec, ws.fcproj, s.fch_gelu, w.fcproj_w, ConstVec<Exec>(), s.products);
   detail::combine(exec, tp.sum, ws.fcproj);
   residual_forward(exec, s.out, s.x2, ws.fcproj, w.fcproj_b);
   Kokkos::Profiling::popRegion();
@@ -92,16 +92,16 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockTe
                     const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_backward");
   // MLP branch: out = x2 + c_proj(gelu(c_fc(ln_2(x2))))
-  linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.ones);
+  linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.ones, s.products);
   gelu_backward(exec, detail::flat(ws.dfch), detail::flat(s.fch), detail::flat(ws.dfch));
-  linear_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.ln2, w.fc_w, ws.ones);
+  linear_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.ln2, w.fc_w, ws.ones, s.products);
   detail::combine(exec, tp.sum, ws.dln);
   layernorm_backward(exec, dres, g.ln2_w, g.ln2_b, ws.dln, dres, s.x2, w.ln2_w, s.ln2_mean, s.ln2_rstd, ws.scratch,
                      ws.ones);
   // attention branch: x2 = x + c_proj(attn(c_attn(ln_1(x))))
-  linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.ones);
+  linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.ones, s.products);
   attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, nh, s.attention);
-  linear_backward(exec, ws.dln, g.qkv_w, Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w, ws.ones);
+  linear_backward(exec, ws.dln, g.qkv_w, Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w, ws.ones, s.products);
   qkv_bias_backward(exec, g.qkv_b, ws.dqkv, ws.qkv_bias_sums, ws.ones);
   detail::combine(exec, tp.sum, ws.dln);
   layernorm_backward(exec, dres, g.ln1_w, g.ln1_b, ws.dln, dres, x, w.ln1_w, s.ln1_mean, s.ln1_rstd, ws.scratch,
@@ -116,7 +116,7 @@ void head_forward(const Exec& exec, const EmbeddingTensors<Exec>& e, const Final
   Kokkos::Profiling::pushRegion("lamina::head_forward");
   HeadActs<Exec>& h = a.head;
   layernorm_forward(exec, h.lnf, h.lnf_mean, h.lnf_rstd, a.output(), w.w, w.b);
-  tied_head_forward(exec, h.logits, h.lnf, e.wte);
+  tied_head_forward(exec, h.logits, h.lnf, e.wte, a.dims().products);
   cross_entropy_row_max(exec, h.rowmax, h.logits);
   detail::combine(exec, tp.max, h.rowmax);
   cross_entropy_row_sumexp(exec, h.sumexp, h.logits, h.rowmax);
@@ -136,7 +136,7 @@ void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const Fin
   Kokkos::Profiling::pushRegion("lamina::head_backward");
   HeadActs<Exec>& h = a.head;
   cross_entropy_backward(exec, h.logits, h.logits, h.lse, a.targets, a.dims().vocab_begin, loss_scale);
-  tied_head_backward(exec, ws.dln, ge.wte, h.logits, h.lnf, e.wte);
+  tied_head_backward(exec, ws.dln, ge.wte, h.logits, h.lnf, e.wte, a.dims().products);
   detail::combine(exec, tp.sum, ws.dln);
   layernorm_backward(exec, a.dres, g.w, g.b, ws.dln, ConstMat<Exec>(), a.output(), w.w, h.lnf_mean, h.lnf_rstd,
                      ws.scratch, ws.ones);

@@ -28,6 +28,9 @@ struct Dims {
   // how attention runs (it decides what a block saves): what the build's default
   // execution space runs fastest
   AttentionProducts attention = kAttentionProducts<Kokkos::DefaultExecutionSpace>;
+  // how the projections' and the head's products read their operands (a run's precision
+  // decides: product_math)
+  ProductMath products = ProductMath::fp32;
   std::int64_t N() const { return B * T; }
   // Columns per score row of what a block saves for attention's backward pass; of that
   // pass's score gradients, and of the probabilities fused products recompute, one layer at
@@ -80,6 +83,7 @@ struct BlockActs {
   Mat<Exec> qkv;                 // (N, 3A) output of the QKV projection: [q | k | v]
   Mats<Exec> att;                // (B*NH, T, T) softmax probabilities; fused: (B*NH, T, 2) log-sum-exps
   AttentionProducts attention = kAttentionProducts<Exec>;  // how attention ran
+  ProductMath products = ProductMath::fp32;                 // how the projections' products ran
   Mat<Exec> atty;                // (N, A) attention output before projection
   Mat<Exec> x2;                  // (N, C) residual after attention
   Mat<Exec> ln2;                 // (N, C)
@@ -176,6 +180,7 @@ BlockActs<Exec> bind_block_acts(float* inner, const Mat<Exec>& out, const Dims& 
   a.qkv = as_mat<Exec>(take(3 * N * A), N, 3 * A);
   a.att = as_mats<Exec>(take(BNH * T * d.saved_attention_columns()), BNH, T, d.saved_attention_columns());
   a.attention = d.attention;
+  a.products = d.products;
   a.atty = as_mat<Exec>(take(N * A), N, A);
   a.x2 = as_mat<Exec>(take(N * C), N, C);
   a.ln2 = as_mat<Exec>(take(N * C), N, C);

@@ -10,6 +10,7 @@
 #include "lamina/comm/mpi_communicator.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/io/token_dataset.hpp"
+#include "lamina/kernels/device_blas.hpp"
 #include "lamina/model/flops.hpp"
 #include "lamina/optim/adamw.hpp"
 #include "lamina/optim/grad_norm.hpp"
@@ -103,15 +104,17 @@ JsonObject bench_step(const Deck& deck, int steps, int warmup, const Log& log) {
                      static_cast<long long>(plan.layout.micro_batch_size), flops / 1e9, world,
                      rt.schedule().name().c_str()));
   const StepTimes t = run_synthetic(rt, deck, steps, warmup);
-  const Measurement gemm = measure_gemm_gflops(2048, 5);
+  const ProductMath math = product_math<Exec>(plan.precision);
+  const Measurement gemm = measure_gemm_gflops(2048, 5, math);
   const double med = median(t.step_ms);
   const double tflops = flops / (med / 1e3) / 1e12;
   const double per_rank_gflops = tflops * 1e3 / world;
   log.info(strprintf("step %.1f ms median (min %.1f, max %.1f): forward+backward %.1f, optimizer %.1f", med,
                      *std::min_element(t.step_ms.begin(), t.step_ms.end()),
                      *std::max_element(t.step_ms.begin(), t.step_ms.end()), median(t.fb_ms), median(t.opt_ms)));
-  log.info(strprintf("%.0f tokens/s, %.1f GFLOP/s per rank = %.1f%% of the %.1f GFLOP/s float GEMM rate measured now",
-                     positions / (med / 1e3), per_rank_gflops, 100.0 * per_rank_gflops / gemm.best, gemm.best));
+  log.info(strprintf("%.0f tokens/s, %.1f GFLOP/s per rank = %.1f%% of the %.1f GFLOP/s %s GEMM rate measured now",
+                     positions / (med / 1e3), per_rank_gflops, 100.0 * per_rank_gflops / gemm.best, gemm.best,
+                     product_math_name(math)));
   JsonObject j;
   j.add("bench", "step")
       .add("deck", deck.source)
@@ -125,7 +128,8 @@ JsonObject bench_step(const Deck& deck, int steps, int warmup, const Log& log) {
       .add("tokens_per_s", positions / (med / 1e3))
       .add("tflops", tflops)
       .add("gemm_gflops", gemm.best)
-      .add("gemm_fraction", per_rank_gflops / gemm.best);
+      .add("gemm_fraction", per_rank_gflops / gemm.best)
+      .add("products", product_math_name(math));
   return j;
 }
 
@@ -270,7 +274,7 @@ JsonObject bench_adam(std::int64_t params, int reps, const Log& log) {
 }
 
 JsonObject bench_machine(const Log& log) {
-  const Measurement gemm = measure_gemm_gflops(2048, 5);
+  const Measurement gemm = measure_gemm_gflops(2048, 5, ProductMath::fp32);
   const Measurement triad = measure_triad_gbytes(1 << 26, 10);
   log.info(strprintf("bench machine (%s): float GEMM 2048^3 %.1f GFLOP/s (median %.1f); stream triad %.1f GB/s "
                      "(median %.1f)",
@@ -282,6 +286,11 @@ JsonObject bench_machine(const Log& log) {
       .add("gemm_gflops_median", gemm.median)
       .add("stream_gbytes_per_s", triad.best)
       .add("stream_gbytes_per_s_median", triad.median);
+  if (product_math<Exec>(Precision::bf16) == ProductMath::bf16) {
+    const Measurement bf16 = measure_gemm_gflops(2048, 5, ProductMath::bf16);
+    log.info(strprintf("bf16 products (fp32 sums) 2048^3 %.1f GFLOP/s (median %.1f)", bf16.best, bf16.median));
+    j.add("gemm_bf16_gflops", bf16.best).add("gemm_bf16_gflops_median", bf16.median);
+  }
   return j;
 }
 

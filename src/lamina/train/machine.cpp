@@ -52,17 +52,17 @@ class CacheEvictor {
 
 }  // namespace
 
-Measurement measure_gemm_gflops(std::int64_t n, int reps) {
+Measurement measure_gemm_gflops(std::int64_t n, int reps, ProductMath math) {
   Mat<Exec> a("lamina::bench_a", n, n), b("lamina::bench_b", n, n), c("lamina::bench_c", n, n);
   Kokkos::deep_copy(a, 0.5f);
   Kokkos::deep_copy(b, 0.25f);
   const Exec exec;
-  gemm(exec, "N", "N", 1.0f, a, b, 0.0f, c);  // warm-up: thread pools, page faults
+  gemm(exec, "N", "N", 1.0f, a, b, 0.0f, c, math);  // warm-up: thread pools, page faults
   exec.fence();
   std::vector<double> rates;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    gemm(exec, "N", "N", 1.0f, a, b, 0.0f, c);
+    gemm(exec, "N", "N", 1.0f, a, b, 0.0f, c, math);
     exec.fence();
     rates.push_back(2.0 * static_cast<double>(n) * n * n / seconds_since(t0) / 1e9);
   }

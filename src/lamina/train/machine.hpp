@@ -3,6 +3,8 @@
 // the benchmarks' efficiency fractions are relative to.
 #include <cstdint>
 
+#include "lamina/core/precision.hpp"
+
 namespace lamina {
 
 struct Measurement {
@@ -10,8 +12,8 @@ struct Measurement {
   double median = 0.0;  // median of the repetitions
 };
 
-// float GEMM C = A B on n x n matrices through KokkosBlas, in GFLOP/s.
-Measurement measure_gemm_gflops(std::int64_t n, int reps);
+// float GEMM C = A B on n x n matrices as lamina runs its products (`math`: ProductMath), in GFLOP/s.
+Measurement measure_gemm_gflops(std::int64_t n, int reps, ProductMath math);
 // STREAM triad a = b + s c on float arrays of n elements, in GB/s (12 bytes per element).
 Measurement measure_triad_gbytes(std::int64_t n, int reps);
 

@@ -51,7 +51,7 @@ MachineSpec measure_for(const Deck& deck, const std::vector<std::string>& free, 
   } else {
     sizes.push_back(deck.data.micro_batch_size);
   }
-  measured = profile_model(deck.model, sizes);
+  measured = profile_model(deck.model, deck.train.precision, sizes);
   calibrate(m, deck.model, deck.train.precision, measured.back());
   log.info(strprintf("measured %s: one block forward + backward at micro-batch %lld takes %.2f ms; kernels reach "
                      "%.0f%% of the GEMM and memory rates",

@@ -8,6 +8,7 @@
 
 #include "lamina/comm/mpi_communicator.hpp"
 #include "lamina/core/format.hpp"
+#include "lamina/kernels/device_blas.hpp"
 #include "lamina/model/gpt.hpp"
 #include "lamina/model/init.hpp"
 #include "lamina/train/machine.hpp"
@@ -64,9 +65,11 @@ MachineSpec measure_machine(MPI_Comm comm, const Log& log) {
   m.source = "measured";
   m.devices_per_node = ranks;
   m.device_is_host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Exec::memory_space>::accessible;
-  const double gemm = measure_gemm_gflops(2048, 5).best * 1e9;
-  m.peak_flops_fp32 = gemm;
-  m.peak_flops_bf16 = gemm;  // products run in fp32 where the device has no bf16 GEMM path
+  m.peak_flops_fp32 = measure_gemm_gflops(2048, 5, ProductMath::fp32).best * 1e9;
+  // bf16 runs' products: on tensor cores where the device's BLAS has them, else fp32 again
+  const ProductMath bf16 = product_math<Exec>(Precision::bf16);
+  m.peak_flops_bf16 =
+      bf16 == ProductMath::fp32 ? m.peak_flops_fp32 : measure_gemm_gflops(2048, 5, bf16).best * 1e9;
   m.memory_bandwidth = measure_triad_gbytes(1 << 24, 5).best * 1e9;
   constexpr std::int64_t n = 1 << 22;
   m.host_adamw_rate = measure_adamw_rate(n, 5, true, true).median * ranks;  // per node: every rank's share
@@ -87,25 +90,27 @@ MachineSpec measure_machine(MPI_Comm comm, const Log& log) {
   m.inter_bandwidth = m.intra_bandwidth;  // one node
   m.inter_latency = m.intra_latency;
   // The slowest rank's rates, on every rank (contention differs between ranks).
-  double v[] = {m.peak_flops_fp32, m.memory_bandwidth, m.host_adamw_rate, m.h2d, m.d2h, m.device_adamw_rate};
+  double v[] = {m.peak_flops_fp32, m.memory_bandwidth, m.host_adamw_rate, m.h2d, m.d2h, m.device_adamw_rate,
+                m.peak_flops_bf16};
   MPI_Request r = MPI_REQUEST_NULL;
-  MPI_Iallreduce(MPI_IN_PLACE, v, 6, MPI_DOUBLE, MPI_MIN, comm, &r);
+  MPI_Iallreduce(MPI_IN_PLACE, v, 7, MPI_DOUBLE, MPI_MIN, comm, &r);
   wait_bounded(r, "MPI_Iallreduce of the measured rates");
-  m.peak_flops_fp32 = m.peak_flops_bf16 = v[0];
+  m.peak_flops_fp32 = v[0];
   m.memory_bandwidth = v[1];
   m.host_adamw_rate = v[2];
   m.h2d = v[3];
   m.d2h = v[4];
   m.device_adamw_rate = v[5];
-  log.info(strprintf("measured: GEMM %.1f GFLOP/s, stream %.1f GB/s, host AdamW %.3g params/s, host<->device %.1f / "
+  m.peak_flops_bf16 = v[6];
+  log.info(strprintf("measured: GEMM %.1f GFLOP/s (bf16 products %.1f), stream %.1f GB/s, host AdamW %.3g params/s, host<->device %.1f / "
                      "%.1f GB/s, all-reduce %.2f GB/s + %.1f us per step, per rank of %d",
-                     m.peak_flops_fp32 / 1e9, m.memory_bandwidth / 1e9, m.host_adamw_rate, m.h2d / 1e9, m.d2h / 1e9,
+                     m.peak_flops_fp32 / 1e9, m.peak_flops_bf16 / 1e9, m.memory_bandwidth / 1e9, m.host_adamw_rate, m.h2d / 1e9, m.d2h / 1e9,
                      m.intra_bandwidth / 1e9, m.intra_latency * 1e6, ranks));
   return m;
 }
 
-std::vector<MeasuredCosts> profile_model(const ModelConfig& full, const std::vector<std::int64_t>& micro_batch_sizes,
-                                         int reps) {
+std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision precision,
+                                         const std::vector<std::int64_t>& micro_batch_sizes, int reps) {
   ModelConfig model = full;
   model.layers = 1;  // one of each piece
   const ParamLayout layout = ParamLayout::gpt2(model);
@@ -127,7 +132,8 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, const std::vec
   const Exec exec;
   std::vector<MeasuredCosts> out;
   for (const std::int64_t mbs : micro_batch_sizes) {
-    const Dims d = Dims::of(model, mbs);
+    Dims d = Dims::of(model, mbs);
+    d.products = product_math<Exec>(precision);
     LayerRangeActs<Exec> a(tracker, d, 0, 1, true, true, {ActivationPolicy::keep});
     WorkspaceBuffers<Exec> ws(tracker, d);
     Kokkos::deep_copy(a.inputs, 1);

@@ -20,9 +20,9 @@ namespace lamina {
 MachineSpec measure_machine(MPI_Comm comm, const Log& log);
 
 // Forward and backward of one block, the embedding and the head (tensor-parallel degree 1)
-// at each micro-batch size, median of `reps` after a warm-up.
-std::vector<MeasuredCosts> profile_model(const ModelConfig& model, const std::vector<std::int64_t>& micro_batch_sizes,
-                                         int reps = 3);
+// at each micro-batch size, median of `reps` after a warm-up; products as `precision` runs them.
+std::vector<MeasuredCosts> profile_model(const ModelConfig& model, Precision precision,
+                                         const std::vector<std::int64_t>& micro_batch_sizes, int reps = 3);
 
 // Sets the machine's kernel efficiencies so that its roofline of one block equals the
 // measured time (one factor for GEMMs, attention and element-wise kernels alike).

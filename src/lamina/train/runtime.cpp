@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "lamina/core/format.hpp"
+#include "lamina/kernels/device_blas.hpp"
 #include "lamina/memory/optimizer_updaters.hpp"
 #include "lamina/train/machine.hpp"
 
@@ -35,6 +36,7 @@ Runtime::Runtime(MemoryTracker& tracker, const ModelConfig& model, const Optimiz
       layout_(ParamLayout::gpt2(model, grid_.tp_size(), grid_.tp_rank())),
       dims_(Dims::of(model, plan.layout.micro_batch_size, grid_.tp_size(), grid_.tp_rank())),
       pools_(tracker) {
+  dims_.products = product_math<Kokkos::DefaultExecutionSpace>(plan.precision);
   const std::vector<int> held = schedule_.layers_of_stage(grid_.pp_rank());
   const bool dynamic = plan.any_optimizer(OptimizerPlacement::dynamic);
   const std::int64_t free = dynamic ? dos_device_free(model, plan, extras, grid_.pp_rank()) : -1;

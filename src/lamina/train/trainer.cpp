@@ -17,6 +17,7 @@
 #include "lamina/io/output_file.hpp"
 #include "lamina/io/sampler.hpp"
 #include "lamina/io/token_dataset.hpp"
+#include "lamina/kernels/device_blas.hpp"
 #include "lamina/model/flops.hpp"
 #include "lamina/optim/grad_norm.hpp"
 #include "lamina/optim/lr_schedule.hpp"
@@ -314,10 +315,11 @@ class Trainer {
       log_.info(strprintf("peak for MFU: %.3f TFLOP/s per rank (output.peak_tflops)", peak_tflops_));
       return;
     }
-    peak_tflops_ = measure_gemm_gflops(1536, 3).best / 1e3;
-    log_.info(strprintf("peak for MFU: %.3f TFLOP/s per rank (measured float GEMM, 1536^3; set output.peak_tflops "
+    const ProductMath math = product_math<Exec>(plan_.precision);
+    peak_tflops_ = measure_gemm_gflops(1536, 3, math).best / 1e3;
+    log_.info(strprintf("peak for MFU: %.3f TFLOP/s per rank (measured %s GEMM, 1536^3; set output.peak_tflops "
                         "to use a datasheet value)",
-                        peak_tflops_));
+                        peak_tflops_, product_math_name(math)));
   }
 
   void report(std::int64_t step, const Runtime::StepResult& r, double lr, double step_ms, double flops_per_step,

@@ -1,5 +1,7 @@
 #include "lamina/kernels/gemm.hpp"
 
+#include "lamina/kernels/bf16.hpp"
+
 #include "test_util.hpp"
 
 namespace lamina::test {
@@ -30,27 +32,38 @@ TYPED_TEST(GemmTest, BatchedProductsMatchDoubleReference) {
   EXPECT_LT(rel_error(to_host(dc), want), 1e-6);
 }
 
-// Large enough that the OpenMP backend cuts each product into one tile per thread.
-TYPED_TEST(GemmTest, LargeProductsMatchDoubleReferenceForEveryTranspose) {
+// Large enough that the OpenMP backend cuts each product into one tile per thread. Products
+// in bf16 read operands rounded to bf16 and sum in fp32 where the device's BLAS runs them
+// (compared with a reference of rounded operands, far from the exact one at this tolerance),
+// and are fp32 products elsewhere.
+TYPED_TEST(GemmTest, LargeProductsMatchDoubleReferenceForEveryTransposeAndMath) {
   using Exec = TypeParam;
   const int m = 200, n = 96, k = 48;
-  for (const char* ta : {"N", "T"}) {
-    for (const char* tb : {"N", "T"}) {
-      SCOPED_TRACE(std::string(ta) + tb);
-      const auto a = random_vector(m * k, 75), b = random_vector(k * n, 76), c0 = random_vector(m * n, 77);
-      auto da = to_device<Exec>(a), db = to_device<Exec>(b), dc = to_device<Exec>(c0);
-      const bool at = *ta == 'T', bt = *tb == 'T';
-      gemm(Exec(), ta, tb, 0.5f, as_mat<Exec>(da.data(), at ? k : m, at ? m : k),
-           as_mat<Exec>(db.data(), bt ? n : k, bt ? k : n), 2.0f, as_mat<Exec>(dc.data(), m, n));
-      std::vector<double> want(m * n);
-      for (int i = 0; i < m; ++i) {
-        for (int j = 0; j < n; ++j) {
-          double s = 0;
-          for (int l = 0; l < k; ++l) s += a[at ? l * m + i : i * k + l] * b[bt ? j * k + l : l * n + j];
-          want[i * n + j] = 0.5 * s + 2.0 * c0[i * n + j];
+  const auto a = random_vector(m * k, 75), b = random_vector(k * n, 76), c0 = random_vector(m * n, 77);
+  auto bf16 = [](std::vector<double> v) {
+    for (auto& e : v) e = from_bf16(to_bf16(static_cast<float>(e)));
+    return v;
+  };
+  for (const ProductMath math : {ProductMath::fp32, ProductMath::bf16}) {
+    const bool rounded = math == ProductMath::bf16 && kDeviceBlas<Exec>;
+    const auto ar = rounded ? bf16(a) : a, br = rounded ? bf16(b) : b;
+    for (const char* ta : {"N", "T"}) {
+      for (const char* tb : {"N", "T"}) {
+        SCOPED_TRACE(std::string(ta) + tb + " " + product_math_name(math));
+        auto da = to_device<Exec>(a), db = to_device<Exec>(b), dc = to_device<Exec>(c0);
+        const bool at = *ta == 'T', bt = *tb == 'T';
+        gemm(Exec(), ta, tb, 0.5f, as_mat<Exec>(da.data(), at ? k : m, at ? m : k),
+             as_mat<Exec>(db.data(), bt ? n : k, bt ? k : n), 2.0f, as_mat<Exec>(dc.data(), m, n), math);
+        std::vector<double> want(m * n);
+        for (int i = 0; i < m; ++i) {
+          for (int j = 0; j < n; ++j) {
+            double s = 0;
+            for (int l = 0; l < k; ++l) s += ar[at ? l * m + i : i * k + l] * br[bt ? j * k + l : l * n + j];
+            want[i * n + j] = 0.5 * s + 2.0 * c0[i * n + j];
+          }
         }
+        EXPECT_LT(rel_error(to_host(dc), want), 1e-6);
       }
-      EXPECT_LT(rel_error(to_host(dc), want), 1e-6);
     }
   }
 }

@@ -23,7 +23,7 @@ struct Strided {
 double tiled_error(char ta, char tb, std::int64_t m, std::int64_t n, std::int64_t k, int count) {
   const Strided a(ta == 'N' ? m : k, ta == 'N' ? k : m, 3, 81), b(tb == 'N' ? k : n, tb == 'N' ? n : k, 5, 82);
   Strided c(m, n, 2, 83);
-  HostGemm g;
+  RowMajorGemm g;
   g.ta = ta;
   g.tb = tb;
   g.m = m;
@@ -65,7 +65,7 @@ TEST(HostBlas, TilesTogetherComputeTheWholeProduct) {
 }
 
 TEST(HostBlas, TilesAreDisjointWholeBlocksOf16) {
-  HostGemm g;
+  RowMajorGemm g;
   g.m = 1000;
   g.n = 40;
   g.k = 8;
@@ -77,7 +77,7 @@ TEST(HostBlas, TilesAreDisjointWholeBlocksOf16) {
   std::set<std::ptrdiff_t> starts;
   std::int64_t rows = 0;
   for (int t = 0; t < 3; ++t) {
-    const HostGemm tile = gemm_tile(g, t, 3);
+    const RowMajorGemm tile = gemm_tile(g, t, 3);
     EXPECT_EQ(tile.n, g.n);
     if (t + 1 < 3) {
       EXPECT_EQ(tile.m % 16, 0);
@@ -93,7 +93,7 @@ TEST(HostBlas, TilesAreDisjointWholeBlocksOf16) {
 }
 
 TEST(HostBlas, TilesAreRowsWhereEachGetsWholeBlocksOfThem) {
-  HostGemm g;
+  RowMajorGemm g;
   g.m = 1024;
   g.n = 8192;
   EXPECT_EQ(gemm_tile(g, 1, 2).m, 512) << "wider than tall, still cut by rows";
@@ -104,7 +104,7 @@ TEST(HostBlas, TilesAreRowsWhereEachGetsWholeBlocksOfThem) {
 }
 
 TEST(HostBlas, SmallProductsAreNotCut) {
-  HostGemm g;
+  RowMajorGemm g;
   g.m = g.n = g.k = 16;
   EXPECT_EQ(gemm_tile_count(g, 8), 1);
   g.m = g.n = 1024;

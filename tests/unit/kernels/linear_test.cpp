@@ -18,7 +18,7 @@ TYPED_TEST(LinearTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifference
     auto dx = to_device<Exec>(xv), dw = to_device<Exec>(wv), db = to_device<Exec>(bv);
     Vec<Exec> out("out", N * OC);
     linear_forward(Exec(), as_mat<Exec>(out.data(), N, OC), as_mat<Exec>(dx.data(), N, IC),
-                   as_mat<Exec>(dw.data(), IC, OC), db);
+                   as_mat<Exec>(dw.data(), IC, OC), db, ProductMath::fp32);
     return to_host(out);
   };
   std::vector<double> want(N * OC), want_dx(N * IC, 0.0), want_dw(IC * OC, 0.0), want_db(OC, 0.0);
@@ -41,14 +41,14 @@ TYPED_TEST(LinearTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifference
   Vec<Exec> gx("gx", N * IC), gw("gw", IC * OC), gb("gb", OC);
   linear_backward(Exec(), as_mat<Exec>(gx.data(), N, IC), as_mat<Exec>(gw.data(), IC, OC), gb,
                   as_mat<Exec>(ddout.data(), N, OC), as_mat<Exec>(dx.data(), N, IC), as_mat<Exec>(dw.data(), IC, OC),
-                  ones);
+                  ones, ProductMath::fp32);
   EXPECT_LT(rel_error(to_host(gx), want_dx), 1e-6);
   EXPECT_LT(rel_error(to_host(gw), want_dw), 1e-6);
   EXPECT_LT(rel_error(to_host(gb), want_db), 1e-6);
   // Parameter gradients accumulate: a second backward doubles them, dinp is overwritten.
   linear_backward(Exec(), as_mat<Exec>(gx.data(), N, IC), as_mat<Exec>(gw.data(), IC, OC), gb,
                   as_mat<Exec>(ddout.data(), N, OC), as_mat<Exec>(dx.data(), N, IC), as_mat<Exec>(dw.data(), IC, OC),
-                  ones);
+                  ones, ProductMath::fp32);
   auto twice = [](std::vector<double> v) {
     for (auto& e : v) e *= 2;
     return v;
@@ -73,7 +73,7 @@ TYPED_TEST(LinearTest, TiedHeadMatchesDoubleReferenceAndFiniteDifferences) {
     auto dx = to_device<Exec>(xv), de = to_device<Exec>(ev);
     Vec<Exec> out("logits", N * V);
     tied_head_forward(Exec(), as_mat<Exec>(out.data(), N, V), as_mat<Exec>(dx.data(), N, C),
-                      as_mat<Exec>(de.data(), V, C));
+                      as_mat<Exec>(de.data(), V, C), ProductMath::fp32);
     return to_host(out);
   };
   std::vector<double> want(N * V, 0.0), want_dx(N * C, 0.0), want_de(V * C, 0.0);
@@ -90,7 +90,8 @@ TYPED_TEST(LinearTest, TiedHeadMatchesDoubleReferenceAndFiniteDifferences) {
   auto dx = to_device<Exec>(x), de = to_device<Exec>(e), dd = to_device<Exec>(dout);
   Vec<Exec> gx("gx", N * C), ge("ge", V * C);
   tied_head_backward(Exec(), as_mat<Exec>(gx.data(), N, C), as_mat<Exec>(ge.data(), V, C),
-                     as_mat<Exec>(dd.data(), N, V), as_mat<Exec>(dx.data(), N, C), as_mat<Exec>(de.data(), V, C));
+                     as_mat<Exec>(dd.data(), N, V), as_mat<Exec>(dx.data(), N, C), as_mat<Exec>(de.data(), V, C),
+                     ProductMath::fp32);
   EXPECT_LT(rel_error(to_host(gx), want_dx), 1e-6);
   EXPECT_LT(rel_error(to_host(ge), want_de), 1e-6);
   expect_fd_matches([&](const std::vector<double>& v) { return dot(run(v, e), dout); }, x, want_dx, "dinp");
