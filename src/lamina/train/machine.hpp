@@ -18,7 +18,7 @@ Measurement measure_gemm_gflops(std::int64_t n, int reps, ProductMath math);
 Measurement measure_triad_gbytes(std::int64_t n, int reps);
 
 // AdamW on n parameters in the default execution space (device) or the default host
-// execution space (host), in parameters per second; cold: each repetition starts with
+// execution space on host-tier memory (host), in parameters per second; cold: each repetition starts with
 // the arrays out of the caches (as in a training step), else they may be cached.
 Measurement measure_adamw_rate(std::int64_t n, int reps, bool on_host, bool cold = false);
 // Copies of n floats from host to device memory (to_device) or back, in bytes per second.
