@@ -91,6 +91,8 @@ step "bench step bf16" bench_step_bf16.log "$lamina" bench step "${bench[@]}" --
   --steps 10 --warmup 3
 step "bench step fp32, attention staged" bench_step_staged.log "$lamina" bench step "${bench[@]}" \
   --set model.attention=staged --steps 10 --warmup 3
+step "bench step bf16, attention staged" bench_step_bf16_staged.log "$lamina" bench step "${bench[@]}" \
+  --set train.precision=bf16 --set model.attention=staged --steps 10 --warmup 3
 # PyTorch on the same model beside lamina, when this node's python3 has it (else skipped).
 python=${PYTHON:-python3}
 has_torch=0
@@ -110,9 +112,10 @@ printf '%s\n' "${summary[@]}"
 fp32=$(json_of bench_step.log)
 bf16=$(json_of bench_step_bf16.log)
 staged=$(json_of bench_step_staged.log)
+staged16=$(json_of bench_step_bf16_staged.log)
 echo "$model: fp32 $(field "$fp32" step_ms_median) ms/step, $(field "$fp32" tokens_per_s) tokens/s;" \
   "bf16 $(field "$bf16" step_ms_median) ms/step, $(field "$bf16" tokens_per_s) tokens/s;" \
-  "fp32 with staged attention $(field "$staged" step_ms_median) ms/step"
+  "staged attention: fp32 $(field "$staged" step_ms_median), bf16 $(field "$staged16" step_ms_median) ms/step"
 if ((has_torch)); then
   torch32=$(json_of torch_step.log)
   torch16=$(json_of torch_step_bf16.log)

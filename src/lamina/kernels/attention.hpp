@@ -329,7 +329,8 @@ void for_each_causal_block(const Exec& exec, const char* label, std::int64_t bat
 // probabilities: on a host BLAS as in_place, the probabilities of one layer at a time in
 // AttentionWorkspace::probs; on a device in kernels that keep them in team scratch
 // (kernels/flash_attention.hpp). staged: per-head copies in AttentionWorkspace, whole
-// batched products and a softmax kernel of one team per row (a host with another BLAS).
+// batched products and a softmax kernel of one team per row (a host with another BLAS); its
+// products take `math` (ProductMath: on CUDA, bf16 tensor cores), the other ways are fp32.
 // The default is what the backend runs fastest; in_place needs a host BLAS it can call.
 template <class Exec>
 constexpr AttentionProducts kAttentionProducts =
@@ -364,7 +365,7 @@ struct AttentionWorkspace {
 template <class Exec>
 void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>& att, const Mat<Exec>& qkv,
                        const AttentionWorkspace<Exec>& ws, std::int64_t NH,
-                       AttentionProducts how = kAttentionProducts<Exec>) {
+                       AttentionProducts how = kAttentionProducts<Exec>, ProductMath math = ProductMath::fp32) {
   const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0));
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
@@ -387,10 +388,10 @@ void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>&
     return;
   }
   detail::permute_heads(exec, "lamina::attention_forward_split", qkv, ws.q, ws.k, ws.v, NH, false);
-  batched_gemm<Exec>(exec, "N", "T", scale, ws.q, ws.k, 0.0f, att);
+  batched_gemm<Exec>(exec, "N", "T", scale, ws.q, ws.k, 0.0f, att, math);
   Kokkos::parallel_for("lamina::attention_forward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
                        detail::AttentionSoftmaxForward<Exec>{att, T});
-  batched_gemm<Exec>(exec, "N", "N", 1.0f, att, ws.v, 0.0f, ws.y);
+  batched_gemm<Exec>(exec, "N", "N", 1.0f, att, ws.v, 0.0f, ws.y, math);
   detail::split_heads(exec, "lamina::attention_forward_merge", out, ws.y, NH, true);
 }
 
@@ -401,7 +402,7 @@ template <class Exec>
 void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& datt, const Mat<Exec>& dout,
                         const Mat<Exec>& qkv, const Mat<Exec>& out, const Mats<Exec>& att,
                         const AttentionWorkspace<Exec>& ws, std::int64_t NH,
-                        AttentionProducts how = kAttentionProducts<Exec>) {
+                        AttentionProducts how = kAttentionProducts<Exec>, ProductMath math = ProductMath::fp32) {
   const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0));
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(dout.extent(1)) / NH;
@@ -435,12 +436,12 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
   }
   detail::split_heads(exec, "lamina::attention_backward_split", dout, ws.y, NH, false);
   detail::permute_heads(exec, "lamina::attention_backward_split_qkv", qkv, ws.q, ws.k, ws.v, NH, false);
-  batched_gemm<Exec>(exec, "N", "T", 1.0f, ws.y, ws.v, 0.0f, datt);     // dP = dy v^T
-  batched_gemm<Exec>(exec, "T", "N", 1.0f, att, ws.y, 0.0f, ws.dv);     // dv = P^T dy
+  batched_gemm<Exec>(exec, "N", "T", 1.0f, ws.y, ws.v, 0.0f, datt, math);     // dP = dy v^T
+  batched_gemm<Exec>(exec, "T", "N", 1.0f, att, ws.y, 0.0f, ws.dv, math);     // dv = P^T dy
   Kokkos::parallel_for("lamina::attention_backward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
                        detail::AttentionSoftmaxBackward<Exec>{datt, att, T});
-  batched_gemm<Exec>(exec, "N", "N", scale, datt, ws.k, 0.0f, ws.dq);   // dq = scale dS k
-  batched_gemm<Exec>(exec, "T", "N", scale, datt, ws.q, 0.0f, ws.dk);   // dk = scale dS^T q
+  batched_gemm<Exec>(exec, "N", "N", scale, datt, ws.k, 0.0f, ws.dq, math);   // dq = scale dS k
+  batched_gemm<Exec>(exec, "T", "N", scale, datt, ws.q, 0.0f, ws.dk, math);   // dk = scale dS^T q
   detail::permute_heads(exec, "lamina::attention_backward_merge", dqkv, ws.dq, ws.dk, ws.dv, NH, true);
 }
 

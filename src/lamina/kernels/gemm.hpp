@@ -106,9 +106,11 @@ void gemm(const Exec& exec, const char* ta, const char* tb, float alpha, const A
 
 // The same product for every matrix of a batch: C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i].
 // Each slice is a contiguous row-major matrix, so every product reaches the vendor BLAS.
+// `math` as for gemm.
 template <class Exec>
 void batched_gemm(const Exec& exec, const char* ta, const char* tb, float alpha, const ConstMats<Exec>& A,
-                  const ConstMats<Exec>& B, float beta, const Mats<Exec>& C) {
+                  const ConstMats<Exec>& B, float beta, const Mats<Exec>& C,
+                  [[maybe_unused]] ProductMath math = ProductMath::fp32) {
   const std::int64_t count = static_cast<std::int64_t>(C.extent(0));
   if (count == 0) return;
   const RowMajorGemm first =
@@ -119,7 +121,7 @@ void batched_gemm(const Exec& exec, const char* ta, const char* tb, float alpha,
                         static_cast<std::int64_t>(C.stride_0())};
   if constexpr (kDeviceBlas<Exec>) {
 #if defined(KOKKOS_ENABLE_CUDA)
-    device_gemm(exec.cuda_stream(), ProductMath::fp32, first, batch);  // one launch, not one per matrix
+    device_gemm(exec.cuda_stream(), math, first, batch);  // one launch, not one per matrix
 #endif
   } else {
     if constexpr (detail::kTiledOnHost<Exec>) {

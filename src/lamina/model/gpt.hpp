@@ -70,7 +70,7 @@ void block_forward(const Exec& exec, const BlockTensors<Exec>& w, const BlockAct
   Kokkos::Profiling::pushRegion("lamina::block_forward");
   layernorm_forward(exec, s.ln1, s.ln1_mean, s.ln1_rstd, x, w.ln1_w, w.ln1_b);
   linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b, s.products);
-  attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, nh, s.attention);
+  attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, nh, s.attention, s.products);
   // The projections' biases join the residual, the MLP's its activation (no pass of their own).
   linear_forward(exec, ws.attproj, s.atty, w.proj_w, ConstVec<Exec>(), s.products);
   detail::combine(exec, tp.sum, ws.attproj);
@@ -100,7 +100,8 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockTe
                      ws.ones);
   // attention branch: x2 = x + c_proj(attn(c_attn(ln_1(x))))
   linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.ones, s.products);
-  attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, nh, s.attention);
+  attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, nh, s.attention,
+                     s.products);
   linear_backward(exec, ws.dln, g.qkv_w, Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w, ws.ones, s.products);
   qkv_bias_backward(exec, g.qkv_b, ws.dqkv, ws.qkv_bias_sums, ws.ones);
   detail::combine(exec, tp.sum, ws.dln);

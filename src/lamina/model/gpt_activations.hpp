@@ -28,8 +28,8 @@ struct Dims {
   // how attention runs (it decides what a block saves): what the build's default
   // execution space runs fastest
   AttentionProducts attention = kAttentionProducts<Kokkos::DefaultExecutionSpace>;
-  // how the projections' and the head's products read their operands (a run's precision
-  // decides: product_math)
+  // how the BLAS products (projections, head, staged attention) read their operands (the
+  // run's precision decides: product_math)
   ProductMath products = ProductMath::fp32;
   std::int64_t N() const { return B * T; }
   // Columns per score row of what a block saves for attention's backward pass; of that
@@ -83,7 +83,7 @@ struct BlockActs {
   Mat<Exec> qkv;                 // (N, 3A) output of the QKV projection: [q | k | v]
   Mats<Exec> att;                // (B*NH, T, T) softmax probabilities; fused: (B*NH, T, 2) log-sum-exps
   AttentionProducts attention = kAttentionProducts<Exec>;  // how attention ran
-  ProductMath products = ProductMath::fp32;                 // how the projections' products ran
+  ProductMath products = ProductMath::fp32;                 // how its BLAS products ran
   Mat<Exec> atty;                // (N, A) attention output before projection
   Mat<Exec> x2;                  // (N, C) residual after attention
   Mat<Exec> ln2;                 // (N, C)

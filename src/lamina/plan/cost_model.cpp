@@ -33,14 +33,17 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // a block's forward, 4 N T C in its attention, 2 N C V in the LM head; backward twice).
   const double N = static_cast<double>(d.N()), C = static_cast<double>(d.C), T = static_cast<double>(d.T);
   const double tp = o.tp, V = static_cast<double>(d.V), heads = static_cast<double>(d.NH);
-  const double gemm = machine.peak_flops(bf16_) * machine.gemm_efficiency;
-  const double attention = machine.peak_flops(bf16_) * machine.attention_efficiency;
-  const double bandwidth = machine.memory_bandwidth * machine.elementwise_efficiency;
   // Fused attention keeps the (T, T) scores out of memory, and its backward pass computes
   // them again: one product more on a host BLAS (2.5 times the forward's products, as
   // FlashAttention-2), three in the device kernels, which recompute the scores and their
-  // gradient for dk, dv and again for dq instead of accumulating dq atomically.
+  // gradient for dk, dv and again for dq instead of accumulating dq atomically. Those
+  // device kernels are lamina's own and compute in fp32 without tensor cores; BLAS products
+  // run at the precision's rate.
   const bool fused = d.attention == AttentionProducts::fused;
+  const bool own_kernels = fused && !kAttentionInPlace<Kokkos::DefaultExecutionSpace>;
+  const double gemm = machine.peak_flops(bf16_) * machine.gemm_efficiency;
+  const double attention = machine.peak_flops(bf16_ && !own_kernels) * machine.attention_efficiency;
+  const double bandwidth = machine.memory_bandwidth * machine.elementwise_efficiency;
   const double attention_backward = !fused ? 2.0 : kAttentionInPlace<Kokkos::DefaultExecutionSpace> ? 2.5 : 3.5;
   // Element-wise passes of a block's forward, in floats moved: two layer norms, two
   // residual adds, the q/k/v scatter and attention gather, softmax over the (T, T) scores

@@ -201,6 +201,36 @@ TYPED_TEST(AttentionTest, FusedLogSumExpSurvivesBf16Storage) {
   }
 }
 
+// Staged products in bf16 read rounded operands where the device's BLAS runs them (visibly
+// off the double reference, within bf16's rounding) and are fp32 products elsewhere.
+TYPED_TEST(AttentionTest, StagedProductsInBf16RoundOperandsOnlyWhereTheDeviceRunsThem) {
+  using Exec = TypeParam;
+  const int B = 2, T = 40, C = 16, NH = 2, hd = C / NH, N = B * T, BNH = B * NH;
+  const auto qkv = random_vector(N * 3 * C, 50, -1.5, 1.5), dout = random_vector(N * C, 51);
+  std::vector<double> want, want_dqkv;
+  attention_reference(qkv, dout, B, T, C, NH, want, want_dqkv);
+  const HeadsScratch<Exec> scratch(BNH, T, hd);
+  auto saved = to_device<Exec>(qkv), dd = to_device<Exec>(dout);
+  Vec<Exec> att("att", BNH * T * T), out("out", N * C), dqkv("dqkv", N * 3 * C), datt("datt", BNH * T * T);
+  const Mats<Exec> probs = as_mats<Exec>(att.data(), BNH, T, T);
+  attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), probs, as_mat<Exec>(saved.data(), N, 3 * C),
+                    scratch.heads(), NH, AttentionProducts::staged, ProductMath::bf16);
+  attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mats<Exec>(datt.data(), BNH, T, T),
+                     as_mat<Exec>(dd.data(), N, C), as_mat<Exec>(saved.data(), N, 3 * C),
+                     as_mat<Exec>(out.data(), N, C), probs, scratch.heads(), NH, AttentionProducts::staged,
+                     ProductMath::bf16);
+  for (const auto& [got, ref, name] : {std::make_tuple(to_host(out), want, "out"),
+                                       std::make_tuple(to_host(dqkv), want_dqkv, "dqkv")}) {
+    const double e = rel_error(got, ref);
+    if (kDeviceBlas<Exec>) {
+      EXPECT_GT(e, 1e-5) << name << ": the products did not round their operands";
+      EXPECT_LT(e, 3e-2) << name;
+    } else {
+      EXPECT_LT(e, 1e-5) << name;
+    }
+  }
+}
+
 TYPED_TEST(AttentionTest, QkvBiasGradientSumsQAndVAndLeavesKExactlyZero) {
   using Exec = TypeParam;
   const int B = 2, T = 5, C = 8, NH = 2, N = B * T;
