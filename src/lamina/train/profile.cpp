@@ -102,10 +102,11 @@ MachineSpec measure_machine(MPI_Comm comm, const Log& log) {
   m.d2h = v[4];
   m.device_adamw_rate = v[5];
   m.peak_flops_bf16 = v[6];
-  log.info(strprintf("measured: GEMM %.1f GFLOP/s (bf16 products %.1f), stream %.1f GB/s, host AdamW %.3g params/s, host<->device %.1f / "
-                     "%.1f GB/s, all-reduce %.2f GB/s + %.1f us per step, per rank of %d",
-                     m.peak_flops_fp32 / 1e9, m.peak_flops_bf16 / 1e9, m.memory_bandwidth / 1e9, m.host_adamw_rate, m.h2d / 1e9, m.d2h / 1e9,
-                     m.intra_bandwidth / 1e9, m.intra_latency * 1e6, ranks));
+  log.info(strprintf("measured: GEMM %.1f GFLOP/s (bf16 products %.1f), stream %.1f GB/s, host AdamW %.3g "
+                     "params/s, host<->device %.1f / %.1f GB/s, all-reduce %.2f GB/s + %.1f us per step, per rank of "
+                     "%d",
+                     m.peak_flops_fp32 / 1e9, m.peak_flops_bf16 / 1e9, m.memory_bandwidth / 1e9, m.host_adamw_rate,
+                     m.h2d / 1e9, m.d2h / 1e9, m.intra_bandwidth / 1e9, m.intra_latency * 1e6, ranks));
   return m;
 }
 
