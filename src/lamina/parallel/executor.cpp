@@ -1,6 +1,7 @@
 #include "lamina/parallel/executor.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 
@@ -140,7 +141,6 @@ void Executor::forward(const Chunk& c, int layer, int mb, const MicroBatchLoader
     // staging buffer, which the offload instruction copies to the host tier. bf16 ones are
     // computed in the scratch and rounded into the slot (or, by the offload, the staging).
     const bool offload = policy == ActivationPolicy::offload;
-    if (offload) transfer_.fence();  // the staging buffer's last copy out is done
     float* inner = policy == ActivationPolicy::keep && !bf16_ ? a.kept_inner(b)
                    : offload && !bf16_                        ? staging(0, nullptr, -1)
                                                               : scratch_.data();
@@ -149,10 +149,10 @@ void Executor::forward(const Chunk& c, int layer, int mb, const MicroBatchLoader
       to_bf16(exec, Bf16Vec<Exec>(a.kept_inner_bf16(b), inner_size_), as_vec<Exec>(inner, inner_size_));
     }
   }
-  if (layer == last_layer(c)) exec.fence();
 }
 
-void Executor::offload(const Chunk& c, int layer, int mb) {
+Completion Executor::offload(const Chunk& c, int layer, int mb) {
+  // The block's forward (which filled the staging buffer, or the scratch under bf16) is done.
   const Exec exec;
   LayerRangeActs<Exec>& a = slot(c.index, mb);
   const std::int64_t b = layer - 1;
@@ -161,10 +161,12 @@ void Executor::offload(const Chunk& c, int layer, int mb) {
     exec.fence();
     Kokkos::deep_copy(transfer_, a.offloaded_bf16(b), staging16_[0].view());
   } else {
-    exec.fence();
     Kokkos::deep_copy(transfer_, a.offloaded(b), as_vec<Exec>(staging_[0].data(), inner_size_));
   }
   staged_[0] = {&a, b};  // the staging buffer still holds it too
+  Completion done;
+  done.add(transfer_);
+  return done;
 }
 
 void Executor::recompute(const Chunk& c, int layer, int mb) {
@@ -177,33 +179,31 @@ void Executor::recompute(const Chunk& c, int layer, int mb) {
   if (bf16_) round_to_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_));
 }
 
-void Executor::reload(const Chunk& c, int layer, int mb) {
-  // In a staging buffer already (prefetched, or still there from the forward), or copied
-  // back now.
-  const Exec exec;
+void Executor::reload(const Chunk& c, int layer, int mb, int buffer) {
+  // In no staging buffer: copied back now, in the compute's order.
   LayerRangeActs<Exec>& a = slot(c.index, mb);
   const std::int64_t b = layer - 1;
-  int i = staged_[0].first == &a && staged_[0].second == b ? 0 : staged_[1].first == &a && staged_[1].second == b ? 1 : -1;
-  transfer_.fence();
-  if (i < 0) {
-    i = 0;
-    staging(i, &a, b);
-    copy_in(exec, i, a, b);
-  }
-  reloaded_ = i;
+  staging(buffer, &a, b);
+  copy_in(Exec(), buffer, a, b);
 }
 
-void Executor::prefetch_activations(const Chunk& c, int layer, int mb) {
-  // Into the other staging buffer while the reloaded block's backward runs (or, for a
-  // chunk's last block, while the chunk waits for its backward to start).
-  const Exec exec;
+Completion Executor::prefetch_activations(const Chunk& c, int layer, int mb, int buffer) {
+  // Into the staging buffer the schedule names while the previous block's backward runs (or,
+  // for a chunk's last block, while the chunk waits for its backward to start).
   LayerRangeActs<Exec>& a = slot(c.index, mb);
   const std::int64_t b = layer - 1;
-  for (const auto& s : staged_)
-    if (s.first == &a && s.second == b) return;  // still there from its forward
-  exec.fence();  // the previous backward has done reading the buffer about to be overwritten
-  staging(1 - reloaded_, &a, b);
-  copy_in(transfer_, 1 - reloaded_, a, b);
+  for (const auto& s : staged_) {
+    if (s.first == &a && s.second == b) {
+      throw std::logic_error(strprintf("prefetch_acts(h.%lld, m%d): already in a staging buffer; the schedule and "
+                                       "the executor disagree on the staging buffers",
+                                       static_cast<long long>(b), mb));
+    }
+  }
+  staging(buffer, &a, b);
+  copy_in(transfer_, buffer, a, b);
+  Completion done;
+  done.add(transfer_);
+  return done;
 }
 
 BlockActs<Exec> Executor::restored(LayerRangeActs<Exec>& a, std::int64_t b) {
@@ -216,12 +216,17 @@ BlockActs<Exec> Executor::restored(LayerRangeActs<Exec>& a, std::int64_t b) {
     case ActivationPolicy::recompute: return a.block(b, scratch_.data());
     case ActivationPolicy::offload: break;
   }
+  int k = 0;
+  while (k < 2 && !(staged_[k].first == &a && staged_[k].second == b)) ++k;
+  if (k == 2) {
+    throw std::logic_error(strprintf("B(h.%lld): its offloaded activations are in no staging buffer",
+                                     static_cast<long long>(b)));
+  }
   if (bf16_) {
-    from_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_), staging16_[reloaded_].view());
+    from_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_), staging16_[k].view());
     return a.block(b, scratch_.data());
   }
-  exec.fence();
-  return a.block(b, staging_[static_cast<std::size_t>(reloaded_)].data());
+  return a.block(b, staging_[static_cast<std::size_t>(k)].data());
 }
 
 void Executor::backward(const Chunk& c, int layer, int mb, float loss_scale) {
@@ -249,7 +254,6 @@ void Executor::backward(const Chunk& c, int layer, int mb, float loss_scale) {
     const Partition& part = schedule_.partition();
     const bool previous_here = c.index > 0 && part.chunk(c.index - 1).stage == c.stage;
     if (previous_here) copy(slot(c.index - 1, mb).dres, a.dres);  // the input gradient to the previous chunk
-    exec.fence();
     // Without a gradient to send, the micro-batch is done here: its slot is free.
     if (c.index == 0 || previous_here) release(c.index, mb);
   }
@@ -268,7 +272,7 @@ void Executor::copy_in(const Exec& on, int i, LayerRangeActs<Exec>& a, std::int6
   }
 }
 
-void Executor::send(Op op, int chunk, int mb, int peer) {
+Completion Executor::send(Op op, int chunk, int mb, int peer, int index) {
   const bool act = op == Op::send_activation;
   LayerRangeActs<Exec>& a = slot(chunk, mb);
   const Mat<Exec>& buf = act ? a.output() : a.dres;
@@ -280,20 +284,24 @@ void Executor::send(Op op, int chunk, int mb, int peer) {
   const std::int64_t n = static_cast<std::int64_t>(buf.size()) / split_;
   float* out = outgoing_buffer(n);
   Kokkos::deep_copy(Exec(), as_vec<Exec>(out, n), as_vec<Exec>(buf.data() + grid_.tp_rank() % split_ * n, n));
-  Exec().fence();
-  outgoing_.push_back({out, n, grid_.pp().isend(out, n, peer, tag(kind, to, mb, 0))});
+  Exec().fence();  // the network reads the copy
+  Completion done;
+  const ProcessGrid::Link link = grid_.link(act, grid_.pp_rank(), peer);
+  done.add(link.comm->isend(out, n, link.peer, tag(kind, to, mb, 0)));
+  outgoing_.push_back({out, n, index});
   // The sender's virtual time travels with the message, as the bits of a double.
   const double arrival = clock_ + prices_.p2p;
   stamps_.emplace_back(2);
   std::memcpy(stamps_.back().data(), &arrival, sizeof(arrival));
   stamp_sends_.push_back(grid_.pp_clock().isend(stamps_.back().data(), 2, peer, tag(kind, to, mb, 1)));
   if (!act) release(chunk, mb);  // the backward of this micro-batch is done here
+  return done;
 }
 
 float* Executor::outgoing_buffer(std::int64_t n) {
   // Reuse the buffers of messages that have arrived meanwhile.
   for (auto it = outgoing_.begin(); it != outgoing_.end();) {
-    if (it->request.test()) {
+    if (waited_[static_cast<std::size_t>(it->index)] || completions_[static_cast<std::size_t>(it->index)].test()) {
       send_pool_.release(it->buffer, it->n);
       it = outgoing_.erase(it);
     } else {
@@ -303,50 +311,89 @@ float* Executor::outgoing_buffer(std::int64_t n) {
   return send_pool_.acquire(n);
 }
 
-void Executor::recv(Op op, int chunk, int mb, int peer) {
+Completion Executor::recv(Op op, int chunk, int mb, int peer) {
   const bool act = op == Op::recv_activation;
   LayerRangeActs<Exec>& a = act ? acquire(chunk, mb) : slot(chunk, mb);
   const Mat<Exec>& buf = act ? a.input : a.dres;
   const int kind = act ? 0 : 1;
-  if (split_ == 1) {
-    grid_.pp().recv(buf.data(), static_cast<std::int64_t>(buf.size()), peer, tag(kind, chunk, mb, 0));
-  } else {
-    const std::int64_t n = static_cast<std::int64_t>(buf.size()) / split_;
-    float* share = send_pool_.acquire(n);
-    grid_.pp().recv(share, n, peer, tag(kind, chunk, mb, 0));
-    grid_.tp().all_gather(share, buf.data(), n);
-    send_pool_.release(share, n);
-  }
-  float stamp[2];
-  grid_.pp_clock().recv(stamp, 2, peer, tag(kind, chunk, mb, 1));
-  double arrival = 0.0;
-  std::memcpy(&arrival, stamp, sizeof(arrival));
-  clock_ = std::max(clock_, arrival);
+  Completion done;
+  float* share = nullptr;
+  const std::int64_t n = static_cast<std::int64_t>(buf.size()) / split_;
+  const ProcessGrid::Link link = grid_.link(act, peer, grid_.pp_rank());
+  if (split_ > 1) share = send_pool_.acquire(n);
+  done.add(link.comm->irecv(share != nullptr ? share : buf.data(), n, link.peer, tag(kind, chunk, mb, 0)));
+  stamps_.emplace_back(2);
+  float* stamp = stamps_.back().data();
+  done.add(grid_.pp_clock().irecv(stamp, 2, peer, tag(kind, chunk, mb, 1)));
+  done.then([this, share, n, out = buf.data(), stamp] {
+    if (share != nullptr) {
+      grid_.tp().all_gather(share, out, n);
+      send_pool_.release(share, n);
+    }
+    double arrival = 0.0;
+    std::memcpy(&arrival, stamp, sizeof(arrival));
+    clock_ = std::max(clock_, arrival);
+  });
+  return done;
 }
 
-void Executor::execute(const Instruction& i, const MicroBatchLoader& load, float loss_scale) {
+double Executor::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() - start_;
+}
+
+void Executor::wait_for(int index) {
+  const auto k = static_cast<std::size_t>(index);
+  if (waited_[k]) return;
+  waited_[k] = 1;
+  const Instruction& i = schedule_.program(grid_.pp_rank())[k];
+  if (occupies_host(i.op)) {
+    Exec().fence();  // its kernels, on a device that runs them beside the host
+    return;
+  }
+  completions_[k].wait();
+  if (events_[k].completed < 0.0) events_[k].completed = now();
+  in_flight_.erase(std::remove(in_flight_.begin(), in_flight_.end(), index), in_flight_.end());
+}
+
+void Executor::poll() {
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    if (completions_[static_cast<std::size_t>(*it)].test()) {
+      events_[static_cast<std::size_t>(*it)].completed = now();
+      it = in_flight_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+Completion Executor::execute(const Instruction& i, const MicroBatchLoader& load, float loss_scale) {
   const Partition& part = schedule_.partition();
   ParameterStore& store = state_.store();
+  Completion done;
   switch (i.op) {
     case Op::forward: forward(part.chunk(i.chunk), i.layer, i.micro_batch, load); break;
     case Op::backward: backward(part.chunk(i.chunk), i.layer, i.micro_batch, loss_scale); break;
     case Op::recompute: recompute(part.chunk(i.chunk), i.layer, i.micro_batch); break;
     case Op::send_activation:
-    case Op::send_gradient: send(i.op, i.chunk, i.micro_batch, i.peer); break;
-    case Op::recv_activation:
-    case Op::recv_gradient: recv(i.op, i.chunk, i.micro_batch, i.peer); break;
-    case Op::gather_params: store.gather(i.layer); break;
-    case Op::prefetch_params: store.prefetch(i.layer); break;
-    case Op::release_params: store.release(i.layer); break;
-    case Op::offload_activations: offload(part.chunk(i.chunk), i.layer, i.micro_batch); break;
-    case Op::prefetch_activations: prefetch_activations(part.chunk(i.chunk), i.layer, i.micro_batch); break;
-    case Op::reload_activations: reload(part.chunk(i.chunk), i.layer, i.micro_batch); break;
-    case Op::reduce_grads: state_.reducer().reduce(i.layer); break;
-    case Op::sync_grads: state_.reducer().sync(); break;
-    case Op::flush_grads:
-      state_.reducer().wait(i.layer);
-      state_.optimizer(i.layer).gradients_ready(state_.reducer().owned(i.layer));
+    case Op::send_gradient: {
+      const auto& program = schedule_.program(grid_.pp_rank());
+      const int index = static_cast<int>(&i - program.data());
+      done = send(i.op, i.chunk, i.micro_batch, i.peer, index);
       break;
+    }
+    case Op::recv_activation:
+    case Op::recv_gradient: done = recv(i.op, i.chunk, i.micro_batch, i.peer); break;
+    case Op::gather_params:
+    case Op::prefetch_params: done = store.hold(i.layer); break;
+    case Op::release_params: store.release(i.layer); break;
+    case Op::offload_activations: done = offload(part.chunk(i.chunk), i.layer, i.micro_batch); break;
+    case Op::prefetch_activations:
+      done = prefetch_activations(part.chunk(i.chunk), i.layer, i.micro_batch, i.buffer);
+      break;
+    case Op::reload_activations: reload(part.chunk(i.chunk), i.layer, i.micro_batch, i.buffer); break;
+    case Op::reduce_grads: done = state_.reducer().reduce(i.layer); break;
+    case Op::sync_grads: state_.reducer().sync_embedding(); break;
+    case Op::flush_grads: state_.optimizer(i.layer).gradients_ready(state_.reducer().owned(i.layer)); break;
     case Op::optimizer_update:
     case Op::publish_params:
     case Op::share_params:
@@ -355,16 +402,40 @@ void Executor::execute(const Instruction& i, const MicroBatchLoader& load, float
   const double t = clock_price(i, prices_, final_);
   clock_ += t;
   busy_ += t;
+  return done;
 }
 
 StageResult Executor::run(const MicroBatchLoader& load, float loss_scale) {
+  const std::vector<Instruction>& program = schedule_.program(grid_.pp_rank());
+  const std::size_t n = program.size();
   clock_ = busy_ = loss_sum_ = 0.0;
+  start_ = 0.0;
+  start_ = now();
   state_.reducer().zero_grads();
-  for (const Instruction& i : schedule_.program(grid_.pp_rank())) execute(i, load, loss_scale);
-  for (auto& o : outgoing_) {
-    o.request.wait();
-    send_pool_.release(o.buffer, o.n);
+  completions_.clear();
+  completions_.resize(n);
+  waited_.assign(n, 0);
+  in_flight_.clear();
+  events_.assign(n, InstructionEvent{});
+  for (std::size_t k = 0; k < n; ++k) {
+    const Instruction& i = program[k];
+    InstructionEvent& e = events_[k];
+    e.index = static_cast<int>(k);
+    e.reached = now();
+    for (const int j : i.after) wait_for(j);
+    e.issued = now();
+    completions_[k] = execute(i, load, loss_scale);
+    e.returned = now();
+    if (occupies_host(i.op) || completions_[k].empty()) {
+      e.completed = e.returned;
+    } else {
+      in_flight_.push_back(static_cast<int>(k));
+    }
+    poll();
   }
+  // What nobody waited for (sends, flushes, the last reductions' follow-ups), in order.
+  for (std::size_t k = 0; k < n; ++k) wait_for(static_cast<int>(k));
+  for (auto& o : outgoing_) send_pool_.release(o.buffer, o.n);
   outgoing_.clear();
   for (auto& r : stamp_sends_) r.wait();
   stamp_sends_.clear();

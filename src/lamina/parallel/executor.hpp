@@ -5,10 +5,19 @@
 // (rank_state.hpp) or of the activations it keeps here: one LayerRangeActs per chunk and
 // micro-batch in flight (as many as the schedule ever has), a scratch where recomputed and
 // bf16-stored blocks run, and two staging buffers through which offloaded blocks travel.
+//
+// Waiting is the instruction list's business, not the actions': before issuing an
+// instruction the executor waits for those its `after` names (a fence of the compute
+// instance, or a collective's, message's or copy's Completion) and nowhere else, so the
+// collectives, messages and copies the list lets overlap do, exactly as the simulator
+// prices them. Between instructions it polls what is in flight (which is also what moves
+// MPI's non-blocking collectives on). Messages go out on the grid's links.
+//
 // It also keeps a virtual clock: each compute instruction advances it by its price, every
 // pipeline message carries the sender's time, and a receive waits for it, so bubbles are
 // measured exactly as the simulator predicts them, whatever the wall clock on an
-// oversubscribed machine says.
+// oversubscribed machine says; and an event log of the last step (events()), from which
+// `output.trace_step` writes a trace.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -16,6 +25,7 @@
 #include <vector>
 
 #include "lamina/model/gpt.hpp"
+#include "lamina/parallel/completion.hpp"
 #include "lamina/parallel/rank_state.hpp"
 #include "lamina/parallel/schedule.hpp"
 
@@ -28,6 +38,15 @@ struct StageResult {
   double loss_sum = 0.0;  // sum of per-position losses over this stage's head micro-batches
   double clock = 0.0;     // virtual time at the end of the stage's program
   double busy = 0.0;      // virtual time spent computing
+};
+
+// What happened to one instruction of the last step, in seconds since the step began.
+struct InstructionEvent {
+  int index = 0;        // in the stage's program
+  double reached = 0.0;  // the host got to it (then waited for its `after`)
+  double issued = 0.0;   // its waits were over and it was issued
+  double returned = 0.0;  // the host went on (for one that occupies the host: it had ended)
+  double completed = -1.0;  // running beside the host: first seen done (a poll or a wait)
 };
 
 class Executor {
@@ -48,6 +67,8 @@ class Executor {
   void update(const std::vector<Instruction>& program, const AdamWStep& step);
 
   const Workspace<Exec>& workspace() const { return ws_.ws; }
+  // One event per instruction of this stage's program, of the last run().
+  const std::vector<InstructionEvent>& events() const { return events_; }
 
  private:
   struct Slots {
@@ -60,9 +81,12 @@ class Executor {
   struct Outgoing {
     float* buffer;
     std::int64_t n;
-    Request request;
+    int index;  // its instruction
   };
-  void execute(const Instruction& i, const MicroBatchLoader& load, float loss_scale);
+  double now() const;
+  void wait_for(int index);
+  void poll();
+  Completion execute(const Instruction& i, const MicroBatchLoader& load, float loss_scale);
   float* outgoing_buffer(std::int64_t n);
   LayerRangeActs<Exec>& acquire(int chunk, int mb);
   LayerRangeActs<Exec>& slot(int chunk, int mb);
@@ -73,17 +97,17 @@ class Executor {
   void forward(const Chunk& c, int layer, int mb, const MicroBatchLoader& load);
   void backward(const Chunk& c, int layer, int mb, float loss_scale);
   void recompute(const Chunk& c, int layer, int mb);
-  void offload(const Chunk& c, int layer, int mb);
-  void reload(const Chunk& c, int layer, int mb);
-  void prefetch_activations(const Chunk& c, int layer, int mb);
+  Completion offload(const Chunk& c, int layer, int mb);
+  void reload(const Chunk& c, int layer, int mb, int buffer);
+  Completion prefetch_activations(const Chunk& c, int layer, int mb, int buffer);
   // Block b's activations for its backward, as its policy and the instructions before left them.
   BlockActs<Exec> restored(LayerRangeActs<Exec>& a, std::int64_t b);
   // Staging buffer i, now holding block b of range a (null: nothing yet).
   float* staging(int i, LayerRangeActs<Exec>* a, std::int64_t b);
   // Offloaded block b of range a into staging buffer i, on instance `on`.
   void copy_in(const Exec& on, int i, LayerRangeActs<Exec>& a, std::int64_t b);
-  void send(Op op, int chunk, int mb, int peer);
-  void recv(Op op, int chunk, int mb, int peer);
+  Completion send(Op op, int chunk, int mb, int peer, int index);
+  Completion recv(Op op, int chunk, int mb, int peer);
   int tag(int kind, int receiving_chunk, int mb, int part) const;
 
   RankState& state_;
@@ -105,10 +129,15 @@ class Executor {
   Buffer<float, Mem> staging_[2];  // offloaded blocks on their way in and out
   Buffer<std::uint16_t, Mem> staging16_[2];  // ... as bf16
   std::pair<LayerRangeActs<Exec>*, std::int64_t> staged_[2] = {{nullptr, -1}, {nullptr, -1}};
-  int reloaded_ = 0;           // the staging buffer the last reload left its block in
+  // Per instruction of the running program: what is in flight, and whether it was waited for.
+  std::vector<Completion> completions_;
+  std::vector<char> waited_;
+  std::vector<int> in_flight_;  // instructions whose completion has not been seen yet
   std::vector<Outgoing> outgoing_;
-  std::vector<std::vector<float>> stamps_;  // send buffers of virtual-clock timestamps
+  std::vector<std::vector<float>> stamps_;  // virtual-clock timestamps: sent, and received
   std::vector<Request> stamp_sends_;
+  std::vector<InstructionEvent> events_;
+  double start_ = 0.0;
   double clock_ = 0.0, busy_ = 0.0, loss_sum_ = 0.0;
 };
 

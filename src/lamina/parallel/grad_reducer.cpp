@@ -64,80 +64,51 @@ float* GradientReducer::grads(int layer) const {
   return zero_ < 2 ? s.grads.data() : s.full_grads;
 }
 
-void GradientReducer::reduce(int layer) {
+Completion GradientReducer::reduce(int layer) {
   Slot& s = slot(layer);
-  Exec().fence();  // the gradients are complete before the network reads them
+  Completion done;
   if (zero_ == 0) {
-    // Subgroup-sized buckets: each can start as soon as it is ready and keeps messages bounded.
+    // Subgroup-sized buckets keep messages bounded.
     for (std::int64_t b = 0; b < s.shard.padded; b += bucket_) {
       const std::int64_t n = std::min(bucket_, s.shard.padded - b);
-      pending_.push_back({layer, grid_.dp().iallreduce(s.grads.data() + b, n, ReduceOp::sum), nullptr, nullptr});
+      done.add(grid_.dp().iallreduce(s.grads.data() + b, n, ReduceOp::sum));
     }
-    // Reductions already done complete now, in order (test() also lets MPI progress).
-    while (!pending_.empty() && pending_.front().request.test()) {
-      complete(pending_.front());
-      pending_.erase(pending_.begin());
-    }
-    return;
-  }
-  // One reduce-scatter in flight (overlapping the backward of the layer before): each
-  // holds a full-size gradient buffer (ZeRO-2/3) until it completes.
-  while (!pending_.empty()) {
-    complete(pending_.front());
-    pending_.erase(pending_.begin());
+    return done;
   }
   float* full = zero_ == 1 ? s.grads.data() : s.full_grads;
   float* temp = pools_.staging.acquire(s.shard.shard);
-  pending_.push_back({layer, grid_.dp().ireduce_scatter(full, temp, s.shard.shard), temp, zero_ >= 2 ? full : nullptr});
+  done.add(grid_.dp().ireduce_scatter(full, temp, s.shard.shard));
   if (zero_ >= 2) s.full_grads = nullptr;  // the next backward starts a fresh accumulator
-}
-
-void GradientReducer::complete(Pending& p) {
-  p.request.wait();
-  Slot& s = slot(p.layer);
-  const Exec exec;
-  if (p.temp != nullptr) {
-    const std::int64_t owned = s.shard.owned_begin(grid_.dp_rank(), zero_);
+  done.then([this, layer, full, temp] {
+    Slot& s = slot(layer);
+    const Exec exec;
     if (zero_ == 1) {
       // ZeRO-1 keeps its full gradient buffer; the reduced shard goes back into its place.
-      Kokkos::deep_copy(exec, dev(s.grads.data() + owned, s.shard.shard), dev(p.temp, s.shard.shard));
+      const std::int64_t owned = s.shard.owned_begin(grid_.dp_rank(), zero_);
+      Kokkos::deep_copy(exec, dev(s.grads.data() + owned, s.shard.shard), dev(temp, s.shard.shard));
     } else {
-      add(exec, s.grad_shard.data(), p.temp, s.shard.shard);
+      add(exec, s.grad_shard.data(), temp, s.shard.shard);
     }
-    exec.fence();
-    pools_.staging.release(p.temp, s.shard.shard);
-  }
-  if (p.full != nullptr) pools_.grads.release(p.full, s.shard.padded);
+    exec.fence();  // the staging buffer is read before it goes back to the pool
+    pools_.staging.release(temp, s.shard.shard);
+    if (zero_ >= 2) pools_.grads.release(full, s.shard.padded);
+  });
+  return done;
 }
 
-void GradientReducer::wait(int layer) {
-  // In order, up to the layer's last entry (a layer's buckets complete after the ones before).
-  auto last = std::find_if(pending_.rbegin(), pending_.rend(), [&](const Pending& p) { return p.layer == layer; });
-  if (last == pending_.rend()) return;
-  const auto end = last.base();
-  for (auto it = pending_.begin(); it != end; ++it) complete(*it);
-  pending_.erase(pending_.begin(), end);
+void GradientReducer::sync_embedding() {
+  if (grid_.pp_size() <= 1 || !slots_.count(0)) return;
+  // The tied embedding: the first stage has the lookup's gradient, the last the head's.
+  Slot& s = slot(0);
   Exec().fence();
-}
-
-void GradientReducer::sync() {
-  for (auto& p : pending_) complete(p);
-  pending_.clear();
-  const Exec exec;
-  if (grid_.pp_size() > 1 && slots_.count(0)) {
-    // The tied embedding: the first stage has the lookup's gradient, the last the head's.
-    Slot& s = slot(0);
-    exec.fence();
-    if (zero_ == 0) {
-      grid_.embedding().allreduce(s.grads.data(), s.shard.padded, ReduceOp::sum);
-    } else if (zero_ == 1) {
-      grid_.embedding().allreduce(s.grads.data() + s.shard.owned_begin(grid_.dp_rank(), zero_), s.shard.shard,
-                                  ReduceOp::sum);
-    } else {
-      grid_.embedding().allreduce(s.grad_shard.data(), s.shard.shard, ReduceOp::sum);
-    }
+  if (zero_ == 0) {
+    grid_.embedding().allreduce(s.grads.data(), s.shard.padded, ReduceOp::sum);
+  } else if (zero_ == 1) {
+    grid_.embedding().allreduce(s.grads.data() + s.shard.owned_begin(grid_.dp_rank(), zero_), s.shard.shard,
+                                ReduceOp::sum);
+  } else {
+    grid_.embedding().allreduce(s.grad_shard.data(), s.shard.shard, ReduceOp::sum);
   }
-  exec.fence();
 }
 
 const float* GradientReducer::owned(int layer) const {

@@ -14,6 +14,7 @@
 
 #include "lamina/comm/communicator.hpp"
 #include "lamina/model/param_layout.hpp"
+#include "lamina/parallel/completion.hpp"
 #include "lamina/parallel/param_store.hpp"
 
 namespace lamina {
@@ -43,12 +44,12 @@ class GradientReducer {
   void begin(int layer);
   float* grads(int layer) const;
 
-  // Starts the data-parallel reduction of a layer's gradients (non-blocking).
-  void reduce(int layer);
-  // Waits for the layer's reductions.
-  void wait(int layer);
-  // Waits for every reduction and adds the tied embedding's two halves (pp > 1).
-  void sync();
+  // Starts the data-parallel reduction of a layer's gradients (non-blocking), whose
+  // backward the caller has waited for; the completion adds a reduce-scattered shard into
+  // the accumulator and gives the buffers back.
+  Completion reduce(int layer);
+  // Adds the tied embedding's two halves (pp > 1), once every reduction is done.
+  void sync_embedding();
   // The reduced gradients of the owned elements, device memory, at the first owned element.
   const float* owned(int layer) const;
   // Sum of squares of the gradients this rank is the one owner of (each element of the
@@ -63,15 +64,8 @@ class GradientReducer {
     Buffer<float, DeviceMem> grads, grad_shard;
     float* full_grads = nullptr;  // ZeRO >= 2: the accumulator until reduced
   };
-  struct Pending {
-    int layer;
-    Request request;
-    float* temp = nullptr;  // reduce-scatter output to add into the shard, if any
-    float* full = nullptr;  // ZeRO >= 2 full gradients to release
-  };
   Slot& slot(int layer) { return slots_.at(layer); }
   const Slot& slot(int layer) const { return slots_.at(layer); }
-  void complete(Pending& p);
 
   const ParamLayout& layout_;
   const ProcessGrid& grid_;
@@ -79,7 +73,6 @@ class GradientReducer {
   std::int64_t bucket_;
   std::map<int, Slot> slots_;
   DevicePools& pools_;
-  std::vector<Pending> pending_;
 };
 
 }  // namespace lamina

@@ -15,8 +15,8 @@ using HostExec = ParameterStore::HostExec;
 
 // An all-gather moves bytes without arithmetic, so bf16 pairs travel as float words
 // (bf16 shards have an even length).
-void all_gather_bf16(Communicator& c, const std::uint16_t* send, std::uint16_t* recv, std::int64_t count) {
-  c.all_gather(reinterpret_cast<const float*>(send), reinterpret_cast<float*>(recv), count / 2);
+Request all_gather_bf16(Communicator& c, const std::uint16_t* send, std::uint16_t* recv, std::int64_t count) {
+  return c.iall_gather(reinterpret_cast<const float*>(send), reinterpret_cast<float*>(recv), count / 2);
 }
 
 }  // namespace
@@ -68,87 +68,71 @@ bool ParameterStore::resident(int layer) const {
   return slot(layer).tier == MemTier::device && zero_ < 3 && !bf16_;
 }
 
-void ParameterStore::prefetch(int layer) {
+Completion ParameterStore::hold(int layer) {
   Slot& s = slot(layer);
-  if (resident(layer) || s.prefetched || s.gather_count > 0) return;
-  fetch(s, transfer_);
-  ++s.gather_count;
-  s.prefetched = true;
+  if (resident(layer) || s.holds++ > 0) return Completion();
+  return fetch(s);
 }
 
-void ParameterStore::gather(int layer) {
-  Slot& s = slot(layer);
-  if (resident(layer)) return;
-  if (s.prefetched) {  // the prefetch's hold becomes this one
-    s.prefetched = false;
-    transfer_.fence();
-    pools_.staging16.release(s.staged16, s.shard.padded);
-    s.staged16 = nullptr;
-    return;
-  }
-  if (s.gather_count++ > 0) return;
-  fetch(s, Exec());
-  Exec().fence();
-  pools_.staging16.release(s.staged16, s.shard.padded);
-  s.staged16 = nullptr;
-}
-
-void ParameterStore::fetch(Slot& s, const Exec& copies) {
+Completion ParameterStore::fetch(Slot& s) {
   const LayerShard& sh = s.shard;
   s.gathered = pools_.params.acquire(sh.padded);
-  const Exec exec;
-  if (bf16_) {
-    fetch_bf16(s, copies);
-    return;
-  }
+  if (bf16_) return fetch_bf16(s);
+  Completion done;
   if (s.tier == MemTier::device) {  // ZeRO-3: from the data-parallel peers
-    exec.fence();
-    grid_.dp().all_gather(s.params.data(), s.gathered, sh.shard);
-  } else if (zero_ < 3) {  // host tier: copied in, on `copies` (the transfer instance when prefetching)
-    Kokkos::deep_copy(copies, dev(s.gathered, sh.padded), host(s.params_host.data(), sh.padded));
+    done.add(grid_.dp().iall_gather(s.params.data(), s.gathered, sh.shard));
+  } else if (zero_ < 3) {  // host tier: copied in on the transfer instance
+    Kokkos::deep_copy(transfer_, dev(s.gathered, sh.padded), host(s.params_host.data(), sh.padded));
+    done.add(transfer_);
   } else {  // both: the owned shard in, then the all-gather
     float* mine = pools_.staging.acquire(sh.shard);
-    Kokkos::deep_copy(exec, dev(mine, sh.shard), host(s.params_host.data(), sh.shard));
-    exec.fence();
-    grid_.dp().all_gather(mine, s.gathered, sh.shard);
-    pools_.staging.release(mine, sh.shard);
+    Kokkos::deep_copy(transfer_, dev(mine, sh.shard), host(s.params_host.data(), sh.shard));
+    transfer_.fence();  // the network reads it
+    done.add(grid_.dp().iall_gather(mine, s.gathered, sh.shard));
+    done.then([this, mine, n = sh.shard] { pools_.staging.release(mine, n); });
   }
+  return done;
 }
 
-void ParameterStore::fetch_bf16(Slot& s, const Exec& copies) {
+Completion ParameterStore::fetch_bf16(Slot& s) {
   const LayerShard& sh = s.shard;
-  const Exec exec;
   const Vec<Exec> out = dev(s.gathered, sh.padded);
+  Completion done;
   if (s.tier == MemTier::device && zero_ < 3) {
-    from_bf16(copies, out, Bf16Vec<Exec>(dev(s.params16.data(), sh.padded)));
-    return;
+    from_bf16(transfer_, out, Bf16Vec<Exec>(dev(s.params16.data(), sh.padded)));
+    done.add(transfer_);
+    return done;
   }
   if (s.tier == MemTier::host && zero_ < 3) {
-    // The staging buffer stays held until gather() has waited for the copies.
-    s.staged16 = pools_.staging16.acquire(sh.padded);
-    Kokkos::deep_copy(copies, dev(s.staged16, sh.padded), host(s.params16_host.data(), sh.padded));
-    from_bf16(copies, out, Bf16Vec<Exec>(dev(s.staged16, sh.padded)));
-    return;
+    std::uint16_t* staged = pools_.staging16.acquire(sh.padded);
+    Kokkos::deep_copy(transfer_, dev(staged, sh.padded), host(s.params16_host.data(), sh.padded));
+    from_bf16(transfer_, out, Bf16Vec<Exec>(dev(staged, sh.padded)));
+    done.add(transfer_);
+    done.then([this, staged, n = sh.padded] { pools_.staging16.release(staged, n); });
+    return done;
   }
   // ZeRO-3: the bf16 shards are all-gathered (half the bytes of fp32), then widened.
   std::uint16_t* all = pools_.staging16.acquire(sh.padded);
   std::uint16_t* mine = s.params16.data();
-  if (s.tier == MemTier::host) {
+  const bool staged = s.tier == MemTier::host;
+  if (staged) {
     mine = pools_.staging16.acquire(sh.shard);
-    Kokkos::deep_copy(exec, dev(mine, sh.shard), host(s.params16_host.data(), sh.shard));
+    Kokkos::deep_copy(transfer_, dev(mine, sh.shard), host(s.params16_host.data(), sh.shard));
+    transfer_.fence();  // the network reads it
   }
-  exec.fence();
-  all_gather_bf16(grid_.dp(), mine, all, sh.shard);
-  from_bf16(exec, out, Bf16Vec<Exec>(dev(all, sh.padded)));
-  exec.fence();
-  if (s.tier == MemTier::host) pools_.staging16.release(mine, sh.shard);
-  pools_.staging16.release(all, sh.padded);
+  done.add(all_gather_bf16(grid_.dp(), mine, all, sh.shard));
+  done.then([this, out, all, mine, staged, sh] {
+    from_bf16(transfer_, out, Bf16Vec<Exec>(dev(all, sh.padded)));
+    transfer_.fence();  // the widening has read the staging before it goes back to the pool
+    if (staged) pools_.staging16.release(mine, sh.shard);
+    pools_.staging16.release(all, sh.padded);
+  });
+  return done;
 }
 
 void ParameterStore::release(int layer) {
   Slot& s = slot(layer);
-  if (resident(layer) || --s.gather_count > 0) return;
-  Exec().fence();
+  if (resident(layer) || --s.holds > 0) return;
   pools_.params.release(s.gathered, s.shard.padded);
   s.gathered = nullptr;
 }
@@ -208,12 +192,12 @@ void ParameterStore::share(int layer) {
     if (s.tier == MemTier::device) {
       Kokkos::deep_copy(exec, dev(mine, sh.shard), dev(s.params16.data() + s.owned_begin, sh.shard));
       exec.fence();
-      all_gather_bf16(grid_.dp(), mine, s.params16.data(), sh.shard);
+      all_gather_bf16(grid_.dp(), mine, s.params16.data(), sh.shard).wait();
     } else {
       std::uint16_t* full = pools_.staging16.acquire(sh.padded);
       Kokkos::deep_copy(exec, dev(mine, sh.shard), host(s.params16_host.data() + s.owned_begin, sh.shard));
       exec.fence();
-      all_gather_bf16(grid_.dp(), mine, full, sh.shard);
+      all_gather_bf16(grid_.dp(), mine, full, sh.shard).wait();
       Kokkos::deep_copy(exec, host(s.params16_host.data(), sh.padded), dev(full, sh.padded));
       exec.fence();
       pools_.staging16.release(full, sh.padded);

@@ -2,10 +2,11 @@
 // The parameters one rank stores, layer by layer: the whole layer (below ZeRO-3) or its
 // data-parallel shard (ZeRO-3), in the device tier or the host tier (ZeRO-Infinity's
 // parameter offload), in fp32 or bf16. Compute reads fp32 parameters on the device: for
-// layers stored so (resident) directly, for the others through gather() ... release(),
-// which all-gathers the shards, copies them in from the host tier and/or widens bf16 into
-// a pooled buffer; prefetch() starts that one layer ahead on the transfer instance. The
-// optimizer writes updated values back through the ParamSink interface, and ZeRO-1/2
+// layers stored so (resident) directly, for the others through hold() ... release(): the
+// first hold starts all-gathering the shards (a non-blocking collective), copying them in
+// from the host tier and/or widening bf16 into a pooled buffer (on the transfer instance),
+// and returns when that is queued, with its Completion for whoever needs the parameters.
+// The optimizer writes updated values back through the ParamSink interface, and ZeRO-1/2
 // ranks share their updated shards with share().
 #include <Kokkos_Core.hpp>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include "lamina/core/precision.hpp"
 #include "lamina/model/param_layout.hpp"
 #include "lamina/optim/layer_optimizer.hpp"
+#include "lamina/parallel/completion.hpp"
 #include "lamina/parallel/layout.hpp"
 #include "lamina/parallel/process_grid.hpp"
 #include "lamina/parallel/shard.hpp"
@@ -69,12 +71,11 @@ class ParameterStore : public ParamSink {
   bool resident(int layer) const;
 
   // Parameters of a layer on the device, fp32: always there for resident layers, else from
-  // gather() to release(). Both count uses, so nested calls are fine.
-  void gather(int layer);
+  // the completion of the first hold() to the last release(). Both count holds, so nested
+  // ones are fine; only the first fetches (and returns a non-empty completion). The caller
+  // of release() has waited for the compute that read the parameters.
+  Completion hold(int layer);
   void release(int layer);
-  // Starts gathering a layer ahead of its use (copies from the host tier on the transfer
-  // instance, overlapping the compute); its gather() then takes the hold over.
-  void prefetch(int layer);
   float* params(int layer) const;
 
   // ParamSink: updated values into the stored parameters.
@@ -105,16 +106,14 @@ class ParameterStore : public ParamSink {
     HostBuf params_host;
     DeviceBuf16 params16;
     HostBuf16 params16_host, rounded_host;
-    float* gathered = nullptr;          // device parameters while in use (when not resident)
-    std::uint16_t* staged16 = nullptr;  // bf16 copied in from the host tier, until gathered
-    int gather_count = 0;
-    bool prefetched = false;  // gathered ahead; the next gather() takes over the hold
+    float* gathered = nullptr;  // device parameters while held (when not resident)
+    int holds = 0;
   };
   Slot& slot(int layer) { return slots_.at(layer); }
   const Slot& slot(int layer) const { return slots_.at(layer); }
   std::int64_t stored_begin(const Slot& s) const { return s.shard.stored_begin(grid_.dp_rank(), zero_); }
-  void fetch(Slot& s, const Exec& copies);
-  void fetch_bf16(Slot& s, const Exec& copies);
+  Completion fetch(Slot& s);
+  Completion fetch_bf16(Slot& s);
 
   const ProcessGrid& grid_;
   int zero_;

@@ -108,16 +108,48 @@ ProcessGrid::ProcessGrid(MPI_Comm world, int dp, int tp, int pp, CommBackend bac
   MPI_Comm ppclock = MPI_COMM_NULL;
   MPI_Comm_dup(ppc, &ppclock);
   pp_clock_comm_ = std::make_unique<MpiCommunicator>(ppclock, "pp_clock");
+  // NCCL links: for each stage s, activations s -> s+1 and gradients s+1 -> s (mod pp),
+  // each on a communicator of the pair, s first.
+  std::vector<std::pair<std::pair<bool, int>, MPI_Comm>> pairs;
+  if (nccl_ && pp > 1) {
+    for (const bool activation : {true, false}) {
+      for (int s = 0; s < pp; ++s) {
+        const int next = (s + 1) % pp;
+        const bool member = pp_rank_ == s || pp_rank_ == next;
+        MPI_Comm pair = MPI_COMM_NULL;
+        MPI_Comm_split(ppc, member ? 0 : MPI_UNDEFINED, pp_rank_ == s ? 0 : 1, &pair);
+        if (member) pairs.push_back({{activation, s}, pair});
+      }
+    }
+  }
   const bool ends = pp_rank_ == 0 || pp_rank_ == pp - 1;
   MPI_Comm_split(world, ends ? tp_rank_ + tp * dp_rank_ : MPI_UNDEFINED, pp_rank_, &emb);
   tp_comm_ = make_group(tpc, "tp", nccl_);
   dp_comm_ = make_group(dpc, "dp", nccl_);
   pp_comm_ = make_group(ppc, "pp", nccl_);
+  for (const auto& [key, comm] : pairs) {
+    const int s = key.second, next = (s + 1) % pp;
+    const std::string name = key.first ? strprintf("pp activations %d->%d", s, next)
+                                       : strprintf("pp gradients %d->%d", next, s);
+    links_[key] = make_group(comm, name, nccl_);
+  }
   embedding_comm_ = make_group(emb == MPI_COMM_NULL ? [] {
     MPI_Comm self;
     MPI_Comm_dup(MPI_COMM_SELF, &self);
     return self;
   }() : emb, "embedding", nccl_);
+}
+
+ProcessGrid::Link ProcessGrid::link(bool activation, int from, int to) const {
+  if (links_.empty()) return {pp_comm_.get(), from == pp_rank_ ? to : from};
+  Communicator* c = links_.at({activation, activation ? from : to}).get();
+  return {c, 1 - c->rank()};
+}
+
+std::vector<Communicator*> ProcessGrid::own_links() const {
+  std::vector<Communicator*> out;
+  for (const auto& kv : links_) out.push_back(kv.second.get());
+  return out;
 }
 
 std::string ProcessGrid::describe() const {

@@ -4,11 +4,18 @@
 //   world rank = tp_rank + tp * (dp_rank + dp * pp_rank).
 // Each rank holds one communicator per group it belongs to; the "embedding" group joins
 // the first and last pipeline stages of one (dp, tp) position, which both hold the tied
-// token embedding.
+// token embedding. Pipeline messages travel on links (link()): over MPI the pp group
+// itself; over NCCL, which matches messages by order alone and runs each communicator's
+// operations one after the other on its stream, a communicator for each direction between
+// two neighbouring stages, so that a message never waits behind one going the other way
+// (with one stream, interleaved and modular schedules deadlock).
 #include <mpi.h>
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "lamina/comm/communicator.hpp"
 #include "lamina/core/config.hpp"
@@ -42,6 +49,16 @@ class ProcessGrid {
   // The pipeline group again, over MPI, for the executor's virtual-clock timestamps: host
   // scalars that must not count as pipeline traffic.
   Communicator& pp_clock() const { return *pp_clock_comm_; }
+  // The communicator a pipeline message from stage `from` to stage `to` travels on (an
+  // activation goes to the next stage, a gradient to the previous one) and the peer's rank
+  // in it.
+  struct Link {
+    Communicator* comm;
+    int peer;
+  };
+  Link link(bool activation, int from, int to) const;
+  // The links that are not the pp group itself (their bytes are pipeline traffic too).
+  std::vector<Communicator*> own_links() const;
 
   // World rank of grid position (dp, tp, pp).
   int world_rank_of(int dp, int tp, int pp) const { return tp + tp_ * (dp + dp_ * pp); }
@@ -56,6 +73,8 @@ class ProcessGrid {
   bool nccl_ = false;
   std::string backend_reason_;
   std::unique_ptr<Communicator> world_comm_, dp_comm_, tp_comm_, pp_comm_, embedding_comm_, pp_clock_comm_;
+  // NCCL: (activation?, the lower stage of the direction's pair s -> s+1) -> communicator
+  std::map<std::pair<bool, int>, std::unique_ptr<Communicator>> links_;
 };
 
 }  // namespace lamina

@@ -48,6 +48,27 @@ const char* stream_name(Stream s) {
   return "?";
 }
 
+bool occupies_host(Op op) {
+  switch (op) {
+    case Op::forward:
+    case Op::backward:
+    case Op::recompute:
+    case Op::reload_activations:
+    case Op::sync_grads:
+      return true;
+    default: return false;
+  }
+}
+
+std::tuple<int, int, int> message_key(const Instruction& i) {
+  switch (i.op) {
+    case Op::send_activation: return {0, i.chunk + 1, i.micro_batch};
+    case Op::recv_activation: return {0, i.chunk, i.micro_batch};
+    case Op::send_gradient: return {1, i.chunk - 1, i.micro_batch};
+    default: return {1, i.chunk, i.micro_batch};
+  }
+}
+
 bool resident_params(const StepSpec& spec, int layer) {
   return policy_of_layer(spec.blocks, layer).params == MemTier::device && spec.layout.zero < 3 &&
          spec.precision == Precision::fp32;
@@ -195,7 +216,21 @@ Instruction make(Op op, Stream stream, int chunk, int layer, int mb) {
   return i;
 }
 
-// Turns one stage's chunk-level order into its instruction list.
+// Turns one stage's chunk-level order into its instruction list, with what each
+// instruction waits for (Instruction::after):
+//   compute      the fetch of every non-resident layer it reads; the message it consumes
+//                (the chunk's input or its output's gradient); for an offloaded block's
+//                forward, the previous copy out of the staging buffer it writes; for its
+//                backward, the copy that brought its activations back
+//   messages     a send, the compute that produced it; a receive, the compute before it
+//                (its buffer may be the one a micro-batch just finished with)
+//   parameters   a release, the compute that read the gathered copy
+//   activations  an offload, its block's forward; a prefetch, the backward that last read
+//                the staging buffer it overwrites; a copy made on the spot, the transfers
+//                queued before it
+//   gradients    a reduction, the layer's backward (and, ZeRO-1+, the reduction before:
+//                one reduce-scatter holds a full-size buffer at a time); a flush, the
+//                layer's final reduction; sync_grads, every reduction
 class StageBuilder {
  public:
   StageBuilder(const Schedule& s, const StepSpec& spec, int stage) : s_(s), spec_(spec), stage_(stage) {
@@ -251,51 +286,81 @@ class StageBuilder {
       if (st.forward) {
         prefetch_first(true);
         if (st.chunk > 0 && part.chunk(st.chunk - 1).stage != c.stage)
-          message(Op::recv_activation, st.chunk, st.mb, part.chunk(st.chunk - 1).stage);
+          receive(Op::recv_activation, st.chunk, st.mb, part.chunk(st.chunk - 1).stage);
         hold();
         forward(c, st.mb);
         unhold();
         if (st.chunk < last && part.chunk(st.chunk + 1).stage != c.stage)
-          message(Op::send_activation, st.chunk, st.mb, part.chunk(st.chunk + 1).stage);
+          send(Op::send_activation, st.chunk, st.mb, part.chunk(st.chunk + 1).stage);
       } else {
         // The chunk's last block comes back first: its copy starts before the chunk's
         // backward (and the gradient it waits for), so that it is there when needed.
         if (c.blocks() > 0 && policy(c.last_block - 1) == ActivationPolicy::offload)
-          p_.push_back(make(Op::prefetch_activations, Stream::host_to_device, c.index, static_cast<int>(c.last_block), st.mb));
+          prefetch_acts(c, static_cast<int>(c.last_block), st.mb);
         prefetch_first(false);
         if (st.chunk < last && part.chunk(st.chunk + 1).stage != c.stage)
-          message(Op::recv_gradient, st.chunk, st.mb, part.chunk(st.chunk + 1).stage);
+          receive(Op::recv_gradient, st.chunk, st.mb, part.chunk(st.chunk + 1).stage);
         hold();
         const int n = ++backwards_[st.chunk];
         const bool reduce = (spec_.layout.zero >= 2 && !layered) || n == spec_.layout.micro_batches;
         backward(c, st.mb, reduce);
         unhold();
         if (st.chunk > 0 && part.chunk(st.chunk - 1).stage != c.stage)
-          message(Op::send_gradient, st.chunk, st.mb, part.chunk(st.chunk - 1).stage);
+          send(Op::send_gradient, st.chunk, st.mb, part.chunk(st.chunk - 1).stage);
       }
     }
-    p_.push_back(make(Op::sync_grads, Stream::collective, -1, -1, -1));
+    Instruction sync = make(Op::sync_grads, Stream::collective, -1, -1, -1);
+    sync.after = reductions_;
+    emit(sync);
     for (int l : s_.layers_of_stage(stage_))
       if (host_updated(l) && !flushed_.count(l)) flush(l);
+    for (const auto& [l, n] : holds_) {
+      if (n != 0 || prefetched_.count(l)) {
+        throw std::logic_error(strprintf("schedule '%s': stage %d leaves layer %d's parameters held",
+                                         s_.name().c_str(), stage_, l));
+      }
+    }
     return p_;
   }
 
  private:
   bool resident(int l) const { return resident_params(spec_, l); }
   bool host_updated(int l) const { return policy_of_layer(spec_.blocks, l).optimizer != OptimizerPlacement::device; }
-  Stream gather_stream(int l) const {
-    if (spec_.layout.zero == 3) return Stream::collective;
-    return policy_of_layer(spec_.blocks, l).params == MemTier::host ? Stream::host_to_device : Stream::compute;
+  // ZeRO-3 all-gathers; copies from the host tier and bf16 widening run on the transfer instance.
+  Stream gather_stream(int) const {
+    return spec_.layout.zero == 3 ? Stream::collective : Stream::host_to_device;
   }
   ActivationPolicy policy(std::int64_t block) const {
     return spec_.blocks[static_cast<std::size_t>(block)].activations;
   }
 
+  int emit(const Instruction& i) {
+    p_.push_back(i);
+    return static_cast<int>(p_.size()) - 1;
+  }
+  std::vector<int> after_last_compute() const {
+    return last_compute_ >= 0 ? std::vector<int>{last_compute_} : std::vector<int>{};
+  }
+
+  // Parameters, counted as the parameter store counts holds: the first hold fetches (a
+  // prefetch, or a gather where none is pending), the last release gives the copy back.
   void gather(int l) {
-    if (!resident(l)) p_.push_back(make(Op::gather_params, gather_stream(l), -1, l, -1));
+    if (resident(l)) return;
+    if (prefetched_.erase(l)) return;  // the prefetch's hold becomes this use's
+    if (holds_[l]++ > 0) return;
+    fetch_[l] = emit(make(Op::gather_params, gather_stream(l), -1, l, -1));
+  }
+  void prefetch(int l) {
+    if (resident(l) || holds_[l] > 0) return;
+    holds_[l] = 1;
+    prefetched_.insert(l);
+    fetch_[l] = emit(make(Op::prefetch_params, gather_stream(l), -1, l, -1));
   }
   void release(int l) {
-    if (!resident(l)) p_.push_back(make(Op::release_params, Stream::compute, -1, l, -1));
+    if (resident(l) || --holds_[l] > 0) return;
+    Instruction i = make(Op::release_params, Stream::compute, -1, l, -1);
+    i.after = after_last_compute();
+    emit(i);
   }
   // Per use, unless a breadth-first run holds the chunk's parameters.
   void use(int l) {
@@ -304,15 +369,86 @@ class StageBuilder {
   void unuse(int l) {
     if (!held_) release(l);
   }
-  void prefetch(int l) {
-    if (!resident(l)) p_.push_back(make(Op::prefetch_params, gather_stream(l), -1, l, -1));
-  }
-  void message(Op op, int chunk, int mb, int peer) {
+
+  void receive(Op op, int chunk, int mb, int peer) {
     Instruction i = make(op, Stream::p2p, chunk, -1, mb);
     i.peer = peer;
-    p_.push_back(i);
+    i.after = after_last_compute();
+    received_ = emit(i);
   }
-  void compute(Op op, const Chunk& c, int l, int mb) { p_.push_back(make(op, Stream::compute, c.index, l, mb)); }
+  void send(Op op, int chunk, int mb, int peer) {
+    Instruction i = make(op, Stream::p2p, chunk, -1, mb);
+    i.peer = peer;
+    i.after = after_last_compute();
+    emit(i);
+  }
+
+  // A compute instruction of chunk c on layer l, after what it reads.
+  void compute(Op op, const Chunk& c, int l, int mb) {
+    Instruction i = make(op, Stream::compute, c.index, l, mb);
+    const int head = s_.final_layer();
+    const bool reads_params = !(op == Op::backward && l == 0);
+    auto needs = [&](int layer) {
+      if (reads_params && !resident(layer)) i.after.push_back(fetch_.at(layer));
+    };
+    if (l == head) {
+      needs(0);
+      needs(head);
+    } else {
+      needs(l);
+    }
+    if (received_ >= 0) {  // the chunk's first compute of this step consumes its message
+      i.after.push_back(received_);
+      received_ = -1;
+    }
+    const bool block = l > 0 && l < head;
+    if (block && policy(l - 1) == ActivationPolicy::offload) {
+      if (op == Op::forward && last_offload_ >= 0) i.after.push_back(last_offload_);
+      if (op == Op::backward) {
+        const auto it = restored_.find({c.index, l, mb});
+        if (it != restored_.end() && it->second >= 0) i.after.push_back(it->second);
+      }
+    }
+    last_compute_ = emit(i);
+  }
+
+  // The staging buffers of offloaded blocks, as the executor fills them: buffer 0 takes a
+  // block in its forward (and keeps it until overwritten), a prefetch goes into the buffer
+  // the last restored block does not occupy, a copy made on the spot into buffer 0.
+  using Staged = std::tuple<int, int, int>;  // (chunk, layer, micro-batch)
+  int staged_in(const Staged& b) const {
+    for (int k = 0; k < 2; ++k)
+      if (staged_[k] == b) return k;
+    return -1;
+  }
+  void prefetch_acts(const Chunk& c, int l, int mb) {
+    const Staged b{c.index, l, mb};
+    if (staged_in(b) >= 0) return;  // still there from its forward, or prefetched
+    Instruction i = make(Op::prefetch_activations, Stream::host_to_device, c.index, l, mb);
+    i.buffer = 1 - reloaded_;
+    i.after = after_last_compute();
+    staged_[i.buffer] = b;
+    restored_[b] = last_acts_prefetch_ = emit(i);
+  }
+  // Before an offloaded block's backward: its activations in a staging buffer.
+  void restore(const Chunk& c, int l, int mb) {
+    const Staged b{c.index, l, mb};
+    int k = staged_in(b);
+    if (k < 0) {
+      Instruction i = make(Op::reload_activations, Stream::host_to_device, c.index, l, mb);
+      i.buffer = 0;
+      i.after = after_last_compute();
+      const auto off = offloads_.find(b);
+      if (off != offloads_.end()) i.after.push_back(off->second);
+      if (last_acts_prefetch_ >= 0) i.after.push_back(last_acts_prefetch_);
+      k = 0;
+      staged_[0] = b;
+      restored_[b] = emit(i);
+    } else if (!restored_.count(b)) {
+      restored_[b] = -1;  // still in buffer 0 from its forward
+    }
+    reloaded_ = k;
+  }
 
   void forward(const Chunk& c, int mb) {
     const int head = s_.final_layer();
@@ -326,8 +462,13 @@ class StageBuilder {
       use(l);
       if (b + 1 < c.last_block && !held_) prefetch(l + 1);  // one layer ahead
       compute(Op::forward, c, l, mb);
-      if (policy(b) == ActivationPolicy::offload)
-        p_.push_back(make(Op::offload_activations, Stream::device_to_host, c.index, l, mb));
+      if (policy(b) == ActivationPolicy::offload) {
+        Instruction i = make(Op::offload_activations, Stream::device_to_host, c.index, l, mb);
+        i.after = after_last_compute();
+        last_offload_ = emit(i);
+        offloads_[{c.index, l, mb}] = last_offload_;
+        staged_[0] = {c.index, l, mb};
+      }
       unuse(l);
     }
     if (c.head) {
@@ -356,10 +497,9 @@ class StageBuilder {
       if (b > c.first_block && !held_) prefetch(l - 1);  // one layer ahead
       if (policy(b) == ActivationPolicy::recompute) compute(Op::recompute, c, l, mb);
       if (policy(b) == ActivationPolicy::offload) {
-        p_.push_back(make(Op::reload_activations, Stream::host_to_device, c.index, l, mb));
+        restore(c, l, mb);
         // The previous block's come back into the other staging buffer meanwhile.
-        if (b > c.first_block && policy(b - 1) == ActivationPolicy::offload)
-          p_.push_back(make(Op::prefetch_activations, Stream::host_to_device, c.index, l - 1, mb));
+        if (b > c.first_block && policy(b - 1) == ActivationPolicy::offload) prefetch_acts(c, l - 1, mb);
       }
       compute(Op::backward, c, l, mb);
       unuse(l);
@@ -375,9 +515,11 @@ class StageBuilder {
     requested_[l] = 0;
     Instruction i = make(Op::reduce_grads, Stream::collective, -1, l, -1);
     i.final = final;
-    p_.push_back(i);
-    // Reductions started before this one are done by now (one reduce-scatter in flight);
-    // those that completed a host-updated layer's gradients start their copies to the
+    i.after = after_last_compute();
+    if (spec_.layout.zero >= 1 && !reductions_.empty()) i.after.push_back(reductions_.back());
+    reduced_[l] = emit(i);
+    reductions_.push_back(reduced_[l]);
+    // Those that completed a host-updated layer's gradients start their copies to the
     // host, overlapping the rest of the backward pass. The tied embedding waits for the
     // other pipeline end's part (sync_grads).
     for (int f : final_) flush(f);
@@ -385,7 +527,10 @@ class StageBuilder {
     if (final && host_updated(l) && !(l == 0 && spec_.layout.pp > 1)) final_.push_back(l);
   }
   void flush(int l) {
-    p_.push_back(make(Op::flush_grads, Stream::device_to_host, -1, l, -1));
+    Instruction i = make(Op::flush_grads, Stream::device_to_host, -1, l, -1);
+    const auto r = reduced_.find(l);
+    if (r != reduced_.end()) i.after.push_back(r->second);
+    emit(i);
     flushed_.insert(l);
   }
 
@@ -395,6 +540,14 @@ class StageBuilder {
   Program p_;
   bool held_ = false;
   std::map<int, int> users_, requested_, backwards_;
+  std::map<int, int> holds_, fetch_;  // per layer: holds, the instruction that fetched it
+  std::set<int> prefetched_;          // fetched ahead, not yet used
+  int last_compute_ = -1, received_ = -1, last_offload_ = -1, last_acts_prefetch_ = -1;
+  std::map<Staged, int> offloads_, restored_;
+  Staged staged_[2] = {{-1, -1, -1}, {-1, -1, -1}};
+  int reloaded_ = 0;
+  std::map<int, int> reduced_;  // layer -> its last reduction
+  std::vector<int> reductions_;
   std::vector<int> final_;
   std::set<int> flushed_;
 };
@@ -414,12 +567,9 @@ void check_messages(const std::string& name, const std::vector<Program>& program
       while (i < prog.size()) {
         const Instruction& ins = prog[i];
         if (ins.op == Op::recv_activation || ins.op == Op::recv_gradient) {
-          const auto key = std::make_tuple(ins.op == Op::recv_activation ? 0 : 1, ins.chunk, ins.micro_batch);
-          if (!sent.erase(key)) break;  // not sent yet: this stage waits
-        } else if (ins.op == Op::send_activation) {
-          sent.insert(std::make_tuple(0, ins.chunk + 1, ins.micro_batch));
-        } else if (ins.op == Op::send_gradient) {
-          sent.insert(std::make_tuple(1, ins.chunk - 1, ins.micro_batch));
+          if (!sent.erase(message_key(ins))) break;  // not sent yet: this stage waits
+        } else if (ins.op == Op::send_activation || ins.op == Op::send_gradient) {
+          sent.insert(message_key(ins));
         }
         ++i;
         --remaining;
@@ -440,6 +590,33 @@ void check_messages(const std::string& name, const std::vector<Program>& program
     }
   }
   if (!sent.empty()) throw std::logic_error("schedule '" + name + "' sends messages nobody receives");
+}
+
+// NCCL matches the messages of one communicator by their order alone, and lamina gives
+// each direction between two neighbouring stages a communicator of its own (for
+// activations and for gradients: ProcessGrid::link). So on every such channel the sender
+// must issue its sends in the order the receiver issues its receives.
+void check_message_order(const std::string& name, const std::vector<Program>& programs) {
+  // (activation?, from stage, to stage) -> the messages in the order each side issues them
+  std::map<std::tuple<bool, int, int>, std::vector<std::tuple<int, int, int>>> sent, received;
+  for (int s = 0; s < static_cast<int>(programs.size()); ++s) {
+    for (const Instruction& i : programs[static_cast<std::size_t>(s)]) {
+      const bool activation = i.op == Op::send_activation || i.op == Op::recv_activation;
+      if (i.op == Op::send_activation || i.op == Op::send_gradient) {
+        sent[{activation, s, i.peer}].push_back(message_key(i));
+      } else if (i.op == Op::recv_activation || i.op == Op::recv_gradient) {
+        received[{activation, i.peer, s}].push_back(message_key(i));
+      }
+    }
+  }
+  for (const auto& [channel, order] : sent) {
+    if (received[channel] != order) {
+      throw std::logic_error(strprintf("schedule '%s': stage %d sends its %s to stage %d in another order than "
+                                       "that stage receives them",
+                                       name.c_str(), std::get<1>(channel), std::get<0>(channel) ? "activations" : "gradients",
+                                       std::get<2>(channel)));
+    }
+  }
 }
 
 std::string layer_name(int layer, int final_layer, bool compute) {
@@ -539,6 +716,7 @@ Schedule Schedule::build(const StepSpec& spec) {
   s.name_ = o.name;
   for (int st = 0; st < spec.layout.pp; ++st) s.programs_.push_back(StageBuilder(s, spec, st).build(o.order[st]));
   check_messages(s.name_, s.programs_);
+  check_message_order(s.name_, s.programs_);
   return s;
 }
 

@@ -10,6 +10,7 @@
 // simulator (plan/simulator.hpp) prices the same lists. A schedule never knows about Kokkos.
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "lamina/core/precision.hpp"
@@ -24,22 +25,22 @@ enum class Op : std::uint8_t {
   forward,
   backward,           // accumulates the layer's gradients (starting its accumulator)
   recompute,          // a block's forward again, from its kept input, before its backward
-  // pipeline messages between stages
+  // pipeline messages between stages (non-blocking)
   send_activation,    // chunk's output of micro_batch, to stage `peer`
   recv_activation,    // chunk's input of micro_batch, from stage `peer`
   send_gradient,      // gradient of chunk's input, to `peer`
   recv_gradient,      // gradient of chunk's output, from `peer`
   // parameters that are not resident on the device in fp32 (ZeRO-3 shards, host tier, bf16)
-  gather_params,      // make the layer's fp32 parameters present (or take over its prefetch)
-  prefetch_params,    // the same, started ahead of use on its own stream
+  gather_params,      // start making the layer's fp32 parameters present, right before its use
+  prefetch_params,    // the same, one layer ahead (its use then needs no gather)
   release_params,     // end of a gather's hold
   // inner activations of blocks whose policy is offload
   offload_activations,   // the block's inner activations to the host tier, after its forward
   prefetch_activations,  // back from the host tier ahead of use, into the spare staging buffer
-  reload_activations,    // present for the backward (waits for the prefetch, or copies now)
+  reload_activations,    // copied back now, for a block whose copy is in no staging buffer
   // gradients
   reduce_grads,       // start the data-parallel reduction of the layer's gradients
-  sync_grads,         // wait for every reduction; add the tied embedding's two halves (pp > 1)
+  sync_grads,         // every reduction done; add the tied embedding's two halves (pp > 1)
   flush_grads,        // the layer's reduced gradients leave for the host, where it is updated there
   // optimizer step (update_program)
   optimizer_update,   // AdamW on one subgroup of the owned elements, on the host or the device
@@ -53,6 +54,13 @@ const char* op_name(Op op);
 enum class Stream : std::uint8_t { compute, collective, p2p, host_to_device, device_to_host, host };
 const char* stream_name(Stream s);
 
+// Which instruction waits for which (docs/architecture.md, "The instruction list"): the
+// host issues a program's instructions in order; before it issues one, it waits until
+// every instruction in `after` has completed. That is the only place the executor waits,
+// and the simulator prices exactly these waits, so what is predicted to overlap is what
+// runs side by side. Instructions that hold the host (occupies_host) end before the next
+// one is issued; the others run beside it on their stream (copies, collectives, messages)
+// until an instruction that needs them names them.
 struct Instruction {
   Op op = Op::forward;
   Stream stream = Stream::compute;
@@ -63,7 +71,16 @@ struct Instruction {
   int subgroup = -1;     // optimizer_update: index among the layer's owned subgroups
   UpdateSite site = UpdateSite::device;  // optimizer_update
   bool final = false;    // reduce_grads: the layer's last reduction of the step
+  int buffer = -1;       // prefetch_activations, reload_activations: the staging buffer (0 or 1)
+  std::vector<int> after;  // indices of earlier instructions of the same program it waits for
 };
+
+// Step instructions the host thread runs or waits for to the end before it goes on:
+// compute, copies back made on the spot, the end of the step's reductions. (The optimizer
+// program's order is simulate_update's: plan/simulator.hpp.)
+bool occupies_host(Op op);
+// What pairs a message with its partner: (0 activation / 1 gradient, receiving chunk, micro-batch).
+std::tuple<int, int, int> message_key(const Instruction& i);
 
 // What one step runs, as given by a plan.
 struct StepSpec {

@@ -24,15 +24,11 @@ double Timeline::bubble_fraction() const {
 
 namespace {
 
-// One stage's host thread and stream clocks.
+// The optimizer program's host thread and stream clocks.
 struct StageClock {
   bool serial = false;  // one timeline for every stream
   double host = 0.0;
   std::map<Stream, double> stream;
-  std::map<int, double> prefetched;                      // layer -> when its prefetch ends
-  std::map<std::pair<int, int>, double> acts_prefetched;  // (layer, micro-batch) -> end
-  std::map<int, double> reduced;                         // layer -> when its reduction ends
-  double busy = 0.0;
 
   // Runs `cost` on stream s from no earlier than `ready`; returns its end.
   double run(Stream s, double ready, double cost) {
@@ -63,7 +59,9 @@ class PoolModel {
 
 // What the parameter store, the gradient reducer and the optimizers take from the device
 // pools (parallel/param_store.cpp, grad_reducer.cpp, memory/optimizer_updaters.cpp), as the
-// instructions that drive them run.
+// instructions that drive them run. An asynchronous instruction gives its staging back when
+// the first instruction that waits for it (`after`) is issued, as the executor completes it
+// there, and the rest at the end of the program in order.
 class PoolReplay {
  public:
   explicit PoolReplay(const MemoryModel& m) : zero_(m.zero), bf16_(m.bf16), dos_stage_(m.dos_stage) {
@@ -78,24 +76,23 @@ class PoolReplay {
   }
 
   void step(const std::vector<Instruction>& program, int final_layer) {
-    for (const Instruction& i : program) {
+    pending_.assign(program.size(), Done{});
+    for (std::size_t k = 0; k < program.size(); ++k) {
+      const Instruction& i = program[k];
+      for (int j : i.after) complete(static_cast<std::size_t>(j));
       switch (i.op) {
-        case Op::gather_params: gather(i.layer); break;
-        case Op::prefetch_params: prefetch(i.layer); break;
+        case Op::gather_params:
+        case Op::prefetch_params: fetch(i.layer, k); break;
         case Op::release_params: release(i.layer); break;
         case Op::backward:
           if (i.layer == final_layer) begin(0);
           begin(i.layer);
           break;
-        case Op::reduce_grads: reduce(i.layer); break;
-        case Op::sync_grads:
-          for (auto& p : pending_) complete(p);
-          pending_.clear();
-          break;
-        case Op::flush_grads: wait(i.layer); break;
+        case Op::reduce_grads: reduce(i.layer, k); break;
         default: break;
       }
     }
+    for (std::size_t k = 0; k < program.size(); ++k) complete(k);
   }
 
   void update(const std::vector<Instruction>& program) {
@@ -135,55 +132,40 @@ class PoolReplay {
     bool resident = true, dynamic = false;
     MemTier tier = MemTier::device;
     int count = 0;
-    bool prefetched = false, staged16 = false, full = false;
+    bool full = false;
   };
-  struct Pending {
-    int layer;
-    bool temp, full;
+  // What an instruction's completion gives back (elements per pool).
+  struct Done {
+    std::vector<std::int64_t> staging, staging16, grads;
   };
 
-  void fetch(Layer& x) {
+  void complete(std::size_t k) {
+    Done& d = pending_[k];
+    for (const std::int64_t n : d.staging) staging.release(n);
+    for (const std::int64_t n : d.staging16) staging16.release(n);
+    for (const std::int64_t n : d.grads) grads.release(n);
+    d = Done{};
+  }
+  // ParameterStore::hold's first hold: the gathered buffer, and staging held until done.
+  void fetch(int l, std::size_t k) {
+    Layer& x = layers_.at(l);
+    if (x.resident || x.count++ > 0) return;
     const LayerShard& s = x.shard;
     params.acquire(s.padded);
+    Done& d = pending_[k];
+    auto hold = [](PoolModel& pool, std::vector<std::int64_t>& until, std::int64_t n) {
+      pool.acquire(n);
+      until.push_back(n);
+    };
     if (bf16_) {
-      if (zero_ < 3 && x.tier == MemTier::host) {
-        staging16.acquire(s.padded);  // held until gathered
-        x.staged16 = true;
-      } else if (zero_ == 3) {
-        staging16.acquire(s.padded);
-        if (x.tier == MemTier::host) {
-          staging16.acquire(s.shard);
-          staging16.release(s.shard);
-        }
-        staging16.release(s.padded);
+      if (zero_ < 3 && x.tier == MemTier::host) hold(staging16, d.staging16, s.padded);
+      if (zero_ == 3) {
+        hold(staging16, d.staging16, s.padded);
+        if (x.tier == MemTier::host) hold(staging16, d.staging16, s.shard);
       }
     } else if (zero_ == 3 && x.tier == MemTier::host) {
-      staging.acquire(s.shard);
-      staging.release(s.shard);
+      hold(staging, d.staging, s.shard);
     }
-  }
-  void drop_staged16(Layer& x) {
-    if (x.staged16) staging16.release(x.shard.padded);
-    x.staged16 = false;
-  }
-  void gather(int l) {
-    Layer& x = layers_.at(l);
-    if (x.resident) return;
-    if (x.prefetched) {
-      x.prefetched = false;
-      drop_staged16(x);
-      return;
-    }
-    if (x.count++ > 0) return;
-    fetch(x);
-    drop_staged16(x);
-  }
-  void prefetch(int l) {
-    Layer& x = layers_.at(l);
-    if (x.resident || x.prefetched || x.count > 0) return;
-    fetch(x);
-    ++x.count;
-    x.prefetched = true;
   }
   void release(int l) {
     Layer& x = layers_.at(l);
@@ -196,26 +178,15 @@ class PoolReplay {
     grads.acquire(x.shard.padded);
     x.full = true;
   }
-  void reduce(int l) {
+  void reduce(int l, std::size_t k) {
     if (zero_ == 0) return;
-    for (auto& p : pending_) complete(p);
-    pending_.clear();
     Layer& x = layers_.at(l);
     staging.acquire(x.shard.shard);
-    pending_.push_back({l, true, zero_ >= 2});
-    if (zero_ >= 2) x.full = false;
-  }
-  void complete(const Pending& p) {
-    const Layer& x = layers_.at(p.layer);
-    if (p.temp) staging.release(x.shard.shard);
-    if (p.full) grads.release(x.shard.padded);
-  }
-  void wait(int l) {
-    auto last = std::find_if(pending_.rbegin(), pending_.rend(), [&](const Pending& p) { return p.layer == l; });
-    if (last == pending_.rend()) return;
-    const auto end = last.base();
-    for (auto it = pending_.begin(); it != end; ++it) complete(*it);
-    pending_.erase(pending_.begin(), end);
+    pending_[k].staging.push_back(x.shard.shard);
+    if (zero_ >= 2) {
+      pending_[k].grads.push_back(x.shard.padded);
+      x.full = false;
+    }
   }
   void share(const Layer& x) {
     const LayerShard& s = x.shard;
@@ -232,7 +203,7 @@ class PoolReplay {
   bool bf16_;
   std::int64_t dos_stage_;
   std::map<int, Layer> layers_;
-  std::vector<Pending> pending_;
+  std::vector<Done> pending_;
 };
 
 }  // namespace
@@ -253,110 +224,63 @@ PoolPeaks simulate_memory(const Schedule& schedule, int stage, const std::vector
 
 Timeline simulate(const Schedule& s, const Pricer& price, bool serial) {
   const int stages = s.stages();
-  const bool one_in_flight = s.spec().layout.zero >= 1;  // reduce-scatters run one at a time
-  std::map<std::tuple<int, int, int>, double> arrivals;  // (kind, receiving chunk, micro-batch)
-  std::vector<std::size_t> ip(static_cast<std::size_t>(stages), 0);
-  std::vector<StageClock> st(static_cast<std::size_t>(stages));
-  for (StageClock& c : st) c.serial = serial;
+  std::map<std::tuple<int, int, int>, double> arrivals;  // message_key -> when it has arrived
+  struct Stage {
+    std::size_t ip = 0;
+    double host = 0.0;  // when the host issues the next instruction
+    std::map<Stream, double> free;
+    std::vector<double> end;  // per instruction
+    double busy = 0.0;
+  };
+  std::vector<Stage> st(static_cast<std::size_t>(stages));
   Timeline t;
   std::size_t remaining = 0;
-  for (int k = 0; k < stages; ++k) remaining += s.program(k).size();
+  for (int k = 0; k < stages; ++k) {
+    remaining += s.program(k).size();
+    st[static_cast<std::size_t>(k)].end.assign(s.program(k).size(), 0.0);
+  }
   while (remaining > 0) {
     bool progress = false;
     for (int k = 0; k < stages; ++k) {
       const auto& prog = s.program(k);
-      auto& i = ip[static_cast<std::size_t>(k)];
-      StageClock& c = st[static_cast<std::size_t>(k)];
-      while (i < prog.size()) {
-        const Instruction& ins = prog[i];
+      Stage& c = st[static_cast<std::size_t>(k)];
+      while (c.ip < prog.size()) {
+        const Instruction& ins = prog[c.ip];
+        const bool recv = ins.op == Op::recv_activation || ins.op == Op::recv_gradient;
+        const auto arrival = recv ? arrivals.find(message_key(ins)) : arrivals.end();
+        if (recv && arrival == arrivals.end()) break;  // not sent yet: this stage waits for the other
         const double cost = price(ins, k);
-        switch (ins.op) {
-          case Op::recv_activation:
-          case Op::recv_gradient: {
-            const auto key = std::make_tuple(ins.op == Op::recv_activation ? 0 : 1, ins.chunk, ins.micro_batch);
-            const auto it = arrivals.find(key);
-            if (it == arrivals.end()) goto blocked;  // not sent yet: this stage waits
-            c.host = std::max(c.host, it->second);
-            arrivals.erase(it);
-            break;
-          }
-          case Op::send_activation:
-            arrivals[std::make_tuple(0, ins.chunk + 1, ins.micro_batch)] = c.host + cost;
-            break;
-          case Op::send_gradient:
-            arrivals[std::make_tuple(1, ins.chunk - 1, ins.micro_batch)] = c.host + cost;
-            break;
-          case Op::forward:
-          case Op::backward:
-          case Op::recompute: {
-            double ready = 0.0;
-            const bool block = ins.layer > 0 && ins.layer < s.final_layer();
-            if (ins.op == Op::forward && block &&
-                s.spec().blocks[static_cast<std::size_t>(ins.layer - 1)].activations == ActivationPolicy::offload) {
-              ready = c.stream[Stream::device_to_host];  // the staging buffer's last copy out is done
-            }
-            c.host = c.run(Stream::compute, ready, cost);
-            c.busy += cost;
-            break;
-          }
-          case Op::gather_params: {
-            const auto pf = c.prefetched.find(ins.layer);
-            if (pf != c.prefetched.end()) {  // takes over the prefetch: waits for it
-              c.host = std::max(c.host, pf->second);
-              c.prefetched.erase(pf);
-            } else {
-              c.host = c.run(ins.stream, 0.0, cost);
-            }
-            break;
-          }
-          case Op::prefetch_params: c.prefetched[ins.layer] = c.run(ins.stream, 0.0, cost); break;
-          case Op::release_params: break;
-          case Op::offload_activations: c.run(ins.stream, c.stream[Stream::compute], cost); break;
-          case Op::prefetch_activations:
-            c.acts_prefetched[{ins.layer, ins.micro_batch}] = c.run(ins.stream, c.stream[Stream::compute], cost);
-            break;
-          case Op::reload_activations: {
-            const auto pf = c.acts_prefetched.find({ins.layer, ins.micro_batch});
-            if (pf != c.acts_prefetched.end()) {
-              c.host = std::max(c.host, pf->second);
-              c.acts_prefetched.erase(pf);
-            } else {
-              c.host = c.run(ins.stream, c.stream[Stream::device_to_host], cost);
-            }
-            break;
-          }
-          case Op::reduce_grads:
-            if (one_in_flight) c.host = std::max(c.host, c.stream[Stream::collective]);
-            c.reduced[ins.layer] = c.run(Stream::collective, c.stream[Stream::compute], cost);
-            break;
-          case Op::sync_grads:
-            c.host = std::max(c.host, c.stream[Stream::collective]);
-            c.host = c.run(Stream::collective, 0.0, cost);
-            break;
-          case Op::flush_grads: {
-            const auto r = c.reduced.find(ins.layer);
-            if (r != c.reduced.end()) c.host = std::max(c.host, r->second);
-            c.run(ins.stream, 0.0, cost);
-            break;
-          }
-          case Op::optimizer_update:
-          case Op::publish_params:
-          case Op::share_params:
-            throw std::logic_error("the step program of stage " + std::to_string(k) + " holds an optimizer instruction");
+        // The host waits for what the instruction needs before it issues it.
+        for (int j : ins.after) c.host = std::max(c.host, c.end[static_cast<std::size_t>(j)]);
+        double end = 0.0;
+        if (recv) {
+          end = std::max(c.host, arrival->second);
+          arrivals.erase(arrival);
+        } else if (ins.op == Op::send_activation || ins.op == Op::send_gradient) {
+          end = c.host + cost;  // messages do not contend for the link
+          arrivals[message_key(ins)] = end;
+        } else {
+          double& free = c.free[serial ? Stream::compute : ins.stream];
+          end = std::max(c.host, free) + cost;
+          free = end;
+          if (occupies_host(ins.op)) c.host = end;
+          if (ins.op == Op::forward || ins.op == Op::backward || ins.op == Op::recompute) c.busy += cost;
         }
+        if (ins.op == Op::optimizer_update || ins.op == Op::publish_params || ins.op == Op::share_params)
+          throw std::logic_error("the step program of stage " + std::to_string(k) + " holds an optimizer instruction");
+        c.end[c.ip] = end;
         t.stream_busy[ins.stream] += cost;
-        ++i;
+        ++c.ip;
         --remaining;
         progress = true;
       }
-    blocked:;
     }
     if (!progress) throw std::logic_error("schedule '" + s.name() + "' deadlocks in the simulator");
   }
   if (!arrivals.empty()) throw std::logic_error("schedule '" + s.name() + "' sends messages nobody receives");
-  for (const StageClock& c : st) {
+  for (const Stage& c : st) {
     double end = c.host;
-    for (const auto& kv : c.stream) end = std::max(end, kv.second);
+    for (const double e : c.end) end = std::max(end, e);
     t.finish.push_back(end);
     t.busy.push_back(c.busy);
   }

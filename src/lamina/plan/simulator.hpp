@@ -1,18 +1,16 @@
 #pragma once
 // Runs a schedule's instruction lists (parallel/schedule.hpp) on a cost model instead of
-// hardware: the same lists the executor interprets. Each pipeline stage has a host thread
-// that issues instructions in program order and one clock per stream (compute,
-// collectives, host-to-device and device-to-host copies, the host's cores); an
-// instruction starts when its stream is free and what it needs is ready, and blocking ones
-// (gathers, reloads, ZeRO-1+ reductions waiting for the previous one, syncs, receives)
-// hold the host thread until they end, as the executor's fences do:
-//   compute        forward, backward, recompute (after the layer's parameters and, for an
-//                  offloaded block, its reload; a block whose activations go to the host
-//                  waits for the previous copy out of the staging buffer)
-//   collectives    ZeRO-3 gathers, gradient reductions (ZeRO-0 all-reduces queue, ZeRO-1+
-//                  reduce-scatters run one at a time), the tied embedding's sum at sync
-//   copies         prefetches of parameters and activations, offloads, gradient flushes
-//   messages       arrive at the sender's time plus their price (no link contention)
+// hardware: the same lists the executor interprets, with the same waits. Each pipeline
+// stage has a host thread that issues instructions in program order and one clock per
+// stream (compute, collectives, host-to-device and device-to-host copies, the host's
+// cores). Before it issues an instruction the host waits for the end of every instruction
+// in its `after` list, exactly where the executor waits; the instruction then starts when
+// its stream is free and ends its price later. Compute, copies made on the spot and
+// sync_grads hold the host until they end (occupies_host); prefetches, offloads,
+// collectives and messages run beside it. A message arrives at the sender's time plus its
+// price (no link contention); a receive ends when its message has arrived. With `serial`
+// (a host-only machine) every stream shares one timeline: copies and collectives take
+// the compute's cores and overlap nothing.
 // With the default prices (only compute costs time) this is the executor's virtual clock,
 // and bubble fractions equal the closed forms of the papers.
 // simulate_update() does the same for one rank's optimizer program: device subgroups
@@ -63,7 +61,8 @@ UpdateTimeline simulate_update(const std::vector<Instruction>& program, const Pr
 // stage's program, the rank's update program and a checkpoint's gathers against the rules
 // by which the parameter store, the gradient reducer and the optimizers take buffers
 // (parallel/param_store.cpp, grad_reducer.cpp, memory/optimizer_updaters.cpp), in program
-// order, as the host issues them.
+// order, as the host issues them; what an asynchronous instruction holds until it is done
+// goes back where the first instruction that waits for it is issued.
 struct MemoryModel {
   struct Layer {
     LayerShard shard;

@@ -33,17 +33,19 @@ std::vector<std::int32_t> generate_tokens(RankState& state, MemoryTracker& track
     Kokkos::deep_copy(exec, acts.targets, 0);
     // Parameters as training uses them: gathered (or widened from bf16) per layer.
     const int last = state.layout().final_layer();
-    state.store().gather(0);
+    state.store().hold(0).wait();
     embed_forward(exec, state.embedding_params(), acts, whole);
     for (std::int64_t b = 0; b < model.layers; ++b) {
       const int l = state.layout().block_layer(b);
-      state.store().gather(l);
+      state.store().hold(l).wait();
       block_forward(exec, state.block_params(b), acts.block(b, acts.kept_inner(b)), acts.block_input(b), dims.NH,
                     ws.ws, whole);
+      exec.fence();  // the gathered copy is read before it goes back
       state.store().release(l);
     }
-    state.store().gather(last);
+    state.store().hold(last).wait();
     head_forward(exec, state.embedding_params(), state.final_params(), acts, whole);
+    exec.fence();
     state.store().release(last);
     state.store().release(0);
     auto row = Kokkos::subview(acts.head.logits, len - 1, Kokkos::ALL);

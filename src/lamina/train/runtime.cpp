@@ -92,8 +92,12 @@ std::map<std::string, std::int64_t> Runtime::take_comm_bytes() {
     out[c->name()] = c->bytes_sent();
     c->reset_bytes();
   }
-  // The tied embedding's gradient exchange between the first and last stage counts as
-  // pipeline traffic.
+  // The tied embedding's gradient exchange between the first and last stage, and messages
+  // on links of their own, count as pipeline traffic.
+  for (Communicator* c : grid_.own_links()) {
+    out["pp"] += c->bytes_sent();
+    c->reset_bytes();
+  }
   out["pp"] += grid_.embedding().bytes_sent();
   grid_.embedding().reset_bytes();
   return out;

@@ -46,11 +46,13 @@ TEST(Schedule, ZeroThreeLayeredGathersOncePerPassAndReducesOncePerStep) {
     EXPECT_EQ(count(p, Op::gather_params, l), 2) << "block " << l - 1;  // the forward pass, the backward pass
     EXPECT_EQ(count(p, Op::reduce_grads, l), 1);
   }
-  // Depth-first, ZeRO-3 gathers each layer for every micro-batch's forward and backward and
-  // reduces after each micro-batch (no full gradient is kept).
+  // Depth-first, ZeRO-3 fetches each layer for every micro-batch's forward and backward (a
+  // gather, or a prefetch one layer ahead) and reduces after each micro-batch (no full
+  // gradient is kept).
   const Schedule depth = Schedule::build(spec(L, ScheduleKind::one_f_one_b, 1, M, 1, false, 3));
   for (int l = 1; l <= L; ++l) {
-    EXPECT_EQ(count(depth.program(0), Op::gather_params, l), 2 * M);
+    EXPECT_EQ(count(depth.program(0), Op::gather_params, l) + count(depth.program(0), Op::prefetch_params, l), 2 * M);
+    EXPECT_EQ(count(depth.program(0), Op::release_params, l), 2 * M);
     EXPECT_EQ(count(depth.program(0), Op::reduce_grads, l), M);
   }
   // Plain data parallelism: parameters stay, one reduction per layer per step.
@@ -69,23 +71,35 @@ TEST(Schedule, MemoryPoliciesAddTheirInstructionsAroundEachLayer) {
   s.blocks[2].optimizer = OptimizerPlacement::host;  // also the final norm's (it follows the last block)
   const Schedule schedule = Schedule::build(s);
   const auto& p = schedule.program(0);
-  // Offloaded blocks go out after their forward and come back before their backward; block
-  // 0's comes back into the spare staging buffer while block 1's backward runs.
-  EXPECT_LT(find(p, Op::forward, 1), find(p, Op::offload_activations, 1));
-  EXPECT_LT(find(p, Op::reload_activations, 2), find(p, Op::prefetch_activations, 1));
-  EXPECT_LT(find(p, Op::prefetch_activations, 1), find(p, Op::backward, 2));
-  EXPECT_LT(find(p, Op::reload_activations, 1), find(p, Op::backward, 1));
+  // Offloaded blocks go out after their forward and come back before their backward: block
+  // 1's is still in the staging buffer its forward filled (no copy back), block 0's comes
+  // back into the other one while block 1's backward runs, and that backward waits for it.
+  const std::size_t off1 = find(p, Op::offload_activations, 1), pre0 = find(p, Op::prefetch_activations, 1);
+  EXPECT_LT(find(p, Op::forward, 1), off1);
+  EXPECT_EQ(p[off1].after, std::vector<int>{static_cast<int>(find(p, Op::forward, 1))});
+  EXPECT_EQ(count(p, Op::reload_activations), 0);
+  EXPECT_EQ(count(p, Op::prefetch_activations), 1);
+  EXPECT_EQ(p[pre0].buffer, 1);
+  EXPECT_LT(pre0, find(p, Op::backward, 2));
+  EXPECT_EQ(p[find(p, Op::backward, 1)].after, std::vector<int>{static_cast<int>(pre0)});
+  // The second offloaded forward waits for the first copy out of the staging buffer.
+  EXPECT_EQ(p[find(p, Op::forward, 2)].after, std::vector<int>{static_cast<int>(off1)});
   EXPECT_EQ(count(p, Op::recompute), 1);
   EXPECT_EQ(find(p, Op::recompute, 3) + 1, find(p, Op::backward, 3));
-  // Host-tier parameters: prefetched one block ahead in forward, gathered per use, released.
-  EXPECT_LT(find(p, Op::prefetch_params, 3), find(p, Op::forward, 2));
-  EXPECT_EQ(count(p, Op::gather_params, 3), 2);
+  // Host-tier parameters: prefetched one block ahead in forward, gathered in backward,
+  // each use released once the compute that read them is done.
+  const std::size_t pre = find(p, Op::prefetch_params, 3);
+  EXPECT_LT(pre, find(p, Op::forward, 2));
+  EXPECT_EQ(p[find(p, Op::forward, 3)].after, std::vector<int>{static_cast<int>(pre)});
+  EXPECT_EQ(count(p, Op::gather_params, 3) + count(p, Op::prefetch_params, 3), 2);
   EXPECT_EQ(count(p, Op::release_params, 3), 2);
+  EXPECT_EQ(p[find(p, Op::release_params, 3)].after, std::vector<int>{static_cast<int>(find(p, Op::forward, 3))});
   EXPECT_EQ(count(p, Op::gather_params, 1), 0);  // resident
   // Host-updated layers' gradients leave once their reduction is done; the rest stay.
   EXPECT_EQ(count(p, Op::flush_grads), 2);
-  EXPECT_LT(find(p, Op::reduce_grads, 3), find(p, Op::flush_grads, 3));
-  EXPECT_LT(find(p, Op::reduce_grads, 4), find(p, Op::flush_grads, 4));
+  for (int l : {3, 4}) {
+    EXPECT_EQ(p[find(p, Op::flush_grads, l)].after, std::vector<int>{static_cast<int>(find(p, Op::reduce_grads, l))});
+  }
 }
 
 TEST(Schedule, UpdateProgramPutsDeviceSubgroupsFirstAndSharesLast) {
