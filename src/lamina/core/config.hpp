@@ -91,6 +91,7 @@ struct OutputConfig {
   double peak_tflops = 0.0;  // per rank, for MFU; 0: measure a GEMM at start-up
   std::int64_t sample_tokens = 0;  // text data: bytes of model output printed at the end
   double sample_temperature = 0.8;
+  std::int64_t trace_step = 0;  // > 0: every rank writes a trace of that step's instructions
 };
 
 }  // namespace lamina

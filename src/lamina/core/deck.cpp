@@ -141,7 +141,7 @@ const std::vector<Section>& schema() {
        {"device_budget", "host_budget", "activations", "params", "optimizer", "dos_split", "dos_host_rate",
         "dos_device_rate", "dos_h2d", "dos_d2h"}},
       {"checkpoint", {"dir", "every", "keep", "resume", "save_final"}},
-      {"output", {"dir", "log_every", "peak_tflops", "sample_tokens", "sample_temperature"}},
+      {"output", {"dir", "log_every", "peak_tflops", "sample_tokens", "sample_temperature", "trace_step"}},
   };
   return s;
 }
@@ -623,6 +623,7 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   out.peak_tflops = r.real("output", "peak_tflops", 0.0, 0.0, kInf);
   out.sample_tokens = r.integer("output", "sample_tokens", 0, 0, 1 << 20);
   out.sample_temperature = r.real("output", "sample_temperature", 0.8, 0.0, kInf, true);
+  out.trace_step = r.integer("output", "trace_step", 0, 0, kMax);
 
   auto& c = d.checkpoint;
   c.dir = r.string("checkpoint", "dir", out.dir + "/checkpoints");
@@ -647,6 +648,12 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   }
   if (o.min_lr > o.lr) {
     r.error_at("optimizer", "min_lr", strprintf("%g exceeds optimizer.lr (%g)", o.min_lr, o.lr));
+  }
+  if (out.trace_step > t.steps && t.steps > 0) {
+    r.error_at("output", "trace_step",
+               strprintf("step %lld is after the last one (train.steps = %lld); set output.trace_step <= %lld",
+                         static_cast<long long>(out.trace_step), static_cast<long long>(t.steps),
+                         static_cast<long long>(t.steps)));
   }
   if (o.warmup_steps > t.steps && t.steps > 0) {
     r.error_at("optimizer", "warmup_steps",

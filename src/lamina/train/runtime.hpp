@@ -62,6 +62,8 @@ class Runtime {
   // The Deep Optimizer States schedule of this rank's dynamic layers, and one line each.
   const std::map<int, DosPlan>& dos_plans() const { return optimizers_.dos; }
   std::vector<std::string> dos_schedule() const;
+  // What the executor did with each instruction of the last forward_backward().
+  const std::vector<InstructionEvent>& step_events() const { return executor_->events(); }
   // Bytes each group's communicator sent since the last call ("dp", "tp", "pp").
   std::map<std::string, std::int64_t> take_comm_bytes();
 

@@ -1,5 +1,7 @@
 #include "lamina/train/trainer.hpp"
 
+#include "lamina/train/step_trace.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +26,7 @@
 #include "lamina/train/generate.hpp"
 #include "lamina/train/machine.hpp"
 #include "lamina/train/runtime.hpp"
+#include "lamina/train/step_trace.hpp"
 
 namespace lamina {
 
@@ -192,6 +195,7 @@ class Trainer {
         load_micro_batch(first + mb * plan_.layout.micro_batch_size, inputs, targets, window);
       };
       const Runtime::StepResult r = rt.forward_backward(load, positions_per_step_);
+      if (step + 1 == deck_.output.trace_step) write_trace(rt, step + 1);
       const double lr = learning_rate(deck_.optimizer, step, deck_.train.steps);
       const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
       if (!finite) {
@@ -287,6 +291,16 @@ class Trainer {
       std::copy(window.begin(), window.end() - 1, inputs + s * T);
       std::copy(window.begin() + 1, window.end(), targets + s * T);
     }
+  }
+
+  // This rank's instructions of the step, as they ran (output.trace_step).
+  void write_trace(const Runtime& rt, std::int64_t step) {
+    const int rank = rt.grid().world_rank();
+    const std::string path = strprintf("%s/trace_step%lld_rank%d.json", deck_.output.dir.c_str(),
+                                       static_cast<long long>(step), rank);
+    write_text_file(path, step_trace_json(rt.schedule().program(rt.grid().pp_rank()), rt.step_events(),
+                                          rt.schedule().final_layer(), rank));
+    if (rank == 0) log_.info("trace of step " + std::to_string(step) + " written: " + path + " (one per rank)");
   }
 
   // A prompt from the data (the next unseen window's first half) and the model's

@@ -140,6 +140,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadDeck{"warmup_longer_than_run", with("lr = 1e-3", "lr = 1e-3\nwarmup_steps = 500"), {},
                 {"optimizer.warmup_steps: 500 exceeds train.steps (100); "
                  "set optimizer.warmup_steps <= 100 or raise train.steps"}},
+        BadDeck{"trace_after_the_run", kGood, {"output.trace_step=101"},
+                {"output.trace_step: step 101 is after the last one (train.steps = 100); set output.trace_step <= 100"}},
         BadDeck{"min_lr_above_lr", with("lr = 1e-3", "lr = 1e-3\nmin_lr = 1e-2"), {},
                 {"optimizer.min_lr: 0.01 exceeds optimizer.lr (0.001)"}},
         BadDeck{"section_not_a_table", with("[model]\nlayers = 2\nd_model = 64\nheads = 4\nseq_len = 32\n", "model = 3\n"), {},

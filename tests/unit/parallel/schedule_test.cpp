@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 
 #include "lamina/core/error.hpp"
 #include "schedule_spec.hpp"
@@ -99,6 +100,51 @@ TEST(Schedule, MemoryPoliciesAddTheirInstructionsAroundEachLayer) {
   EXPECT_EQ(count(p, Op::flush_grads), 2);
   for (int l : {3, 4}) {
     EXPECT_EQ(p[find(p, Op::flush_grads, l)].after, std::vector<int>{static_cast<int>(find(p, Op::reduce_grads, l))});
+  }
+}
+
+// Over every kind of schedule (building one also checks that both ends of every message
+// channel issue its messages in the same order): each receive is waited for by the compute
+// that consumes it, each ZeRO-3 fetch by every compute that reads the layer before its
+// release, and every wait names an earlier instruction.
+TEST(Schedule, ComputeWaitsForItsMessagesAndParameters) {
+  std::vector<StepSpec> specs;
+  for (int pp : {2, 3, 4}) {
+    specs.push_back(spec(2 * pp, ScheduleKind::gpipe, pp, 5, 1, false, 3));
+    specs.push_back(spec(2 * pp, ScheduleKind::one_f_one_b, pp, 6, 1, false, 3));
+    specs.push_back(spec(4 * pp, ScheduleKind::interleaved, pp, 2 * pp, 2, false, 3));
+    specs.push_back(spec(2 * pp, ScheduleKind::modular, pp, 2 * pp, 1, false, 3));
+    specs.push_back(spec(2 * pp, ScheduleKind::modular, pp, 3, 1, true, 3));
+    specs.push_back(spec(2 * pp, ScheduleKind::gpipe, pp, 3, 1, true, 3));
+  }
+  for (const StepSpec& sp : specs) {
+    const Schedule s = Schedule::build(sp);
+    for (int st = 0; st < s.stages(); ++st) {
+      const auto& p = s.program(st);
+      std::map<int, int> fetched;  // layer -> its fetch, while held
+      for (std::size_t k = 0; k < p.size(); ++k) {
+        const Instruction& i = p[k];
+        for (int j : i.after) ASSERT_LT(j, static_cast<int>(k)) << s.name();
+        auto waits_for = [&](int j) { return std::find(i.after.begin(), i.after.end(), j) != i.after.end(); };
+        if (i.op == Op::gather_params || i.op == Op::prefetch_params) fetched[i.layer] = static_cast<int>(k);
+        if (i.op == Op::recv_activation || i.op == Op::recv_gradient) {
+          std::size_t c = k + 1;
+          while (c < p.size() && p[c].op != Op::forward && p[c].op != Op::backward) ++c;
+          ASSERT_LT(c, p.size()) << s.name();
+          EXPECT_TRUE(std::find(p[c].after.begin(), p[c].after.end(), static_cast<int>(k)) != p[c].after.end())
+              << s.name() << ": stage " << st << " computes " << op_name(p[c].op) << " before its message arrived";
+        }
+        const bool reads = i.op == Op::forward || i.op == Op::recompute || (i.op == Op::backward && i.layer != 0);
+        if (reads) {
+          const std::vector<int> layers =
+              i.layer == s.final_layer() ? std::vector<int>{0, i.layer} : std::vector<int>{i.layer};
+          for (int l : layers) {
+            ASSERT_TRUE(fetched.count(l)) << s.name() << ": stage " << st << " reads layer " << l << " unfetched";
+            EXPECT_TRUE(waits_for(fetched[l])) << s.name() << ": stage " << st << " does not wait for layer " << l;
+          }
+        }
+      }
+    }
   }
 }
 

@@ -1,0 +1,45 @@
+#include "lamina/train/step_trace.hpp"
+
+#include "lamina/core/format.hpp"
+#include "lamina/core/json.hpp"
+
+namespace lamina {
+
+namespace {
+
+// One complete event ("ph": "X") of `name` on track `tid`, [from, to] seconds.
+std::string span(const std::string& name, const std::string& category, int rank, const std::string& tid, double from,
+                 double to, const std::string& args) {
+  return strprintf("{\"name\": %s, \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": \"%s\", \"ts\": %.3f, "
+                   "\"dur\": %.3f, \"args\": %s}",
+                   json_escape(name).c_str(), category.c_str(), rank, tid.c_str(), from * 1e6,
+                   std::max(0.0, to - from) * 1e6, args.c_str());
+}
+
+}  // namespace
+
+std::string step_trace_json(const std::vector<Instruction>& program, const std::vector<InstructionEvent>& events,
+                            int final_layer, int rank) {
+  std::string out = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  bool first = true;
+  auto put = [&](const std::string& e) {
+    out += (first ? "" : ",\n") + e;
+    first = false;
+  };
+  for (std::size_t k = 0; k < events.size() && k < program.size(); ++k) {
+    const Instruction& i = program[k];
+    const InstructionEvent& e = events[k];
+    const std::string name = describe({i}, final_layer);
+    std::string after;
+    for (const int j : i.after) after += (after.empty() ? "" : ", ") + std::to_string(j);
+    const std::string args = strprintf("{\"index\": %d, \"after\": [%s]}", e.index, after.c_str());
+    if (!i.after.empty()) put(span("wait", "wait", rank, "host", e.reached, e.issued, args));
+    put(span(name, "host", rank, "host", e.issued, e.returned, args));
+    if (!occupies_host(i.op) && e.completed > e.returned) {
+      put(span(name, stream_name(i.stream), rank, stream_name(i.stream), e.issued, e.completed, args));
+    }
+  }
+  return out + "\n]}\n";
+}
+
+}  // namespace lamina
