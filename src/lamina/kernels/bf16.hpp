@@ -25,6 +25,10 @@ KOKKOS_FORCEINLINE_FUNCTION float from_bf16(std::uint16_t b) {
   return x;
 }
 
+// A stored value as float, whichever format it is stored in (for kernels templated on it).
+KOKKOS_FORCEINLINE_FUNCTION float widen(float x) { return x; }
+KOKKOS_FORCEINLINE_FUNCTION float widen(std::uint16_t b) { return from_bf16(b); }
+
 template <class Exec>
 using Bf16Vec = Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, typename Exec::memory_space>;
 

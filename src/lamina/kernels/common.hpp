@@ -48,6 +48,38 @@ template <class Exec>
 using ConstMats = Kokkos::View<const float***, Kokkos::LayoutRight, typename Exec::memory_space>;
 template <class Exec>
 using Tokens = Kokkos::View<const std::int32_t*, Kokkos::LayoutRight, typename Exec::memory_space>;
+// bf16 storage: the upper half of an IEEE float, as std::uint16_t (kernels/bf16.hpp).
+template <class Exec>
+using Mat16 = Kokkos::View<std::uint16_t**, Kokkos::LayoutRight, typename Exec::memory_space>;
+template <class Exec>
+using ConstMat16 = Kokkos::View<const std::uint16_t**, Kokkos::LayoutRight, typename Exec::memory_space>;
+
+// A read-only row-major matrix stored in fp32, or in bf16 (the parameters of bf16 runs):
+// how kernels read weights. Products take either (gemm.hpp); element-wise kernels read
+// either through widen().
+template <class Exec>
+struct MatRef {
+  ConstMat<Exec> f32;
+  ConstMat16<Exec> b16;
+  MatRef() = default;
+  MatRef(const ConstMat<Exec>& m) : f32(m) {}  // NOLINT(google-explicit-constructor): fp32 views pass as they are
+  MatRef(const Mat<Exec>& m) : f32(m) {}       // NOLINT(google-explicit-constructor)
+  MatRef(const ConstMat16<Exec>& m) : b16(m) {}  // NOLINT(google-explicit-constructor)
+  bool bf16() const { return b16.data() != nullptr; }
+  std::int64_t rows() const { return static_cast<std::int64_t>(bf16() ? b16.extent(0) : f32.extent(0)); }
+  std::int64_t cols() const { return static_cast<std::int64_t>(bf16() ? b16.extent(1) : f32.extent(1)); }
+};
+
+namespace detail {
+template <class T>
+struct Identity {
+  using type = T;
+};
+}  // namespace detail
+// A MatRef function parameter that converts from an fp32 view: the execution space is
+// deduced from the other arguments, not from it.
+template <class Exec>
+using MatRefArg = typename detail::Identity<MatRef<Exec>>::type;
 
 template <class Exec>
 using Range = Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>;

@@ -67,4 +67,16 @@ void device_gemm(cudaStream_t stream, ProductMath math, const RowMajorGemm& g, c
         "cublasGemmStridedBatchedEx");
 }
 
+void device_gemm_bf16(cudaStream_t stream, const RowMajorGemm& g, const std::uint16_t* a, const std::uint16_t* b) {
+  if (g.m == 0 || g.n == 0) return;
+  cublasHandle_t h = handle();
+  check(cublasSetStream(h, stream), "cublasSetStream");
+  const int m = blas_int(g.n, "n"), n = blas_int(g.m, "m"), k = blas_int(g.k, "k");
+  check(cublasGemmEx(h, op(g.tb), op(g.ta), m, n, k, &g.alpha, b, CUDA_R_16BF,
+                     blas_int(std::max<std::int64_t>(g.ldb, 1), "ldb"), a, CUDA_R_16BF,
+                     blas_int(std::max<std::int64_t>(g.lda, 1), "lda"), &g.beta, g.c, CUDA_R_32F,
+                     blas_int(std::max<std::int64_t>(g.ldc, 1), "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (bf16)");
+}
+
 }  // namespace lamina

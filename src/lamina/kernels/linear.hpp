@@ -13,17 +13,18 @@ struct LinearBiasBroadcast {
 };
 
 // Every product takes `math` (ProductMath): bf16 reads its operands rounded to bf16 where the
-// device's BLAS can, and always sums in fp32.
+// device's BLAS can, and always sums in fp32. Weights are fp32 or bf16 (MatRef); `scratch`
+// (gemm.hpp, product_scratch) is where products convert bf16 weights or operands.
 
 // out: (N, OC); inp: (N, IC); weight: (IC, OC); bias: (OC), or empty for none (where the
 // kernel reading out adds it: residual_forward, bias_gelu_forward)
 template <class Exec>
-void linear_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>& inp, const ConstMat<Exec>& weight,
-                    const ConstVec<Exec>& bias, ProductMath math) {
+void linear_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>& inp, const MatRefArg<Exec>& weight,
+                    const ConstVec<Exec>& bias, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
   const std::int64_t N = static_cast<std::int64_t>(out.extent(0));
   const std::int64_t OC = static_cast<std::int64_t>(out.extent(1));
   if (bias.data() == nullptr) {
-    gemm(exec, "N", "N", 1.0f, inp, weight, 0.0f, out, math);
+    gemm(exec, "N", "N", 1.0f, inp, weight, 0.0f, out, math, scratch);
     return;
   }
   // Broadcasting the bias first lets the product accumulate onto it (beta = 1) instead
@@ -32,16 +33,16 @@ void linear_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>
       "lamina::linear_forward_bias",
       Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {N, OC}),
       LinearBiasBroadcast<Exec>{out, bias});
-  gemm(exec, "N", "N", 1.0f, inp, weight, 1.0f, out, math);
+  gemm(exec, "N", "N", 1.0f, inp, weight, 1.0f, out, math, scratch);
 }
 
 // dinp: (N, IC) overwritten; dweight: (IC, OC) +=; dbias: (OC) +=, or empty when the
 // caller reduces the bias gradient itself; ones: (>=N) ones
 template <class Exec>
 void linear_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
-                     const ConstMat<Exec>& dout, const ConstMat<Exec>& inp, const ConstMat<Exec>& weight,
-                     const ConstVec<Exec>& ones, ProductMath math) {
-  gemm(exec, "N", "T", 1.0f, dout, weight, 0.0f, dinp, math);
+                     const ConstMat<Exec>& dout, const ConstMat<Exec>& inp, const MatRefArg<Exec>& weight,
+                     const ConstVec<Exec>& ones, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
+  gemm(exec, "N", "T", 1.0f, dout, weight, 0.0f, dinp, math, scratch);
   gemm(exec, "T", "N", 1.0f, inp, dout, 1.0f, dweight, math);
   if (dbias.data() != nullptr) add_column_sums(exec, dbias, dout, ones);
 }
@@ -49,16 +50,16 @@ void linear_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& d
 // logits: (N, V); inp: (N, C); embedding: (V, C)
 template <class Exec>
 void tied_head_forward(const Exec& exec, const Mat<Exec>& logits, const ConstMat<Exec>& inp,
-                       const ConstMat<Exec>& embedding, ProductMath math) {
-  gemm(exec, "N", "T", 1.0f, inp, embedding, 0.0f, logits, math);
+                       const MatRefArg<Exec>& embedding, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
+  gemm(exec, "N", "T", 1.0f, inp, embedding, 0.0f, logits, math, scratch);
 }
 
 // dinp: (N, C) overwritten; dembedding: (V, C) +=; dlogits: (N, V)
 template <class Exec>
 void tied_head_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dembedding,
-                        const ConstMat<Exec>& dlogits, const ConstMat<Exec>& inp, const ConstMat<Exec>& embedding,
-                        ProductMath math) {
-  gemm(exec, "N", "N", 1.0f, dlogits, embedding, 0.0f, dinp, math);
+                        const ConstMat<Exec>& dlogits, const ConstMat<Exec>& inp, const MatRefArg<Exec>& embedding,
+                        ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
+  gemm(exec, "N", "N", 1.0f, dlogits, embedding, 0.0f, dinp, math, scratch);
   gemm(exec, "T", "N", 1.0f, dlogits, inp, 1.0f, dembedding, math);
 }
 

@@ -44,41 +44,43 @@ void combine(const Exec& exec, const std::function<void(float*, std::int64_t)>& 
 
 }  // namespace detail
 
-// a.input = wte[a.inputs] + wpe
+// out = wte[inputs] + wpe; out: (N, C), inputs: (N)
 template <class Exec>
-void embed_forward(const Exec& exec, const EmbeddingTensors<Exec>& w, LayerRangeActs<Exec>& a, const ShardCombine& tp) {
+void embed_forward(const Exec& exec, const EmbeddingWeights<Exec>& w, const Mat<Exec>& out,
+                   const Tokens<Exec>& inputs, const Dims& d, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::embed_forward");
-  token_embedding_forward(exec, a.input, a.inputs, w.wte, a.dims().vocab_begin);
-  detail::combine(exec, tp.sum, a.input);
-  position_embedding_forward(exec, a.input, w.wpe, a.dims().T);
+  token_embedding_forward(exec, out, inputs, w.wte, d.vocab_begin);
+  detail::combine(exec, tp.sum, out);
+  position_embedding_forward(exec, out, w.wpe, d.T);
   Kokkos::Profiling::popRegion();
 }
 
-// Gradients of the tables from a.dres = d loss / d(embedding output).
+// Gradients of the tables from dout = d loss / d(embedding output).
 template <class Exec>
-void embed_backward(const Exec& exec, const EmbeddingTensors<Exec>& g, LayerRangeActs<Exec>& a) {
+void embed_backward(const Exec& exec, const EmbeddingTensors<Exec>& g, const ConstMat<Exec>& dout,
+                    const Tokens<Exec>& inputs, const Dims& d) {
   Kokkos::Profiling::pushRegion("lamina::embed_backward");
-  token_embedding_backward(exec, g.wte, a.dres, a.inputs, a.dims().vocab_begin);
-  position_embedding_backward(exec, g.wpe, a.dres, a.dims().T);
+  token_embedding_backward(exec, g.wte, dout, inputs, d.vocab_begin);
+  position_embedding_backward(exec, g.wpe, dout, d.T);
   Kokkos::Profiling::popRegion();
 }
 
 // A transformer block: x -> s.out, keeping in s what backward needs. nh: heads here.
 template <class Exec>
-void block_forward(const Exec& exec, const BlockTensors<Exec>& w, const BlockActs<Exec>& s, const Mat<Exec>& x,
+void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockActs<Exec>& s, const ConstMat<Exec>& x,
                    std::int64_t nh, const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_forward");
   layernorm_forward(exec, s.ln1, s.ln1_mean, s.ln1_rstd, x, w.ln1_w, w.ln1_b);
-  linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b, s.products);
+  linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b, s.products, ws.widened);
   attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, nh, s.attention, s.products);
   // The projections' biases join the residual, the MLP's its activation (no pass of their own).
-  linear_forward(exec, ws.attproj, s.atty, w.proj_w, ConstVec<Exec>(), s.products);
+  linear_forward(exec, ws.attproj, s.atty, w.proj_w, ConstVec<Exec>(), s.products, ws.widened);
   detail::combine(exec, tp.sum, ws.attproj);
   residual_forward(exec, s.x2, x, ws.attproj, w.proj_b);
   layernorm_forward(exec, s.ln2, s.ln2_mean, s.ln2_rstd, s.x2, w.ln2_w, w.ln2_b);
-  linear_forward(exec, s.fch, s.ln2, w.fc_w, ConstVec<Exec>(), s.products);
+  linear_forward(exec, s.fch, s.ln2, w.fc_w, ConstVec<Exec>(), s.products, ws.widened);
   bias_gelu_forward(exec, s.fch, s.fch_gelu, w.fc_b);
-  linear_forward(exec, ws.fcproj, s.fch_gelu, w.fcproj_w, ConstVec<Exec>(), s.products);
+  linear_forward(exec, ws.fcproj, s.fch_gelu, w.fcproj_w, ConstVec<Exec>(), s.products, ws.widened);
   detail::combine(exec, tp.sum, ws.fcproj);
   residual_forward(exec, s.out, s.x2, ws.fcproj, w.fcproj_b);
   Kokkos::Profiling::popRegion();
@@ -87,22 +89,22 @@ void block_forward(const Exec& exec, const BlockTensors<Exec>& w, const BlockAct
 // On entry dres holds d loss / d(block output); on exit d loss / d(its input x).
 // Parameter gradients accumulate into g.
 template <class Exec>
-void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockTensors<Exec>& w,
-                    const BlockActs<Exec>& s, const Mat<Exec>& x, const Mat<Exec>& dres, std::int64_t nh,
+void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWeights<Exec>& w,
+                    const BlockActs<Exec>& s, const ConstMat<Exec>& x, const Mat<Exec>& dres, std::int64_t nh,
                     const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_backward");
   // MLP branch: out = x2 + c_proj(gelu(c_fc(ln_2(x2))))
-  linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.ones, s.products);
+  linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.ones, s.products, ws.widened);
   gelu_backward(exec, detail::flat(ws.dfch), detail::flat(s.fch), detail::flat(ws.dfch));
-  linear_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.ln2, w.fc_w, ws.ones, s.products);
+  linear_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.ln2, w.fc_w, ws.ones, s.products, ws.widened);
   detail::combine(exec, tp.sum, ws.dln);
   layernorm_backward(exec, dres, g.ln2_w, g.ln2_b, ws.dln, dres, s.x2, w.ln2_w, s.ln2_mean, s.ln2_rstd, ws.scratch,
                      ws.ones);
   // attention branch: x2 = x + c_proj(attn(c_attn(ln_1(x))))
-  linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.ones, s.products);
+  linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.ones, s.products, ws.widened);
   attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, nh, s.attention,
                      s.products);
-  linear_backward(exec, ws.dln, g.qkv_w, Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w, ws.ones, s.products);
+  linear_backward(exec, ws.dln, g.qkv_w, Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w, ws.ones, s.products, ws.widened);
   qkv_bias_backward(exec, g.qkv_b, ws.dqkv, ws.qkv_bias_sums, ws.ones);
   detail::combine(exec, tp.sum, ws.dln);
   layernorm_backward(exec, dres, g.ln1_w, g.ln1_b, ws.dln, dres, x, w.ln1_w, s.ln1_mean, s.ln1_rstd, ws.scratch,
@@ -110,18 +112,18 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockTe
   Kokkos::Profiling::popRegion();
 }
 
-// Final norm, tied LM head and per-position losses (a.head.losses) of a.output().
+// Final norm, tied LM head and per-position losses (h.losses) of x, the last block's output.
 template <class Exec>
-void head_forward(const Exec& exec, const EmbeddingTensors<Exec>& e, const FinalNormTensors<Exec>& w,
-                  LayerRangeActs<Exec>& a, const ShardCombine& tp) {
+void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const FinalNormTensors<Exec>& w,
+                  const HeadActs<Exec>& h, const ConstMat<Exec>& x, const Tokens<Exec>& targets, const Dims& d,
+                  const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::head_forward");
-  HeadActs<Exec>& h = a.head;
-  layernorm_forward(exec, h.lnf, h.lnf_mean, h.lnf_rstd, a.output(), w.w, w.b);
-  tied_head_forward(exec, h.logits, h.lnf, e.wte, a.dims().products);
+  layernorm_forward(exec, h.lnf, h.lnf_mean, h.lnf_rstd, x, w.w, w.b);
+  tied_head_forward(exec, h.logits, h.lnf, e.wte, d.products, ws.widened);
   cross_entropy_row_max(exec, h.rowmax, h.logits);
   detail::combine(exec, tp.max, h.rowmax);
   cross_entropy_row_sumexp(exec, h.sumexp, h.logits, h.rowmax);
-  cross_entropy_target_logit(exec, h.target, h.logits, a.targets, a.dims().vocab_begin);
+  cross_entropy_target_logit(exec, h.target, h.logits, targets, d.vocab_begin);
   detail::combine(exec, tp.sum, h.sumexp);
   detail::combine(exec, tp.sum, h.target);
   cross_entropy_forward(exec, h.losses, h.lse, h.rowmax, h.sumexp, h.target);
@@ -129,18 +131,18 @@ void head_forward(const Exec& exec, const EmbeddingTensors<Exec>& e, const Final
 }
 
 // loss_scale: d(objective)/d(loss_i), e.g. 1 / (positions in the global batch).
-// Leaves d objective / d(a.output()) in a.dres.
+// Leaves d objective / d(x) in dres.
 template <class Exec>
 void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const FinalNormTensors<Exec>& g,
-                   const EmbeddingTensors<Exec>& e, const FinalNormTensors<Exec>& w, LayerRangeActs<Exec>& a,
+                   const EmbeddingWeights<Exec>& e, const FinalNormTensors<Exec>& w, const HeadActs<Exec>& h,
+                   const ConstMat<Exec>& x, const Mat<Exec>& dres, const Tokens<Exec>& targets, const Dims& d,
                    const Workspace<Exec>& ws, float loss_scale, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::head_backward");
-  HeadActs<Exec>& h = a.head;
-  cross_entropy_backward(exec, h.logits, h.logits, h.lse, a.targets, a.dims().vocab_begin, loss_scale);
-  tied_head_backward(exec, ws.dln, ge.wte, h.logits, h.lnf, e.wte, a.dims().products);
+  cross_entropy_backward(exec, h.logits, h.logits, h.lse, targets, d.vocab_begin, loss_scale);
+  tied_head_backward(exec, ws.dln, ge.wte, h.logits, h.lnf, e.wte, d.products, ws.widened);
   detail::combine(exec, tp.sum, ws.dln);
-  layernorm_backward(exec, a.dres, g.w, g.b, ws.dln, ConstMat<Exec>(), a.output(), w.w, h.lnf_mean, h.lnf_rstd,
-                     ws.scratch, ws.ones);
+  layernorm_backward(exec, dres, g.w, g.b, ws.dln, ConstMat<Exec>(), x, w.w, h.lnf_mean, h.lnf_rstd, ws.scratch,
+                     ws.ones);
   Kokkos::Profiling::popRegion();
 }
 
@@ -152,8 +154,8 @@ struct SumLosses {
 
 // Sum of the per-position losses of the last forward pass, accumulated in double (fences).
 template <class Exec>
-double sum_losses(const Exec& exec, const LayerRangeActs<Exec>& a) {
-  const Vec<Exec> losses = a.head.losses;
+double sum_losses(const Exec& exec, const HeadActs<Exec>& h) {
+  const Vec<Exec> losses = h.losses;
   double total = 0.0;
   Kokkos::parallel_reduce("lamina::sum_losses", Range<Exec>(exec, 0, static_cast<std::int64_t>(losses.extent(0))),
                           SumLosses<Exec>{losses}, total);

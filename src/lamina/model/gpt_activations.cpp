@@ -1,5 +1,7 @@
 #include "lamina/model/gpt_activations.hpp"
 
+#include "lamina/kernels/gemm.hpp"
+
 #include <algorithm>
 
 namespace lamina {
@@ -23,6 +25,15 @@ ActivationSizes activation_sizes(const Dims& d) {
                                 scores * (d.score_gradient_columns() + d.recomputed_probability_columns()) + 3 * A;
   s.workspace = std::max(forward, backward);
   s.ones = N;
+  if (d.bf16) {
+    s.residual_scratch = 2 * N * C;
+    s.param_vectors = 6 * C + 3 * A + F;  // a block's; the final norm's 2C fit
+    // Weights products read as bf16 (op(B) of K rows): the projections both ways, the head's.
+    const std::int64_t largest = std::max({C * 3 * A, A * C, C * F, d.V * C});
+    const std::int64_t largest_k = std::max({C, 3 * A, F, d.V});
+    s.product_scratch = product_scratch<Kokkos::DefaultExecutionSpace>(largest, largest_k);
+    s.workspace += s.residual_scratch + s.param_vectors + s.product_scratch;
+  }
   return s;
 }
 

@@ -3,8 +3,10 @@
 // time uses. The saved activations of a range of layers for one micro-batch are one flat
 // buffer (LayerRangeActs), so that a pipeline keeps one per micro-batch in flight and a
 // layer's activations can be dropped, recomputed or moved as a unit. Sizes come from
-// activation_sizes(), which the memory estimate shares, so predicted and allocated bytes
-// cannot drift apart. All shapes are this rank's tensor-parallel shard.
+// activation_sizes() and LayerRangeActs::bytes(), which the memory estimate shares, so
+// predicted and allocated bytes cannot drift apart. All shapes are this rank's
+// tensor-parallel shard. In bf16 runs the residual stream and the saved activations are
+// stored as bf16 (Megatron's mixed precision); a layer computes in fp32 in the workspace.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -31,6 +33,8 @@ struct Dims {
   // how the BLAS products (projections, head, staged attention) read their operands (the
   // run's precision decides: product_math)
   ProductMath products = ProductMath::fp32;
+  // parameters, the residual stream and saved activations stored as bf16 (bf16 runs)
+  bool bf16 = false;
   std::int64_t N() const { return B * T; }
   // Columns per score row of what a block saves for attention's backward pass; of that
   // pass's score gradients, and of the probabilities fused products recompute, one layer at
@@ -71,8 +75,11 @@ struct ActivationSizes {
   std::int64_t head = 0;       // final norm, logits, loss statistics
   std::int64_t boundary = 0;   // a layer range's received input, or its output gradient
   std::int64_t tokens = 0;     // int32 inputs + targets
-  std::int64_t workspace = 0;  // scratch shared by all layers (forward and backward overlap)
+  std::int64_t workspace = 0;  // scratch shared by all layers (forward and backward overlap), all of it
   std::int64_t ones = 0;       // a row of ones for column sums
+  // of the workspace, where bf16 runs compute a layer: its input and output widened to fp32
+  // (2 NC), its norm gains and biases widened (param_vectors), and the products' conversions
+  std::int64_t residual_scratch = 0, param_vectors = 0, product_scratch = 0;
 };
 ActivationSizes activation_sizes(const Dims& d);
 
@@ -103,6 +110,10 @@ struct HeadActs {
 
 template <class Exec>
 struct Workspace {
+  // bf16 runs (empty otherwise)
+  Mat<Exec> x, out;      // (N, C): a block's input widened from bf16, its output before rounding
+  Vec<Exec> vectors;     // a layer's norm gains and biases, widened
+  Vec<Exec> widened;     // products' conversions of bf16 weights or operands (gemm.hpp)
   // forward
   AttentionWorkspace<Exec> heads;  // q, k, v, y (B*NH, T, hd) for staged attention products; probs
   Mat<Exec> attproj, fcproj;   // (N, C)
@@ -152,6 +163,14 @@ class WorkspaceBuffers {
     ws.datty = as_mat<Exec>(p += BNH * T * d.recomputed_probability_columns(), N, A);
     ws.scratch = as_mat<Exec>(p += N * A, N, C);
     ws.qkv_bias_sums = as_vec<Exec>(p += N * C, 3 * A);
+    // The bf16 conversions after the shared part, which they outlive within a layer.
+    p = buf_.data() + s.workspace - s.residual_scratch - s.param_vectors - s.product_scratch;
+    if (s.residual_scratch > 0) {
+      ws.x = as_mat<Exec>(p, N, C);
+      ws.out = as_mat<Exec>(p + N * C, N, C);
+    }
+    ws.vectors = as_vec<Exec>(p += s.residual_scratch, s.param_vectors);
+    ws.widened = as_vec<Exec>(p += s.param_vectors, s.product_scratch);
     ones_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::ones", s.ones);
     Kokkos::deep_copy(ones_.view(), 1.0f);
     ws.ones = ones_.view();
@@ -192,14 +211,31 @@ BlockActs<Exec> bind_block_acts(float* inner, const Mat<Exec>& out, const Dims& 
   return a;
 }
 
+// One boundary of the residual stream (a range's input, a block's output): (N, C) values,
+// fp32, or bf16 in bf16 runs.
+template <class Exec>
+struct Residual {
+  Mat<Exec> f32;
+  Mat16<Exec> b16;
+  bool bf16() const { return b16.data() != nullptr; }
+  // The storage as a message of float words (bf16 pairs; boundaries have an even length).
+  float* words() const { return bf16() ? reinterpret_cast<float*>(b16.data()) : f32.data(); }
+  std::int64_t word_count() const {
+    return bf16() ? (static_cast<std::int64_t>(b16.size()) + 1) / 2 : static_cast<std::int64_t>(f32.size());
+  }
+};
+
 // Everything one micro-batch leaves behind in blocks [first, last) of the model, plus the
 // embedding and/or the head when the range includes them. Each block's output (the next
 // block's input: the checkpoint recomputation restarts from) is always kept; its inner
 // activations follow the block's policy: kept here, dropped (recomputed from the input
 // before backward, in a scratch the executor owns), or offloaded to a host-tier buffer
 // kept here and copied back through staging the executor owns. Under bf16 mixed precision
-// kept and offloaded inner activations are stored as bf16 (computed in the executor's
-// fp32 scratch and rounded; widened back there for backward); the residual stream stays fp32.
+// the residual stream (the range's input and every block's output) and kept and offloaded
+// inner activations are stored as bf16: a block computes in fp32 (its input widened into
+// the workspace, its inner activations into the executor's scratch) and what it keeps is
+// rounded. The head's activations (final norm, logits, loss statistics) and the residual
+// stream's gradient stay fp32.
 template <class Exec>
 class LayerRangeActs {
  public:
@@ -208,13 +244,19 @@ class LayerRangeActs {
   using HostView = Kokkos::View<float*, Kokkos::LayoutRight, HostTierSpace>;
   using HostView16 = Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, HostTierSpace>;
 
-  // Device-tier floats a range needs (blocks with fp32 kept inner activations: `kept`;
-  // own_dres: its own residual-gradient buffer); the token buffer and bf16 kept inner
-  // activations come on top, offloaded blocks' host buffers elsewhere.
-  static std::int64_t floats(const ActivationSizes& s, std::int64_t blocks, std::int64_t kept, bool embedding,
-                             bool head, bool own_dres = true) {
-    return (embedding ? s.embed : s.boundary) + blocks * (s.block - s.inner) + kept * s.inner +
-           (head ? s.head : 0) + (own_dres ? s.boundary : 0);
+  // Elements of one residual boundary as stored: bf16 ones padded to an even count, so
+  // that every boundary starts on a float word (messages send them as float words).
+  static std::int64_t boundary_elements(const ActivationSizes& s, bool bf16) {
+    return bf16 ? (s.boundary + 1) / 2 * 2 : s.boundary;
+  }
+  // Device-tier bytes of a range: fp32 (4-byte) and bf16 (2-byte) storage, the token ids.
+  // kept: blocks whose inner activations are kept; own_dres: its own residual-gradient
+  // buffer. Offloaded blocks' host buffers come on top.
+  static std::int64_t bytes(const ActivationSizes& s, std::int64_t blocks, std::int64_t kept, bool head,
+                            bool own_dres, bool bf16) {
+    const std::int64_t stream = (blocks + 1) * boundary_elements(s, bf16) + kept * s.inner;
+    const std::int64_t fp32 = (head ? s.head : 0) + (own_dres ? s.boundary : 0) + s.tokens;
+    return (bf16 ? 2 : 4) * stream + 4 * fp32;
   }
 
   // policy: one entry per block of the range. shared_dres: (N, C) floats this range uses
@@ -228,24 +270,35 @@ class LayerRangeActs {
     const ActivationSizes s = activation_sizes(d);
     const std::int64_t N = d.N(), C = d.C;
     const std::int64_t kept = std::count(policy.begin(), policy.end(), ActivationPolicy::keep);
+    const std::int64_t boundary = boundary_elements(s, bf16), blocks = last - first;
     const std::string range = std::to_string(first) + "-" + std::to_string(last);
-    buf_ = Buffer<float, Mem>(tracker, MemCategory::activations, "lamina::acts_h" + range,
-                              floats(s, last - first, bf16 ? 0 : kept, embedding, head, shared_dres == nullptr));
-    if (bf16 && kept > 0) {
-      buf16_ = Buffer<std::uint16_t, Mem>(tracker, MemCategory::activations, "lamina::acts_bf16_h" + range,
-                                          kept * s.inner);
+    const std::int64_t stream = (blocks + 1) * boundary + kept * s.inner;
+    const std::int64_t fp32 = (head ? s.head : 0) + (shared_dres == nullptr ? s.boundary : 0);
+    if (bf16) {
+      buf16_ = Buffer<std::uint16_t, Mem>(tracker, MemCategory::activations, "lamina::acts_bf16_h" + range, stream);
     }
-    std::uint16_t* p16 = buf16_.data();
+    buf_ = Buffer<float, Mem>(tracker, MemCategory::activations, "lamina::acts_h" + range, (bf16 ? 0 : stream) + fp32);
     float* p = buf_.data();
+    std::uint16_t* p16 = buf16_.data();
     auto take = [&p](std::int64_t n) {
       float* q = p;
       p += n;
       return q;
     };
-    input = as_mat<Exec>(take(N * C), N, C);  // embedding output, or the input received
+    auto residual = [&] {
+      Residual<Exec> r;
+      if (bf16) {
+        r.b16 = Mat16<Exec>(Kokkos::View<std::uint16_t**, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(p16, N, C));
+        p16 += boundary;
+      } else {
+        r.f32 = as_mat<Exec>(take(N * C), N, C);
+      }
+      return r;
+    };
+    input = residual();  // embedding output, or the input received
     has_embedding = embedding;
+    for (std::int64_t l = first; l < last; ++l) out_.push_back(residual());
     for (std::int64_t l = first; l < last; ++l) {
-      out_.push_back(as_mat<Exec>(take(N * C), N, C));
       const ActivationPolicy pol = policy[static_cast<std::size_t>(l - first)];
       const bool keep = pol == ActivationPolicy::keep;
       inner_.push_back(keep && !bf16 ? take(s.inner) : nullptr);
@@ -287,13 +340,14 @@ class LayerRangeActs {
   std::int64_t num_blocks() const { return static_cast<std::int64_t>(out_.size()); }
   ActivationPolicy policy(std::int64_t l) const { return policy_[static_cast<std::size_t>(l - first_)]; }
   // Input of global block l (in this range): the range's input or the previous block's output.
-  const Mat<Exec>& block_input(std::int64_t l) const { return l == first_ ? input : out_[l - first_ - 1]; }
-  const Mat<Exec>& block_output(std::int64_t l) const { return out_[l - first_]; }
+  const Residual<Exec>& block_input(std::int64_t l) const { return l == first_ ? input : out_[l - first_ - 1]; }
+  const Residual<Exec>& block_output(std::int64_t l) const { return out_[l - first_]; }
   // Output of the range's last block (the input of the head or of the next range).
-  const Mat<Exec>& output() const { return out_.empty() ? input : out_.back(); }
-  // Block l's activations with its inner part at `inner` (its own storage when kept).
-  BlockActs<Exec> block(std::int64_t l, float* inner) const {
-    return bind_block_acts<Exec>(inner, out_[l - first_], dims_);
+  const Residual<Exec>& output() const { return out_.empty() ? input : out_.back(); }
+  // Block l's activations with its inner part at `inner` (its own storage when kept) and
+  // its output computed into `out` (its storage in fp32 runs).
+  BlockActs<Exec> block(std::int64_t l, float* inner, const Mat<Exec>& out) const {
+    return bind_block_acts<Exec>(inner, out, dims_);
   }
   float* kept_inner(std::int64_t l) const { return inner_[l - first_]; }
   // Kept as bf16 (null otherwise): activation_sizes().inner values.
@@ -301,7 +355,7 @@ class LayerRangeActs {
   const HostView& offloaded(std::int64_t l) const { return host_[l - first_].view(); }
   const HostView16& offloaded_bf16(std::int64_t l) const { return host16_[l - first_].view(); }
 
-  Mat<Exec> input;  // (N, C)
+  Residual<Exec> input;
   HeadActs<Exec> head;
   Mat<Exec> dres;  // (N, C) gradient of the residual stream, flowing backward through the range
   TokenView inputs, targets;  // (N) int32
@@ -311,7 +365,7 @@ class LayerRangeActs {
   Dims dims_;
   std::int64_t first_ = 0;
   std::vector<ActivationPolicy> policy_;
-  std::vector<Mat<Exec>> out_;
+  std::vector<Residual<Exec>> out_;
   std::vector<float*> inner_;
   std::vector<std::uint16_t*> inner16_;
   std::vector<Buffer<float, HostTierSpace>> host_;

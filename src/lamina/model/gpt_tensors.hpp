@@ -2,7 +2,9 @@
 // Named views of GPT-2 parameters (or their gradients) into per-layer flat buffers, in
 // this rank's tensor-parallel shapes. Layers are bound one at a time, so that a layer
 // whose parameters live elsewhere (ZeRO-3, another pipeline stage) is bound only while
-// its buffer is present.
+// its buffer is present. Gradients are fp32 (*Tensors); what the compute reads of the
+// parameters (*Weights) has its matrices as stored, fp32 or bf16, and its norm gains and
+// biases in fp32 (a bf16 layer's widened per use: every layer stores its matrices first).
 #include <stdexcept>
 #include <vector>
 
@@ -36,6 +38,34 @@ struct FinalNormTensors {
   Vec<Exec> w, b;  // (C)
 };
 
+template <class Exec>
+struct EmbeddingWeights {
+  MatRef<Exec> wte;  // (V, C), also the LM head
+  MatRef<Exec> wpe;  // (T, C)
+};
+
+template <class Exec>
+struct BlockWeights {
+  ConstVec<Exec> ln1_w, ln1_b;  // (C)
+  MatRef<Exec> qkv_w;           // (C, 3A)
+  ConstVec<Exec> qkv_b;         // (3A)
+  MatRef<Exec> proj_w;          // (A, C)
+  ConstVec<Exec> proj_b;        // (C)
+  ConstVec<Exec> ln2_w, ln2_b;  // (C)
+  MatRef<Exec> fc_w;            // (C, F)
+  ConstVec<Exec> fc_b;          // (F)
+  MatRef<Exec> fcproj_w;        // (F, C)
+  ConstVec<Exec> fcproj_b;      // (C)
+};
+
+// A layer's parameters as stored: fp32 (f32), or bf16 (b16) with its norm gains and biases
+// (the elements past its matrices) widened into `vectors`.
+struct LayerParams {
+  const float* f32 = nullptr;
+  const std::uint16_t* b16 = nullptr;
+  float* vectors = nullptr;
+};
+
 namespace detail {
 template <class Exec>
 Mat<Exec> bind_mat(const LayerSpec& l, std::size_t i, float* base) {
@@ -54,7 +84,56 @@ inline std::size_t index_of(const LayerSpec& l, const std::string& suffix) {
   }
   throw std::logic_error("layer " + l.name + " has no tensor *" + suffix);
 }
+template <class Exec>
+MatRef<Exec> bind_weight(const LayerSpec& l, std::size_t i, const LayerParams& p) {
+  const TensorSpec& t = l.tensors[i];
+  if (p.f32 != nullptr) return ConstMat<Exec>(p.f32 + t.offset, t.shape[0], t.shape[1]);
+  return ConstMat16<Exec>(p.b16 + t.offset, t.shape[0], t.shape[1]);
+}
+template <class Exec>
+ConstVec<Exec> bind_gain(const LayerSpec& l, std::size_t i, const LayerParams& p) {
+  const TensorSpec& t = l.tensors[i];
+  if (p.f32 != nullptr) return ConstVec<Exec>(p.f32 + t.offset, t.shape[0]);
+  return ConstVec<Exec>(p.vectors + (t.offset - l.matrix_numel), t.shape[0]);
+}
 }  // namespace detail
+
+template <class Exec>
+EmbeddingWeights<Exec> bind_embedding_weights(const ParamLayout& layout, const LayerParams& p) {
+  const LayerSpec& l = layout.layers().front();
+  return {detail::bind_weight<Exec>(l, detail::index_of(l, "wte"), p),
+          detail::bind_weight<Exec>(l, detail::index_of(l, "wpe"), p)};
+}
+
+template <class Exec>
+BlockWeights<Exec> bind_block_weights(const ParamLayout& layout, std::int64_t block, const LayerParams& p) {
+  const LayerSpec& l = layout.layers()[layout.block_layer(block)];
+  using detail::index_of;
+  BlockWeights<Exec> b;
+  b.ln1_w = detail::bind_gain<Exec>(l, index_of(l, "ln_1.weight"), p);
+  b.ln1_b = detail::bind_gain<Exec>(l, index_of(l, "ln_1.bias"), p);
+  b.qkv_w = detail::bind_weight<Exec>(l, index_of(l, "c_attn.weight"), p);
+  b.qkv_b = detail::bind_gain<Exec>(l, index_of(l, "c_attn.bias"), p);
+  b.proj_w = detail::bind_weight<Exec>(l, index_of(l, "attn.c_proj.weight"), p);
+  b.proj_b = detail::bind_gain<Exec>(l, index_of(l, "attn.c_proj.bias"), p);
+  b.ln2_w = detail::bind_gain<Exec>(l, index_of(l, "ln_2.weight"), p);
+  b.ln2_b = detail::bind_gain<Exec>(l, index_of(l, "ln_2.bias"), p);
+  b.fc_w = detail::bind_weight<Exec>(l, index_of(l, "c_fc.weight"), p);
+  b.fc_b = detail::bind_gain<Exec>(l, index_of(l, "c_fc.bias"), p);
+  b.fcproj_w = detail::bind_weight<Exec>(l, index_of(l, "mlp.c_proj.weight"), p);
+  b.fcproj_b = detail::bind_gain<Exec>(l, index_of(l, "mlp.c_proj.bias"), p);
+  return b;
+}
+
+template <class Exec>
+FinalNormTensors<Exec> bind_final_norm_weights(const ParamLayout& layout, const LayerParams& p) {
+  const LayerSpec& l = layout.layers().back();
+  auto gain = [&](const char* name) {
+    const ConstVec<Exec> v = detail::bind_gain<Exec>(l, detail::index_of(l, name), p);
+    return as_vec<Exec>(const_cast<float*>(v.data()), static_cast<std::int64_t>(v.extent(0)));
+  };
+  return {gain("ln_f.weight"), gain("ln_f.bias")};
+}
 
 template <class Exec>
 EmbeddingTensors<Exec> bind_embedding(const ParamLayout& layout, float* base) {

@@ -27,6 +27,38 @@ ShardCombine combine_over(const ProcessGrid& grid) {
 
 void copy(const Mat<Exec>& dst, const Mat<Exec>& src) { Kokkos::deep_copy(Exec(), dst, src); }
 
+void copy(const Residual<Exec>& dst, const Residual<Exec>& src) {
+  if (dst.bf16()) {
+    Kokkos::deep_copy(Exec(), dst.b16, src.b16);
+  } else {
+    Kokkos::deep_copy(Exec(), dst.f32, src.f32);
+  }
+}
+
+// How many tensor-parallel shares a pipeline message travels in: tp where both the
+// activation (as stored) and the gradient cut into whole float words, else 1.
+int message_split(int tp, const ActivationSizes& s, bool bf16) {
+  const std::int64_t act = LayerRangeActs<Exec>::boundary_elements(s, bf16) / (bf16 ? 2 : 1);
+  return tp > 1 && act % tp == 0 && s.boundary % tp == 0 ? tp : 1;
+}
+
+// An fp32 view of a residual boundary: itself, or (bf16) widened into `into`.
+Mat<Exec> widened(const Residual<Exec>& r, const Mat<Exec>& into) {
+  if (!r.bf16()) return r.f32;
+  const std::int64_t n = static_cast<std::int64_t>(into.size());
+  from_bf16(Exec(), as_vec<Exec>(into.data(), n), Bf16Vec<Exec>(r.b16.data(), static_cast<std::size_t>(n)));
+  return into;
+}
+
+// Where a boundary is computed: its storage, or (bf16) `into`, then rounded into it by store().
+Mat<Exec> target(const Residual<Exec>& r, const Mat<Exec>& into) { return r.bf16() ? into : r.f32; }
+
+void store(const Residual<Exec>& r, const Mat<Exec>& computed) {
+  if (!r.bf16()) return;
+  const std::int64_t n = static_cast<std::int64_t>(computed.size());
+  to_bf16(Exec(), Bf16Vec<Exec>(r.b16.data(), static_cast<std::size_t>(n)), as_vec<Exec>(computed.data(), n));
+}
+
 }  // namespace
 
 Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& grid, const Schedule& schedule,
@@ -42,7 +74,7 @@ Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& 
       send_pool_(tracker, MemCategory::communication, "lamina::pipeline_sends"),
       transfer_(transfer_instance<Exec>()),
       inner_size_(activation_sizes(dims).inner),
-      split_(grid.tp_size() > 1 && activation_sizes(dims).boundary % grid.tp_size() == 0 ? grid.tp_size() : 1),
+      split_(message_split(grid.tp_size(), activation_sizes(dims), schedule.spec().precision == Precision::bf16)),
       bf16_(schedule.spec().precision == Precision::bf16) {
   const Partition& part = schedule.partition();
   bool scratch = false, offload = false;  // what needs the scratch, the staging buffers
@@ -129,11 +161,15 @@ void Executor::forward(const Chunk& c, int layer, int mb, const MicroBatchLoader
     }
   }
   LayerRangeActs<Exec>& a = slot(c.index, mb);
+  const Workspace<Exec>& ws = ws_.ws;
   if (layer == 0) {
-    embed_forward(exec, state_.embedding_params(), a, tp_);
+    const Mat<Exec> out = target(a.input, ws.out);
+    embed_forward(exec, state_.embedding_weights(), out, a.inputs, dims_, tp_);
+    store(a.input, out);
   } else if (layer == final_) {
-    head_forward(exec, state_.embedding_params(), state_.final_params(), a, tp_);
-    loss_sum_ += sum_losses(exec, a);
+    head_forward(exec, state_.embedding_weights(), state_.final_weights(ws.vectors), a.head, widened(a.output(), ws.x),
+                 a.targets, dims_, ws, tp_);
+    loss_sum_ += sum_losses(exec, a.head);
   } else {
     const std::int64_t b = layer - 1;
     const ActivationPolicy policy = a.policy(b);
@@ -144,7 +180,10 @@ void Executor::forward(const Chunk& c, int layer, int mb, const MicroBatchLoader
     float* inner = policy == ActivationPolicy::keep && !bf16_ ? a.kept_inner(b)
                    : offload && !bf16_                        ? staging(0, nullptr, -1)
                                                               : scratch_.data();
-    block_forward(exec, state_.block_params(b), a.block(b, inner), a.block_input(b), dims_.NH, ws_.ws, tp_);
+    const Mat<Exec> out = target(a.block_output(b), ws.out);
+    block_forward(exec, state_.block_weights(b, ws.vectors), a.block(b, inner, out), widened(a.block_input(b), ws.x),
+                  dims_.NH, ws, tp_);
+    store(a.block_output(b), out);
     if (policy == ActivationPolicy::keep && bf16_) {
       to_bf16(exec, Bf16Vec<Exec>(a.kept_inner_bf16(b), inner_size_), as_vec<Exec>(inner, inner_size_));
     }
@@ -175,7 +214,9 @@ void Executor::recompute(const Chunk& c, int layer, int mb) {
   const Exec exec;
   LayerRangeActs<Exec>& a = slot(c.index, mb);
   const std::int64_t b = layer - 1;
-  block_forward(exec, state_.block_params(b), a.block(b, scratch_.data()), a.block_input(b), dims_.NH, ws_.ws, tp_);
+  const Workspace<Exec>& ws = ws_.ws;
+  block_forward(exec, state_.block_weights(b, ws.vectors), a.block(b, scratch_.data(), target(a.block_output(b), ws.out)),
+                widened(a.block_input(b), ws.x), dims_.NH, ws, tp_);
   if (bf16_) round_to_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_));
 }
 
@@ -208,12 +249,13 @@ Completion Executor::prefetch_activations(const Chunk& c, int layer, int mb, int
 
 BlockActs<Exec> Executor::restored(LayerRangeActs<Exec>& a, std::int64_t b) {
   const Exec exec;
+  const Mat<Exec> out = target(a.block_output(b), ws_.ws.out);  // not read by the backward
   switch (a.policy(b)) {
     case ActivationPolicy::keep:
-      if (!bf16_) return a.block(b, a.kept_inner(b));
+      if (!bf16_) return a.block(b, a.kept_inner(b), out);
       from_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_), Bf16Vec<Exec>(a.kept_inner_bf16(b), inner_size_));
-      return a.block(b, scratch_.data());
-    case ActivationPolicy::recompute: return a.block(b, scratch_.data());
+      return a.block(b, scratch_.data(), out);
+    case ActivationPolicy::recompute: return a.block(b, scratch_.data(), out);
     case ActivationPolicy::offload: break;
   }
   int k = 0;
@@ -224,9 +266,9 @@ BlockActs<Exec> Executor::restored(LayerRangeActs<Exec>& a, std::int64_t b) {
   }
   if (bf16_) {
     from_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_), staging16_[k].view());
-    return a.block(b, scratch_.data());
+    return a.block(b, scratch_.data(), out);
   }
-  return a.block(b, staging_[static_cast<std::size_t>(k)].data());
+  return a.block(b, staging_[static_cast<std::size_t>(k)].data(), out);
 }
 
 void Executor::backward(const Chunk& c, int layer, int mb, float loss_scale) {
@@ -235,20 +277,22 @@ void Executor::backward(const Chunk& c, int layer, int mb, float loss_scale) {
   GradientReducer& grads = state_.reducer();
   // Gradient accumulators start as each layer is reached (ZeRO-2/3 keep few at a time);
   // the tied embedding's collects from the head to the lookup.
+  const Workspace<Exec>& ws = ws_.ws;
   if (layer == final_) {
     grads.begin(0);
     grads.begin(final_);
-    head_backward(exec, state_.embedding_grads(), state_.final_grads(), state_.embedding_params(),
-                  state_.final_params(), a, ws_.ws, loss_scale, tp_);
+    head_backward(exec, state_.embedding_grads(), state_.final_grads(), state_.embedding_weights(),
+                  state_.final_weights(ws.vectors), a.head, widened(a.output(), ws.x), a.dres, a.targets, dims_, ws,
+                  loss_scale, tp_);
   } else if (layer == 0) {
     grads.begin(0);
-    embed_backward(exec, state_.embedding_grads(), a);  // needs no parameters
+    embed_backward(exec, state_.embedding_grads(), a.dres, a.inputs, dims_);  // needs no parameters
   } else {
     const std::int64_t b = layer - 1;
     grads.begin(layer);
     const BlockActs<Exec> s = restored(a, b);
-    block_backward(exec, state_.block_grads(b), state_.block_params(b), s, a.block_input(b), a.dres, dims_.NH, ws_.ws,
-                   tp_);
+    block_backward(exec, state_.block_grads(b), state_.block_weights(b, ws.vectors), s, widened(a.block_input(b), ws.x),
+                   a.dres, dims_.NH, ws, tp_);
   }
   if (layer == first_layer(c)) {
     const Partition& part = schedule_.partition();
@@ -275,15 +319,17 @@ void Executor::copy_in(const Exec& on, int i, LayerRangeActs<Exec>& a, std::int6
 Completion Executor::send(Op op, int chunk, int mb, int peer, int index) {
   const bool act = op == Op::send_activation;
   LayerRangeActs<Exec>& a = slot(chunk, mb);
-  const Mat<Exec>& buf = act ? a.output() : a.dres;
+  // Activations as stored (bf16 pairs in bf16 runs), gradients in fp32.
+  float* data = act ? a.output().words() : a.dres.data();
+  const std::int64_t words = act ? a.output().word_count() : static_cast<std::int64_t>(a.dres.size());
   const int to = act ? chunk + 1 : chunk - 1;
   const int kind = act ? 0 : 1;
   // Every tensor-parallel rank holds the whole residual stream: each sends its 1/tp share
   // and the receivers all-gather it over their tensor-parallel group (Megatron's
   // scatter/gather), so the pipeline link carries it once, not tp times.
-  const std::int64_t n = static_cast<std::int64_t>(buf.size()) / split_;
+  const std::int64_t n = words / split_;
   float* out = outgoing_buffer(n);
-  Kokkos::deep_copy(Exec(), as_vec<Exec>(out, n), as_vec<Exec>(buf.data() + grid_.tp_rank() % split_ * n, n));
+  Kokkos::deep_copy(Exec(), as_vec<Exec>(out, n), as_vec<Exec>(data + grid_.tp_rank() % split_ * n, n));
   Exec().fence();  // the network reads the copy
   Completion done;
   const ProcessGrid::Link link = grid_.link(act, grid_.pp_rank(), peer);
@@ -314,18 +360,19 @@ float* Executor::outgoing_buffer(std::int64_t n) {
 Completion Executor::recv(Op op, int chunk, int mb, int peer) {
   const bool act = op == Op::recv_activation;
   LayerRangeActs<Exec>& a = act ? acquire(chunk, mb) : slot(chunk, mb);
-  const Mat<Exec>& buf = act ? a.input : a.dres;
+  float* data = act ? a.input.words() : a.dres.data();
+  const std::int64_t words = act ? a.input.word_count() : static_cast<std::int64_t>(a.dres.size());
   const int kind = act ? 0 : 1;
   Completion done;
   float* share = nullptr;
-  const std::int64_t n = static_cast<std::int64_t>(buf.size()) / split_;
+  const std::int64_t n = words / split_;
   const ProcessGrid::Link link = grid_.link(act, peer, grid_.pp_rank());
   if (split_ > 1) share = send_pool_.acquire(n);
-  done.add(link.comm->irecv(share != nullptr ? share : buf.data(), n, link.peer, tag(kind, chunk, mb, 0)));
+  done.add(link.comm->irecv(share != nullptr ? share : data, n, link.peer, tag(kind, chunk, mb, 0)));
   stamps_.emplace_back(2);
   float* stamp = stamps_.back().data();
   done.add(grid_.pp_clock().irecv(stamp, 2, peer, tag(kind, chunk, mb, 1)));
-  done.then([this, share, n, out = buf.data(), stamp] {
+  done.then([this, share, n, out = data, stamp] {
     if (share != nullptr) {
       grid_.tp().all_gather(share, out, n);
       send_pool_.release(share, n);

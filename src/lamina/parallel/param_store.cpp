@@ -64,9 +64,7 @@ ParameterStore::ParameterStore(MemoryTracker& tracker, const ParamLayout& layout
   }
 }
 
-bool ParameterStore::resident(int layer) const {
-  return slot(layer).tier == MemTier::device && zero_ < 3 && !bf16_;
-}
+bool ParameterStore::resident(int layer) const { return slot(layer).tier == MemTier::device && zero_ < 3; }
 
 Completion ParameterStore::hold(int layer) {
   Slot& s = slot(layer);
@@ -75,9 +73,9 @@ Completion ParameterStore::hold(int layer) {
 }
 
 Completion ParameterStore::fetch(Slot& s) {
+  if (bf16_) return fetch_bf16(s);
   const LayerShard& sh = s.shard;
   s.gathered = pools_.params.acquire(sh.padded);
-  if (bf16_) return fetch_bf16(s);
   Completion done;
   if (s.tier == MemTier::device) {  // ZeRO-3: from the data-parallel peers
     done.add(grid_.dp().iall_gather(s.params.data(), s.gathered, sh.shard));
@@ -96,50 +94,47 @@ Completion ParameterStore::fetch(Slot& s) {
 
 Completion ParameterStore::fetch_bf16(Slot& s) {
   const LayerShard& sh = s.shard;
-  const Vec<Exec> out = dev(s.gathered, sh.padded);
+  s.gathered16 = pools_.params16.acquire(sh.padded);
   Completion done;
-  if (s.tier == MemTier::device && zero_ < 3) {
-    from_bf16(transfer_, out, Bf16Vec<Exec>(dev(s.params16.data(), sh.padded)));
+  if (zero_ < 3) {  // host tier: copied in on the transfer instance
+    Kokkos::deep_copy(transfer_, dev(s.gathered16, sh.padded), host(s.params16_host.data(), sh.padded));
     done.add(transfer_);
     return done;
   }
-  if (s.tier == MemTier::host && zero_ < 3) {
-    std::uint16_t* staged = pools_.staging16.acquire(sh.padded);
-    Kokkos::deep_copy(transfer_, dev(staged, sh.padded), host(s.params16_host.data(), sh.padded));
-    from_bf16(transfer_, out, Bf16Vec<Exec>(dev(staged, sh.padded)));
-    done.add(transfer_);
-    done.then([this, staged, n = sh.padded] { pools_.staging16.release(staged, n); });
+  // ZeRO-3: the bf16 shards are all-gathered (half the bytes of fp32).
+  if (s.tier == MemTier::device) {
+    done.add(all_gather_bf16(grid_.dp(), s.params16.data(), s.gathered16, sh.shard));
     return done;
   }
-  // ZeRO-3: the bf16 shards are all-gathered (half the bytes of fp32), then widened.
-  std::uint16_t* all = pools_.staging16.acquire(sh.padded);
-  std::uint16_t* mine = s.params16.data();
-  const bool staged = s.tier == MemTier::host;
-  if (staged) {
-    mine = pools_.staging16.acquire(sh.shard);
-    Kokkos::deep_copy(transfer_, dev(mine, sh.shard), host(s.params16_host.data(), sh.shard));
-    transfer_.fence();  // the network reads it
-  }
-  done.add(all_gather_bf16(grid_.dp(), mine, all, sh.shard));
-  done.then([this, out, all, mine, staged, sh] {
-    from_bf16(transfer_, out, Bf16Vec<Exec>(dev(all, sh.padded)));
-    transfer_.fence();  // the widening has read the staging before it goes back to the pool
-    if (staged) pools_.staging16.release(mine, sh.shard);
-    pools_.staging16.release(all, sh.padded);
-  });
+  std::uint16_t* mine = pools_.staging16.acquire(sh.shard);
+  Kokkos::deep_copy(transfer_, dev(mine, sh.shard), host(s.params16_host.data(), sh.shard));
+  transfer_.fence();  // the network reads it
+  done.add(all_gather_bf16(grid_.dp(), mine, s.gathered16, sh.shard));
+  done.then([this, mine, n = sh.shard] { pools_.staging16.release(mine, n); });
   return done;
 }
 
 void ParameterStore::release(int layer) {
   Slot& s = slot(layer);
   if (resident(layer) || --s.holds > 0) return;
-  pools_.params.release(s.gathered, s.shard.padded);
+  if (bf16_) {
+    pools_.params16.release(s.gathered16, s.shard.padded);
+  } else {
+    pools_.params.release(s.gathered, s.shard.padded);
+  }
   s.gathered = nullptr;
+  s.gathered16 = nullptr;
 }
 
-float* ParameterStore::params(int layer) const {
+LayerParams ParameterStore::params(int layer) const {
   const Slot& s = slot(layer);
-  return resident(layer) ? s.params.data() : s.gathered;
+  LayerParams p;
+  if (bf16_) {
+    p.b16 = resident(layer) ? s.params16.data() : s.gathered16;
+  } else {
+    p.f32 = resident(layer) ? s.params.data() : s.gathered;
+  }
+  return p;
 }
 
 float* ParameterStore::device_master(int layer) {

@@ -1,11 +1,12 @@
 #pragma once
 // The parameters one rank stores, layer by layer: the whole layer (below ZeRO-3) or its
 // data-parallel shard (ZeRO-3), in the device tier or the host tier (ZeRO-Infinity's
-// parameter offload), in fp32 or bf16. Compute reads fp32 parameters on the device: for
-// layers stored so (resident) directly, for the others through hold() ... release(): the
-// first hold starts all-gathering the shards (a non-blocking collective), copying them in
-// from the host tier and/or widening bf16 into a pooled buffer (on the transfer instance),
-// and returns when that is queued, with its Completion for whoever needs the parameters.
+// parameter offload), in fp32 or bf16. Compute reads the parameters on the device as they
+// are stored (kernels widen bf16 where they must): whole layers in the device tier
+// (resident) directly, the others through hold() ... release(): the first hold starts
+// all-gathering the shards (a non-blocking collective) and/or copying them in from the
+// host tier (on the transfer instance) into a pooled buffer of the storage's format, and
+// returns when that is queued, with its Completion for whoever needs the parameters.
 // The optimizer writes updated values back through the ParamSink interface, and ZeRO-1/2
 // ranks share their updated shards with share().
 #include <Kokkos_Core.hpp>
@@ -17,6 +18,7 @@
 #include "lamina/core/buffer_pool.hpp"
 #include "lamina/core/kokkos_compat.hpp"
 #include "lamina/core/precision.hpp"
+#include "lamina/model/gpt_tensors.hpp"
 #include "lamina/model/param_layout.hpp"
 #include "lamina/optim/layer_optimizer.hpp"
 #include "lamina/parallel/completion.hpp"
@@ -30,17 +32,19 @@ using DeviceExec = Kokkos::DefaultExecutionSpace;
 using DeviceMem = DeviceExec::memory_space;
 
 // Transient device buffers shared by the parts of a rank's state (one pool per kind, as
-// the memory estimate counts them): gathered parameters, full-size gradients before their
-// reduce-scatter, communication staging (fp32 and bf16), Deep Optimizer States staging.
+// the memory estimate counts them): gathered parameters (fp32 and bf16), full-size
+// gradients before their reduce-scatter, communication staging (fp32 and bf16), Deep
+// Optimizer States staging.
 struct DevicePools {
   explicit DevicePools(MemoryTracker& tracker)
       : params(tracker, MemCategory::parameters, "lamina::gathered_params"),
         grads(tracker, MemCategory::gradients, "lamina::full_grads"),
         staging(tracker, MemCategory::communication, "lamina::comm_staging"),
+        params16(tracker, MemCategory::parameters, "lamina::gathered_params_bf16"),
         staging16(tracker, MemCategory::communication, "lamina::comm_staging_bf16"),
         dos(tracker, MemCategory::optimizer_state, "lamina::dos_staging") {}
   BufferPool<DeviceMem> params, grads, staging;
-  BufferPool<DeviceMem, std::uint16_t> staging16;
+  BufferPool<DeviceMem, std::uint16_t> params16, staging16;
   BufferPool<DeviceMem> dos;
 };
 
@@ -67,16 +71,17 @@ class ParameterStore : public ParamSink {
 
   bool holds(int layer) const { return slots_.count(layer) != 0; }
   const LayerShard& shard(int layer) const { return slot(layer).shard; }
-  // fp32 on the device between uses: gather() and release() do nothing.
+  // The whole layer on the device between uses: hold() and release() do nothing.
   bool resident(int layer) const;
 
-  // Parameters of a layer on the device, fp32: always there for resident layers, else from
-  // the completion of the first hold() to the last release(). Both count holds, so nested
-  // ones are fine; only the first fetches (and returns a non-empty completion). The caller
-  // of release() has waited for the compute that read the parameters.
+  // Parameters of a layer on the device: always there for resident layers, else from the
+  // completion of the first hold() to the last release(). Both count holds, so nested ones
+  // are fine; only the first fetches (and returns a non-empty completion). The caller of
+  // release() has waited for the compute that read the parameters.
   Completion hold(int layer);
   void release(int layer);
-  float* params(int layer) const;
+  // fp32 or bf16 (the other null); a bf16 layer's vectors are the caller's to widen.
+  LayerParams params(int layer) const;
 
   // ParamSink: updated values into the stored parameters.
   void from_device(int layer, std::int64_t begin, std::int64_t end, float* values) override;
@@ -107,6 +112,7 @@ class ParameterStore : public ParamSink {
     DeviceBuf16 params16;
     HostBuf16 params16_host, rounded_host;
     float* gathered = nullptr;  // device parameters while held (when not resident)
+    std::uint16_t* gathered16 = nullptr;  // ... in bf16
     int holds = 0;
   };
   Slot& slot(int layer) { return slots_.at(layer); }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "lamina/core/tier_views.hpp"
+#include "lamina/kernels/bf16.hpp"
 #include "lamina/model/init.hpp"
 
 namespace lamina {
@@ -29,6 +30,18 @@ RankState::RankState(const ModelConfig& model, const ParamLayout& layout, const 
       reducer_(std::move(reducer)),
       optimizers_(std::move(optimizers)),
       pools_(pools) {}
+
+LayerParams RankState::widened(int layer, const Vec<Exec>& vectors) const {
+  LayerParams p = store_->params(layer);
+  if (p.b16 != nullptr) {
+    const LayerSpec& l = layout_.layers()[static_cast<std::size_t>(layer)];
+    const std::int64_t n = l.numel - l.matrix_numel;
+    from_bf16(Exec(), as_vec<Exec>(vectors.data(), n),
+              Bf16Vec<Exec>(const_cast<std::uint16_t*>(p.b16) + l.matrix_numel, static_cast<std::size_t>(n)));
+    p.vectors = vectors.data();
+  }
+  return p;
+}
 
 bool RankState::writes(int layer) const { return grid_.dp_rank() == 0 && (layer != 0 || grid_.first_stage()); }
 

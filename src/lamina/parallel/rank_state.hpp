@@ -30,6 +30,7 @@ class RankState : public ModelStateAccess {
 
   const ParamLayout& layout() const { return layout_; }
   const ModelConfig& model() const { return model_; }
+  bool bf16() const { return bf16_; }  // parameters stored as bf16
   ParameterStore& store() { return *store_; }
   GradientReducer& reducer() { return *reducer_; }
   LayerOptimizer& optimizer(int layer) { return *optimizers_.at(layer); }
@@ -43,16 +44,19 @@ class RankState : public ModelStateAccess {
   std::vector<float> params_host(int layer) const;
   std::vector<float> grads_host(int layer) const { return reducer_->full_host(layer); }
 
-  EmbeddingTensors<Exec> embedding_params() const { return bind_embedding<Exec>(layout_, store_->params(0)); }
-  EmbeddingTensors<Exec> embedding_grads() const { return bind_embedding<Exec>(layout_, reducer_->grads(0)); }
-  BlockTensors<Exec> block_params(std::int64_t b) const {
-    return bind_block<Exec>(layout_, b, store_->params(layout_.block_layer(b)));
+  // What the compute reads of a layer's parameters (held, where they are not resident). A
+  // bf16 layer's norm gains and biases are widened into `vectors` first, on the compute
+  // instance (workspace: activation_sizes().param_vectors).
+  EmbeddingWeights<Exec> embedding_weights() const { return bind_embedding_weights<Exec>(layout_, store_->params(0)); }
+  BlockWeights<Exec> block_weights(std::int64_t b, const Vec<Exec>& vectors) const {
+    return bind_block_weights<Exec>(layout_, b, widened(layout_.block_layer(b), vectors));
   }
+  FinalNormTensors<Exec> final_weights(const Vec<Exec>& vectors) const {
+    return bind_final_norm_weights<Exec>(layout_, widened(layout_.final_layer(), vectors));
+  }
+  EmbeddingTensors<Exec> embedding_grads() const { return bind_embedding<Exec>(layout_, reducer_->grads(0)); }
   BlockTensors<Exec> block_grads(std::int64_t b) const {
     return bind_block<Exec>(layout_, b, reducer_->grads(layout_.block_layer(b)));
-  }
-  FinalNormTensors<Exec> final_params() const {
-    return bind_final_norm<Exec>(layout_, store_->params(layout_.final_layer()));
   }
   FinalNormTensors<Exec> final_grads() const {
     return bind_final_norm<Exec>(layout_, reducer_->grads(layout_.final_layer()));
@@ -67,6 +71,8 @@ class RankState : public ModelStateAccess {
   void scatter(int layer, CheckpointPart part, const std::vector<float>& full) override;
 
  private:
+  LayerParams widened(int layer, const Vec<Exec>& vectors) const;
+
   ModelConfig model_;
   const ParamLayout& layout_;
   const ProcessGrid& grid_;

@@ -70,8 +70,7 @@ std::tuple<int, int, int> message_key(const Instruction& i) {
 }
 
 bool resident_params(const StepSpec& spec, int layer) {
-  return policy_of_layer(spec.blocks, layer).params == MemTier::device && spec.layout.zero < 3 &&
-         spec.precision == Precision::fp32;
+  return policy_of_layer(spec.blocks, layer).params == MemTier::device && spec.layout.zero < 3;
 }
 
 std::vector<ScheduleProblem> schedule_problems(std::int64_t layers, const ParallelLayout& o) {

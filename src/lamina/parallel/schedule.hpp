@@ -30,8 +30,8 @@ enum class Op : std::uint8_t {
   recv_activation,    // chunk's input of micro_batch, from stage `peer`
   send_gradient,      // gradient of chunk's input, to `peer`
   recv_gradient,      // gradient of chunk's output, from `peer`
-  // parameters that are not resident on the device in fp32 (ZeRO-3 shards, host tier, bf16)
-  gather_params,      // start making the layer's fp32 parameters present, right before its use
+  // parameters that are not resident on the device (ZeRO-3 shards, host tier)
+  gather_params,      // start making the layer's parameters present, right before its use
   prefetch_params,    // the same, one layer ahead (its use then needs no gather)
   release_params,     // end of a gather's hold
   // inner activations of blocks whose policy is offload
@@ -90,7 +90,8 @@ struct StepSpec {
   Precision precision = Precision::fp32;
 };
 
-// Parameters of a layer live on the device in fp32 between uses: nothing to gather.
+// Parameters of a layer live whole on the device between uses (in fp32 or bf16, which the
+// compute reads as they are): nothing to gather.
 bool resident_params(const StepSpec& spec, int layer);
 
 // A layout the builders cannot schedule: the message and the deck key to change.

@@ -111,7 +111,6 @@ double CostModel::gather(int layer) const {
   } else if (host) {
     t += padded * param_bytes() / machine_.h2d;
   }
-  if (bf16_) t += padded * 6.0 / (machine_.memory_bandwidth * machine_.elementwise_efficiency);  // widen to fp32
   return t;
 }
 
@@ -174,11 +173,12 @@ double CostModel::share(int layer) const {
   return collective((dp - 1) / dp * static_cast<double>(s.padded) * param_bytes(), o.dp - 1, o.dp * o.tp);
 }
 
-double CostModel::p2p() const {
-  // Each tensor-parallel rank sends its 1/tp share of the fp32 residual stream; the
-  // receivers all-gather the shares over their group.
+double CostModel::p2p(bool activation) const {
+  // Each tensor-parallel rank sends its 1/tp share of the residual stream (activations as
+  // stored, bf16 in bf16 runs; their gradients in fp32); the receivers all-gather the shares
+  // over their group.
   const ParallelLayout& o = plan_.layout;
-  const double bytes = 4.0 * static_cast<double>(o.micro_batch_size) * static_cast<double>(model_.seq_len) *
+  const double bytes = (activation ? param_bytes() : 4.0) * static_cast<double>(o.micro_batch_size) * static_cast<double>(model_.seq_len) *
                        static_cast<double>(model_.d_model);
   const double tp = o.tp;
   const double gather = o.tp > 1 ? collective((tp - 1) / tp * bytes, o.tp - 1, o.tp) : 0.0;
@@ -199,8 +199,8 @@ double CostModel::price(const Instruction& i) const {
     case Op::forward: return block ? block_forward_ : i.layer == 0 ? embed_forward_ : head_forward_;
     case Op::backward: return block ? block_backward_ : i.layer == 0 ? embed_backward_ : head_backward_;
     case Op::recompute: return block_forward_;
-    case Op::send_activation:
-    case Op::send_gradient: return p2p();
+    case Op::send_activation: return p2p(true);
+    case Op::send_gradient: return p2p(false);
     case Op::recv_activation:
     case Op::recv_gradient: return 0.0;
     case Op::gather_params:
@@ -242,9 +242,9 @@ std::map<std::string, double> CostModel::traffic(const std::vector<Instruction>&
       case Op::forward:
       case Op::recompute:
       case Op::backward: bytes["tp"] += (block ? 2.0 : 1.0) * tp_allreduce; break;
-      case Op::send_activation:
+      case Op::send_activation: bytes["pp"] += param_bytes() * NC / tp; break;
       case Op::send_gradient: bytes["pp"] += 4.0 * NC / tp; break;
-      case Op::recv_activation:
+      case Op::recv_activation: bytes["tp"] += (tp - 1) / tp * param_bytes() * NC; break;
       case Op::recv_gradient: bytes["tp"] += (tp - 1) / tp * 4.0 * NC; break;
       case Op::prefetch_params:
         prefetched.insert(i.layer);

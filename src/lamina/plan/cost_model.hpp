@@ -61,7 +61,7 @@ class CostModel {
   double embed_backward() const { return embed_backward_; }
   double head_forward() const { return head_forward_; }
   double head_backward() const { return head_backward_; }
-  // Moving a layer's parameters for one use (all-gather, copy in, widening): gather_params.
+  // Moving a layer's parameters for one use (all-gather, copy in): gather_params.
   double gather(int layer) const;
   // A block's inner activations one way between the tiers.
   double activation_copy(bool to_host) const;
@@ -76,8 +76,8 @@ class CostModel {
   double publish(int layer) const;
   // ZeRO-1/2 all-gather of a layer's updated shards.
   double share(int layer) const;
-  // A pipeline message (the residual stream of one micro-batch).
-  double p2p() const;
+  // A pipeline message: the residual stream of one micro-batch (activation), or its gradient.
+  double p2p(bool activation) const;
   // The tied embedding's gradient sum between the first and last stage (pp > 1).
   double sync() const;
 
@@ -91,7 +91,7 @@ class CostModel {
 
  private:
   double layer_numel(int layer) const;
-  double param_bytes() const { return bf16_ ? 2.0 : 4.0; }
+  double param_bytes() const { return bf16_ ? 2.0 : 4.0; }  // also of stored activations
 
   ModelConfig model_;
   Plan plan_;

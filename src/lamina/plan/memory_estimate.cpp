@@ -84,8 +84,10 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
 
   // Activations: one LayerRangeActs per chunk and micro-batch in flight, the executor's
   // scratch and staging, the workspace.
-  const Dims d = Dims::of(m, o.micro_batch_size, o.tp, 0);
+  Dims d = Dims::of(m, o.micro_batch_size, o.tp, 0);
+  d.bf16 = bf16;
   const ActivationSizes a = activation_sizes(d);
+  using Acts = LayerRangeActs<Kokkos::DefaultExecutionSpace>;
   std::int64_t acts = 0, host_acts = 0;
   bool scratch = false, offload = false;
   const Partition& part = schedule.partition();
@@ -100,21 +102,18 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
       offload = offload || p == ActivationPolicy::offload;
     }
     const std::int64_t slots = schedule.max_in_flight(c);
-    const std::int64_t fp32_kept = bf16 ? 0 : kept;
     const bool own_dres = o.layered;  // depth-first chunks share one residual-gradient buffer
-    acts += slots * (4 * (LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(a, k.blocks(), fp32_kept, k.embedding,
-                                                                                 k.head, own_dres) +
-                          a.tokens) +
-                     2 * (kept - fp32_kept) * a.inner) +
-            (own_dres ? 0 : 4 * a.boundary);
+    acts += slots * Acts::bytes(a, k.blocks(), kept, k.head, own_dres, bf16) + (own_dres ? 0 : 4 * a.boundary);
     host_acts += (bf16 ? 2 : 4) * slots * offloaded * a.inner;
   }
   if (scratch) acts += 4 * a.inner;                   // where a recomputed or bf16-stored block runs
   if (offload) acts += (bf16 ? 2 : 4) * 2 * a.inner;  // staging for offloaded blocks, double-buffered
   std::int64_t ws = a.workspace + a.ones;
-  if (extras.sample) {  // a one-sequence replica for the text sample at the end
-    const ActivationSizes s = activation_sizes(Dims::of(m, 1));
-    acts += 4 * (LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(s, m.layers, m.layers, true, true) + s.tokens);
+  if (extras.sample) {  // a one-sequence replica for the text sample at the end (fp32 activations)
+    Dims one = Dims::of(m, 1);
+    one.bf16 = bf16;
+    const ActivationSizes s = activation_sizes(one);
+    acts += Acts::bytes(s, m.layers, m.layers, true, true, false);
     ws += s.workspace + s.ones;
   }
 

@@ -402,8 +402,11 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
   const ParamLayout& layout = k.layout(o.tp);
   const CostModel cost(m, plan, k.machine, k.options.measured, layout);
   const ScheduleShape shape = schedule_shape(m.layers, o);
-  const Dims d = Dims::of(m, o.micro_batch_size, o.tp, 0);
+  Dims d = Dims::of(m, o.micro_batch_size, o.tp, 0);
+  d.bf16 = bf16;
   const ActivationSizes a = activation_sizes(d);
+  using Acts = LayerRangeActs<Kokkos::DefaultExecutionSpace>;
+  const double residual_bytes = (bf16 ? 2.0 : 4.0) * static_cast<double>(Acts::boundary_elements(a, bf16));
   const double M = o.micro_batches;
   const double tF = cost.block_forward(), tB = cost.block_backward();
   const double act_bytes = bf16 ? 2.0 : 4.0;
@@ -440,7 +443,7 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
     if (lp.activations == ActivationPolicy::offload) {
       t += M * (exposed(cost.activation_copy(true), tF) + exposed(cost.activation_copy(false), tB));
     }
-    const bool resident = lp.params == MemTier::device && o.zero < 3 && !bf16;
+    const bool resident = lp.params == MemTier::device && o.zero < 3;
     if (!resident) {
       const double g = lp.params == MemTier::host ? gather_host : gather_device;
       const double uses = o.layered && o.zero == 3 ? 1.0 : M;  // per pass
@@ -474,8 +477,8 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
   lm.micro_batch_seconds.assign(static_cast<std::size_t>(stages), 0.0);
   // The pools' worst case: two gathered blocks, two full-size gradient accumulators and
   // their reduce-scatter staging, a scratch and two offload staging buffers.
-  const double pools = 2.0 * 4 * static_cast<double>(shard.padded) + (o.zero >= 2 ? 2.0 * 4 * shard.padded : 0.0) +
-                       4.0 * shard.padded + 3.0 * 4 * a.inner;
+  const double pools = 2.0 * (bf16 ? 2 : 4) * static_cast<double>(shard.padded) +
+                       (o.zero >= 2 ? 2.0 * 4 * shard.padded : 0.0) + 4.0 * shard.padded + 3.0 * 4 * a.inner;
   for (int s = 0; s < stages; ++s) {
     StageProblem& sp = lm.stages[static_cast<std::size_t>(s)];
     double dev = 4.0 * static_cast<double>(a.workspace + a.ones) + pools;
@@ -483,9 +486,7 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
     for (int c : shape.partition.chunks_of(s)) {
       const Chunk& ch = shape.partition.chunk(c);
       const double f = shape.in_flight[static_cast<std::size_t>(c)];
-      dev += f * 4.0 * static_cast<double>(LayerRangeActs<Kokkos::DefaultExecutionSpace>::floats(a, 0, 0, ch.embedding,
-                                                                                                   ch.head, o.layered) +
-                                           a.tokens) +
+      dev += f * static_cast<double>(Acts::bytes(a, 0, 0, ch.head, o.layered, bf16)) +
              (o.layered ? 0.0 : 4.0 * static_cast<double>(a.boundary));
       if (ch.embedding) secs += M * (cost.embed_forward() + cost.embed_backward());
       if (ch.head) secs += M * (cost.head_forward() + cost.head_backward());
@@ -501,7 +502,7 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
           const OptimizerBuffers ob = OptimizerBuffers::of(shard.owned_size(o.zero), lp.optimizer, lp.params, bf16);
           x.device_bytes = 4.0 * p.device_fp32 + 2.0 * p.device_bf16 + 4.0 * (g.full + g.shard) +
                            4.0 * (ob.device_m + ob.device_v + ob.device_master) +
-                           f * 4.0 * static_cast<double>(a.block - a.inner) +
+                           f * residual_bytes +
                            (lp.activations == ActivationPolicy::keep ? f * act_bytes * a.inner : 0.0);
           x.host_bytes = 4.0 * p.host_fp32 + 2.0 * p.host_bf16 + 2.0 * p.host_rounded +
                          4.0 * (ob.host_m + ob.host_v + ob.host_master + ob.host_grads) +

@@ -124,7 +124,7 @@ class PoolReplay {
     }
   }
 
-  PoolModel params, grads, staging, staging16, dos;
+  PoolModel params, params16, grads, staging, staging16, dos;
 
  private:
   struct Layer {
@@ -146,31 +146,22 @@ class PoolReplay {
     for (const std::int64_t n : d.grads) grads.release(n);
     d = Done{};
   }
-  // ParameterStore::hold's first hold: the gathered buffer, and staging held until done.
+  // ParameterStore::hold's first hold: the gathered buffer (in the stored format), and the
+  // owned shard's staging from the host tier held until the all-gather is done.
   void fetch(int l, std::size_t k) {
     Layer& x = layers_.at(l);
     if (x.resident || x.count++ > 0) return;
     const LayerShard& s = x.shard;
-    params.acquire(s.padded);
-    Done& d = pending_[k];
-    auto hold = [](PoolModel& pool, std::vector<std::int64_t>& until, std::int64_t n) {
-      pool.acquire(n);
-      until.push_back(n);
-    };
-    if (bf16_) {
-      if (zero_ < 3 && x.tier == MemTier::host) hold(staging16, d.staging16, s.padded);
-      if (zero_ == 3) {
-        hold(staging16, d.staging16, s.padded);
-        if (x.tier == MemTier::host) hold(staging16, d.staging16, s.shard);
-      }
-    } else if (zero_ == 3 && x.tier == MemTier::host) {
-      hold(staging, d.staging, s.shard);
+    (bf16_ ? params16 : params).acquire(s.padded);
+    if (zero_ == 3 && x.tier == MemTier::host) {
+      (bf16_ ? staging16 : staging).acquire(s.shard);
+      (bf16_ ? pending_[k].staging16 : pending_[k].staging).push_back(s.shard);
     }
   }
   void release(int l) {
     Layer& x = layers_.at(l);
     if (x.resident || --x.count > 0) return;
-    params.release(x.shard.padded);
+    (bf16_ ? params16 : params).release(x.shard.padded);
   }
   void begin(int l) {
     Layer& x = layers_.at(l);
@@ -215,7 +206,7 @@ PoolPeaks simulate_memory(const Schedule& schedule, int stage, const std::vector
   r.update(update);
   if (model.checkpoint) r.checkpoint();
   PoolPeaks p;
-  p.params = 4 * r.params.elements();
+  p.params = 4 * r.params.elements() + 2 * r.params16.elements();
   p.grads = 4 * r.grads.elements();
   p.communication = 4 * r.staging.elements() + 2 * r.staging16.elements();
   p.dos = 4 * r.dos.elements();

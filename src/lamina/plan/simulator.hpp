@@ -66,7 +66,7 @@ UpdateTimeline simulate_update(const std::vector<Instruction>& program, const Pr
 struct MemoryModel {
   struct Layer {
     LayerShard shard;
-    bool resident = true;  // fp32 parameters on the device: nothing gathered
+    bool resident = true;  // the whole layer on the device: nothing gathered
     MemTier tier = MemTier::device;
     bool dynamic = false;  // optimizer: Deep Optimizer States
   };

@@ -14,7 +14,9 @@ std::vector<std::int32_t> generate_tokens(RankState& state, MemoryTracker& track
   using Exec = RankState::Exec;
   const ModelConfig& model = state.model();
   const std::int64_t T = model.seq_len, V = model.vocab_size;
-  const Dims dims = Dims::of(model, 1);
+  // fp32 activations; the parameters as stored (bf16 ones read through the workspace).
+  Dims dims = Dims::of(model, 1);
+  dims.bf16 = state.bf16();
   LayerRangeActs<Exec> acts(tracker, dims, 0, model.layers, true, true,
                             std::vector<ActivationPolicy>(static_cast<std::size_t>(model.layers),
                                                           ActivationPolicy::keep));
@@ -34,17 +36,19 @@ std::vector<std::int32_t> generate_tokens(RankState& state, MemoryTracker& track
     // Parameters as training uses them: gathered (or widened from bf16) per layer.
     const int last = state.layout().final_layer();
     state.store().hold(0).wait();
-    embed_forward(exec, state.embedding_params(), acts, whole);
+    embed_forward(exec, state.embedding_weights(), acts.input.f32, acts.inputs, dims, whole);
     for (std::int64_t b = 0; b < model.layers; ++b) {
       const int l = state.layout().block_layer(b);
       state.store().hold(l).wait();
-      block_forward(exec, state.block_params(b), acts.block(b, acts.kept_inner(b)), acts.block_input(b), dims.NH,
+      block_forward(exec, state.block_weights(b, ws.ws.vectors),
+                    acts.block(b, acts.kept_inner(b), acts.block_output(b).f32), acts.block_input(b).f32, dims.NH,
                     ws.ws, whole);
       exec.fence();  // the gathered copy is read before it goes back
       state.store().release(l);
     }
     state.store().hold(last).wait();
-    head_forward(exec, state.embedding_params(), state.final_params(), acts, whole);
+    head_forward(exec, state.embedding_weights(), state.final_weights(ws.ws.vectors), acts.head, acts.output().f32,
+                 acts.targets, dims, ws.ws, whole);
     exec.fence();
     state.store().release(last);
     state.store().release(0);

@@ -8,6 +8,7 @@
 
 #include "lamina/comm/mpi_communicator.hpp"
 #include "lamina/core/format.hpp"
+#include "lamina/kernels/bf16.hpp"
 #include "lamina/kernels/device_blas.hpp"
 #include "lamina/model/gpt.hpp"
 #include "lamina/model/init.hpp"
@@ -126,19 +127,70 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision prec
     using H = Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     Kokkos::deep_copy(params.back().view(), H(host.data(), host.size()));
   }
-  const EmbeddingTensors<Exec> we = bind_embedding<Exec>(layout, params[0].data()), ge = bind_embedding<Exec>(layout, grads[0].data());
-  const BlockTensors<Exec> wb = bind_block<Exec>(layout, 0, params[1].data()), gb = bind_block<Exec>(layout, 0, grads[1].data());
-  const FinalNormTensors<Exec> wf = bind_final_norm<Exec>(layout, params[2].data()), gf = bind_final_norm<Exec>(layout, grads[2].data());
+  // The parameters as the run stores them: bf16 runs read bf16 matrices (widened gains and
+  // biases) and keep the residual stream and saved activations in bf16, as the executor does.
+  const bool bf16 = precision == Precision::bf16;
+  std::vector<Buffer<std::uint16_t, Exec::memory_space>> params16;
+  std::vector<LayerParams> stored(static_cast<std::size_t>(layout.num_layers()));
+  for (int l = 0; l < layout.num_layers(); ++l) {
+    const auto n = static_cast<std::size_t>(layout.layers()[static_cast<std::size_t>(l)].numel);
+    if (bf16) {
+      params16.emplace_back(tracker, MemCategory::parameters, "lamina::profile_params_bf16", n);
+      to_bf16(Exec(), params16.back().view(), ConstVec<Exec>(params[static_cast<std::size_t>(l)].data(), n));
+      stored[static_cast<std::size_t>(l)].b16 = params16.back().data();
+    } else {
+      stored[static_cast<std::size_t>(l)].f32 = params[static_cast<std::size_t>(l)].data();
+    }
+  }
+  const EmbeddingTensors<Exec> ge = bind_embedding<Exec>(layout, grads[0].data());
+  const BlockTensors<Exec> gb = bind_block<Exec>(layout, 0, grads[1].data());
+  const FinalNormTensors<Exec> gf = bind_final_norm<Exec>(layout, grads[2].data());
   const ShardCombine whole;
   const Exec exec;
   std::vector<MeasuredCosts> out;
   for (const std::int64_t mbs : micro_batch_sizes) {
     Dims d = Dims::of(model, mbs);
     d.products = product_math<Exec>(precision);
-    LayerRangeActs<Exec> a(tracker, d, 0, 1, true, true, {ActivationPolicy::keep});
+    d.bf16 = bf16;
+    LayerRangeActs<Exec> a(tracker, d, 0, 1, true, true, {ActivationPolicy::keep}, bf16);
     WorkspaceBuffers<Exec> ws(tracker, d);
+    const ActivationSizes sizes = activation_sizes(d);
+    Buffer<float, Exec::memory_space> inner(tracker, MemCategory::activations, "lamina::profile_inner", sizes.inner);
     Kokkos::deep_copy(a.inputs, 1);
     Kokkos::deep_copy(a.targets, 2);
+    // Where a layer reads and writes the residual stream in fp32: its storage, or (bf16) the
+    // workspace, with the conversions the executor makes.
+    const Workspace<Exec>& w = ws.ws;
+    const std::int64_t nc = d.N() * d.C, ni = sizes.inner;
+    auto widen_x = [&](const Residual<Exec>& r) {
+      if (!bf16) return r.f32;
+      from_bf16(exec, as_vec<Exec>(w.x.data(), nc), Bf16Vec<Exec>(r.b16.data(), static_cast<std::size_t>(nc)));
+      return w.x;
+    };
+    auto out_of = [&](const Residual<Exec>& r) { return bf16 ? w.out : r.f32; };
+    auto round_out = [&](const Residual<Exec>& r) {
+      if (bf16) to_bf16(exec, Bf16Vec<Exec>(r.b16.data(), static_cast<std::size_t>(nc)), as_vec<Exec>(w.out.data(), nc));
+    };
+    float* block_inner = bf16 ? inner.data() : a.kept_inner(0);
+    auto block_weights = [&] {
+      LayerParams p = stored[1];
+      if (bf16) {
+        const LayerSpec& l = layout.layers()[1];
+        const std::int64_t n = l.numel - l.matrix_numel;
+        from_bf16(exec, as_vec<Exec>(w.vectors.data(), n), Bf16Vec<Exec>(params16[1].data() + l.matrix_numel, static_cast<std::size_t>(n)));
+        p.vectors = w.vectors.data();
+      }
+      return bind_block_weights<Exec>(layout, 0, p);
+    };
+    auto final_weights = [&] {
+      LayerParams p = stored[2];
+      if (bf16) {
+        from_bf16(exec, as_vec<Exec>(w.vectors.data(), 2 * d.C), Bf16Vec<Exec>(params16[2].data(), static_cast<std::size_t>(2 * d.C)));
+        p.vectors = w.vectors.data();
+      }
+      return bind_final_norm_weights<Exec>(layout, p);
+    };
+    const EmbeddingWeights<Exec> we = bind_embedding_weights<Exec>(layout, stored[0]);
     std::vector<double> t[6];
     for (int r = 0; r <= reps; ++r) {
       auto timed = [&](int k, const auto& f) {
@@ -148,14 +200,27 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision prec
         exec.fence();
         if (r > 0) t[k].push_back(seconds_since(t0));
       };
-      timed(0, [&] { embed_forward(exec, we, a, whole); });
-      timed(1, [&] { block_forward(exec, wb, a.block(0, a.kept_inner(0)), a.block_input(0), d.NH, ws.ws, whole); });
-      timed(2, [&] { head_forward(exec, we, wf, a, whole); });
-      timed(3, [&] { head_backward(exec, ge, gf, we, wf, a, ws.ws, 1e-3f, whole); });
-      timed(4, [&] {
-        block_backward(exec, gb, wb, a.block(0, a.kept_inner(0)), a.block_input(0), a.dres, d.NH, ws.ws, whole);
+      timed(0, [&] {
+        embed_forward(exec, we, out_of(a.input), a.inputs, d, whole);
+        round_out(a.input);
       });
-      timed(5, [&] { embed_backward(exec, ge, a); });
+      timed(1, [&] {
+        block_forward(exec, block_weights(), a.block(0, block_inner, out_of(a.block_output(0))), widen_x(a.input),
+                      d.NH, w, whole);
+        round_out(a.block_output(0));
+        if (bf16) to_bf16(exec, Bf16Vec<Exec>(a.kept_inner_bf16(0), static_cast<std::size_t>(ni)), as_vec<Exec>(block_inner, ni));
+      });
+      timed(2, [&] { head_forward(exec, we, final_weights(), a.head, widen_x(a.output()), a.targets, d, w, whole); });
+      timed(3, [&] {
+        head_backward(exec, ge, gf, we, final_weights(), a.head, widen_x(a.output()), a.dres, a.targets, d, w, 1e-3f,
+                      whole);
+      });
+      timed(4, [&] {
+        if (bf16) from_bf16(exec, as_vec<Exec>(block_inner, ni), Bf16Vec<Exec>(a.kept_inner_bf16(0), static_cast<std::size_t>(ni)));
+        block_backward(exec, gb, block_weights(), a.block(0, block_inner, out_of(a.block_output(0))), widen_x(a.input),
+                       a.dres, d.NH, w, whole);
+      });
+      timed(5, [&] { embed_backward(exec, ge, a.dres, a.inputs, d); });
     }
     MeasuredCosts m;
     m.micro_batch_size = mbs;

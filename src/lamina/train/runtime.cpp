@@ -37,6 +37,7 @@ Runtime::Runtime(MemoryTracker& tracker, const ModelConfig& model, const Optimiz
       dims_(Dims::of(model, plan.layout.micro_batch_size, grid_.tp_size(), grid_.tp_rank())),
       pools_(tracker) {
   dims_.products = product_math<Kokkos::DefaultExecutionSpace>(plan.precision);
+  dims_.bf16 = plan.precision == Precision::bf16;
   const std::vector<int> held = schedule_.layers_of_stage(grid_.pp_rank());
   const bool dynamic = plan.any_optimizer(OptimizerPlacement::dynamic);
   const std::int64_t free = dynamic ? dos_device_free(model, plan, extras, grid_.pp_rank()) : -1;

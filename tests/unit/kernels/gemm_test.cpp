@@ -68,6 +68,50 @@ TYPED_TEST(GemmTest, LargeProductsMatchDoubleReferenceForEveryTransposeAndMath) 
   }
 }
 
+// A weight stored in bf16 as the right operand, both ways round: against a double
+// reference of the bf16 values (and, where the device rounds the left operand too, of that
+// rounded). The scratch holds a few columns only, so that the host's product runs in
+// several blocks, the last one narrower; where the BLAS is reached through Kokkos Kernels
+// it holds the whole matrix, as product_scratch() says.
+TYPED_TEST(GemmTest, ProductsWithABf16WeightMatchDoubleReference) {
+  using Exec = TypeParam;
+  const int m = 40, n = 23, k = 17;
+  const auto a = random_vector(m * k, 78), c0 = random_vector(m * n, 80);
+  auto bf16 = [](std::vector<double> v) {
+    for (auto& e : v) e = from_bf16(to_bf16(static_cast<float>(e)));
+    return v;
+  };
+  const auto w = bf16(random_vector(k * n, 79));  // the weight's values, as stored
+  const auto ar = kDeviceBlas<Exec> ? bf16(a) : a;
+  const std::int64_t room = lamina::detail::kStridedProducts<Exec> ? 5 * std::max(k, n) : k * n;
+  for (const char* tb : {"N", "T"}) {
+    SCOPED_TRACE(tb);
+    const bool bt = *tb == 'T';
+    // The stored weight: (k, n) for "N", (n, k) for "T".
+    std::vector<double> stored(k * n);
+    for (int l = 0; l < k; ++l)
+      for (int j = 0; j < n; ++j) stored[bt ? j * k + l : l * n + j] = w[l * n + j];
+    Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, typename Exec::memory_space> w16("w16", stored.size());
+    auto h16 = Kokkos::create_mirror_view(w16);
+    for (std::size_t i = 0; i < stored.size(); ++i) h16(i) = to_bf16(static_cast<float>(stored[i]));
+    Kokkos::deep_copy(w16, h16);
+    const ConstMat16<Exec> weight(w16.data(), bt ? n : k, bt ? k : n);
+    auto da = to_device<Exec>(a), dc = to_device<Exec>(c0);
+    auto scratch = to_device<Exec>(std::vector<double>(static_cast<std::size_t>(room), NAN));
+    gemm(Exec(), "N", tb, 0.5f, as_mat<Exec>(da.data(), m, k), MatRef<Exec>(weight), 2.0f,
+         as_mat<Exec>(dc.data(), m, n), ProductMath::bf16, scratch);
+    std::vector<double> want(m * n);
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < n; ++j) {
+        double s = 0;
+        for (int l = 0; l < k; ++l) s += ar[i * k + l] * w[l * n + j];
+        want[i * n + j] = 0.5 * s + 2.0 * c0[i * n + j];
+      }
+    }
+    EXPECT_LT(rel_error(to_host(dc), want), 1e-6);
+  }
+}
+
 TYPED_TEST(GemmTest, ColumnSumsAccumulate) {
   using Exec = TypeParam;
   const int rows = 9, cols = 4;
