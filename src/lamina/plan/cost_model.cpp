@@ -53,15 +53,31 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
       4.0 * (2 * 2 * N * C + 2 * 3 * N * C + 2 * 3 * N * C / tp + scores + 2 * 4 * N * C / tp);
   // Tensor parallelism: two all-reduces of the (N, C) residual stream per pass (Megatron).
   const double tp_comm = o.tp > 1 ? 2.0 * collective(2.0 * (tp - 1) / tp * 4.0 * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
-  block_forward_ = 24 * N * C * C / tp / gemm + 4 * N * T * C / tp / attention + ew_forward / bandwidth + tp_comm;
+  // bf16 runs compute a layer in fp32 in the workspace (the executor's conversions, 6 bytes
+  // per element each: 2 read, 4 written or the other way): a block's input widened and its
+  // output rounded, its saved activations rounded in forward and widened for backward, whose
+  // input is widened again. Products convert too: a host BLAS widens the bf16 weights it
+  // reads (each matrix once per forward and once for the input gradients), a device's BLAS
+  // rounds the fp32 left operands of those products to bf16 instead.
+  double convert_forward = 0.0, convert_backward = 0.0, convert_head = 0.0, convert_head_backward = 0.0;
+  if (bf16_) {
+    const double A = C / tp, F = 4 * C / tp, weights = 12 * C * C / tp;
+    const bool host_blas = machine.device_is_host;
+    convert_forward = 6 * (2 * N * C + inner_) + 6 * (host_blas ? weights : N * (2 * C + A + F));
+    convert_backward = 6 * (N * C + inner_) + 6 * (host_blas ? weights : N * (2 * C + F + 3 * A));
+    convert_head = 6 * N * C + 6 * (host_blas ? V * C : N * C);
+    convert_head_backward = 6 * N * C + 6 * (host_blas ? V * C : N * V);
+  }
+  block_forward_ = 24 * N * C * C / tp / gemm + 4 * N * T * C / tp / attention +
+                   (ew_forward + convert_forward) / bandwidth + tp_comm;
   block_backward_ = 2 * 24 * N * C * C / tp / gemm + attention_backward * 4 * N * T * C / tp / attention +
-                    2 * ew_forward / bandwidth + tp_comm;
+                    (2 * ew_forward + convert_backward) / bandwidth + tp_comm;
   const double embed_tp = o.tp > 1 ? collective(2.0 * (tp - 1) / tp * 4.0 * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
-  embed_forward_ = 3 * 4 * N * C / bandwidth + embed_tp;
+  embed_forward_ = (3 * 4 + (bf16_ ? 6 : 0)) * N * C / bandwidth + embed_tp;
   embed_backward_ = 3 * 4 * N * C / bandwidth;
   const double logits = 4.0 * N * V;  // bytes of this rank's logits
-  head_forward_ = 2 * N * C * V / gemm + 4 * logits / bandwidth + 4 * 4 * N * C / bandwidth + embed_tp;
-  head_backward_ = 4 * N * C * V / gemm + 3 * logits / bandwidth + 4 * 4 * N * C / bandwidth + embed_tp;
+  head_forward_ = 2 * N * C * V / gemm + (4 * logits + 4 * 4 * N * C + convert_head) / bandwidth + embed_tp;
+  head_backward_ = 4 * N * C * V / gemm + (3 * logits + 4 * 4 * N * C + convert_head_backward) / bandwidth + embed_tp;
   for (const MeasuredCosts& m : measured) {
     if (m.micro_batch_size != o.micro_batch_size || m.tp != o.tp) continue;
     block_forward_ = m.block_forward;

@@ -51,14 +51,32 @@ Plan plan(int dp, int tp, std::int64_t micro_batch, Precision p) {
   return x;
 }
 
+// The bytes a bf16 block's conversions move on a device (6 per element: the fp32 side and the
+// bf16 one): its input widened and output rounded (forward), its inner activations rounded
+// and widened, the input widened again for backward; the products' left operands rounded,
+// (ln1, atty, ln2, gelu) in forward and (dres, dfch, dres, dqkv) in backward. `cols`: the
+// score columns a block saves (T with the probabilities kept, 2 fused).
+struct Conversions {
+  double forward, backward;
+};
+Conversions conversions(double N, double C, double tp, double H, double T, double cols) {
+  const double A = C / tp, F = 4 * C / tp;
+  const double inner = 3 * N * C + 4 * N * A + 2 * N * F + 4 * N + H * T * cols;
+  return {6 * (2 * N * C + inner) + 6 * N * (2 * C + A + F), 6 * (N * C + inner) + 6 * N * (2 * C + F + 3 * A)};
+}
+
 TEST(CostModel, BlockForwardIsItsGemmsAttentionAndElementwisePasses) {
   const CostModel c(model(), plan(1, 1, 1, Precision::bf16), machine());
   const double N = 2048, C = 1024, T = 2048, H = 16;
   const double gemm = 24 * N * C * C / (400e12 * 0.5);  // qkv, projection, two MLP products
   const double attention = 4 * N * T * C / (400e12 * 0.25);
   const double elementwise = 4.0 * (4 * N * C + 6 * N * C + 6 * N * C + 3 * H * T * T + 8 * N * C) / (2e12 * 0.5);
-  EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise, 1e-12);
-  EXPECT_NEAR(c.block_backward(), 2 * (gemm + attention + elementwise), 1e-12);
+  const Conversions bf16 = conversions(N, C, 1, H, T, T);
+  EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / (2e12 * 0.5), 1e-12);
+  EXPECT_NEAR(c.block_backward(), 2 * (gemm + attention + elementwise) + bf16.backward / (2e12 * 0.5), 1e-12);
+  // fp32: the same at the fp32 rate, with no conversions.
+  const CostModel f(model(), plan(1, 1, 1, Precision::fp32), machine());
+  EXPECT_NEAR(f.block_forward(), 24 * N * C * C / (100e12 * 0.5) + 4 * N * T * C / (100e12 * 0.25) + elementwise, 1e-12);
 }
 
 TEST(CostModel, FusedAttentionRecomputesTheScoresInsteadOfMovingThem) {
@@ -72,8 +90,10 @@ TEST(CostModel, FusedAttentionRecomputesTheScoresInsteadOfMovingThem) {
   const double attention = 4 * N * T * C / ((blas ? 400e12 : 100e12) * 0.25);
   const double elementwise = 4.0 * (4 * N * C + 6 * N * C + 6 * N * C + 8 * N * C) / (2e12 * 0.5);
   const double recompute = blas ? 2.5 : 3.5;
-  EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise, 1e-12);
-  EXPECT_NEAR(c.block_backward(), 2 * gemm + recompute * attention + 2 * elementwise, 1e-12);
+  const Conversions bf16 = conversions(N, C, 1, 16, T, 2);  // two floats per score row saved
+  EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / (2e12 * 0.5), 1e-12);
+  EXPECT_NEAR(c.block_backward(), 2 * gemm + recompute * attention + 2 * elementwise + bf16.backward / (2e12 * 0.5),
+              1e-12);
 }
 
 TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {
@@ -85,8 +105,10 @@ TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {
   // An all-reduce of the (N, C) fp32 residual over 2 ranks inside a node: 2 (p-1)/p of its
   // bytes, 2 (p-1) latency-bound steps; two per pass (Megatron's f and g).
   const double allreduce = 4 * N * C / 200e9 + 2 * 1e-5;
-  EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + 2 * allreduce, 1e-12);
-  EXPECT_NEAR(c.block_backward(), 2 * (gemm + attention + elementwise) + 2 * allreduce, 1e-12);
+  const Conversions bf16 = conversions(N, C, 2, H, T, T);
+  EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / (2e12 * 0.5) + 2 * allreduce, 1e-12);
+  EXPECT_NEAR(c.block_backward(), 2 * (gemm + attention + elementwise) + bf16.backward / (2e12 * 0.5) + 2 * allreduce,
+              1e-12);
 }
 
 TEST(CostModel, CollectivesUseTheLinkTheirGroupSpans) {
