@@ -56,9 +56,9 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // bf16 runs compute a layer in fp32 in the workspace (the executor's conversions, 6 bytes
   // per element each: 2 read, 4 written or the other way): a block's input widened and its
   // output rounded, its saved activations rounded in forward and widened for backward, whose
-  // input is widened again. Products convert too: a host BLAS widens the bf16 weights it
-  // reads (each matrix once per forward and once for the input gradients), a device's BLAS
-  // rounds the fp32 left operands of those products to bf16 instead.
+  // input is widened again (for a recomputed block, see price()). Products convert too: a
+  // host BLAS widens the bf16 weights it reads (each matrix once per forward and once for
+  // the input gradients), a device's BLAS rounds the fp32 left operands of those products.
   double convert_forward = 0.0, convert_backward = 0.0, convert_head = 0.0, convert_head_backward = 0.0;
   if (bf16_) {
     const double A = C / tp, F = 4 * C / tp, weights = 12 * C * C / tp;
@@ -67,6 +67,10 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
     convert_backward = 6 * (N * C + inner_) + 6 * (host_blas ? weights : N * (2 * C + F + 3 * A));
     convert_head = 6 * N * C + 6 * (host_blas ? V * C : N * C);
     convert_head_backward = 6 * N * C + 6 * (host_blas ? V * C : N * V);
+  }
+  if (bf16_) {
+    saved_conversion_ = 6 * inner_ / bandwidth;
+    recomputed_rounding_ = 8 * inner_ / bandwidth;
   }
   block_forward_ = 24 * N * C * C / tp / gemm + 4 * N * T * C / tp / attention +
                    (ew_forward + convert_forward) / bandwidth + tp_comm;
@@ -208,13 +212,24 @@ double CostModel::sync() const {
   return collective(4.0 * static_cast<double>(s.owned_size(o.zero)), 2, o.dp * o.tp * o.pp);
 }
 
+double CostModel::block_forward(ActivationPolicy p) const {
+  return block_forward_ - (p == ActivationPolicy::recompute ? saved_conversion_ : 0.0);
+}
+
+double CostModel::block_backward(ActivationPolicy p) const {
+  return block_backward_ - (p == ActivationPolicy::recompute ? saved_conversion_ : 0.0);
+}
+
+double CostModel::recompute() const { return block_forward_ - saved_conversion_ + recomputed_rounding_; }
+
 double CostModel::price(const Instruction& i) const {
   const int final_layer = static_cast<int>(numel_.size()) - 1;
   const bool block = i.layer > 0 && i.layer < final_layer;
+  const ActivationPolicy policy = plan_.layer(i.layer).activations;
   switch (i.op) {
-    case Op::forward: return block ? block_forward_ : i.layer == 0 ? embed_forward_ : head_forward_;
-    case Op::backward: return block ? block_backward_ : i.layer == 0 ? embed_backward_ : head_backward_;
-    case Op::recompute: return block_forward_;
+    case Op::forward: return block ? block_forward(policy) : i.layer == 0 ? embed_forward_ : head_forward_;
+    case Op::backward: return block ? block_backward(policy) : i.layer == 0 ? embed_backward_ : head_backward_;
+    case Op::recompute: return recompute();
     case Op::send_activation: return p2p(true);
     case Op::send_gradient: return p2p(false);
     case Op::recv_activation:

@@ -438,8 +438,8 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
   const bool serial = k.machine.device_is_host;
   auto exposed = [serial](double t, double c) { return serial ? t : std::max(0.0, t - c); };
   auto seconds_of = [&](const LayerPolicy& lp) {
-    double t = M * (tF + tB);
-    if (lp.activations == ActivationPolicy::recompute) t += M * tF;
+    double t = M * (cost.block_forward(lp.activations) + cost.block_backward(lp.activations));
+    if (lp.activations == ActivationPolicy::recompute) t += M * cost.recompute();
     if (lp.activations == ActivationPolicy::offload) {
       t += M * (exposed(cost.activation_copy(true), tF) + exposed(cost.activation_copy(false), tB));
     }
@@ -538,7 +538,11 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
     double fastest = secs;
     for (const auto& cs : sp.blocks) {
       double best = std::numeric_limits<double>::infinity();
-      for (const BlockChoice& x : cs) best = std::min(best, M * (tF + tB) + (x.policy.activations == ActivationPolicy::recompute ? M * tF : 0.0));
+      for (const BlockChoice& x : cs) {
+        const ActivationPolicy p = x.policy.activations;
+        best = std::min(best, M * (cost.block_forward(p) + cost.block_backward(p)) +
+                                  (p == ActivationPolicy::recompute ? M * cost.recompute() : 0.0));
+      }
       fastest += best;
     }
     lm.lower_bound = std::max(lm.lower_bound, fastest);
