@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "lamina/comm/mpi_communicator.hpp"
 #include "lamina/core/bounded_wait.hpp"
 #include "lamina/core/deck.hpp"
 #if defined(LAMINA_HAVE_NCCL)
@@ -89,7 +90,7 @@ subgroup_size = 1048576
 // the line that says what they are.
 std::string configure_host_threads(const lamina::Log& log, int rank) {
   std::string warning;
-  const std::string threads = lamina::configure_host_blas(warning);
+  const std::string threads = lamina::configure_host_blas(warning, lamina::ranks_on_node(MPI_COMM_WORLD));
   if (rank != 0) return threads;  // the same environment on every rank
   if (!warning.empty()) log.warn(warning);
   // Under Kokkos OpenMP the BLAS runs inside Kokkos' threads, which may be pinned.

@@ -117,6 +117,15 @@ void wait_bounded(MPI_Request& request, const std::string& what) {
       [&] { return what; });
 }
 
+int ranks_on_node(MPI_Comm comm) {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  return n;
+}
+
 bool MpiCommunicator::device_buffers_direct() {
   if (kHostAccessible) return true;
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT

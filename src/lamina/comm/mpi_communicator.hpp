@@ -14,6 +14,9 @@ namespace lamina {
 // timeout's message ("MPI_Ibcast of the plan on world").
 void wait_bounded(MPI_Request& request, const std::string& what);
 
+// How many ranks of `comm` run on this rank's node (collective over comm).
+int ranks_on_node(MPI_Comm comm);
+
 class MpiCommunicator : public Communicator {
  public:
   // Takes ownership of comm (freed on destruction) unless it is MPI_COMM_WORLD/SELF.

@@ -5,6 +5,7 @@
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <thread>
 
 #include "lamina/core/error.hpp"
@@ -91,7 +92,7 @@ void host_sgemm(const RowMajorGemm& g) {
 #endif
 }
 
-std::string configure_host_blas(std::string& warning) {
+std::string configure_host_blas(std::string& warning, int ranks_on_node) {
   using Host = Kokkos::DefaultHostExecutionSpace;
   const int kokkos_threads = Host().concurrency();
   const int cores = usable_cores();
@@ -99,7 +100,14 @@ std::string configure_host_blas(std::string& warning) {
   int blas_threads = 0;
 #if defined(LAMINA_HAVE_OPENBLAS)
   const bool kokkos_tiles = std::string(Host::name()) == "OpenMP" && kokkos_threads > 1;
-  if (kokkos_tiles) openblas_set_num_threads(1);
+  if (kokkos_tiles) {
+    openblas_set_num_threads(1);
+  } else if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    // Ranks not pinned to cores of their own (all of the machine's usable) share them.
+    const int all = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int share = cores < all ? cores : cores / std::max(1, ranks_on_node);
+    openblas_set_num_threads(std::max(1, share));
+  }
   blas_threads = openblas_get_num_threads();
   const int parallel = openblas_get_parallel();
   blas = strprintf("BLAS %s, %s, %d thread(s) per call", openblas_get_config(),
@@ -109,7 +117,12 @@ std::string configure_host_blas(std::string& warning) {
                    blas_threads);
 #endif
   warning.clear();
-  if (kokkos_threads > cores) {
+  const int all = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (cores * ranks_on_node < all) {
+    warning = strprintf("the %d rank(s) on this node may use %d of its %d cores (each rank is bound to %d): the rest "
+                        "stay idle; start more ranks, or let them use more cores (mpirun --bind-to none)",
+                        ranks_on_node, cores * ranks_on_node, all, cores);
+  } else if (kokkos_threads > cores) {
     warning = strprintf("Kokkos %s runs %d threads on %d usable core(s): they take turns at every kernel; set "
                         "OMP_NUM_THREADS=%d (or fewer ranks per node)",
                         Host::name(), kokkos_threads, cores, cores);

@@ -29,10 +29,13 @@ int gemm_tile_count(const RowMajorGemm& g, int threads);
 // One call of the BLAS, in the calling thread. Throws when no BLAS is linked.
 void host_sgemm(const RowMajorGemm& g);
 
-// Sets the BLAS's own threads for the Kokkos host space this process runs (one per call under
-// OpenMP, left as configured under Serial) and says what the host's thread pools are, e.g.
-// "BLAS OpenBLAS 0.3.21 ..., pthreads, 1 thread(s) per call; Kokkos OpenMP, 2 thread(s)".
-// `warning` is set where the threads are more than the cores this process may use.
-std::string configure_host_blas(std::string& warning);
+// Sets the BLAS's own threads for the Kokkos host space this process runs and says what the
+// host's thread pools are, e.g. "BLAS OpenBLAS 0.3.21 ..., pthreads, 1 thread(s) per call;
+// Kokkos OpenMP, 2 thread(s)": one per call under OpenMP (the BLAS runs inside Kokkos'
+// threads); under Serial the cores this process may use, shared with the other ranks of the
+// node where they may use the same ones (`ranks_on_node`), unless OPENBLAS_NUM_THREADS or
+// OMP_NUM_THREADS says otherwise. `warning` is set where the threads are more than the cores
+// this process may use.
+std::string configure_host_blas(std::string& warning, int ranks_on_node = 1);
 
 }  // namespace lamina

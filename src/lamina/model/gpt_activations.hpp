@@ -344,11 +344,9 @@ class LayerRangeActs {
   const Residual<Exec>& block_output(std::int64_t l) const { return out_[l - first_]; }
   // Output of the range's last block (the input of the head or of the next range).
   const Residual<Exec>& output() const { return out_.empty() ? input : out_.back(); }
-  // Block l's activations with its inner part at `inner` (its own storage when kept) and
+  // A block's activations with its inner part at `inner` (its own storage when kept) and
   // its output computed into `out` (its storage in fp32 runs).
-  BlockActs<Exec> block(std::int64_t l, float* inner, const Mat<Exec>& out) const {
-    return bind_block_acts<Exec>(inner, out, dims_);
-  }
+  BlockActs<Exec> block(float* inner, const Mat<Exec>& out) const { return bind_block_acts<Exec>(inner, out, dims_); }
   float* kept_inner(std::int64_t l) const { return inner_[l - first_]; }
   // Kept as bf16 (null otherwise): activation_sizes().inner values.
   std::uint16_t* kept_inner_bf16(std::int64_t l) const { return inner16_[l - first_]; }

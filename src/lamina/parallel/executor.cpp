@@ -181,7 +181,7 @@ void Executor::forward(const Chunk& c, int layer, int mb, const MicroBatchLoader
                    : offload && !bf16_                        ? staging(0, nullptr, -1)
                                                               : scratch_.data();
     const Mat<Exec> out = target(a.block_output(b), ws.out);
-    block_forward(exec, state_.block_weights(b, ws.vectors), a.block(b, inner, out), widened(a.block_input(b), ws.x),
+    block_forward(exec, state_.block_weights(b, ws.vectors), a.block(inner, out), widened(a.block_input(b), ws.x),
                   dims_.NH, ws, tp_);
     store(a.block_output(b), out);
     if (policy == ActivationPolicy::keep && bf16_) {
@@ -215,7 +215,7 @@ void Executor::recompute(const Chunk& c, int layer, int mb) {
   LayerRangeActs<Exec>& a = slot(c.index, mb);
   const std::int64_t b = layer - 1;
   const Workspace<Exec>& ws = ws_.ws;
-  block_forward(exec, state_.block_weights(b, ws.vectors), a.block(b, scratch_.data(), target(a.block_output(b), ws.out)),
+  block_forward(exec, state_.block_weights(b, ws.vectors), a.block(scratch_.data(), target(a.block_output(b), ws.out)),
                 widened(a.block_input(b), ws.x), dims_.NH, ws, tp_);
   if (bf16_) round_to_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_));
 }
@@ -252,10 +252,10 @@ BlockActs<Exec> Executor::restored(LayerRangeActs<Exec>& a, std::int64_t b) {
   const Mat<Exec> out = target(a.block_output(b), ws_.ws.out);  // not read by the backward
   switch (a.policy(b)) {
     case ActivationPolicy::keep:
-      if (!bf16_) return a.block(b, a.kept_inner(b), out);
+      if (!bf16_) return a.block(a.kept_inner(b), out);
       from_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_), Bf16Vec<Exec>(a.kept_inner_bf16(b), inner_size_));
-      return a.block(b, scratch_.data(), out);
-    case ActivationPolicy::recompute: return a.block(b, scratch_.data(), out);
+      return a.block(scratch_.data(), out);
+    case ActivationPolicy::recompute: return a.block(scratch_.data(), out);
     case ActivationPolicy::offload: break;
   }
   int k = 0;
@@ -266,9 +266,9 @@ BlockActs<Exec> Executor::restored(LayerRangeActs<Exec>& a, std::int64_t b) {
   }
   if (bf16_) {
     from_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_), staging16_[k].view());
-    return a.block(b, scratch_.data(), out);
+    return a.block(scratch_.data(), out);
   }
-  return a.block(b, staging_[static_cast<std::size_t>(k)].data(), out);
+  return a.block(staging_[static_cast<std::size_t>(k)].data(), out);
 }
 
 void Executor::backward(const Chunk& c, int layer, int mb, float loss_scale) {

@@ -41,7 +41,7 @@ std::vector<std::int32_t> generate_tokens(RankState& state, MemoryTracker& track
       const int l = state.layout().block_layer(b);
       state.store().hold(l).wait();
       block_forward(exec, state.block_weights(b, ws.ws.vectors),
-                    acts.block(b, acts.kept_inner(b), acts.block_output(b).f32), acts.block_input(b).f32, dims.NH,
+                    acts.block(acts.kept_inner(b), acts.block_output(b).f32), acts.block_input(b).f32, dims.NH,
                     ws.ws, whole);
       exec.fence();  // the gathered copy is read before it goes back
       state.store().release(l);

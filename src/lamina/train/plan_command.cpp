@@ -1,13 +1,18 @@
 #include "lamina/train/plan_command.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include "lamina/comm/mpi_communicator.hpp"
+#include "lamina/core/bounded_wait.hpp"
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/core/json.hpp"
+#include "lamina/kernels/host_blas.hpp"
 #include "lamina/model/flops.hpp"
 #include "lamina/plan/training_time.hpp"
 #include "lamina/train/profile.hpp"
@@ -40,8 +45,9 @@ int ranks_for(const Deck& deck, const std::vector<std::string>& free, int reques
   return world_size(comm);
 }
 
-// This machine, measured, with the model's own times at the micro-batch sizes the search
-// may pick (small ones; larger ones follow the calibrated roofline).
+// This machine, measured on every rank of `comm` at once, with the model's own times at the
+// micro-batch sizes the search may pick (small ones; larger ones follow the calibrated
+// roofline), the slowest rank's.
 MachineSpec measure_for(const Deck& deck, const std::vector<std::string>& free, std::vector<MeasuredCosts>& measured,
                         const Log& log, MPI_Comm comm) {
   MachineSpec m = measure_machine(comm, log);
@@ -52,12 +58,86 @@ MachineSpec measure_for(const Deck& deck, const std::vector<std::string>& free, 
     sizes.push_back(deck.data.micro_batch_size);
   }
   measured = profile_model(deck.model, deck.train.precision, sizes);
+  for (MeasuredCosts& c : measured) {
+    double t[] = {c.block_forward, c.block_backward, c.embed_forward, c.embed_backward, c.head_forward, c.head_backward};
+    MPI_Request r = MPI_REQUEST_NULL;
+    MPI_Iallreduce(MPI_IN_PLACE, t, 6, MPI_DOUBLE, MPI_MAX, comm, &r);
+    wait_bounded(r, "MPI_Iallreduce of the measured layer times");
+    c.block_forward = t[0];
+    c.block_backward = t[1];
+    c.embed_forward = t[2];
+    c.embed_backward = t[3];
+    c.head_forward = t[4];
+    c.head_backward = t[5];
+  }
   calibrate(m, deck.model, deck.train.precision, measured.back());
   log.info(strprintf("measured %s: one block forward + backward at micro-batch %lld takes %.2f ms; kernels reach "
                      "%.0f%% of the GEMM and memory rates",
                      deck.source.c_str(), static_cast<long long>(measured.back().micro_batch_size),
                      1e3 * (measured.back().block_forward + measured.back().block_backward), 100.0 * m.gemm_efficiency));
   return m;
+}
+
+// This process and ranks it started (MPI_Comm_spawn), joined in one communicator.
+struct MeasuringRanks {
+  MPI_Comm inter = MPI_COMM_NULL, all = MPI_COMM_NULL;
+  // Frees the joined communicator and disconnects from the others, so that each side ends on its own.
+  void close() {
+    MPI_Comm_free(&all);
+    MPI_Comm_disconnect(&inter);
+  }
+};
+
+MPI_Comm joined(MPI_Comm inter, bool started) {
+  const BlockingSection section("the ranks started for the measurement to join it");
+  MPI_Comm all = MPI_COMM_NULL;
+  MPI_Intercomm_merge(inter, started ? 1 : 0, &all);
+  std::string ignored;
+  configure_host_blas(ignored, ranks_on_node(all));  // each rank's share of the cores, as under mpirun
+  return all;
+}
+
+// Planning n ranks of this machine from one process: the ranks that would share it are
+// started beside this one and the machine and the model are measured with all of them
+// running at once, as under `mpirun -np n` (one process alone would measure every core as
+// its own). Where they cannot be started (or are far more than the cores), says so and
+// measures this process alone.
+MachineSpec measure_with_ranks(const PlanCommand& cmd, const Deck& deck, PlannerOptions& options, const Log& log) {
+  const int n = options.ranks;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  char exe[4096];
+  const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  std::string why;
+  if (n > 8 * cores) why = strprintf("%d ranks are more than 8 per core of this machine", n);
+  if (len <= 0) why = "this process cannot find its own executable";
+  MeasuringRanks m;
+  if (why.empty()) {
+    exe[len] = '\0';
+    std::vector<std::string> args = {"-q", "plan", cmd.deck, "--ranks", std::to_string(n)};
+    for (const auto& s : cmd.sets) args.insert(args.end(), {"--set", s});
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<int> errors(static_cast<std::size_t>(n - 1), MPI_SUCCESS);
+    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    const BlockingSection section("the ranks started for the measurement");
+    const int rc = MPI_Comm_spawn(exe, argv.data(), n - 1, MPI_INFO_NULL, 0, MPI_COMM_SELF, &m.inter, errors.data());
+    if (rc != MPI_SUCCESS) why = "MPI could not start them (MPI_Comm_spawn failed)";
+  }
+  if (!why.empty()) {
+    log.warn(strprintf("planning %d ranks of this machine measured by one process, as if each rank had all of it: %s; "
+                       "run `lamina plan` under `mpirun -np %d` instead, or pass --machine",
+                       n, why.c_str(), n));
+    return measure_for(deck, options.free_keys, options.measured, log, MPI_COMM_SELF);
+  }
+  log.info(strprintf("measuring this machine with the %d ranks the plan is for running at once (%d started beside this one)",
+                     n, n - 1));
+  m.all = joined(m.inter, false);
+  const MachineSpec machine = measure_for(deck, options.free_keys, options.measured, log, m.all);
+  m.close();
+  std::string ignored;
+  configure_host_blas(ignored, 1);
+  return machine;
 }
 
 // "blocks 0-11: recompute/device/host, blocks 12-95: keep/device/device"
@@ -198,8 +278,22 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
   options.ranks = ranks_for(deck, options.free_keys, cmd.ranks, comm);
   options.solver = cmd.solver;
   options.top = cmd.top;
-  const MachineSpec machine =
-      cmd.machine.empty() ? measure_for(deck, options.free_keys, options.measured, log, comm) : load_machine(cmd.machine);
+  MPI_Comm parent = MPI_COMM_NULL;
+  MPI_Comm_get_parent(&parent);
+  if (parent != MPI_COMM_NULL) {  // a rank started by measure_with_ranks(): measure, then go
+    MeasuringRanks m{parent, joined(parent, true)};
+    measure_for(deck, options.free_keys, options.measured, log, m.all);
+    m.close();
+    return 0;
+  }
+  MachineSpec machine;
+  if (!cmd.machine.empty()) {
+    machine = load_machine(cmd.machine);
+  } else if (world_size(comm) == 1 && options.ranks > 1) {
+    machine = measure_with_ranks(cmd, deck, options, log);
+  } else {
+    machine = measure_for(deck, options.free_keys, options.measured, log, comm);
+  }
   if (rank != 0) return 0;
   if (cmd.shortest_time) return run_shortest_time(cmd, deck, machine, options, log);
   std::string keys;

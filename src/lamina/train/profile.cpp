@@ -205,7 +205,7 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision prec
         round_out(a.input);
       });
       timed(1, [&] {
-        block_forward(exec, block_weights(), a.block(0, block_inner, out_of(a.block_output(0))), widen_x(a.input),
+        block_forward(exec, block_weights(), a.block(block_inner, out_of(a.block_output(0))), widen_x(a.input),
                       d.NH, w, whole);
         round_out(a.block_output(0));
         if (bf16) to_bf16(exec, Bf16Vec<Exec>(a.kept_inner_bf16(0), static_cast<std::size_t>(ni)), as_vec<Exec>(block_inner, ni));
@@ -217,7 +217,7 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision prec
       });
       timed(4, [&] {
         if (bf16) from_bf16(exec, as_vec<Exec>(block_inner, ni), Bf16Vec<Exec>(a.kept_inner_bf16(0), static_cast<std::size_t>(ni)));
-        block_backward(exec, gb, block_weights(), a.block(0, block_inner, out_of(a.block_output(0))), widen_x(a.input),
+        block_backward(exec, gb, block_weights(), a.block(block_inner, out_of(a.block_output(0))), widen_x(a.input),
                        a.dres, d.NH, w, whole);
       });
       timed(5, [&] { embed_backward(exec, ge, a.dres, a.inputs, d); });

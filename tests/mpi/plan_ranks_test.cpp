@@ -1,0 +1,41 @@
+// `lamina plan DECK --ranks N` run as one process, as a new user first tries it: the plan is
+// made for N ranks sharing this machine, measured with all of them running at once (the
+// command starts the others itself), not for N ranks each owning the whole machine.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+namespace lamina::test {
+namespace {
+
+struct Command {
+  int code = -1;
+  std::string out;
+};
+
+Command run(const std::string& cmd) {
+  Command r;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) r.out += buf;
+  const int status = p == nullptr ? -1 : ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(PlanRanks, OneProcessMeasuresTheRanksItPlansForTogether) {
+  const Command r = run(std::string(LAMINA_BINARY) + " plan " + LAMINA_SOURCE_DIR +
+                    "/inputs/scaling-small.toml --ranks 2 --top 1 --set parallel.dp=2 --set parallel.tp=1 "
+                    "--set parallel.pp=1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("measuring this machine with the 2 ranks the plan is for running at once"), std::string::npos)
+      << r.out;
+  // The machine description is of a node of 2 ranks (measured: "all-reduce ... per rank of 2").
+  EXPECT_NE(r.out.find(", 2 rank(s))\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("per rank of 2"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace lamina::test
