@@ -32,6 +32,42 @@ RunExtras RunExtras::of(const CheckpointConfig& checkpoint, const OutputConfig& 
   return e;
 }
 
+Footprint layer_state(const LayerShard& s, const LayerPolicy& policy, int zero, Precision precision) {
+  const bool bf16 = precision == Precision::bf16;
+  const MemTier dev = MemTier::device, host = MemTier::host;
+  Footprint f;
+  const StoredParams p = StoredParams::of(s, policy, zero, precision);
+  f.add(dev, MemCategory::parameters, 4 * p.device_fp32 + 2 * p.device_bf16);
+  f.add(host, MemCategory::parameters, 4 * p.host_fp32 + 2 * p.host_bf16 + 2 * p.host_rounded);
+  const StoredGrads g = StoredGrads::of(s, zero);
+  f.add(dev, MemCategory::gradients, 4 * (g.full + g.shard));
+  const OptimizerBuffers o = OptimizerBuffers::of(s.owned_size(zero), policy.optimizer, policy.params, bf16);
+  f.add(dev, MemCategory::optimizer_state, 4 * (o.device_m + o.device_v + o.device_master));
+  f.add(host, MemCategory::optimizer_state, 4 * (o.host_m + o.host_v + o.host_master));
+  f.add(host, MemCategory::gradients, 4 * o.host_grads);
+  return f;
+}
+
+namespace {
+using Acts = LayerRangeActs<Kokkos::DefaultExecutionSpace>;
+}  // namespace
+
+Footprint block_activations(const ActivationSizes& a, ActivationPolicy policy, bool bf16, std::int64_t in_flight) {
+  const bool keep = policy == ActivationPolicy::keep;
+  Footprint f;
+  // A range of one block beside an empty one: the block's output and, kept, its inner part.
+  f.add(MemTier::device, MemCategory::activations,
+        in_flight * (Acts::bytes(a, 1, keep ? 1 : 0, false, false, bf16) - Acts::bytes(a, 0, 0, false, false, bf16)));
+  if (policy == ActivationPolicy::offload) {
+    f.add(MemTier::host, MemCategory::activations, in_flight * (bf16 ? 2 : 4) * a.inner);
+  }
+  return f;
+}
+
+std::int64_t range_activations(const ActivationSizes& a, bool head, bool own_dres, bool bf16) {
+  return Acts::bytes(a, 0, 0, head, own_dres, bf16);
+}
+
 namespace {
 
 using Bytes = std::map<std::string, std::map<std::string, std::int64_t>>;  // space -> category -> bytes
@@ -45,21 +81,12 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
   const ParamLayout layout = ParamLayout::gpt2(m, o.tp, 0);
   const std::vector<int> held = schedule.layers_of_stage(stage);
   const RankOptimizers opt = plan_rank_optimizers(plan, layout, held, 0, dos_model(plan), device_free);
+  const MemTier dev = MemTier::device, host = MemTier::host;
+  auto shard = [&](int l) { return LayerShard::of(layout.layers()[static_cast<std::size_t>(l)].numel, o.dp, bf16); };
 
-  // Buffers that live the whole run, from the functions their owners size them with.
-  std::int64_t params = 0, grads = 0, moments = 0, host_params = 0, host_grads = 0, host_moments = 0;
-  for (int l : held) {
-    const LayerShard s = LayerShard::of(layout.layers()[static_cast<std::size_t>(l)].numel, o.dp, bf16);
-    const StoredParams p = StoredParams::of(s, plan.layer(l), o.zero, plan.precision);
-    params += 4 * p.device_fp32 + 2 * p.device_bf16;
-    host_params += 4 * p.host_fp32 + 2 * p.host_bf16 + 2 * p.host_rounded;
-    const StoredGrads g = StoredGrads::of(s, o.zero);
-    grads += 4 * (g.full + g.shard);
-    const OptimizerBuffers b = OptimizerBuffers::of(s.owned_size(o.zero), plan.layer(l).optimizer, plan.layer(l).params, bf16);
-    moments += 4 * (b.device_m + b.device_v + b.device_master);
-    host_moments += 4 * (b.host_m + b.host_v + b.host_master);
-    host_grads += 4 * b.host_grads;
-  }
+  // Buffers that live the whole run: the layers' state.
+  Footprint f;
+  for (int l : held) f += layer_state(shard(l), plan.layer(l), o.zero, plan.precision);
 
   // Buffers that live part of a step: the pools' peaks as the simulator replays the step,
   // the update and a checkpoint.
@@ -70,68 +97,58 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
   mm.checkpoint = extras.checkpoints;
   for (int l : held) {
     MemoryModel::Layer x;
-    x.shard = LayerShard::of(layout.layers()[static_cast<std::size_t>(l)].numel, o.dp, bf16);
+    x.shard = shard(l);
     x.resident = resident_params(schedule.spec(), l);
     x.tier = plan.layer(l).params;
     x.dynamic = plan.layer(l).optimizer == OptimizerPlacement::dynamic;
     mm.layers[l] = x;
   }
   const PoolPeaks pools = simulate_memory(schedule, stage, update_program(opt.updates(), o.zero), mm);
-  params += pools.params;
-  grads += pools.grads;
-  moments += pools.dos;
-  const std::int64_t comm = pools.communication;
+  f.add(dev, MemCategory::parameters, pools.params);
+  f.add(dev, MemCategory::gradients, pools.grads);
+  f.add(dev, MemCategory::optimizer_state, pools.dos);
+  f.add(dev, MemCategory::communication, pools.communication);
 
   // Activations: one LayerRangeActs per chunk and micro-batch in flight, the executor's
   // scratch and staging, the workspace.
   Dims d = Dims::of(m, o.micro_batch_size, o.tp, 0);
   d.bf16 = bf16;
   const ActivationSizes a = activation_sizes(d);
-  using Acts = LayerRangeActs<Kokkos::DefaultExecutionSpace>;
-  std::int64_t acts = 0, host_acts = 0;
   bool scratch = false, offload = false;
   const Partition& part = schedule.partition();
   for (int c : part.chunks_of(stage)) {
     const Chunk& k = part.chunk(c);
-    std::int64_t kept = 0, offloaded = 0;
+    const std::int64_t slots = schedule.max_in_flight(c);
+    const bool own_dres = o.layered;  // depth-first chunks share one residual-gradient buffer
+    f.add(dev, MemCategory::activations, slots * range_activations(a, k.head, own_dres, bf16) +
+                                             (own_dres ? 0 : 4 * a.boundary));
     for (std::int64_t b = k.first_block; b < k.last_block; ++b) {
       const ActivationPolicy p = plan.blocks[static_cast<std::size_t>(b)].activations;
-      kept += p == ActivationPolicy::keep;
-      offloaded += p == ActivationPolicy::offload;
+      f += block_activations(a, p, bf16, slots);
       scratch = scratch || p == ActivationPolicy::recompute || (bf16 && p != ActivationPolicy::recompute);
       offload = offload || p == ActivationPolicy::offload;
     }
-    const std::int64_t slots = schedule.max_in_flight(c);
-    const bool own_dres = o.layered;  // depth-first chunks share one residual-gradient buffer
-    acts += slots * Acts::bytes(a, k.blocks(), kept, k.head, own_dres, bf16) + (own_dres ? 0 : 4 * a.boundary);
-    host_acts += (bf16 ? 2 : 4) * slots * offloaded * a.inner;
   }
-  if (scratch) acts += 4 * a.inner;                   // where a recomputed or bf16-stored block runs
-  if (offload) acts += (bf16 ? 2 : 4) * 2 * a.inner;  // staging for offloaded blocks, double-buffered
-  std::int64_t ws = a.workspace + a.ones;
+  if (scratch) f.add(dev, MemCategory::activations, 4 * a.inner);  // where a recomputed or bf16-stored block runs
+  if (offload) f.add(dev, MemCategory::activations, (bf16 ? 2 : 4) * 2 * a.inner);  // staging, double-buffered
+  f.add(dev, MemCategory::workspace, 4 * (a.workspace + a.ones));
   if (extras.sample) {  // a one-sequence replica for the text sample at the end (fp32 activations)
     Dims one = Dims::of(m, 1);
     one.bf16 = bf16;
     const ActivationSizes s = activation_sizes(one);
-    acts += Acts::bytes(s, m.layers, m.layers, true, true, false);
-    ws += s.workspace + s.ones;
+    f.add(dev, MemCategory::activations, Acts::bytes(s, m.layers, m.layers, true, true, false));
+    f.add(dev, MemCategory::workspace, 4 * (s.workspace + s.ones));
   }
 
+  // The breakdown: the device's main categories always, the rest where they hold anything.
   Bytes out;
-  auto& dev = out[tier_label(MemTier::device)];
-  dev[mem_category_name(MemCategory::parameters)] = params;
-  dev[mem_category_name(MemCategory::gradients)] = grads;
-  if (moments > 0) dev[mem_category_name(MemCategory::optimizer_state)] = moments;
-  dev[mem_category_name(MemCategory::activations)] = acts;
-  dev[mem_category_name(MemCategory::workspace)] = 4 * ws;
-  if (comm > 0) dev[mem_category_name(MemCategory::communication)] = comm;
-  auto put_host = [&](MemCategory c, std::int64_t bytes) {
-    if (bytes > 0) out[tier_label(MemTier::host)][mem_category_name(c)] = bytes;
-  };
-  put_host(MemCategory::activations, host_acts);
-  put_host(MemCategory::parameters, host_params);
-  put_host(MemCategory::gradients, host_grads);
-  put_host(MemCategory::optimizer_state, host_moments);
+  for (const MemTier t : {dev, host}) {
+    for (const MemCategory c : {MemCategory::parameters, MemCategory::gradients, MemCategory::optimizer_state,
+                                MemCategory::activations, MemCategory::workspace, MemCategory::communication}) {
+      const bool always = t == dev && c != MemCategory::optimizer_state && c != MemCategory::communication;
+      if (always || f.at(t, c) > 0) out[tier_label(t)][mem_category_name(c)] = f.at(t, c);
+    }
+  }
   return out;
 }
 

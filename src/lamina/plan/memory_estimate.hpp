@@ -1,7 +1,8 @@
 #pragma once
-// Bytes a run allocates, per memory space and category, predicted from the plan. Buffers
-// that live the whole run are sized by the functions their owners allocate with
-// (StoredParams, StoredGrads, OptimizerBuffers, LayerRangeActs::floats, activation_sizes);
+// Bytes a run allocates, per memory space and category, predicted from the plan. The memory
+// model (layer_state, block_activations, range_activations: the planner's too) sizes the
+// buffers that live the whole run by the functions their owners allocate with
+// (StoredParams, StoredGrads, OptimizerBuffers, LayerRangeActs::bytes, activation_sizes);
 // buffers that live part of a step come from pools, and their peak is found by replaying
 // the schedule's instruction lists (the step program, the update program and a
 // checkpoint's gathers) against the same pool rules the runtime follows: a pool keeps
@@ -11,10 +12,48 @@
 #include <string>
 
 #include "lamina/core/config.hpp"
+#include "lamina/core/memory_tier.hpp"
+#include "lamina/core/memory_tracker.hpp"
 #include "lamina/core/system_memory.hpp"
+#include "lamina/model/gpt_activations.hpp"
+#include "lamina/parallel/shard.hpp"
 #include "lamina/plan/plan.hpp"
 
 namespace lamina {
+
+// Bytes one rank holds, by memory tier and category.
+class Footprint {
+ public:
+  void add(MemTier tier, MemCategory category, std::int64_t bytes) { bytes_[{tier, category}] += bytes; }
+  Footprint& operator+=(const Footprint& other) {
+    for (const auto& [key, n] : other.bytes_) bytes_[key] += n;
+    return *this;
+  }
+  std::int64_t at(MemTier tier, MemCategory category) const {
+    const auto it = bytes_.find({tier, category});
+    return it == bytes_.end() ? 0 : it->second;
+  }
+  std::int64_t total(MemTier tier) const {
+    std::int64_t t = 0;
+    for (const auto& [key, n] : bytes_)
+      if (key.first == tier) t += n;
+    return t;
+  }
+
+ private:
+  std::map<std::pair<MemTier, MemCategory>, std::int64_t> bytes_;
+};
+
+// The memory model. A layer's state on one rank under its policy: stored parameters,
+// gradients and optimizer state, each in the tier it lives in.
+Footprint layer_state(const LayerShard& shard, const LayerPolicy& policy, int zero, Precision precision);
+// What one block keeps for `in_flight` micro-batches under its activation policy: its
+// output (the residual stream; the next block's recomputation checkpoint) and its inner
+// activations, kept on the device or offloaded to the host tier.
+Footprint block_activations(const ActivationSizes& a, ActivationPolicy policy, bool bf16, std::int64_t in_flight);
+// What a range of blocks keeps per micro-batch besides its blocks: its input, the head's
+// activations where it ends with the head, its own residual gradient, the token ids.
+std::int64_t range_activations(const ActivationSizes& a, bool head, bool own_dres, bool bf16);
 
 struct MemoryEstimate {
   // space -> category -> bytes, for one rank of the pipeline stage that needs the most

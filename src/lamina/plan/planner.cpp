@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
@@ -388,9 +389,125 @@ struct Costing {
   }
 };
 
+// One block of a layout under each policy it may take: what it adds to its stage's step
+// (an additive model: its compute, the part of its copies and collectives that its own
+// compute does not hide, its optimizer update) and to its rank's memory (the memory model
+// of plan/memory_estimate.hpp, which the exact estimate adds up too).
+class BlockCosts {
+ public:
+  BlockCosts(const Costing& k, const Plan& plan, const ParamLayout& layout, const CostModel& cost)
+      : k_(k), o_(plan.layout), plan_(plan), cost_(cost), serial_(k.machine.device_is_host),
+        bf16_(plan.precision == Precision::bf16),
+        shard_(LayerShard::of(layout.layers()[1].numel, plan.layout.dp, bf16_)) {
+    Dims d = Dims::of(k.deck.model, o_.micro_batch_size, o_.tp, 0);
+    d.bf16 = bf16_;
+    acts_ = activation_sizes(d);
+    gather_device_ = cost.gather(1);
+    Plan hosted = plan;
+    for (LayerPolicy& b : hosted.blocks) b = {ActivationPolicy::keep, MemTier::host, OptimizerPlacement::host};
+    gather_host_ = CostModel(k.deck.model, hosted, k.machine, k.options.measured, layout).gather(1);
+    // Deep Optimizer States on the block's owned subgroups, with this machine's rates.
+    DosModel dos;
+    dos.host_rate = k.machine.host_adamw_rate / std::max(1, k.machine.devices_per_node);
+    dos.device_rate = k.machine.device_adamw_rate > 0 ? k.machine.device_adamw_rate
+                                                      : k.machine.memory_bandwidth * k.machine.adamw_efficiency / 28.0;
+    dos.h2d = k.machine.h2d;
+    dos.d2h = k.machine.d2h;
+    dos.concurrent = !k.machine.device_is_host;
+    std::vector<std::int64_t> sizes;
+    for (const Subgroup& g :
+         layout.subgroups(1, shard_.owned_begin(0, o_.zero), shard_.owned_end(0, o_.zero), plan.subgroup_size))
+      sizes.push_back(g.end - g.begin);
+    dos_ = plan_dos(sizes, dos, -1, DosSplit::model);
+  }
+
+  const ActivationSizes& activations() const { return acts_; }
+  const LayerShard& shard() const { return shard_; }
+
+  // Forward, backward and recomputation of the step's micro-batches, nothing else.
+  double compute(ActivationPolicy a) const {
+    const double M = o_.micro_batches;
+    return M * (cost_.block_forward(a) + cost_.block_backward(a)) +
+           (a == ActivationPolicy::recompute ? M * cost_.recompute() : 0.0);
+  }
+
+  // The same for every block of the layout: kept per policy.
+  double seconds(const LayerPolicy& p) {
+    const auto it = seconds_.find(policy_key(p));
+    if (it != seconds_.end()) return it->second;
+    return seconds_[policy_key(p)] = compute(p.activations) + copies(p) + update(p);
+  }
+
+  // Device and host bytes with `in_flight` micro-batches in flight (kept per policy and count).
+  std::pair<double, double> bytes(const LayerPolicy& p, std::int64_t in_flight) {
+    const auto key = std::make_pair(policy_key(p), in_flight);
+    const auto it = bytes_.find(key);
+    if (it != bytes_.end()) return it->second;
+    Footprint f = layer_state(shard_, p, o_.zero, plan_.precision);
+    f += block_activations(acts_, p.activations, bf16_, in_flight);
+    return bytes_[key] = {static_cast<double>(f.total(MemTier::device)), static_cast<double>(f.total(MemTier::host))};
+  }
+
+ private:
+  static int policy_key(const LayerPolicy& p) {
+    return static_cast<int>(p.activations) * 9 + static_cast<int>(p.params) * 3 + static_cast<int>(p.optimizer);
+  }
+  // What a copy or collective of t seconds adds beside a compute of c seconds: the part
+  // the compute does not hide, or all of it where both take the same cores.
+  double exposed(double t, double c) const { return serial_ ? t : std::max(0.0, t - c); }
+
+  // Activation copies, parameter fetches and gradient reductions, per step.
+  double copies(const LayerPolicy& p) const {
+    const double M = o_.micro_batches;
+    const double tF = cost_.block_forward(p.activations), tB = cost_.block_backward(p.activations);
+    double t = 0.0;
+    if (p.activations == ActivationPolicy::offload) {
+      t += M * (exposed(cost_.activation_copy(true), tF) + exposed(cost_.activation_copy(false), tB));
+    }
+    if (p.params == MemTier::host || o_.zero == 3) {  // not resident: fetched per use
+      const double g = p.params == MemTier::host ? gather_host_ : gather_device_;
+      const double uses = o_.layered && o_.zero == 3 ? 1.0 : M;  // per pass
+      t += uses * (exposed(g, tF) + exposed(g, tB));
+    }
+    const double reductions = o_.zero >= 2 && !o_.layered ? M : 1.0;
+    return t + reductions * exposed(cost_.reduce(1), tB);
+  }
+
+  // The optimizer step of the block's owned elements, with what crosses to the host.
+  double update(const LayerPolicy& p) const {
+    const double tB = cost_.block_backward(p.activations);
+    const double owned = static_cast<double>(shard_.owned_size(o_.zero));
+    const double param_bytes = bf16_ ? 2.0 : 4.0;
+    const double host_part = static_cast<double>(dos_.host_params);
+    switch (p.optimizer) {
+      case OptimizerPlacement::device:
+        return cost_.update(static_cast<std::int64_t>(owned), UpdateSite::device, false);
+      case OptimizerPlacement::host:
+        return exposed(4.0 * owned / k_.machine.d2h, tB) +
+               cost_.update(static_cast<std::int64_t>(owned), UpdateSite::host, true) +
+               (p.params == MemTier::host ? 0.0 : owned * param_bytes / k_.machine.h2d);
+      case OptimizerPlacement::dynamic:
+        return exposed(4.0 * host_part / k_.machine.d2h, tB) + dos_.predicted_seconds +
+               (p.params == MemTier::host ? 0.0 : host_part * param_bytes / k_.machine.h2d);
+    }
+    return 0.0;
+  }
+
+  const Costing& k_;
+  ParallelLayout o_;
+  const Plan& plan_;
+  const CostModel& cost_;
+  bool serial_, bf16_;
+  LayerShard shard_;
+  ActivationSizes acts_;
+  double gather_device_ = 0.0, gather_host_ = 0.0;
+  DosPlan dos_;
+  std::map<int, double> seconds_;
+  std::map<std::pair<int, std::int64_t>, std::pair<double, double>> bytes_;
+};
+
 LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
   const ModelConfig& m = k.deck.model;
-  const bool bf16 = k.deck.train.precision == Precision::bf16;
   LayoutModel lm;
   lm.layout = o;
   lm.sequences = static_cast<double>(o.dp) * static_cast<double>(o.micro_batch_size) * o.micro_batches;
@@ -399,74 +516,18 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
   plan.blocks.assign(static_cast<std::size_t>(m.layers), LayerPolicy{});
   plan.precision = k.deck.train.precision;
   plan.subgroup_size = k.deck.optimizer.subgroup_size;
+  const bool bf16 = plan.precision == Precision::bf16;
   const ParamLayout& layout = k.layout(o.tp);
   const CostModel cost(m, plan, k.machine, k.options.measured, layout);
+  BlockCosts block(k, plan, layout, cost);
+  const ActivationSizes& a = block.activations();
+  const LayerShard& shard = block.shard();
   const ScheduleShape shape = schedule_shape(m.layers, o);
-  Dims d = Dims::of(m, o.micro_batch_size, o.tp, 0);
-  d.bf16 = bf16;
-  const ActivationSizes a = activation_sizes(d);
-  using Acts = LayerRangeActs<Kokkos::DefaultExecutionSpace>;
-  const double residual_bytes = (bf16 ? 2.0 : 4.0) * static_cast<double>(Acts::boundary_elements(a, bf16));
   const double M = o.micro_batches;
-  const double tF = cost.block_forward(), tB = cost.block_backward();
-  const double act_bytes = bf16 ? 2.0 : 4.0;
-  const std::int64_t block_numel = layout.layers()[1].numel;
-  const LayerShard shard = LayerShard::of(block_numel, o.dp, bf16);
-  // Deep Optimizer States on one block's owned subgroups, with this machine's rates.
-  DosModel dos;
-  dos.host_rate = k.machine.host_adamw_rate / std::max(1, k.machine.devices_per_node);
-  dos.device_rate = k.machine.device_adamw_rate > 0 ? k.machine.device_adamw_rate
-                                                    : k.machine.memory_bandwidth * k.machine.adamw_efficiency / 28.0;
-  dos.h2d = k.machine.h2d;
-  dos.d2h = k.machine.d2h;
-  dos.concurrent = !k.machine.device_is_host;
-  std::vector<std::int64_t> sizes;
-  for (const Subgroup& g : layout.subgroups(1, shard.owned_begin(0, o.zero), shard.owned_end(0, o.zero),
-                                            plan.subgroup_size))
-    sizes.push_back(g.end - g.begin);
-  const DosPlan dos_plan = plan_dos(sizes, dos, -1, DosSplit::model);
-  const double owned = static_cast<double>(shard.owned_end(0, o.zero) - shard.owned_begin(0, o.zero));
-  const double host_part = static_cast<double>(dos_plan.host_params);
-
-  // Moving a block's parameters for one use, stored on the device or the host.
-  const double gather_device = cost.gather(1);
-  Plan hosted = plan;
-  for (LayerPolicy& b : hosted.blocks) b = {ActivationPolicy::keep, MemTier::host, OptimizerPlacement::host};
-  const double gather_host = CostModel(m, hosted, k.machine, k.options.measured, layout).gather(1);
-  // What a copy or collective adds beside a compute of `c` seconds: the part the compute
-  // does not hide, or all of it where both take the same cores.
-  const bool serial = k.machine.device_is_host;
-  auto exposed = [serial](double t, double c) { return serial ? t : std::max(0.0, t - c); };
-  auto seconds_of = [&](const LayerPolicy& lp) {
-    double t = M * (cost.block_forward(lp.activations) + cost.block_backward(lp.activations));
-    if (lp.activations == ActivationPolicy::recompute) t += M * cost.recompute();
-    if (lp.activations == ActivationPolicy::offload) {
-      t += M * (exposed(cost.activation_copy(true), tF) + exposed(cost.activation_copy(false), tB));
-    }
-    const bool resident = lp.params == MemTier::device && o.zero < 3;
-    if (!resident) {
-      const double g = lp.params == MemTier::host ? gather_host : gather_device;
-      const double uses = o.layered && o.zero == 3 ? 1.0 : M;  // per pass
-      t += uses * (exposed(g, tF) + exposed(g, tB));
-    }
-    const double reductions = o.zero >= 2 && !o.layered ? M : 1.0;
-    t += reductions * exposed(cost.reduce(1), tB);
-    switch (lp.optimizer) {
-      case OptimizerPlacement::device: t += cost.update(static_cast<std::int64_t>(owned), UpdateSite::device, false); break;
-      case OptimizerPlacement::host:
-        t += exposed(4.0 * owned / k.machine.d2h, tB) +
-             cost.update(static_cast<std::int64_t>(owned), UpdateSite::host, true) +
-             (lp.params == MemTier::host ? 0.0 : owned * act_bytes / k.machine.h2d);
-        break;
-      case OptimizerPlacement::dynamic:
-        t += exposed(4.0 * host_part / k.machine.d2h, tB) + dos_plan.predicted_seconds +
-             (lp.params == MemTier::host ? 0.0 : host_part * act_bytes / k.machine.h2d);
-        break;
-    }
-    return t;
-  };
-
-  std::map<int, double> memo;  // seconds per policy (the same for every block of the layout)
+  // The pools' worst case: two gathered blocks, two full-size gradient accumulators and
+  // their reduce-scatter staging, a scratch and two offload staging buffers.
+  const double pools = 2.0 * (bf16 ? 2 : 4) * static_cast<double>(shard.padded) +
+                       (o.zero >= 2 ? 2.0 * 4 * shard.padded : 0.0) + 4.0 * shard.padded + 3.0 * 4 * a.inner;
   const int stages = o.pp;
   lm.stages.resize(static_cast<std::size_t>(stages));
   lm.stage_blocks.resize(static_cast<std::size_t>(stages));
@@ -475,19 +536,15 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
   lm.fixed_device.assign(static_cast<std::size_t>(stages), 0.0);
   lm.fixed_host.assign(static_cast<std::size_t>(stages), 0.0);
   lm.micro_batch_seconds.assign(static_cast<std::size_t>(stages), 0.0);
-  // The pools' worst case: two gathered blocks, two full-size gradient accumulators and
-  // their reduce-scatter staging, a scratch and two offload staging buffers.
-  const double pools = 2.0 * (bf16 ? 2 : 4) * static_cast<double>(shard.padded) +
-                       (o.zero >= 2 ? 2.0 * 4 * shard.padded : 0.0) + 4.0 * shard.padded + 3.0 * 4 * a.inner;
   for (int s = 0; s < stages; ++s) {
     StageProblem& sp = lm.stages[static_cast<std::size_t>(s)];
-    double dev = 4.0 * static_cast<double>(a.workspace + a.ones) + pools;
+    double fixed = 4.0 * static_cast<double>(a.workspace + a.ones) + pools;
     double secs = 0.0;
     for (int c : shape.partition.chunks_of(s)) {
       const Chunk& ch = shape.partition.chunk(c);
-      const double f = shape.in_flight[static_cast<std::size_t>(c)];
-      dev += f * static_cast<double>(Acts::bytes(a, 0, 0, ch.head, o.layered, bf16)) +
-             (o.layered ? 0.0 : 4.0 * static_cast<double>(a.boundary));
+      const std::int64_t in_flight = shape.in_flight[static_cast<std::size_t>(c)];
+      fixed += static_cast<double>(in_flight * range_activations(a, ch.head, o.layered, bf16)) +
+               (o.layered ? 0.0 : 4.0 * static_cast<double>(a.boundary));
       if (ch.embedding) secs += M * (cost.embed_forward() + cost.embed_backward());
       if (ch.head) secs += M * (cost.head_forward() + cost.head_backward());
       for (std::int64_t b = ch.first_block; b < ch.last_block; ++b) {
@@ -497,29 +554,18 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
         for (const LayerPolicy& lp : k.choices[static_cast<std::size_t>(b)]) {
           BlockChoice x;
           x.policy = lp;
-          const StoredParams p = StoredParams::of(shard, lp, o.zero, plan.precision);
-          const StoredGrads g = StoredGrads::of(shard, o.zero);
-          const OptimizerBuffers ob = OptimizerBuffers::of(shard.owned_size(o.zero), lp.optimizer, lp.params, bf16);
-          x.device_bytes = 4.0 * p.device_fp32 + 2.0 * p.device_bf16 + 4.0 * (g.full + g.shard) +
-                           4.0 * (ob.device_m + ob.device_v + ob.device_master) +
-                           f * residual_bytes +
-                           (lp.activations == ActivationPolicy::keep ? f * act_bytes * a.inner : 0.0);
-          x.host_bytes = 4.0 * p.host_fp32 + 2.0 * p.host_bf16 + 2.0 * p.host_rounded +
-                         4.0 * (ob.host_m + ob.host_v + ob.host_master + ob.host_grads) +
-                         (lp.activations == ActivationPolicy::offload ? f * act_bytes * a.inner : 0.0);
+          std::tie(x.device_bytes, x.host_bytes) = block.bytes(lp, in_flight);
           if (k.cap.shared) {  // one memory: everything counts against it
             x.device_bytes += x.host_bytes;
             x.host_bytes = 0.0;
           }
-          const int key = static_cast<int>(lp.activations) * 9 + static_cast<int>(lp.params) * 3 + static_cast<int>(lp.optimizer);
-          auto it = memo.find(key);
-          if (it == memo.end()) it = memo.emplace(key, seconds_of(lp)).first;
-          x.seconds = it->second;
+          x.seconds = block.seconds(lp);
           cs.push_back(x);
         }
         sp.blocks.push_back(std::move(cs));
       }
-      lm.micro_batch_seconds[static_cast<std::size_t>(s)] += static_cast<double>(ch.blocks()) * (tF + tB);
+      lm.micro_batch_seconds[static_cast<std::size_t>(s)] +=
+          static_cast<double>(ch.blocks()) * (cost.block_forward() + cost.block_backward());
     }
     // The embedding and the final norm: their states on the device (their policies follow
     // the neighbouring blocks; the exact estimate checks the final plan).
@@ -527,22 +573,17 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
       const bool held = (l == 0 && (s == 0 || s == stages - 1)) || (l != 0 && s == stages - 1);
       if (!held) continue;
       const LayerShard ls = LayerShard::of(layout.layers()[static_cast<std::size_t>(l)].numel, o.dp, bf16);
-      dev += (bf16 ? 2.0 : 4.0) * ls.stored_size(o.zero) + 4.0 * (o.zero < 2 ? ls.padded : ls.shard) +
-             (bf16 ? 12.0 : 8.0) * ls.owned_size(o.zero) + 4.0 * ls.padded;
+      fixed += static_cast<double>(layer_state(ls, LayerPolicy{}, o.zero, plan.precision).total(MemTier::device));
       secs += cost.update(ls.owned_size(o.zero), UpdateSite::device, false);
     }
     lm.fixed_seconds[static_cast<std::size_t>(s)] = secs;
-    lm.fixed_device[static_cast<std::size_t>(s)] = dev;
-    sp.device_budget = k.cap.device - dev;
+    lm.fixed_device[static_cast<std::size_t>(s)] = fixed;
+    sp.device_budget = k.cap.device - fixed;
     sp.host_budget = k.cap.shared ? 0.0 : k.cap.host;
     double fastest = secs;
     for (const auto& cs : sp.blocks) {
       double best = std::numeric_limits<double>::infinity();
-      for (const BlockChoice& x : cs) {
-        const ActivationPolicy p = x.policy.activations;
-        best = std::min(best, M * (cost.block_forward(p) + cost.block_backward(p)) +
-                                  (p == ActivationPolicy::recompute ? M * cost.recompute() : 0.0));
-      }
+      for (const BlockChoice& x : cs) best = std::min(best, block.compute(x.policy.activations));
       fastest += best;
     }
     lm.lower_bound = std::max(lm.lower_bound, fastest);
