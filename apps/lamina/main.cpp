@@ -91,7 +91,10 @@ subgroup_size = 1048576
 std::string configure_host_threads(const lamina::Log& log, int rank) {
   std::string warning;
   const std::string threads = lamina::configure_host_blas(warning, lamina::ranks_on_node(MPI_COMM_WORLD));
-  if (rank != 0) return threads;  // the same environment on every rank
+  MPI_Comm parent = MPI_COMM_NULL;
+  MPI_Comm_get_parent(&parent);
+  // The same environment on every rank; ranks `lamina plan` started set theirs once joined.
+  if (rank != 0 || parent != MPI_COMM_NULL) return threads;
   if (!warning.empty()) log.warn(warning);
   // Under Kokkos OpenMP the BLAS runs inside Kokkos' threads, which may be pinned.
   const char* bind = std::string(Kokkos::DefaultHostExecutionSpace::name()) == "OpenMP" ? nullptr

@@ -72,10 +72,13 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
     saved_conversion_ = 6 * inner_ / bandwidth;
     recomputed_rounding_ = 8 * inner_ / bandwidth;
   }
-  block_forward_ = 24 * N * C * C / tp / gemm + 4 * N * T * C / tp / attention +
-                   (ew_forward + convert_forward) / bandwidth + tp_comm;
-  block_backward_ = 2 * 24 * N * C * C / tp / gemm + attention_backward * 4 * N * T * C / tp / attention +
-                    (2 * ew_forward + convert_backward) / bandwidth + tp_comm;
+  forward_parts_ = {24 * N * C * C / tp / gemm, 4 * N * T * C / tp / attention, ew_forward / bandwidth,
+                    convert_forward / bandwidth, tp_comm};
+  backward_parts_ = {2 * 24 * N * C * C / tp / gemm, attention_backward * 4 * N * T * C / tp / attention,
+                     2 * ew_forward / bandwidth, convert_backward / bandwidth, tp_comm};
+  auto sum = [](const Parts& p) { return p.gemm + p.attention + p.elementwise + p.conversions + p.tp; };
+  block_forward_ = sum(forward_parts_);
+  block_backward_ = sum(backward_parts_);
   const double embed_tp = o.tp > 1 ? collective(2.0 * (tp - 1) / tp * 4.0 * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
   embed_forward_ = (3 * 4 + (bf16_ ? 6 : 0)) * N * C / bandwidth + embed_tp;
   embed_backward_ = 3 * 4 * N * C / bandwidth;
@@ -84,6 +87,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   head_backward_ = 4 * N * C * V / gemm + (3 * logits + 4 * 4 * N * C + convert_head_backward) / bandwidth + embed_tp;
   for (const MeasuredCosts& m : measured) {
     if (m.micro_batch_size != o.micro_batch_size || m.tp != o.tp) continue;
+    forward_parts_ = backward_parts_ = Parts{};
     block_forward_ = m.block_forward;
     block_backward_ = m.block_backward;
     embed_forward_ = m.embed_forward;

@@ -54,6 +54,15 @@ class CostModel {
   Pricer pricer() const;
   bool serial() const { return machine_.device_is_host; }
 
+  // Where a block's time goes, per micro-batch (the roofline's parts; empty where the times
+  // were measured): forward and backward of GEMMs, attention products, element-wise
+  // passes, bf16 conversions and tensor-parallel all-reduces.
+  struct Parts {
+    double gemm = 0.0, attention = 0.0, elementwise = 0.0, conversions = 0.0, tp = 0.0;
+  };
+  const Parts& forward_parts() const { return forward_parts_; }
+  const Parts& backward_parts() const { return backward_parts_; }
+
   // One micro-batch through one block (its activations kept), the embedding, the head.
   double block_forward() const { return block_forward_; }
   double block_backward() const { return block_backward_; }
@@ -109,6 +118,7 @@ class CostModel {
   double inner_ = 0.0;         // floats of a block's inner activations per micro-batch
   double block_forward_ = 0.0, block_backward_ = 0.0;
   double saved_conversion_ = 0.0, recomputed_rounding_ = 0.0;  // bf16: of a block's saved activations
+  Parts forward_parts_, backward_parts_;
   double embed_forward_ = 0.0, embed_backward_ = 0.0, head_forward_ = 0.0, head_backward_ = 0.0;
 };
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "lamina/kernels/gemm.hpp"
+#include "lamina/train/cache_evictor.hpp"
 #include "lamina/optim/adamw.hpp"
 
 namespace lamina {
@@ -23,32 +24,6 @@ Measurement summarize(std::vector<double> v) {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
-
-// Writes over more than the last-level cache before each repetition, so that a
-// measurement starts from memory the way a training step's optimizer update does (its
-// state was last touched a step ago; large last-level caches would otherwise hold a
-// benchmark's arrays and flatter its rate). Off: does nothing.
-template <class E>
-class CacheEvictor {
- public:
-  explicit CacheEvictor(bool on) {
-    if (!on) return;
-    std::int64_t bytes = 32 << 20;
-#if defined(_SC_LEVEL3_CACHE_SIZE)
-    bytes = std::max<std::int64_t>(bytes, 2 * static_cast<std::int64_t>(sysconf(_SC_LEVEL3_CACHE_SIZE)));
-#endif
-    bytes = std::min<std::int64_t>(bytes, std::int64_t(1) << 30);
-    buf_ = Vec<E>("lamina::cache_evictor", static_cast<std::size_t>(bytes / 4));
-  }
-  void operator()(const E& exec) const {
-    if (buf_.extent(0) == 0) return;
-    Kokkos::deep_copy(exec, buf_, 1.0f);
-    exec.fence();
-  }
-
- private:
-  Vec<E> buf_;
-};
 
 }  // namespace
 

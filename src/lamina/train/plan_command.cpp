@@ -343,6 +343,17 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
                        human_bytes(f.traffic.at("pp")).c_str()));
     log.info("        " + policies(c.plan));
     log.debug(strprintf("        the solver's additive estimate of the step: %.4g s", c.solver_objective));
+    const CostModel cost(deck.model, c.plan, machine, options.measured);
+    for (const bool forward : {true, false}) {
+      const CostModel::Parts& p = forward ? cost.forward_parts() : cost.backward_parts();
+      const double total = forward ? cost.block_forward() : cost.block_backward();
+      if (p.gemm == 0.0) continue;  // measured, not modelled
+      log.debug(strprintf("        a block's %s per micro-batch: %.3g ms = GEMMs %.0f%%, attention %.0f%%, element-wise "
+                          "%.0f%%, bf16 conversions %.0f%%, tensor-parallel all-reduces %.0f%%",
+                          forward ? "forward" : "backward", 1e3 * total, 100 * p.gemm / total,
+                          100 * p.attention / total, 100 * p.elementwise / total, 100 * p.conversions / total,
+                          100 * p.tp / total));
+    }
   }
   const PlanCandidate& best = r.best.front();
   const Figures f = figures(deck, machine, best, options.ranks, options.measured);
