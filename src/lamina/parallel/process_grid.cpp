@@ -126,7 +126,8 @@ ProcessGrid::ProcessGrid(MPI_Comm world, int dp, int tp, int pp, CommBackend bac
   MPI_Comm_split(world, ends ? tp_rank_ + tp * dp_rank_ : MPI_UNDEFINED, pp_rank_, &emb);
   tp_comm_ = make_group(tpc, "tp", nccl_);
   dp_comm_ = make_group(dpc, "dp", nccl_);
-  pp_comm_ = make_group(ppc, "pp", nccl_);
+  // Pipeline messages over NCCL travel on the links; the group itself is MPI's.
+  pp_comm_ = std::make_unique<MpiCommunicator>(ppc, "pp");
   for (const auto& [key, comm] : pairs) {
     const int s = key.second, next = (s + 1) % pp;
     const std::string name = key.first ? strprintf("pp activations %d->%d", s, next)

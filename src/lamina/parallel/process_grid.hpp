@@ -43,7 +43,7 @@ class ProcessGrid {
   Communicator& world() const { return *world_comm_; }
   Communicator& dp() const { return *dp_comm_; }
   Communicator& tp() const { return *tp_comm_; }
-  Communicator& pp() const { return *pp_comm_; }
+  Communicator& pp() const { return *pp_comm_; }  // over MPI (NCCL messages use link())
   // First and last stage (size 2 when pp > 1, else this rank alone).
   Communicator& embedding() const { return *embedding_comm_; }
   // The pipeline group again, over MPI, for the executor's virtual-clock timestamps: host
