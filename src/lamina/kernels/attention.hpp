@@ -3,9 +3,10 @@
 //   for each sequence b and head h:  P = softmax(mask(q k^T / sqrt(hd))),  y = P v
 // qkv columns are [q | k | v], each head a contiguous slice of hd columns (GPT-2).
 // On a host BLAS the products read q, k, v and write y in those rows, per (sequence, head)
-// and without the blocks the causal mask zeroes; on a device fused kernels stream them
-// through team scratch (kernels/flash_attention.hpp); elsewhere they run as batched GEMMs
-// over per-head copies.
+// and without the blocks the causal mask zeroes (in bf16 runs on a CPU with bf16
+// instructions, oneDNN's bf16 products over every sequence and head at once); on a device
+// fused kernels stream them through team scratch (kernels/flash_attention.hpp); elsewhere
+// they run as batched GEMMs over per-head copies.
 #include "lamina/core/config.hpp"
 #include "lamina/kernels/fast_math.hpp"
 #include "lamina/kernels/flash_attention.hpp"
@@ -105,15 +106,17 @@ struct RowSoftmax {
   float max, sum;
 };
 
-// Causal softmax of score row t in place (T entries); entries past t become 0.
+// Causal softmax of score row t in place (T entries), of the scores times `scale` (> 0);
+// entries past t become 0.
 template <class Row>
-KOKKOS_INLINE_FUNCTION RowSoftmax causal_softmax_row(const Row& loop, float* row, std::int64_t t, std::int64_t T) {
+KOKKOS_INLINE_FUNCTION RowSoftmax causal_softmax_row(const Row& loop, float* row, std::int64_t t, std::int64_t T,
+                                                     float scale = 1.0f) {
   const float mx = loop.max(t + 1, [&](std::int64_t j) { return row[j]; });
-  loop.for_each(t + 1, [&](std::int64_t j) { row[j] = fast_exp(row[j] - mx); });
+  loop.for_each(t + 1, [&](std::int64_t j) { row[j] = fast_exp(scale * (row[j] - mx)); });
   loop.barrier();
   const float sum = loop.sum(t + 1, [&](std::int64_t j) { return row[j]; }), inv = 1.0f / sum;
   loop.for_each(T, [&](std::int64_t j) { row[j] = j <= t ? row[j] * inv : 0.0f; });
-  return {mx, sum};
+  return {scale * mx, sum};
 }
 
 // Its backward in place on the row's gradient: dS = P * (dP - sum_j P dP); masked entries are 0.
@@ -320,6 +323,215 @@ void for_each_causal_block(const Exec& exec, const char* label, std::int64_t bat
                        item);
 }
 
+// Attention's products in bf16 on a host's oneDNN (bf16 runs on a CPU with bf16
+// instructions), with the numerics of PyTorch's bf16 autocast and of cuBLAS: operands rounded
+// to bf16, sums in fp32. Each product covers a block of query rows of every sequence and head
+// at once (oneDNN threads it) and skips what the causal mask zeroes, as the host BLAS's row
+// blocks do. They read bf16 copies of the qkv rows and of dy, made once per pass, and of a
+// block's probabilities and score gradients, written as the softmax writes its rows.
+// Rows per block: at T = 256 and 1024 (bench-torch, GPT-2 124M; 2 cores) 64 and 128 gave
+// the same step times within their noise (5 %), 32 was slower; 64 wastes less on the mask.
+constexpr std::int64_t kBf16RowBlock = 64;
+
+// The bf16 copies, in AttentionWorkspace::narrowed.
+struct Bf16Operands {
+  std::uint16_t* qkv;  // (B*T, 3A) rows
+  std::uint16_t* dy;   // (B*T, A) rows (backward)
+  std::uint16_t* p;    // (B*NH, kBf16RowBlock, T) a row block's probabilities
+  std::uint16_t* ds;   // (B*NH, kBf16RowBlock, T) and their gradients (backward)
+
+  static std::int64_t block(std::int64_t BNH, std::int64_t T) { return BNH * kBf16RowBlock * T; }
+  // floats
+  static std::int64_t size(std::int64_t B, std::int64_t T, std::int64_t NH, std::int64_t hd) {
+    return (4 * B * T * NH * hd + 2 * block(B * NH, T) + 1) / 2;
+  }
+  static Bf16Operands in(float* narrowed, std::int64_t floats, std::int64_t B, std::int64_t T, std::int64_t NH,
+                         std::int64_t hd) {
+    if (floats < size(B, T, NH, hd)) {
+      throw std::logic_error("lamina::attention: the bf16 operands exceed AttentionWorkspace::narrowed");
+    }
+    std::uint16_t* p = reinterpret_cast<std::uint16_t*>(narrowed);
+    const std::int64_t NA = B * T * NH * hd;
+    return {p, p + 3 * NA, p + 4 * NA, p + 4 * NA + block(B * NH, T)};
+  }
+};
+
+// Matrix (s, h) of a bf16 copy, as HeadMatrices.
+struct HeadMatrices16 {
+  const std::uint16_t* data = nullptr;
+  std::int64_t ld = 0, seq_stride = 0, head_stride = 0;
+};
+
+// A block's rows of every (sequence, head): rows r0.. of each matrix.
+inline HeadMatrices from_row(HeadMatrices m, std::int64_t r0) {
+  m.data += r0 * m.ld;
+  return m;
+}
+inline HeadMatrices16 from_row(HeadMatrices16 m, std::int64_t r0) {
+  m.data += r0 * m.ld;
+  return m;
+}
+
+// C = alpha op(A) op(B) + beta C for every (sequence, head) of B x NH: op(A) m x k, op(B) k x n.
+inline void head_products(std::int64_t B, std::int64_t NH, char ta, char tb, std::int64_t m, std::int64_t n,
+                          std::int64_t k, float alpha, const HeadMatrices16& a, const HeadMatrices16& b, float beta,
+                          const HeadMatrices& c) {
+  RowMajorGemm g;
+  g.ta = ta;
+  g.tb = tb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.alpha = alpha;
+  g.lda = a.ld;
+  g.ldb = b.ld;
+  g.beta = beta;
+  g.c = c.data;
+  g.ldc = c.ld;
+  HeadBatch batch;
+  batch.sequences = B;
+  batch.heads = NH;
+  batch.a = {a.seq_stride, a.head_stride};
+  batch.b = {b.seq_stride, b.head_stride};
+  batch.c = {c.seq_stride, c.head_stride};
+  host_gemm_bf16(g, a.data, b.data, batch);
+}
+
+inline void narrow_row(std::uint16_t* dst, const float* src, std::int64_t n) {
+  for (std::int64_t j = 0; j < n; ++j) dst[j] = to_bf16(src[j]);
+}
+
+// Rows r0..r0+m of every (sequence, head), one item per row.
+struct Bf16Rows {
+  std::int64_t NH, T, r0, m, r1;
+  std::int64_t bh(std::int64_t i) const { return i / m; }
+  std::int64_t t(std::int64_t i) const { return r0 + i % m; }
+  float* row(const HeadMatrices& x, std::int64_t i) const { return x.at(bh(i) / NH, bh(i) % NH) + t(i) * x.ld; }
+  // Columns 0..r1 of the row in a block's bf16 copy (B*NH, kBf16RowBlock, T).
+  std::uint16_t* copy(std::uint16_t* x, std::int64_t i) const { return x + (bh(i) * kBf16RowBlock + i % m) * T; }
+  float* log_sum_exp(float* lse, std::int64_t i) const { return lse + (bh(i) * T + t(i)) * 2; }
+};
+
+// Softmax of a block's (unscaled) score rows into probabilities, rounded into the block's
+// bf16 copy; with lse (fused products) their log-sum-exps saved there. The products leave
+// attention's scale to the rows: oneDNN 2's bf16 kernels would not fuse it.
+struct Bf16SoftmaxRows {
+  Bf16Rows rows;
+  HeadMatrices P;
+  std::uint16_t* p16;
+  float* lse;
+  float scale;
+  void operator()(const std::int64_t i) const {
+    float* row = rows.row(P, i);
+    const RowSoftmax r = causal_softmax_row(SerialRow{}, row, rows.t(i), rows.T, scale);
+    if (lse != nullptr) save_log_sum_exp(rows.log_sum_exp(lse, i), r.max + math::log(r.sum));
+    narrow_row(rows.copy(p16, i), row, rows.r1);
+  }
+};
+
+// Score gradients of a block's rows from their probabilities (with lse, recomputed first
+// from the unscaled scores there and the saved log-sum-exps), rounded into the block's
+// copies with the gradients times `scale`, which dq and dk carry.
+struct Bf16SoftmaxBackwardRows {
+  Bf16Rows rows;
+  HeadMatrices P, dS;
+  std::uint16_t *p16, *ds16;
+  float* lse;
+  float scale;
+  void operator()(const std::int64_t i) const {
+    const std::int64_t t = rows.t(i);
+    float* prow = rows.row(P, i);
+    float* drow = rows.row(dS, i);
+    if (lse != nullptr) {
+      const float l = load_log_sum_exp(rows.log_sum_exp(lse, i));
+      for (std::int64_t j = 0; j <= t; ++j) prow[j] = fast_exp(scale * prow[j] - l);
+      for (std::int64_t j = t + 1; j < rows.T; ++j) prow[j] = 0.0f;
+    }
+    causal_softmax_row_backward(SerialRow{}, drow, prow, t, rows.T);
+    narrow_row(rows.copy(p16, i), prow, rows.r1);
+    std::uint16_t* d16 = rows.copy(ds16, i);
+    for (std::int64_t j = 0; j < rows.r1; ++j) d16[j] = to_bf16(scale * drow[j]);
+  }
+};
+
+// Matrix (s, h) of a bf16 copy of (B*T, width) rows: part `part` (width / parts columns).
+inline HeadMatrices16 row_heads16(const std::uint16_t* rows, std::int64_t width, std::int64_t parts,
+                                  std::int64_t part, std::int64_t T, std::int64_t hd) {
+  return {rows + part * width / parts, width, T * width, hd};
+}
+
+// A row block's bf16 copy (B*NH, kBf16RowBlock, T).
+inline HeadMatrices16 block_heads16(const std::uint16_t* block, std::int64_t NH, std::int64_t T) {
+  return {block, T, NH * kBf16RowBlock * T, kBf16RowBlock * T};
+}
+
+template <class Exec, class Item>
+void for_each_row(const Exec& exec, const char* label, std::int64_t BNH, const Item& item) {
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, BNH * item.rows.m),
+                       item);
+  exec.fence();  // oneDNN reads what the rows wrote
+}
+
+// y = softmax(scale q k^T) v by row blocks; P: the (T, T) probabilities of each (sequence,
+// head), lse: fused products' log-sum-exps, else null.
+template <class Exec>
+void bf16_attention_forward(const Exec& exec, const Mat<Exec>& out, const HeadMatrices& P, float* lse,
+                            const Mat<Exec>& qkv, const Vec<Exec>& narrowed, std::int64_t NH, std::int64_t T) {
+  const std::int64_t N = static_cast<std::int64_t>(qkv.extent(0)), B = N / T;
+  const std::int64_t A = static_cast<std::int64_t>(out.extent(1)), hd = A / NH;
+  const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
+  const Bf16Operands o =
+      Bf16Operands::in(narrowed.data(), static_cast<std::int64_t>(narrowed.extent(0)), B, T, NH, hd);
+  to_bf16(exec, Bf16Vec<Exec>(o.qkv, N * 3 * A), ConstVec<Exec>(qkv.data(), N * 3 * A));
+  exec.fence();
+  const HeadMatrices16 q = row_heads16(o.qkv, 3 * A, 3, 0, T, hd), k = row_heads16(o.qkv, 3 * A, 3, 1, T, hd),
+                       v = row_heads16(o.qkv, 3 * A, 3, 2, T, hd), p = block_heads16(o.p, NH, T);
+  const HeadMatrices y = row_heads<Exec>(out, 1, 0, T, hd);
+  for (std::int64_t r0 = 0; r0 < T; r0 += kBf16RowBlock) {
+    const std::int64_t r1 = std::min(T, r0 + kBf16RowBlock), m = r1 - r0;
+    head_products(B, NH, 'N', 'T', m, r1, hd, 1.0f, from_row(q, r0), k, 0.0f, from_row(P, r0));
+    for_each_row(exec, "lamina::attention_forward_bf16_rows", B * NH,
+                 Bf16SoftmaxRows{{NH, T, r0, m, r1}, P, o.p, lse, scale});
+    head_products(B, NH, 'N', 'N', m, hd, r1, 1.0f, p, v, 0.0f, from_row(y, r0));
+  }
+}
+
+// dqkv from dy = dout by row blocks, last first: dP = dy v^T, dS = the softmax's backward,
+// dq = (scale dS) k for the block's rows; dv += P^T dy and dk += (scale dS)^T q for the rows up
+// to the block's last (the last block covers them all and starts the sums). P: the
+// probabilities (lse: fused products, recomputed into P from the saved log-sum-exps); dS:
+// (T, T) scratch of each (sequence, head).
+template <class Exec>
+void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const HeadMatrices& dS, const Mat<Exec>& dout,
+                             const Mat<Exec>& qkv, const HeadMatrices& P, float* lse, const Vec<Exec>& narrowed,
+                             std::int64_t NH, std::int64_t T) {
+  const std::int64_t N = static_cast<std::int64_t>(qkv.extent(0)), B = N / T;
+  const std::int64_t A = static_cast<std::int64_t>(dout.extent(1)), hd = A / NH;
+  const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
+  const Bf16Operands o =
+      Bf16Operands::in(narrowed.data(), static_cast<std::int64_t>(narrowed.extent(0)), B, T, NH, hd);
+  to_bf16(exec, Bf16Vec<Exec>(o.qkv, N * 3 * A), ConstVec<Exec>(qkv.data(), N * 3 * A));
+  to_bf16(exec, Bf16Vec<Exec>(o.dy, N * A), ConstVec<Exec>(dout.data(), N * A));
+  exec.fence();
+  const HeadMatrices16 q = row_heads16(o.qkv, 3 * A, 3, 0, T, hd), k = row_heads16(o.qkv, 3 * A, 3, 1, T, hd),
+                       v = row_heads16(o.qkv, 3 * A, 3, 2, T, hd), dy = row_heads16(o.dy, A, 1, 0, T, hd),
+                       p = block_heads16(o.p, NH, T), ds = block_heads16(o.ds, NH, T);
+  const HeadMatrices dq = row_heads<Exec>(dqkv, 3, 0, T, hd), dk = row_heads<Exec>(dqkv, 3, 1, T, hd),
+                     dv = row_heads<Exec>(dqkv, 3, 2, T, hd);
+  const std::int64_t last = (T - 1) / kBf16RowBlock * kBf16RowBlock;
+  for (std::int64_t r0 = last; r0 >= 0; r0 -= kBf16RowBlock) {
+    const std::int64_t r1 = std::min(T, r0 + kBf16RowBlock), m = r1 - r0;
+    const float sums = r0 == last ? 0.0f : 1.0f;
+    if (lse != nullptr) head_products(B, NH, 'N', 'T', m, r1, hd, 1.0f, from_row(q, r0), k, 0.0f, from_row(P, r0));
+    head_products(B, NH, 'N', 'T', m, r1, hd, 1.0f, from_row(dy, r0), v, 0.0f, from_row(dS, r0));
+    for_each_row(exec, "lamina::attention_backward_bf16_rows", B * NH,
+                 Bf16SoftmaxBackwardRows{{NH, T, r0, m, r1}, P, dS, o.p, o.ds, lse, scale});
+    head_products(B, NH, 'N', 'N', m, hd, r1, 1.0f, ds, k, 0.0f, from_row(dq, r0));
+    head_products(B, NH, 'T', 'N', r1, hd, m, 1.0f, p, from_row(dy, r0), sums, dv);
+    head_products(B, NH, 'T', 'N', r1, hd, m, 1.0f, ds, from_row(q, r0), sums, dk);
+  }
+}
+
 }  // namespace detail
 
 // How attention_forward and attention_backward run (AttentionProducts, core/config.hpp).
@@ -330,7 +542,9 @@ void for_each_causal_block(const Exec& exec, const char* label, std::int64_t bat
 // AttentionWorkspace::probs; on a device in kernels that keep them in team scratch
 // (kernels/flash_attention.hpp). staged: per-head copies in AttentionWorkspace, whole
 // batched products and a softmax kernel of one team per row (a host with another BLAS); its
-// products take `math` (ProductMath: on CUDA, bf16 tensor cores), the other ways are fp32.
+// products take `math` (ProductMath: on CUDA, bf16 tensor cores). in_place and fused on a
+// host run their products in bf16 on oneDNN where `math` is bf16 (a CPU with bf16
+// instructions), by row blocks batched over sequences and heads; device kernels are fp32.
 // The default is what the backend runs fastest; in_place needs a host BLAS it can call.
 template <class Exec>
 constexpr AttentionProducts kAttentionProducts =
@@ -350,14 +564,31 @@ constexpr std::int64_t saved_attention_columns(AttentionProducts how, std::int64
 
 // Scratch of one layer's attention. Staged products: per-head (B*NH, T, hd) copies;
 // forward q, k, v, y; backward q, k, v (may share dqkv's memory: written last), y for dy,
-// and dq, dk, dv. Fused products on a host BLAS: probs, (B*NH, T, T) probabilities. The
-// other ways leave them untouched.
+// and dq, dk, dv. Fused products on a host BLAS: probs, (B*NH, T, T) probabilities. bf16
+// products on a host's oneDNN: narrowed, their operands rounded to bf16
+// (attention_scratch() floats). The other ways leave them untouched.
 template <class Exec>
 struct AttentionWorkspace {
   Mats<Exec> q, k, v, y;
   Mats<Exec> dq, dk, dv;
   Mats<Exec> probs;
+  Vec<Exec> narrowed;
 };
+
+// Whether attention run `how` with products in `math` on Exec has its products on a host's
+// oneDNN in bf16.
+template <class Exec>
+bool attention_on_host_bf16(AttentionProducts how, ProductMath math) {
+  return kAttentionInPlace<Exec> && how != AttentionProducts::staged && math == ProductMath::bf16 &&
+         detail::bf16_engine<Exec>();
+}
+
+// Floats of AttentionWorkspace::narrowed that attention takes on Exec (0: none).
+template <class Exec>
+std::int64_t attention_scratch(AttentionProducts how, ProductMath math, std::int64_t B, std::int64_t T,
+                               std::int64_t NH, std::int64_t hd) {
+  return attention_on_host_bf16<Exec>(how, math) ? detail::Bf16Operands::size(B, T, NH, hd) : 0;
+}
 
 // out: (B*T, A) attention output before the projection, saved
 // att: (B*NH, T, saved_attention_columns(how, T)) probabilities or log-sum-exps, saved
@@ -371,6 +602,12 @@ void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>&
   const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
   if constexpr (kAttentionInPlace<Exec>) {
+    if (attention_on_host_bf16<Exec>(how, math)) {
+      const bool fused = how == AttentionProducts::fused;
+      detail::bf16_attention_forward(exec, out, detail::score_heads<Exec>(fused ? ws.probs : att, NH),
+                                     fused ? att.data() : nullptr, qkv, ws.narrowed, NH, T);
+      return;
+    }
     if (how != AttentionProducts::staged) {
       using detail::row_heads;
       const bool fused = how == AttentionProducts::fused;
@@ -408,6 +645,13 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
   const std::int64_t hd = static_cast<std::int64_t>(dout.extent(1)) / NH;
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
   if constexpr (kAttentionInPlace<Exec>) {
+    if (attention_on_host_bf16<Exec>(how, math)) {
+      const bool fused = how == AttentionProducts::fused;
+      detail::bf16_attention_backward(exec, dqkv, detail::score_heads<Exec>(datt, NH), dout, qkv,
+                                      detail::score_heads<Exec>(fused ? ws.probs : att, NH),
+                                      fused ? att.data() : nullptr, ws.narrowed, NH, T);
+      return;
+    }
     if (how != AttentionProducts::staged) {
       using detail::row_heads;
       const detail::CausalBlocks blocks(NH, T, hd);

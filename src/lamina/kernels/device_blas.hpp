@@ -23,13 +23,6 @@ template <class Exec>
 constexpr bool kDeviceBlas = false;
 #endif
 
-// The math a run's products use on `Exec`: bf16 for bf16 mixed precision where the device's
-// BLAS runs it, else fp32.
-template <class Exec>
-constexpr ProductMath product_math(Precision p) {
-  return p == Precision::bf16 && kDeviceBlas<Exec> ? ProductMath::bf16 : ProductMath::fp32;
-}
-
 // `count` products g, g + stride, ...: each operand moves by its stride (elements) per product.
 struct GemmBatch {
   std::int64_t count = 1;

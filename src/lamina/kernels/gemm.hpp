@@ -1,21 +1,26 @@
 #pragma once
-// Dense products through KokkosBlas (OpenBLAS / cuBLAS / rocBLAS underneath); on the Kokkos
-// OpenMP backend through the host BLAS, one tile per Kokkos thread (kernels/host_blas.hpp); on
-// CUDA, bf16 products and batches through cuBLAS directly (kernels/device_blas.hpp).
-// Products whose right operand is a weight stored in bf16 (MatRef) read it where the BLAS
-// can (cuBLAS, with the left operand rounded to bf16 in a scratch a block of rows at a
-// time) and elsewhere widen it into the scratch a block of columns at a time: a scratch of
-// bounded size, never a saved fp32 copy of the weights.
+// Dense products, behind one interface: Kokkos Kernels (OpenBLAS / cuBLAS / rocBLAS
+// underneath) where it has the precision path; on the Kokkos OpenMP backend the host BLAS,
+// one tile per Kokkos thread (kernels/host_blas.hpp). Products in bf16 math (bf16 runs:
+// operands rounded to bf16, sums in fp32) run on the execution space's bf16 engine where it
+// has one: cuBLAS on CUDA (kernels/device_blas.hpp), oneDNN on a host CPU with bf16
+// instructions (kernels/host_dnnl.hpp); elsewhere they are fp32 products. Weights stored in
+// bf16 (MatRef) are read as they are by a bf16 engine, which gets the fp32 left operand
+// rounded to bf16 a block of rows at a time in a scratch; without one they are widened a
+// block of columns at a time into the scratch: a scratch of bounded size, never a saved
+// fp32 copy of the weights.
 #include <KokkosBlas3_gemm.hpp>
 #include <algorithm>
 #include <climits>
 #include <stdexcept>
 #include <type_traits>
 
+#include "lamina/core/precision.hpp"
 #include "lamina/kernels/bf16.hpp"
 #include "lamina/kernels/common.hpp"
 #include "lamina/kernels/device_blas.hpp"
 #include "lamina/kernels/host_blas.hpp"
+#include "lamina/kernels/host_dnnl.hpp"
 
 namespace lamina {
 
@@ -74,12 +79,37 @@ template <class Exec>
 constexpr bool kTiledOnHost = false;
 #endif
 
+template <class Exec>
+constexpr bool kOnHost = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible;
+
 // Whether products on Exec reach a BLAS that takes row strides as they are (so that a block
 // of columns of C can be computed on its own): the host BLAS called directly, or cuBLAS.
 template <class Exec>
-constexpr bool kStridedProducts =
-    kDeviceBlas<Exec> ||
-    (kHostBlasLinked && Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible);
+constexpr bool kStridedProducts = kDeviceBlas<Exec> || (kHostBlasLinked && kOnHost<Exec>);
+
+// Whether Exec has a bf16 engine (cuBLAS; oneDNN on a CPU with bf16 instructions).
+template <class Exec>
+bool bf16_engine() {
+  if constexpr (kDeviceBlas<Exec>) return true;
+  if constexpr (kOnHost<Exec> && kHostDnnlLinked) return host_bf16_products();
+  return false;
+}
+
+// One product on Exec's bf16 engine with both operands stored in bf16 (g.a, g.b not read).
+template <class Exec>
+void bf16_product([[maybe_unused]] const Exec& exec, const RowMajorGemm& g, const std::uint16_t* a,
+                  const std::uint16_t* b) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (kDeviceBlas<Exec>) {
+    device_gemm_bf16(exec.cuda_stream(), g, a, b);
+    return;
+  }
+#endif
+  if constexpr (kOnHost<Exec>) {
+    exec.fence();  // the operands' rounding, on this instance
+    host_gemm_bf16(g, a, b);
+  }
+}
 
 // One product in the calling thread (Serial), or tiled over the Kokkos threads (OpenMP).
 template <class Exec>
@@ -125,25 +155,88 @@ struct NarrowRows {
   }
 };
 
-}  // namespace detail
-
-// Elements of an fp32 scratch for products on Exec whose right operands are bf16 matrices
-// of at most `largest` elements and `largest_k` rows of op(B). Blocks of columns (or, on
-// CUDA, of the left operand's rows) are converted 2^22 elements at a time; a BLAS reached
-// only through Kokkos Kernels takes the whole matrix.
-constexpr std::int64_t kProductChunk = std::int64_t{1} << 22;
-template <class Exec>
-constexpr std::int64_t product_scratch(std::int64_t largest, std::int64_t largest_k) {
-  if (!detail::kStridedProducts<Exec>) return largest;
-  const std::int64_t chunk = largest_k > kProductChunk ? largest_k : kProductChunk;
-  return kDeviceBlas<Exec> || chunk < largest ? chunk : largest;
+template <class Exec, class AV>
+void narrow_rows(const Exec& exec, std::uint16_t* dst, const AV& src, std::int64_t r0, std::int64_t rows) {
+  const std::int64_t cols = static_cast<std::int64_t>(src.extent(1));
+  Kokkos::parallel_for(
+      "lamina::narrow_operand",
+      Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {rows, cols}),
+      NarrowRows<Exec, AV>{Bf16Vec<Exec>(dst, static_cast<std::size_t>(rows * cols)), src, r0, cols});
 }
 
-// C = alpha * op(A) @ op(B) + beta * C. `ta`, `tb` are "N" or "T". `math`: how the operands
-// are read where the device's BLAS offers a choice (ProductMath), else fp32.
+}  // namespace detail
+
+// The math a run's products use on `Exec`: bf16 for bf16 mixed precision where Exec has a
+// bf16 engine, else fp32.
+template <class Exec>
+ProductMath product_math(Precision p) {
+  return p == Precision::bf16 && detail::bf16_engine<Exec>() ? ProductMath::bf16 : ProductMath::fp32;
+}
+
+// Elements of the fp32 scratch of a bf16 run's products on Exec, whose weights (op(B)) have
+// at most `largest` elements and `largest_k` rows. A bf16 engine rounds its fp32 operands
+// into it 2^23 bf16 values at a time; a host BLAS gets the weights widened 2^22 floats at a
+// time; a BLAS reached only through Kokkos Kernels takes a whole widened weight.
+constexpr std::int64_t kProductChunk = std::int64_t{1} << 22;
+template <class Exec>
+std::int64_t product_scratch(std::int64_t largest, std::int64_t largest_k) {
+  if (!detail::kStridedProducts<Exec>) return largest;
+  const std::int64_t chunk = std::max(largest_k, kProductChunk);
+  return detail::bf16_engine<Exec>() ? chunk : std::min(chunk, largest);
+}
+
+namespace detail {
+
+// C = alpha op(A) op(B) + beta C of fp32 operands on a host's bf16 engine: both rounded into
+// the scratch, where A^T B (a weight's gradient) is summed a block of the reduction's rows
+// at a time, any other form in one go.
 template <class Exec, class AV, class BV>
+void host_bf16_gemm(const Exec& exec, char ta, char tb, float alpha, const AV& A, const BV& B, float beta,
+                    const Mat<Exec>& C, const Vec<Exec>& scratch) {
+  const std::int64_t room = 2 * static_cast<std::int64_t>(scratch.extent(0));  // bf16 values
+  std::uint16_t* s16 = reinterpret_cast<std::uint16_t*>(scratch.data());
+  const std::int64_t ar = static_cast<std::int64_t>(A.extent(0)), ac = static_cast<std::int64_t>(A.extent(1));
+  const std::int64_t br = static_cast<std::int64_t>(B.extent(0)), bc = static_cast<std::int64_t>(B.extent(1));
+  RowMajorGemm g;
+  g.ta = ta;
+  g.tb = tb;
+  g.m = static_cast<std::int64_t>(C.extent(0));
+  g.n = static_cast<std::int64_t>(C.extent(1));
+  g.alpha = alpha;
+  g.c = C.data();
+  g.ldc = static_cast<std::int64_t>(C.stride_0());
+  g.lda = ac;
+  g.ldb = bc;
+  if (ta == 'T' && tb == 'N') {
+    const std::int64_t rows = std::max<std::int64_t>(1, room / (ac + bc));
+    if (rows * (ac + bc) > room) throw std::logic_error("lamina::gemm: the bf16 scratch holds less than a row");
+    for (std::int64_t r0 = 0; r0 < ar; r0 += rows) {
+      const std::int64_t r = std::min(rows, ar - r0);
+      narrow_rows(exec, s16, A, r0, r);
+      narrow_rows(exec, s16 + r * ac, B, r0, r);
+      g.k = r;
+      g.beta = r0 == 0 ? beta : 1.0f;
+      bf16_product(exec, g, s16, s16 + r * ac);
+    }
+    return;
+  }
+  if (ar * ac + br * bc > room) throw std::logic_error("lamina::gemm: a bf16 product's operands exceed its scratch");
+  narrow_rows(exec, s16, A, 0, ar);
+  narrow_rows(exec, s16 + ar * ac, B, 0, br);
+  g.k = ta == 'N' ? ac : ar;
+  g.beta = beta;
+  bf16_product(exec, g, s16, s16 + ar * ac);
+}
+
+}  // namespace detail
+
+// C = alpha * op(A) @ op(B) + beta * C. `ta`, `tb` are "N" or "T". `math` (ProductMath):
+// bf16 rounds the operands where Exec has a bf16 engine (a host's through `scratch`, of
+// product_scratch() elements), else fp32.
+template <class Exec, class AV, class BV, std::enable_if_t<Kokkos::is_view<BV>::value, int> = 0>
 void gemm(const Exec& exec, const char* ta, const char* tb, float alpha, const AV& A, const BV& B, float beta,
-          const Mat<Exec>& C, [[maybe_unused]] ProductMath math = ProductMath::fp32) {
+          const Mat<Exec>& C, [[maybe_unused]] ProductMath math = ProductMath::fp32,
+          [[maybe_unused]] const Vec<Exec>& scratch = Vec<Exec>()) {
   static_assert(std::is_same<typename AV::array_layout, Kokkos::LayoutRight>::value &&
                     std::is_same<typename BV::array_layout, Kokkos::LayoutRight>::value,
                 "the BLAS called directly reads operands as row-major matrices");
@@ -156,6 +249,12 @@ void gemm(const Exec& exec, const char* ta, const char* tb, float alpha, const A
     }
   }
 #endif
+  if constexpr (detail::kOnHost<Exec> && kHostDnnlLinked) {
+    if (math == ProductMath::bf16 && detail::bf16_engine<Exec>()) {
+      detail::host_bf16_gemm(exec, *ta, *tb, alpha, A, B, beta, C, scratch);
+      return;
+    }
+  }
   if constexpr (detail::kTiledOnHost<Exec>) {
     const RowMajorGemm g = detail::row_major_gemm(ta, tb, alpha, A, B, beta, C);
     if (detail::fits_blas_int(g)) {
@@ -169,12 +268,12 @@ void gemm(const Exec& exec, const char* ta, const char* tb, float alpha, const A
 }
 
 // C = alpha * A @ op(B) + beta * C, B a weight in fp32 or bf16 (MatRef). `scratch` holds
-// product_scratch() elements (unused where B is fp32).
+// product_scratch() elements (unused where B is fp32 and math fp32).
 template <class Exec, class AV>
 void gemm(const Exec& exec, const char* ta, const char* tb, float alpha, const AV& A, const MatRefArg<Exec>& B, float beta,
           const Mat<Exec>& C, ProductMath math, const Vec<Exec>& scratch) {
   if (!B.bf16()) {
-    gemm(exec, ta, tb, alpha, A, B.f32, beta, C, math);
+    gemm(exec, ta, tb, alpha, A, B.f32, beta, C, math, scratch);
     return;
   }
   if (*ta != 'N') throw std::logic_error("lamina::gemm: a bf16 right operand needs an untransposed left one");
@@ -182,61 +281,49 @@ void gemm(const Exec& exec, const char* ta, const char* tb, float alpha, const A
   const std::int64_t M = static_cast<std::int64_t>(C.extent(0));
   const std::int64_t K = trans ? B.cols() : B.rows(), n = trans ? B.rows() : B.cols();
   const std::int64_t room = static_cast<std::int64_t>(scratch.extent(0));
+  RowMajorGemm g;
+  g.ta = 'N';
+  g.tb = *tb;
+  g.k = K;
+  g.alpha = alpha;
+  g.beta = beta;
+  g.ldc = static_cast<std::int64_t>(C.stride_0());
+  if (math == ProductMath::bf16 && detail::bf16_engine<Exec>()) {
+    // The engine reads B as it is; A's rows are rounded to bf16 a block at a time (what
+    // cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF does to fp32 operands).
+    const std::int64_t rows = std::max<std::int64_t>(1, 2 * room / std::max<std::int64_t>(K, 1));
+    std::uint16_t* a16 = reinterpret_cast<std::uint16_t*>(scratch.data());
+    g.n = n;
+    g.lda = K;
+    g.ldb = static_cast<std::int64_t>(B.b16.stride_0());
+    for (std::int64_t r0 = 0; r0 < M; r0 += rows) {
+      g.m = std::min(rows, M - r0);
+      g.c = C.data() + r0 * g.ldc;
+      detail::narrow_rows(exec, a16, A, r0, g.m);
+      detail::bf16_product(exec, g, a16, B.b16.data());
+    }
+    return;
+  }
   if constexpr (!detail::kStridedProducts<Exec>) {
     detail::widen_block(exec, scratch, B.b16, 0, 0, B.rows(), B.cols());
     gemm(exec, ta, tb, alpha, A, as_mat<Exec>(scratch.data(), B.rows(), B.cols()), beta, C, math);
-  } else if constexpr (kDeviceBlas<Exec>) {
-#if defined(KOKKOS_ENABLE_CUDA)
-    // cuBLAS reads B as it is; A's rows are rounded to bf16 a block at a time (what its
-    // CUBLAS_COMPUTE_32F_FAST_16BF does to fp32 operands).
-    const std::int64_t rows = std::max<std::int64_t>(1, 2 * room / std::max<std::int64_t>(K, 1));
-    const Bf16Vec<Exec> a16(reinterpret_cast<std::uint16_t*>(scratch.data()), static_cast<std::size_t>(2 * room));
-    for (std::int64_t r0 = 0; r0 < M; r0 += rows) {
-      const std::int64_t r = std::min(rows, M - r0);
-      Kokkos::parallel_for(
-          "lamina::narrow_operand",
-          Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {r, K}),
-          detail::NarrowRows<Exec, AV>{a16, A, r0, K});
-      RowMajorGemm g;
-      g.ta = 'N';
-      g.tb = *tb;
-      g.m = r;
-      g.n = n;
-      g.k = K;
-      g.alpha = alpha;
-      g.lda = K;
-      g.ldb = static_cast<std::int64_t>(B.b16.stride_0());
-      g.beta = beta;
-      g.c = C.data() + r0 * static_cast<std::int64_t>(C.stride_0());
-      g.ldc = static_cast<std::int64_t>(C.stride_0());
-      device_gemm_bf16(exec.cuda_stream(), g, a16.data(), B.b16.data());
-    }
-#endif
   } else {
     // A block of op(B)'s columns at a time: rows of B when transposed (contiguous), else
     // a block of its columns gathered into the scratch.
     const std::int64_t width = std::max<std::int64_t>(1, room / std::max<std::int64_t>(K, 1));
+    g.m = M;
+    g.a = A.data();
+    g.lda = static_cast<std::int64_t>(A.stride_0());
+    g.b = scratch.data();
     for (std::int64_t j0 = 0; j0 < n; j0 += width) {
-      const std::int64_t w = std::min(width, n - j0);
+      g.n = std::min(width, n - j0);
       if (trans) {
-        detail::widen_block(exec, scratch, B.b16, j0, 0, w, K);
+        detail::widen_block(exec, scratch, B.b16, j0, 0, g.n, K);
       } else {
-        detail::widen_block(exec, scratch, B.b16, 0, j0, K, w);
+        detail::widen_block(exec, scratch, B.b16, 0, j0, K, g.n);
       }
-      RowMajorGemm g;
-      g.ta = 'N';
-      g.tb = *tb;
-      g.m = M;
-      g.n = w;
-      g.k = K;
-      g.alpha = alpha;
-      g.a = A.data();
-      g.lda = static_cast<std::int64_t>(A.stride_0());
-      g.b = scratch.data();
-      g.ldb = trans ? K : w;
-      g.beta = beta;
+      g.ldb = trans ? K : g.n;
       g.c = C.data() + j0;
-      g.ldc = static_cast<std::int64_t>(C.stride_0());
       detail::host_gemm(exec, g);
     }
   }

@@ -10,6 +10,7 @@
 
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
+#include "lamina/kernels/host_dnnl.hpp"
 
 #if defined(LAMINA_HAVE_OPENBLAS)
 extern "C" {
@@ -92,21 +93,37 @@ void host_sgemm(const RowMajorGemm& g) {
 #endif
 }
 
+HostBlasBesideDnnl::HostBlasBesideDnnl() {
+#if defined(LAMINA_HAVE_OPENBLAS)
+  if (Kokkos::DefaultHostExecutionSpace().concurrency() > 1) return;
+  threads_ = openblas_get_num_threads();
+  openblas_set_num_threads(1);
+#endif
+}
+
+HostBlasBesideDnnl::~HostBlasBesideDnnl() {
+#if defined(LAMINA_HAVE_OPENBLAS)
+  if (threads_ > 0) openblas_set_num_threads(threads_);
+#endif
+}
+
 std::string configure_host_blas(std::string& warning, int ranks_on_node) {
   using Host = Kokkos::DefaultHostExecutionSpace;
   const int kokkos_threads = Host().concurrency();
   const int cores = usable_cores();
   std::string blas = "BLAS through Kokkos Kernels";
   int blas_threads = 0;
+  // Ranks not pinned to cores of their own (all of the machine's usable) share them.
+  const int all = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int share = std::max(1, cores < all ? cores : cores / std::max(1, ranks_on_node));
+  const bool serial = std::string(Host::name()) == "Serial";
+  if (serial && std::getenv("OMP_NUM_THREADS") == nullptr) set_host_product_threads(share);
 #if defined(LAMINA_HAVE_OPENBLAS)
   const bool kokkos_tiles = std::string(Host::name()) == "OpenMP" && kokkos_threads > 1;
   if (kokkos_tiles) {
     openblas_set_num_threads(1);
   } else if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
-    // Ranks not pinned to cores of their own (all of the machine's usable) share them.
-    const int all = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const int share = cores < all ? cores : cores / std::max(1, ranks_on_node);
-    openblas_set_num_threads(std::max(1, share));
+    openblas_set_num_threads(share);
   }
   blas_threads = openblas_get_num_threads();
   const int parallel = openblas_get_parallel();
@@ -115,9 +132,9 @@ std::string configure_host_blas(std::string& warning, int ranks_on_node) {
                    : parallel == 2 ? "OpenMP"
                                    : "pthreads",
                    blas_threads);
+  if (!kokkos_tiles && host_bf16_products()) blas += " (1 in bf16 runs, beside oneDNN)";  // HostBlasBesideDnnl
 #endif
   warning.clear();
-  const int all = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (cores * ranks_on_node < all) {
     warning = strprintf("the %d rank(s) on this node may use %d of its %d cores (each rank is bound to %d): the rest "
                         "stay idle; start more ranks, or let them use more cores (mpirun --bind-to none)",
@@ -130,8 +147,8 @@ std::string configure_host_blas(std::string& warning, int ranks_on_node) {
     warning = strprintf("the BLAS runs %d threads on %d usable core(s); set OPENBLAS_NUM_THREADS=%d", blas_threads,
                         cores, cores);
   }
-  return strprintf("host threads: %s; Kokkos %s, %d thread(s); %d usable core(s)", blas.c_str(), Host::name(),
-                   kokkos_threads, cores);
+  return strprintf("host threads: %s; Kokkos %s, %d thread(s); %d usable core(s); %s", blas.c_str(), Host::name(),
+                   kokkos_threads, cores, host_product_engine().c_str());
 }
 
 }  // namespace lamina

@@ -30,12 +30,27 @@ int gemm_tile_count(const RowMajorGemm& g, int threads);
 void host_sgemm(const RowMajorGemm& g);
 
 // Sets the BLAS's own threads for the Kokkos host space this process runs and says what the
-// host's thread pools are, e.g. "BLAS OpenBLAS 0.3.21 ..., pthreads, 1 thread(s) per call;
-// Kokkos OpenMP, 2 thread(s)": one per call under OpenMP (the BLAS runs inside Kokkos'
+// host's thread pools and product engines are, e.g. "BLAS OpenBLAS 0.3.21 ..., pthreads, 1
+// thread(s) per call; Kokkos OpenMP, 2 thread(s); 2 usable core(s); oneDNN 2.6.3 bf16
+// products (avx512_core_bf16)": one per call under OpenMP (the BLAS runs inside Kokkos'
 // threads); under Serial the cores this process may use, shared with the other ranks of the
 // node where they may use the same ones (`ranks_on_node`), unless OPENBLAS_NUM_THREADS or
 // OMP_NUM_THREADS says otherwise. `warning` is set where the threads are more than the cores
 // this process may use.
 std::string configure_host_blas(std::string& warning, int ranks_on_node = 1);
+
+// While it lives, the host BLAS runs one thread per call under Serial: a run whose bf16
+// products go to oneDNN's OpenMP pool leaves it the cores (two pools spinning between
+// their turns halve both). Under OpenMP the BLAS runs one thread per call already.
+class HostBlasBesideDnnl {
+ public:
+  HostBlasBesideDnnl();
+  ~HostBlasBesideDnnl();
+  HostBlasBesideDnnl(const HostBlasBesideDnnl&) = delete;
+  HostBlasBesideDnnl& operator=(const HostBlasBesideDnnl&) = delete;
+
+ private:
+  int threads_ = 0;  // to restore; 0: unchanged
+};
 
 }  // namespace lamina

@@ -43,7 +43,7 @@ void linear_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& d
                      const ConstMat<Exec>& dout, const ConstMat<Exec>& inp, const MatRefArg<Exec>& weight,
                      const ConstVec<Exec>& ones, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
   gemm(exec, "N", "T", 1.0f, dout, weight, 0.0f, dinp, math, scratch);
-  gemm(exec, "T", "N", 1.0f, inp, dout, 1.0f, dweight, math);
+  gemm(exec, "T", "N", 1.0f, inp, dout, 1.0f, dweight, math, scratch);
   if (dbias.data() != nullptr) add_column_sums(exec, dbias, dout, ones);
 }
 
@@ -60,7 +60,7 @@ void tied_head_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>
                         const ConstMat<Exec>& dlogits, const ConstMat<Exec>& inp, const MatRefArg<Exec>& embedding,
                         ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
   gemm(exec, "N", "N", 1.0f, dlogits, embedding, 0.0f, dinp, math, scratch);
-  gemm(exec, "T", "N", 1.0f, dlogits, inp, 1.0f, dembedding, math);
+  gemm(exec, "T", "N", 1.0f, dlogits, inp, 1.0f, dembedding, math, scratch);
 }
 
 }  // namespace lamina

@@ -20,4 +20,14 @@ struct RowMajorGemm {
   std::int64_t ldc = 1;
 };
 
+// The same product for every (sequence s, head h) of a batch, as attention runs them:
+// operand X of (s, h) starts s * X.sequence + h * X.head elements past X's first.
+struct HeadBatch {
+  struct Strides {
+    std::int64_t sequence = 0, head = 0;
+  };
+  std::int64_t sequences = 1, heads = 1;
+  Strides a, b, c;
+};
+
 }  // namespace lamina

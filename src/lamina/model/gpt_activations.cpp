@@ -31,7 +31,11 @@ ActivationSizes activation_sizes(const Dims& d) {
     // Weights products read as bf16 (op(B) of K rows): the projections both ways, the head's.
     const std::int64_t largest = std::max({C * 3 * A, A * C, C * F, d.V * C});
     const std::int64_t largest_k = std::max({C, 3 * A, F, d.V});
-    s.product_scratch = product_scratch<Kokkos::DefaultExecutionSpace>(largest, largest_k);
+    // Attention's products round their operands into it too where they run on a host's oneDNN.
+    using Exec = Kokkos::DefaultExecutionSpace;
+    s.product_scratch = std::max(product_scratch<Exec>(largest, largest_k),
+                                 attention_scratch<Exec>(d.attention, product_math<Exec>(Precision::bf16), d.B, d.T,
+                                                         d.NH, d.hd));
     s.workspace += s.residual_scratch + s.param_vectors + s.product_scratch;
   }
   return s;

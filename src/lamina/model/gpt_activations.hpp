@@ -113,7 +113,7 @@ struct Workspace {
   // bf16 runs (empty otherwise)
   Mat<Exec> x, out;      // (N, C): a block's input widened from bf16, its output before rounding
   Vec<Exec> vectors;     // a layer's norm gains and biases, widened
-  Vec<Exec> widened;     // products' conversions of bf16 weights or operands (gemm.hpp)
+  Vec<Exec> widened;     // products' conversions of bf16 weights or operands (gemm.hpp, attention.hpp)
   // forward
   AttentionWorkspace<Exec> heads;  // q, k, v, y (B*NH, T, hd) for staged attention products; probs
   Mat<Exec> attproj, fcproj;   // (N, C)
@@ -171,6 +171,7 @@ class WorkspaceBuffers {
     }
     ws.vectors = as_vec<Exec>(p += s.residual_scratch, s.param_vectors);
     ws.widened = as_vec<Exec>(p += s.param_vectors, s.product_scratch);
+    ws.heads.narrowed = ws.dheads.narrowed = ws.widened;  // between products, never during one
     ones_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::ones", s.ones);
     Kokkos::deep_copy(ones_.view(), 1.0f);
     ws.ones = ones_.view();

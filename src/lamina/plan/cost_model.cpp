@@ -57,16 +57,23 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // per element each: 2 read, 4 written or the other way): a block's input widened and its
   // output rounded, its saved activations rounded in forward and widened for backward, whose
   // input is widened again (for a recomputed block, see price()). Products convert too: a
-  // host BLAS widens the bf16 weights it reads (each matrix once per forward and once for
-  // the input gradients), a device's BLAS rounds the fp32 left operands of those products.
+  // bf16 engine rounds the fp32 left operands of the projections' products, and on a host
+  // (oneDNN) attention's too: q, k, v once per pass, dy, and the probabilities and score
+  // gradients it writes in bf16 beside fp32 (2 bytes each, about half of the (T, T) scores
+  // under the mask); without one, the host BLAS widens the bf16 weights it reads (each
+  // matrix once per forward and once for the input gradients).
   double convert_forward = 0.0, convert_backward = 0.0, convert_head = 0.0, convert_head_backward = 0.0;
   if (bf16_) {
     const double A = C / tp, F = 4 * C / tp, weights = 12 * C * C / tp;
-    const bool host_blas = machine.device_is_host;
-    convert_forward = 6 * (2 * N * C + inner_) + 6 * (host_blas ? weights : N * (2 * C + A + F));
-    convert_backward = 6 * (N * C + inner_) + 6 * (host_blas ? weights : N * (2 * C + F + 3 * A));
-    convert_head = 6 * N * C + 6 * (host_blas ? V * C : N * C);
-    convert_head_backward = 6 * N * C + 6 * (host_blas ? V * C : N * V);
+    const bool widens = !machine.bf16_products();
+    const double half_scores = static_cast<double>(d.B) * heads * T * T / 2;
+    const bool host_attention = machine.device_is_host && !own_kernels;
+    const double rounds_forward = host_attention ? 6 * 3 * N * A + 2 * half_scores : 0.0;
+    const double rounds_backward = host_attention ? 6 * 4 * N * A + 4 * half_scores : 0.0;
+    convert_forward = 6 * (2 * N * C + inner_) + (widens ? 6 * weights : 6 * N * (2 * C + A + F) + rounds_forward);
+    convert_backward = 6 * (N * C + inner_) + (widens ? 6 * weights : 6 * N * (2 * C + F + 3 * A) + rounds_backward);
+    convert_head = 6 * N * C + 6 * (widens ? V * C : N * C);
+    convert_head_backward = 6 * N * C + 6 * (widens ? V * C : N * V);
   }
   if (bf16_) {
     saved_conversion_ = 6 * inner_ / bandwidth;

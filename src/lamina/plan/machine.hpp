@@ -4,7 +4,8 @@
 // source); `lamina bench machine --write FILE` measures the machine it runs on.
 //
 //   name = "DGX A100 80GB"
-//   [device]   per_node, memory, peak_tflops_fp32, peak_tflops_bf16, memory_bandwidth,
+//   [device]   per_node, memory, peak_tflops_fp32, peak_tflops_bf16 (0 or absent: no bf16
+//              products; bf16 runs keep fp32 ones), memory_bandwidth,
 //              adamw_params_per_s (optional: measured; else the bandwidth at [efficiency] adamw),
 //              is_host and cores (a host-only machine: the "device" is the host's cores)
 //   [host]     memory (per node), memory_bandwidth (per node), adamw_params_per_s (per node)
@@ -26,7 +27,7 @@ struct MachineSpec {
   int devices_per_node = 1;
   double device_memory = 0.0;      // bytes
   double peak_flops_fp32 = 0.0;    // dense FLOP/s
-  double peak_flops_bf16 = 0.0;
+  double peak_flops_bf16 = 0.0;    // 0: no bf16 products (bf16 runs keep fp32 ones)
   double memory_bandwidth = 0.0;   // bytes/s
   // host, per node
   double host_memory = 0.0;
@@ -48,7 +49,8 @@ struct MachineSpec {
   bool device_is_host = false;
   int cores_per_device = 0;  // host-only machines: cores each rank's device has
 
-  double peak_flops(bool bf16) const { return bf16 && peak_flops_bf16 > 0 ? peak_flops_bf16 : peak_flops_fp32; }
+  bool bf16_products() const { return peak_flops_bf16 > 0; }
+  double peak_flops(bool bf16) const { return bf16 && bf16_products() ? peak_flops_bf16 : peak_flops_fp32; }
 };
 
 // Throws InputError naming file:line:col for unknown keys, wrong types and missing values.

@@ -10,7 +10,7 @@
 #include "lamina/comm/mpi_communicator.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/io/token_dataset.hpp"
-#include "lamina/kernels/device_blas.hpp"
+#include "lamina/kernels/gemm.hpp"
 #include "lamina/model/flops.hpp"
 #include "lamina/optim/adamw.hpp"
 #include "lamina/optim/grad_norm.hpp"

@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "lamina/kernels/bf16.hpp"
 #include "lamina/kernels/gemm.hpp"
 #include "lamina/train/cache_evictor.hpp"
 #include "lamina/optim/adamw.hpp"
@@ -31,13 +32,21 @@ Measurement measure_gemm_gflops(std::int64_t n, int reps, ProductMath math) {
   Mat<Exec> a("lamina::bench_a", n, n), b("lamina::bench_b", n, n), c("lamina::bench_c", n, n);
   Kokkos::deep_copy(a, 0.5f);
   Kokkos::deep_copy(b, 0.25f);
+  // bf16: as a bf16 run's projections read their weights, stored in bf16, with the other
+  // operand rounded into a scratch.
+  const bool bf16 = math == ProductMath::bf16;
+  Kokkos::View<std::uint16_t**, Kokkos::LayoutRight, Exec::memory_space> b16("lamina::bench_b16", bf16 ? n : 0,
+                                                                              bf16 ? n : 0);
+  Vec<Exec> scratch("lamina::bench_scratch", bf16 ? static_cast<std::size_t>(product_scratch<Exec>(n * n, n)) : 0);
+  if (bf16) Kokkos::deep_copy(b16, to_bf16(0.25f));
+  const MatRef<Exec> weight = bf16 ? MatRef<Exec>(ConstMat16<Exec>(b16)) : MatRef<Exec>(b);
   const Exec exec;
-  gemm(exec, "N", "N", 1.0f, a, b, 0.0f, c, math);  // warm-up: thread pools, page faults
+  gemm(exec, "N", "N", 1.0f, a, weight, 0.0f, c, math, scratch);  // warm-up: thread pools, page faults
   exec.fence();
   std::vector<double> rates;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    gemm(exec, "N", "N", 1.0f, a, b, 0.0f, c, math);
+    gemm(exec, "N", "N", 1.0f, a, weight, 0.0f, c, math, scratch);
     exec.fence();
     rates.push_back(2.0 * static_cast<double>(n) * n * n / seconds_since(t0) / 1e9);
   }

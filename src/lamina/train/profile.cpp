@@ -9,7 +9,7 @@
 #include "lamina/comm/mpi_communicator.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/kernels/bf16.hpp"
-#include "lamina/kernels/device_blas.hpp"
+#include "lamina/kernels/gemm.hpp"
 #include "lamina/model/gpt.hpp"
 #include "lamina/model/init.hpp"
 #include "lamina/train/cache_evictor.hpp"
@@ -68,10 +68,10 @@ MachineSpec measure_machine(MPI_Comm comm, const Log& log) {
   m.devices_per_node = ranks;
   m.device_is_host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Exec::memory_space>::accessible;
   m.peak_flops_fp32 = measure_gemm_gflops(2048, 5, ProductMath::fp32).best * 1e9;
-  // bf16 runs' products: on tensor cores where the device's BLAS has them, else fp32 again
+  // bf16 runs' products on the bf16 engine (cuBLAS, oneDNN on a CPU with bf16
+  // instructions); none (0): they stay fp32 products
   const ProductMath bf16 = product_math<Exec>(Precision::bf16);
-  m.peak_flops_bf16 =
-      bf16 == ProductMath::fp32 ? m.peak_flops_fp32 : measure_gemm_gflops(2048, 5, bf16).best * 1e9;
+  m.peak_flops_bf16 = bf16 == ProductMath::fp32 ? 0.0 : measure_gemm_gflops(2048, 5, bf16).best * 1e9;
   m.memory_bandwidth = measure_triad_gbytes(1 << 24, 5).best * 1e9;
   constexpr std::int64_t n = 1 << 22;
   m.host_adamw_rate = measure_adamw_rate(n, 5, true, true).median * ranks;  // per node: every rank's share
@@ -104,10 +104,12 @@ MachineSpec measure_machine(MPI_Comm comm, const Log& log) {
   m.d2h = v[4];
   m.device_adamw_rate = v[5];
   m.peak_flops_bf16 = v[6];
-  log.info(strprintf("measured: GEMM %.1f GFLOP/s (bf16 products %.1f), stream %.1f GB/s, host AdamW %.3g "
+  const std::string bf16_rate =
+      m.peak_flops_bf16 > 0 ? strprintf("bf16 products %.1f", m.peak_flops_bf16 / 1e9) : "no bf16 products";
+  log.info(strprintf("measured: GEMM %.1f GFLOP/s (%s), stream %.1f GB/s, host AdamW %.3g "
                      "params/s, host<->device %.1f / %.1f GB/s, all-reduce %.2f GB/s + %.1f us per step, per rank of "
                      "%d",
-                     m.peak_flops_fp32 / 1e9, m.peak_flops_bf16 / 1e9, m.memory_bandwidth / 1e9, m.host_adamw_rate,
+                     m.peak_flops_fp32 / 1e9, bf16_rate.c_str(), m.memory_bandwidth / 1e9, m.host_adamw_rate,
                      m.h2d / 1e9, m.d2h / 1e9, m.intra_bandwidth / 1e9, m.intra_latency * 1e6, ranks));
   return m;
 }

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "lamina/core/format.hpp"
-#include "lamina/kernels/device_blas.hpp"
+#include "lamina/kernels/gemm.hpp"
 #include "lamina/memory/optimizer_updaters.hpp"
 #include "lamina/train/machine.hpp"
 
@@ -38,6 +38,9 @@ Runtime::Runtime(MemoryTracker& tracker, const ModelConfig& model, const Optimiz
       pools_(tracker) {
   dims_.products = product_math<Kokkos::DefaultExecutionSpace>(plan.precision);
   dims_.bf16 = plan.precision == Precision::bf16;
+  if (dims_.products == ProductMath::bf16 && Kokkos::SpaceAccessibility<Kokkos::HostSpace, DeviceMem>::accessible) {
+    host_blas_ = std::make_unique<HostBlasBesideDnnl>();
+  }
   const std::vector<int> held = schedule_.layers_of_stage(grid_.pp_rank());
   const bool dynamic = plan.any_optimizer(OptimizerPlacement::dynamic);
   const std::int64_t free = dynamic ? dos_device_free(model, plan, extras, grid_.pp_rank()) : -1;

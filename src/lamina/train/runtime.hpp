@@ -11,6 +11,7 @@
 #include <string>
 
 #include "lamina/core/config.hpp"
+#include "lamina/kernels/host_blas.hpp"
 #include "lamina/parallel/executor.hpp"
 #include "lamina/parallel/process_grid.hpp"
 #include "lamina/parallel/rank_state.hpp"
@@ -78,6 +79,7 @@ class Runtime {
   RankOptimizers optimizers_;
   std::unique_ptr<RankState> state_;
   std::unique_ptr<Executor> executor_;
+  std::unique_ptr<HostBlasBesideDnnl> host_blas_;  // bf16 products on a host's oneDNN
   std::vector<Instruction> update_program_;
   std::int64_t t_ = 0;
 };

@@ -19,7 +19,7 @@
 #include "lamina/io/output_file.hpp"
 #include "lamina/io/sampler.hpp"
 #include "lamina/io/token_dataset.hpp"
-#include "lamina/kernels/device_blas.hpp"
+#include "lamina/kernels/gemm.hpp"
 #include "lamina/model/flops.hpp"
 #include "lamina/optim/grad_norm.hpp"
 #include "lamina/optim/lr_schedule.hpp"

@@ -7,10 +7,14 @@
 namespace lamina::test {
 namespace {
 
+double identity(double x) { return x; }
+double bf16(double x) { return from_bf16(to_bf16(static_cast<float>(x))); }
+
 // Naive double-precision causal attention on qkv (B*T, 3C): returns out (B*T, C) and,
-// given dout, dqkv.
+// given dout, dqkv. `r` is applied where bf16 products round their operands: q, k, v, dy,
+// the probabilities and the (scaled) score gradients they multiply.
 void attention_reference(const std::vector<double>& qkv, const std::vector<double>& dout, int B, int T, int C, int NH,
-                         std::vector<double>& out, std::vector<double>& dqkv) {
+                         std::vector<double>& out, std::vector<double>& dqkv, double (*r)(double) = identity) {
   const int hd = C / NH;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   out.assign(B * T * C, 0.0);
@@ -23,7 +27,7 @@ void attention_reference(const std::vector<double>& qkv, const std::vector<doubl
         double mx = -1e300;
         std::vector<double> s(T, 0.0);
         for (int j = 0; j <= t; ++j) {
-          for (int d = 0; d < hd; ++d) s[j] += qkv[at(b, t, 0, h, d)] * qkv[at(b, j, 1, h, d)] * scale;
+          for (int d = 0; d < hd; ++d) s[j] += r(qkv[at(b, t, 0, h, d)]) * r(qkv[at(b, j, 1, h, d)]) * scale;
           mx = std::max(mx, s[j]);
         }
         double z = 0;
@@ -31,25 +35,25 @@ void attention_reference(const std::vector<double>& qkv, const std::vector<doubl
         for (int j = 0; j <= t; ++j) P[t * T + j] = std::exp(s[j] - mx) / z;
         for (int d = 0; d < hd; ++d) {
           double y = 0;
-          for (int j = 0; j <= t; ++j) y += P[t * T + j] * qkv[at(b, j, 2, h, d)];
+          for (int j = 0; j <= t; ++j) y += r(P[t * T + j]) * r(qkv[at(b, j, 2, h, d)]);
           out[(b * T + t) * C + h * hd + d] = y;
         }
       }
       for (int t = 0; t < T; ++t) {
         for (int j = 0; j <= t; ++j) {
           for (int d = 0; d < hd; ++d) {
-            const double dy = dout[(b * T + t) * C + h * hd + d];
-            dP[t * T + j] += dy * qkv[at(b, j, 2, h, d)];
-            dqkv[at(b, j, 2, h, d)] += P[t * T + j] * dy;
+            const double dy = r(dout[(b * T + t) * C + h * hd + d]);
+            dP[t * T + j] += dy * r(qkv[at(b, j, 2, h, d)]);
+            dqkv[at(b, j, 2, h, d)] += r(P[t * T + j]) * dy;
           }
         }
         double dotp = 0;
         for (int j = 0; j <= t; ++j) dotp += P[t * T + j] * dP[t * T + j];
         for (int j = 0; j <= t; ++j) {
-          const double dS = P[t * T + j] * (dP[t * T + j] - dotp) * scale;
+          const double dS = r(P[t * T + j] * (dP[t * T + j] - dotp) * scale);
           for (int d = 0; d < hd; ++d) {
-            dqkv[at(b, t, 0, h, d)] += dS * qkv[at(b, j, 1, h, d)];
-            dqkv[at(b, j, 1, h, d)] += dS * qkv[at(b, t, 0, h, d)];
+            dqkv[at(b, t, 0, h, d)] += dS * r(qkv[at(b, j, 1, h, d)]);
+            dqkv[at(b, j, 1, h, d)] += dS * r(qkv[at(b, t, 0, h, d)]);
           }
         }
       }
@@ -66,7 +70,8 @@ struct HeadsScratch {
       : BNH(bnh), T(t), hd(d), buf(to_device<Exec>(std::vector<double>(bnh * t * (7 * d + t), std::nan("")))) {}
   AttentionWorkspace<Exec> heads() const {
     auto at = [&](int i) { return as_mats<Exec>(buf.data() + i * BNH * T * hd, BNH, T, hd); };
-    return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), as_mats<Exec>(buf.data() + 7 * BNH * T * hd, BNH, T, T)};
+    return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), as_mats<Exec>(buf.data() + 7 * BNH * T * hd, BNH, T, T),
+            Vec<Exec>()};
   }
 };
 
@@ -227,6 +232,52 @@ TYPED_TEST(AttentionTest, StagedProductsInBf16RoundOperandsOnlyWhereTheDeviceRun
       EXPECT_LT(e, 3e-2) << name;
     } else {
       EXPECT_LT(e, 1e-5) << name;
+    }
+  }
+}
+
+// bf16 products of the in-place and fused ways: on a host's oneDNN (a CPU with bf16
+// instructions) against a double reference that rounds the same operands, visibly off the
+// exact one; elsewhere fp32 products. The rounded reference is 2e-8 away unless an operand
+// computed in fp32 (a probability, a score gradient) and in double falls on two sides of a
+// bf16 rounding boundary: each such flip moves a result by up to 2^-8 of one term, 1e-5
+// measured, so 1e-4 is tight next to the 3e-3 between bf16 and exact operands. Three row
+// blocks (the last partial); score, probability and bf16 buffers start as NaN, so a read of
+// anything not written shows.
+TYPED_TEST(AttentionTest, HostBf16ProductsMatchAReferenceOfTheRoundedOperands) {
+  using Exec = TypeParam;
+  const int B = 2, T = 150, C = 16, NH = 2, hd = C / NH, N = B * T, BNH = B * NH;
+  const auto qkv = random_vector(N * 3 * C, 52, -1.5, 1.5), dout = random_vector(N * C, 53);
+  std::vector<double> exact, exact_dqkv, rounded, rounded_dqkv;
+  attention_reference(qkv, dout, B, T, C, NH, exact, exact_dqkv);
+  attention_reference(qkv, dout, B, T, C, NH, rounded, rounded_dqkv, bf16);
+  const std::vector<double> nan(BNH * T * T, std::nan(""));
+  for (const AttentionProducts how : {AttentionProducts::in_place, AttentionProducts::fused}) {
+    SCOPED_TRACE(attention_products_name(how));
+    const bool on_onednn = attention_on_host_bf16<Exec>(how, ProductMath::bf16);
+    HeadsScratch<Exec> scratch(BNH, T, hd);
+    AttentionWorkspace<Exec> heads = scratch.heads();
+    heads.narrowed = to_device<Exec>(
+        std::vector<double>(std::max<std::int64_t>(1, attention_scratch<Exec>(how, ProductMath::bf16, B, T, NH, hd)),
+                            std::nan("")));
+    auto att = to_device<Exec>(nan), datt = to_device<Exec>(nan), saved = to_device<Exec>(qkv),
+         dd = to_device<Exec>(dout);
+    const Mats<Exec> saved_att = as_mats<Exec>(att.data(), BNH, T, saved_attention_columns(how, T));
+    Vec<Exec> out("out", N * C), dqkv = to_device<Exec>(std::vector<double>(N * 3 * C, std::nan("")));
+    attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), saved_att, as_mat<Exec>(saved.data(), N, 3 * C), heads,
+                      NH, how, ProductMath::bf16);
+    attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mats<Exec>(datt.data(), BNH, T, T),
+                       as_mat<Exec>(dd.data(), N, C), as_mat<Exec>(saved.data(), N, 3 * C),
+                       as_mat<Exec>(out.data(), N, C), saved_att, heads, NH, how, ProductMath::bf16);
+    for (const auto& [got, want, off, name] :
+         {std::make_tuple(to_host(out), rounded, exact, "out"),
+          std::make_tuple(to_host(dqkv), rounded_dqkv, exact_dqkv, "dqkv")}) {
+      if (on_onednn) {
+        EXPECT_LT(rel_error(got, want), 1e-4) << name;
+        EXPECT_GT(rel_error(got, off), 1e-3) << name << ": the products did not round their operands";
+      } else {
+        EXPECT_LT(rel_error(got, off), 1e-5) << name;
+      }
     }
   }
 }

@@ -33,9 +33,11 @@ TYPED_TEST(GemmTest, BatchedProductsMatchDoubleReference) {
 }
 
 // Large enough that the OpenMP backend cuts each product into one tile per thread. Products
-// in bf16 read operands rounded to bf16 and sum in fp32 where the device's BLAS runs them
-// (compared with a reference of rounded operands, far from the exact one at this tolerance),
-// and are fp32 products elsewhere.
+// in bf16 read operands rounded to bf16 and sum in fp32 where the execution space has a bf16
+// engine (cuBLAS; oneDNN on a CPU with bf16 instructions), compared with a reference of
+// rounded operands, far from the exact one at this tolerance; elsewhere they are fp32
+// products. The transposed left operand's product (a weight's gradient) is summed in blocks
+// of the reduction's rows on a host engine: its scratch holds a few rows.
 TYPED_TEST(GemmTest, LargeProductsMatchDoubleReferenceForEveryTransposeAndMath) {
   using Exec = TypeParam;
   const int m = 200, n = 96, k = 48;
@@ -44,16 +46,20 @@ TYPED_TEST(GemmTest, LargeProductsMatchDoubleReferenceForEveryTransposeAndMath) 
     for (auto& e : v) e = from_bf16(to_bf16(static_cast<float>(e)));
     return v;
   };
+  const bool engine = product_math<Exec>(Precision::bf16) == ProductMath::bf16;
   for (const ProductMath math : {ProductMath::fp32, ProductMath::bf16}) {
-    const bool rounded = math == ProductMath::bf16 && kDeviceBlas<Exec>;
+    const bool rounded = math == ProductMath::bf16 && engine;
     const auto ar = rounded ? bf16(a) : a, br = rounded ? bf16(b) : b;
     for (const char* ta : {"N", "T"}) {
       for (const char* tb : {"N", "T"}) {
         SCOPED_TRACE(std::string(ta) + tb + " " + product_math_name(math));
         auto da = to_device<Exec>(a), db = to_device<Exec>(b), dc = to_device<Exec>(c0);
         const bool at = *ta == 'T', bt = *tb == 'T';
+        // Room for both operands in bf16, or (A^T B) for 24 of the reduction's 48 rows.
+        const std::size_t room = at && !bt ? 24 * (m + n) / 2 : (m * k + k * n) / 2;
+        auto scratch = to_device<Exec>(std::vector<double>(room, NAN));
         gemm(Exec(), ta, tb, 0.5f, as_mat<Exec>(da.data(), at ? k : m, at ? m : k),
-             as_mat<Exec>(db.data(), bt ? n : k, bt ? k : n), 2.0f, as_mat<Exec>(dc.data(), m, n), math);
+             as_mat<Exec>(db.data(), bt ? n : k, bt ? k : n), 2.0f, as_mat<Exec>(dc.data(), m, n), math, scratch);
         std::vector<double> want(m * n);
         for (int i = 0; i < m; ++i) {
           for (int j = 0; j < n; ++j) {
@@ -69,10 +75,10 @@ TYPED_TEST(GemmTest, LargeProductsMatchDoubleReferenceForEveryTransposeAndMath) 
 }
 
 // A weight stored in bf16 as the right operand, both ways round: against a double
-// reference of the bf16 values (and, where the device rounds the left operand too, of that
-// rounded). The scratch holds a few columns only, so that the host's product runs in
-// several blocks, the last one narrower; where the BLAS is reached through Kokkos Kernels
-// it holds the whole matrix, as product_scratch() says.
+// reference of the bf16 values (and, where a bf16 engine rounds the left operand too, of
+// that rounded). The scratch holds a few columns (or rows) only, so that the product runs
+// in several blocks, the last one narrower; where the BLAS is reached through Kokkos
+// Kernels it holds the whole matrix, as product_scratch() says.
 TYPED_TEST(GemmTest, ProductsWithABf16WeightMatchDoubleReference) {
   using Exec = TypeParam;
   const int m = 40, n = 23, k = 17;
@@ -82,7 +88,7 @@ TYPED_TEST(GemmTest, ProductsWithABf16WeightMatchDoubleReference) {
     return v;
   };
   const auto w = bf16(random_vector(k * n, 79));  // the weight's values, as stored
-  const auto ar = kDeviceBlas<Exec> ? bf16(a) : a;
+  const auto ar = product_math<Exec>(Precision::bf16) == ProductMath::bf16 ? bf16(a) : a;
   const std::int64_t room = lamina::detail::kStridedProducts<Exec> ? 5 * std::max(k, n) : k * n;
   for (const char* tb : {"N", "T"}) {
     SCOPED_TRACE(tb);
