@@ -19,6 +19,13 @@ class Lamina(CMakePackage, CudaPackage, ROCmPackage):
 
     variant("openmp", default=True, description="Run host kernels on Kokkos' OpenMP backend")
     variant("nccl", default=False, description="Build the NCCL communicator backend (CUDA only)")
+    # Host builds only: device builds' products run on cuBLAS / rocBLAS.
+    variant(
+        "onednn",
+        default=True,
+        when="~cuda~rocm",
+        description="bf16 runs' products on oneDNN where the CPU has bf16 instructions (AVX512_BF16, AMX)",
+    )
 
     conflicts("+nccl", when="~cuda", msg="NCCL is NVIDIA's library: it needs +cuda")
     conflicts("+cuda", when="+rocm", msg="Kokkos builds one device backend: CUDA or ROCm")
@@ -74,6 +81,9 @@ class Lamina(CMakePackage, CudaPackage, ROCmPackage):
     depends_on("tomlplusplus@3:")
     depends_on("cli11@2:")
     depends_on("nccl", when="+nccl")
+    # lamina compiles against oneDNN 2 and 3 (their matmul APIs differ; both are handled) and
+    # runs its products on the calling OpenMP pool: oneDNN's OpenMP runtime, not TBB's.
+    depends_on("onednn@2.6: cpu_runtime=omp", when="+onednn")
     # Only for `spack install --test=root`, which also turns LAMINA_ENABLE_TESTS on.
     depends_on("googletest@1.12:", type="test")
 
@@ -92,6 +102,8 @@ class Lamina(CMakePackage, CudaPackage, ROCmPackage):
             # -march=native would tie the binary to the build host instead.
             self.define("LAMINA_NATIVE_ARCH", False),
             self.define_from_variant("LAMINA_ENABLE_NCCL", "nccl"),
+            # ON or OFF, never AUTO: a oneDNN outside the spec must not be picked up.
+            self.define("LAMINA_ENABLE_ONEDNN", spec.satisfies("+onednn")),
             self.define("LAMINA_ENABLE_TESTS", self.run_tests),
             # Kokkos' C++ standard: 17 for Kokkos 4 by default, 20 for Kokkos 5.
             self.define("CMAKE_CXX_STANDARD", spec["kokkos"].variants["cxxstd"].value),

@@ -38,8 +38,14 @@ const char* isa_name(dnnl_cpu_isa_t isa) {
   }
 }
 
-bool has_bf16(dnnl_cpu_isa_t isa) {
+// The ISA values are x86's: on other CPUs (oneDNN's aarch64 bf16 goes through the Arm
+// Compute Library, not these kernels) bf16 runs keep fp32 products.
+bool has_bf16([[maybe_unused]] dnnl_cpu_isa_t isa) {
+#if defined(__x86_64__)
   return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+#else
+  return false;
+#endif
 }
 
 // The engine, its stream and the primitives made so far, one per product shape.
