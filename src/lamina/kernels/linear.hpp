@@ -13,7 +13,7 @@ struct LinearBiasBroadcast {
 };
 
 // Every product takes `math` (ProductMath): bf16 reads its operands rounded to bf16 where the
-// device's BLAS can, and always sums in fp32. Weights are fp32 or bf16 (MatRef); `scratch`
+// execution space has a bf16 engine (gemm.hpp), and always sums in fp32. Weights are fp32 or bf16 (MatRef); `scratch`
 // (gemm.hpp, product_scratch) is where products convert bf16 weights or operands.
 
 // out: (N, OC); inp: (N, IC); weight: (IC, OC); bias: (OC), or empty for none (where the
@@ -42,8 +42,7 @@ template <class Exec>
 void linear_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
                      const ConstMat<Exec>& dout, const ConstMat<Exec>& inp, const MatRefArg<Exec>& weight,
                      const ConstVec<Exec>& ones, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
-  gemm(exec, "N", "T", 1.0f, dout, weight, 0.0f, dinp, math, scratch);
-  gemm(exec, "T", "N", 1.0f, inp, dout, 1.0f, dweight, math, scratch);
+  backward_products(exec, "T", weight, dout, inp, dinp, dweight, WeightGradient::xt_dy, math, scratch);
   if (dbias.data() != nullptr) add_column_sums(exec, dbias, dout, ones);
 }
 
@@ -59,8 +58,7 @@ template <class Exec>
 void tied_head_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dembedding,
                         const ConstMat<Exec>& dlogits, const ConstMat<Exec>& inp, const MatRefArg<Exec>& embedding,
                         ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
-  gemm(exec, "N", "N", 1.0f, dlogits, embedding, 0.0f, dinp, math, scratch);
-  gemm(exec, "T", "N", 1.0f, dlogits, inp, 1.0f, dembedding, math, scratch);
+  backward_products(exec, "N", embedding, dlogits, inp, dinp, dembedding, WeightGradient::dyt_x, math, scratch);
 }
 
 }  // namespace lamina

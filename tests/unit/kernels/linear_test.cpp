@@ -98,5 +98,60 @@ TYPED_TEST(LinearTest, TiedHeadMatchesDoubleReferenceAndFiniteDifferences) {
   expect_fd_matches([&](const std::vector<double>& v) { return dot(run(x, v), dout); }, e, want_de, "dembedding");
 }
 
+std::vector<double> bf16_values(std::vector<double> v) {
+  for (auto& e : v) e = from_bf16(to_bf16(static_cast<float>(e)));
+  return v;
+}
+
+// Both backward products in bf16 math with the weight stored in bf16, for a linear layer
+// (W: in x out) and the tied head (E: V x C): against a double reference of the rounded
+// operands where the execution space has a bf16 engine (dY and X rounded once per block
+// of rows, the scratch holding 3 rows: 7 rows make blocks of 3, 3, 1), else of the stored
+// weight with fp32 operands. Weight gradients accumulate onto what they held.
+TYPED_TEST(LinearTest, Bf16BackwardProductsMatchAReferenceOfTheRoundedOperands) {
+  using Exec = TypeParam;
+  const int N = 7, IN = 6, OUT = 9;
+  const bool engine = product_math<Exec>(Precision::bf16) == ProductMath::bf16;
+  for (const WeightGradient form : {WeightGradient::xt_dy, WeightGradient::dyt_x}) {
+    const bool linear = form == WeightGradient::xt_dy;
+    SCOPED_TRACE(linear ? "linear" : "tied head");
+    // Stored weight: (IN, OUT) for the linear layer, (OUT, IN) (vocabulary-major) for the head.
+    const auto w = bf16_values(random_vector(IN * OUT, 91));
+    const auto x = random_vector(N * IN, 92), dy = random_vector(N * OUT, 93), w0 = random_vector(IN * OUT, 94);
+    const auto xr = engine ? bf16_values(x) : x, dyr = engine ? bf16_values(dy) : dy;
+    std::vector<double> want_dx(N * IN, 0.0), want_dw = w0;
+    for (int i = 0; i < N; ++i) {
+      for (int o = 0; o < OUT; ++o) {
+        for (int k = 0; k < IN; ++k) {
+          const int at = linear ? k * OUT + o : o * IN + k;
+          want_dx[i * IN + k] += dyr[i * OUT + o] * w[at];
+          want_dw[at] += xr[i * IN + k] * dyr[i * OUT + o];
+        }
+      }
+    }
+    Bf16Vec<Exec> w16("w16", w.size());
+    auto h16 = Kokkos::create_mirror_view(w16);
+    for (std::size_t i = 0; i < w.size(); ++i) h16(i) = to_bf16(static_cast<float>(w[i]));
+    Kokkos::deep_copy(w16, h16);
+    const ConstMat16<Exec> weight(w16.data(), linear ? IN : OUT, linear ? OUT : IN);
+    auto dx = to_device<Exec>(x), ddy = to_device<Exec>(dy), dw = to_device<Exec>(w0);
+    auto gx = to_device<Exec>(std::vector<double>(N * IN, NAN));
+    const std::int64_t room = engine ? 3 * (IN + OUT) / 2 : product_scratch<Exec>(IN * OUT, IN);
+    auto scratch = to_device<Exec>(std::vector<double>(static_cast<std::size_t>(room), NAN));
+    const Mat<Exec> gxm = as_mat<Exec>(gx.data(), N, IN), dwm = as_mat<Exec>(dw.data(), linear ? IN : OUT, linear ? OUT : IN);
+    if (linear) {
+      Vec<Exec> none;
+      auto ones = to_device<Exec>(std::vector<double>(N, 1.0));
+      linear_backward(Exec(), gxm, dwm, none, as_mat<Exec>(ddy.data(), N, OUT), as_mat<Exec>(dx.data(), N, IN),
+                      MatRef<Exec>(weight), ones, ProductMath::bf16, scratch);
+    } else {
+      tied_head_backward(Exec(), gxm, dwm, as_mat<Exec>(ddy.data(), N, OUT), as_mat<Exec>(dx.data(), N, IN),
+                         MatRef<Exec>(weight), ProductMath::bf16, scratch);
+    }
+    EXPECT_LT(rel_error(to_host(gx), want_dx), 1e-6);
+    EXPECT_LT(rel_error(to_host(dw), want_dw), 1e-6);
+  }
+}
+
 }  // namespace
 }  // namespace lamina::test
