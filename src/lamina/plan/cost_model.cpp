@@ -57,23 +57,26 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // per element each: 2 read, 4 written or the other way): a block's input widened and its
   // output rounded, its saved activations rounded in forward and widened for backward, whose
   // input is widened again (for a recomputed block, see price()). Products convert too: a
-  // bf16 engine rounds the fp32 left operands of the projections' products, and on a host
-  // (oneDNN) attention's too: q, k, v once per pass, dy, and the probabilities and score
+  // bf16 engine rounds the fp32 left operands of the projections' products; on a host
+  // (oneDNN) also the layers' inputs that the weight gradients read (each block of rows
+  // rounded once for both backward products; cuBLAS rounds them inside the product) and
+  // attention's operands: q, k, v once per pass, dy, and the probabilities and score
   // gradients it writes in bf16 beside fp32 (2 bytes each, about half of the (T, T) scores
-  // under the mask); without one, the host BLAS widens the bf16 weights it reads (each
+  // under the mask). Without one, the host BLAS widens the bf16 weights it reads (each
   // matrix once per forward and once for the input gradients).
   double convert_forward = 0.0, convert_backward = 0.0, convert_head = 0.0, convert_head_backward = 0.0;
   if (bf16_) {
     const double A = C / tp, F = 4 * C / tp, weights = 12 * C * C / tp;
     const bool widens = !machine.bf16_products();
     const double half_scores = static_cast<double>(d.B) * heads * T * T / 2;
-    const bool host_attention = machine.device_is_host && !own_kernels;
+    const bool host_attention = machine.device_is_host && !own_kernels && d.attention != AttentionProducts::staged;
     const double rounds_forward = host_attention ? 6 * 3 * N * A + 2 * half_scores : 0.0;
-    const double rounds_backward = host_attention ? 6 * 4 * N * A + 4 * half_scores : 0.0;
+    const double rounds_backward = (host_attention ? 6 * 4 * N * A + 4 * half_scores : 0.0) +
+                                   (machine.device_is_host ? 6 * N * (2 * C + A + F) : 0.0);
     convert_forward = 6 * (2 * N * C + inner_) + (widens ? 6 * weights : 6 * N * (2 * C + A + F) + rounds_forward);
     convert_backward = 6 * (N * C + inner_) + (widens ? 6 * weights : 6 * N * (2 * C + F + 3 * A) + rounds_backward);
     convert_head = 6 * N * C + 6 * (widens ? V * C : N * C);
-    convert_head_backward = 6 * N * C + 6 * (widens ? V * C : N * V);
+    convert_head_backward = 6 * N * C + 6 * (widens ? V * C : N * V + (machine.device_is_host ? N * C : 0.0));
   }
   if (bf16_) {
     saved_conversion_ = 6 * inner_ / bandwidth;

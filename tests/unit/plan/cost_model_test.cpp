@@ -96,6 +96,31 @@ TEST(CostModel, FusedAttentionRecomputesTheScoresInsteadOfMovingThem) {
               1e-12);
 }
 
+// A host's bf16 engine (oneDNN) rounds in passes of its own what cuBLAS rounds inside its
+// products: in_place attention's operands (q, k, v; dy and q, k, v again in backward; the
+// probabilities and score gradients, half of the (T, T) scores each, written in bf16) and
+// the layer inputs the weight gradients read (ln1, atty, ln2, gelu), and at the head the
+// final norm's output; nothing else differs between the two. Staged attention's products
+// on a host are fp32: no rounding of its operands.
+TEST(CostModel, AHostBf16EngineAlsoRoundsAttentionsOperandsAndTheWeightGradientsInputs) {
+  MachineSpec host = machine();
+  host.device_is_host = true;
+  const double N = 2048, C = 1024, T = 2048, H = 16, bandwidth = 2e12 * 0.5;
+  const double half_scores = H * T * T / 2;  // one sequence of T positions
+  for (const AttentionProducts how : {AttentionProducts::in_place, AttentionProducts::staged}) {
+    SCOPED_TRACE(attention_products_name(how));
+    ModelConfig m = model();
+    m.attention = how;
+    const CostModel d(m, plan(1, 1, 1, Precision::bf16), machine()), h(m, plan(1, 1, 1, Precision::bf16), host);
+    const bool rounded = how == AttentionProducts::in_place;
+    const double fwd = rounded ? 6 * 3 * N * C + 2 * half_scores : 0.0;
+    const double bwd = (rounded ? 6 * 4 * N * C + 4 * half_scores : 0.0) + 6 * N * (2 * C + C + 4 * C);
+    EXPECT_NEAR(h.block_forward() - d.block_forward(), fwd / bandwidth, 1e-12);
+    EXPECT_NEAR(h.block_backward() - d.block_backward(), bwd / bandwidth, 1e-12);
+    EXPECT_NEAR(h.head_backward() - d.head_backward(), 6 * N * C / bandwidth, 1e-12);
+  }
+}
+
 TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {
   const CostModel c(model(), plan(1, 2, 1, Precision::bf16), machine());
   const double N = 2048, C = 1024, T = 2048, H = 8;  // 8 heads on each of the 2 ranks
