@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -67,6 +68,28 @@ const CLI::Validator kFiniteNonNegative(
       return ok ? std::string() : "must be a finite number >= 0, got " + s;
     },
     "FINITE >= 0");
+
+// CLI11's PositiveNumber names its range with a 309-digit bound; these name the rule.
+CLI::Validator whole_number(long long lo, long long hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) {
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(s.c_str(), &end, 10);
+        const bool ok = end != s.c_str() && *end == '\0' && errno == 0 && v >= lo && v <= hi;
+        return ok ? std::string() : lamina::strprintf("must be a whole number from %lld to %lld, got %s", lo, hi, s.c_str());
+      },
+      lamina::strprintf("INT in [%lld, %lld]", lo, hi));
+}
+const CLI::Validator kPositiveCount = whole_number(1, INT_MAX);
+const CLI::Validator kPositiveFinite(
+    [](std::string& s) {
+      char* end = nullptr;
+      const double v = std::strtod(s.c_str(), &end);
+      const bool ok = end != s.c_str() && *end == '\0' && std::isfinite(v) && v > 0.0;
+      return ok ? std::string() : "must be a finite number > 0, got " + s;
+    },
+    "FINITE > 0");
 
 // `lamina bench dos` without a deck: the model and batch of inputs/bench-torch.toml (the
 // optimizer's hyperparameters do not change its timings).
@@ -170,11 +193,12 @@ int main(int argc, char** argv) {
   auto* bench_step = bench->add_subcommand("step", "training steps of a deck's model on synthetic tokens");
   bench_step->add_option("deck", o.deck, "input deck (TOML)")->required();
   bench_step->add_option("--set", o.sets, "override a deck key (repeatable)");
-  bench_step->add_option("--steps", o.steps, "timed steps (default 10)")->check(CLI::PositiveNumber);
-  bench_step->add_option("--warmup", o.warmup, "untimed steps first (default 2)")->check(CLI::NonNegativeNumber);
+  bench_step->add_option("--steps", o.steps, "timed steps (default 10)")->check(kPositiveCount);
+  bench_step->add_option("--warmup", o.warmup, "untimed steps first (default 2)")->check(whole_number(0, INT_MAX));
   auto* bench_adam = bench->add_subcommand("adam", "the AdamW kernel against a stream triad");
-  bench_adam->add_option("--params", o.params, "parameters to update (default 16777216)")->check(CLI::PositiveNumber);
-  bench_adam->add_option("--reps", o.reps, "timed repetitions (default 20)")->check(CLI::PositiveNumber);
+  bench_adam->add_option("--params", o.params, "parameters to update (default 16777216)")
+      ->check(whole_number(1, 1LL << 40));
+  bench_adam->add_option("--reps", o.reps, "timed repetitions (default 20)")->check(kPositiveCount);
   auto* bench_machine = bench->add_subcommand("machine", "GEMM rate and memory bandwidth of this machine");
   bench_machine->add_option("--write", o.write,
                             "measure everything the planner needs (rates, links, collectives of the ranks this runs "
@@ -185,30 +209,30 @@ int main(int argc, char** argv) {
   plan->add_option("--set", o.plan.sets, "override a deck key (repeatable)");
   plan->add_option("--ranks", o.plan.ranks, "ranks (GPUs) to plan for (default: the deck's dp x tp x pp, else the "
                                             "ranks this runs on)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveCount);
   plan->add_option("--machine", o.plan.machine, "machine description (inputs/machines/*.toml); default: measure this one");
   plan->add_option("--solver", o.solver, "per-layer solver: dp (default), greedy, brute")
       ->check(CLI::IsMember({"dp", "greedy", "brute"}));
-  plan->add_option("--top", o.plan.top, "plans to show (default 3)")->check(CLI::PositiveNumber);
+  plan->add_option("--top", o.plan.top, "plans to show (default 3)")->check(kPositiveCount);
   plan->add_option("--write-deck", o.plan.write_deck, "write the deck with the chosen values");
-  plan->add_option("--tokens", o.plan.tokens, "tokens to train on: adds the days it takes")->check(CLI::PositiveNumber);
+  plan->add_option("--tokens", o.plan.tokens, "tokens to train on: adds the days it takes")->check(kPositiveFinite);
   plan->add_flag("--shortest-time", o.plan.shortest_time,
                  "sweep cluster sizes up to --max-ranks: the shortest time to train on --tokens with standard "
                  "pipelines and with layered accumulation and modular pipelines, at the critical batch");
   plan->add_option("--max-ranks", o.plan.max_ranks, "largest cluster of the sweep (default 16384)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveCount);
   plan->add_flag("--deck-batch", o.plan.deck_batch, "sweep at the deck's data.batch_size instead of the critical batch");
   plan->add_option("--write-sweep", o.plan.write_sweep, "write the sweep as CSV (perf/plot_shortest_time.py draws it)");
   auto* bench_memory = bench->add_subcommand("memory", "predicted against measured peak memory per space and category");
   bench_memory->add_option("deck", o.deck, "input deck (TOML)")->required();
   bench_memory->add_option("--set", o.sets, "override a deck key (repeatable)");
-  bench_memory->add_option("--steps", o.steps, "training steps measured (default 10)")->check(CLI::PositiveNumber);
+  bench_memory->add_option("--steps", o.steps, "training steps measured (default 10)")->check(kPositiveCount);
   auto* bench_dos = bench->add_subcommand(
       "dos", "Deep Optimizer States: the performance model's inputs, then steps with the optimizer on the device, "
              "the host and dynamic");
   bench_dos->add_option("deck", o.deck, "input deck (TOML; default: the bench-torch model, 6 x 384)");
   bench_dos->add_option("--set", o.sets, "override a deck key (repeatable)");
-  bench_dos->add_option("--steps", o.steps, "timed steps per placement (default 10)")->check(CLI::PositiveNumber);
+  bench_dos->add_option("--steps", o.steps, "timed steps per placement (default 10)")->check(kPositiveCount);
 
   try {
     app.parse(static_cast<int>(app_args.size()), app_args.data());

@@ -13,6 +13,8 @@
 
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
+#include "lamina/core/limits.hpp"
+#include "lamina/core/text_file.hpp"
 
 namespace lamina {
 
@@ -285,6 +287,7 @@ class DeckReader {
         wrong_type(sec, key, *n, "a string");
       } else {
         v = *n->value<std::string>();
+        if (v.empty() && !def.empty()) error_at(sec, key, "is empty; leave the key out for its default, " + def);
       }
     }
     resolved(sec).insert_or_assign(key, v);
@@ -323,6 +326,9 @@ class DeckReader {
       if (v.empty()) error_at(sec, key, "the array is empty");
     } else {
       wrong_type(sec, key, *n, "a string or an array of strings");
+    }
+    for (const auto& s : v) {
+      if (s.empty()) error_at(sec, key, "holds an empty string");
     }
     // An absent optional list stays absent: an empty array would not read back.
     if (!v.empty()) {
@@ -496,6 +502,12 @@ std::map<std::string, std::string> apply_overrides(toml::table& root, const std:
     }
     const std::string sec = path.substr(0, dot), key = path.substr(dot + 1);
     const std::string text = trim(ov.substr(eq + 1));
+    // One --set is one key: a value over several lines would read as more keys (or lose them).
+    if (text.find_first_of(std::string("\n\r\0", 3)) != std::string::npos) {
+      errors.push_back("--set " + ov.substr(0, ov.find_first_of(std::string("\n\r\0", 3))) +
+                       "...: the value spans several lines (or holds a NUL); give one key per --set");
+      continue;
+    }
     toml::table parsed;
     try {
       parsed = toml::parse("v = " + text);
@@ -506,7 +518,10 @@ std::map<std::string, std::string> apply_overrides(toml::table& root, const std:
       errors.push_back("--set " + ov + ": '" + sec + "' is not a table in the deck");
       continue;
     }
-    if (!root[sec]) root.insert(sec, toml::table{});
+    if (!root[sec]) {
+      root.insert(sec, toml::table{});
+      origins[sec] = ov;  // a section the deck does not have: its errors name this --set
+    }
     root[sec].as_table()->insert_or_assign(key, *parsed.get("v"));
     origins[path] = ov;
   }
@@ -580,7 +595,16 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   dc.shuffle = r.boolean("data", "shuffle", true);
 
   auto& t = d.train;
-  t.steps = r.integer("train", "steps", 0, 1, kMax, true);
+  t.steps = r.integer("train", "steps", 0, 1, kMaxSteps, true);
+  // The samples and tokens the run counts must fit: steps x batch x (seq_len + 1) tokens.
+  if (const std::int64_t per_step = dc.batch_size > kMaxTokens / (m.seq_len + 1) ? kMaxTokens
+                                                                                 : dc.batch_size * (m.seq_len + 1);
+      per_step > 0 && t.steps > kMaxTokens / per_step) {
+    r.error_at("train", "steps",
+               strprintf("%lld steps of %lld sequences of %lld tokens count past 2^62 tokens; at most %lld steps",
+                         static_cast<long long>(t.steps), static_cast<long long>(dc.batch_size),
+                         static_cast<long long>(m.seq_len), static_cast<long long>(kMaxTokens / per_step)));
+  }
   t.seed = static_cast<std::uint64_t>(r.integer("train", "seed", 1234, 0, kMax));
   t.precision = r.choice("train", "precision", "fp32", {"fp32", "bf16"}) == "bf16" ? Precision::bf16 : Precision::fp32;
   t.skip_nonfinite = r.boolean("train", "skip_nonfinite", false);
@@ -594,8 +618,8 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   o.beta2 = r.real("optimizer", "beta2", 0.95, 0.0, 1.0);
   o.eps = r.real("optimizer", "eps", 1e-8, 0.0, kInf, true);
   o.grad_clip = r.real("optimizer", "grad_clip", 1.0, 0.0, kInf);
-  o.warmup_steps = r.integer("optimizer", "warmup_steps", 0, 0, kMax);
-  o.decay_steps = r.integer("optimizer", "decay_steps", 0, 0, kMax);
+  o.warmup_steps = r.integer("optimizer", "warmup_steps", 0, 0, kMaxSteps);
+  o.decay_steps = r.integer("optimizer", "decay_steps", 0, 0, kMaxSteps);
   o.schedule = r.choice("optimizer", "schedule", "cosine", {"constant", "cosine"}) == "constant" ? LrSchedule::constant
                                                                                                : LrSchedule::cosine;
   o.subgroup_size = r.integer("optimizer", "subgroup_size", 1 << 22, 1, kMax);
@@ -623,7 +647,7 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   out.peak_tflops = r.real("output", "peak_tflops", 0.0, 0.0, kInf);
   out.sample_tokens = r.integer("output", "sample_tokens", 0, 0, 1 << 20);
   out.sample_temperature = r.real("output", "sample_temperature", 0.8, 0.0, kInf, true);
-  out.trace_step = r.integer("output", "trace_step", 0, 0, kMax);
+  out.trace_step = r.integer("output", "trace_step", 0, 0, kMaxSteps);
 
   auto& c = d.checkpoint;
   c.dir = r.string("checkpoint", "dir", out.dir + "/checkpoints");
@@ -695,14 +719,7 @@ Deck parse_deck(const std::string& text, const std::string& source_name, const s
 }
 
 Deck load_deck(const std::string& path, const std::vector<std::string>& overrides) {
-  // A directory opens as an empty stream, which would read as a deck with no keys.
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw InputError(path + ": is a directory, not a deck file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open the deck file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_deck(ss.str(), path, overrides);
+  return parse_deck(read_text_file(path, "deck", kMaxDeckBytes), path, overrides);
 }
 
 }  // namespace lamina

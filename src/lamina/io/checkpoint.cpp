@@ -11,6 +11,8 @@
 #include <limits>
 
 #include "lamina/core/bounded_wait.hpp"
+#include "lamina/core/limits.hpp"
+#include "lamina/core/text_file.hpp"
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/io/hdf5_file.hpp"
@@ -161,9 +163,11 @@ std::string resolve_checkpoint(const std::string& resume, const std::string& dir
     return resume;
   }
   const std::string latest = dir + "/latest";
-  std::ifstream in(latest);
-  std::string name;
-  if (!in || !std::getline(in, name) || name.empty()) {
+  std::error_code ec;
+  // It holds one file name; anything longer is not what lamina wrote.
+  const std::string text = fs::exists(latest, ec) ? read_text_file(latest, "checkpoint pointer", 4096) : "";
+  const std::string name = text.substr(0, text.find('\n'));
+  if (name.empty()) {
     throw InputError("checkpoint.resume = \"latest\": " + latest +
                      " is missing or empty (no checkpoint was completed in " + dir + ")");
   }
@@ -187,9 +191,8 @@ CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm) : pat
                                  path.c_str(), name, static_cast<long long>(value), bound));
     }
   };
-  const std::int64_t any = std::numeric_limits<std::int64_t>::max();
-  check("step", meta_.step, any, "");
-  check("samples_consumed", meta_.samples_consumed, any, "");
+  check("step", meta_.step, kMaxSteps, " and <= 2^40");
+  check("samples_consumed", meta_.samples_consumed, kMaxTokens, " and <= 2^62");
   // Skipped steps (train.skip_nonfinite) advance the step but not the optimizer.
   check("optimizer_step", meta_.optimizer_step, meta_.step, " and <= step");
   meta_.seed = static_cast<std::uint64_t>(h5::attr_int(file_, path, "seed"));

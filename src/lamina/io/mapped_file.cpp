@@ -14,12 +14,13 @@
 namespace lamina {
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO must not block the open; it is refused below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw InputError(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw InputError(path + ": not a regular file");
+    throw InputError(path + ": not a regular file (a data file is a file of tokens or text)");
   }
   size_ = static_cast<std::int64_t>(st.st_size);
   if (size_ > 0) {

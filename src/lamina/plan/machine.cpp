@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lamina/core/deck.hpp"
+#include "lamina/core/text_file.hpp"
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
 
@@ -178,11 +179,7 @@ MachineSpec parse_machine(const std::string& text, const std::string& source) {
 }
 
 MachineSpec load_machine(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open the machine description");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_machine(ss.str(), path);
+  return parse_machine(read_text_file(path, "machine description", std::int64_t{1} << 20), path);
 }
 
 std::string machine_toml(const MachineSpec& m) {

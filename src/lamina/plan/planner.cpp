@@ -655,6 +655,31 @@ std::vector<std::string> overrides(const Plan& plan, const Freedom& f) {
 
 }  // namespace
 
+std::string no_layout_message(const Deck& deck, const MachineSpec& machine, const PlannerOptions& options,
+                              const PlanResult& r) {
+  const ModelConfig& m = deck.model;
+  const std::set<std::string> free(options.free_keys.begin(), options.free_keys.end());
+  std::string fixed;
+  for (const auto& [key, value] : {std::pair<const char*, std::int64_t>{"parallel.dp", deck.parallel.dp},
+                                   {"parallel.tp", deck.parallel.tp},
+                                   {"parallel.pp", deck.parallel.pp},
+                                   {"data.micro_batch_size", deck.data.micro_batch_size}}) {
+    if (free.count(key) == 0) fixed += strprintf("%s%s = %lld", fixed.empty() ? "" : ", ", key, static_cast<long long>(value));
+  }
+  std::string counts;
+  for (const int n : r.ranks_with_layouts) counts += (counts.empty() ? "" : ", ") + std::to_string(n);
+  const std::string batch = options.batch_cap > 0 ? strprintf("at most %lld", static_cast<long long>(options.batch_cap))
+                                                  : strprintf("%lld", static_cast<long long>(deck.data.batch_size));
+  return strprintf("no layout of %d rank(s) splits this model and batch: dp x tp x pp must be %d, with tp dividing "
+                   "the %lld heads and the vocabulary of %lld and at most the %d device(s) of a node, pp at most the "
+                   "%lld layers, and dp x micro-batch dividing the batch of %s sequences%s; %s",
+                   options.ranks, options.ranks, static_cast<long long>(m.heads), static_cast<long long>(m.vocab_size),
+                   machine.devices_per_node, static_cast<long long>(m.layers), batch.c_str(),
+                   fixed.empty() ? "" : ("; the deck fixes " + fixed).c_str(),
+                   counts.empty() ? "no rank count near it has one either: check parallel.* and data.*"
+                                  : ("rank counts that have layouts: " + counts).c_str());
+}
+
 PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const PlannerOptions& options) {
   const auto t0 = Clock::now();
   Freedom f;
@@ -667,6 +692,20 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   r.capacity_host = k.cap.host;
   const std::vector<ParallelLayout> all = layouts(deck, options.ranks, f, machine, options);
   r.layouts_considered = static_cast<std::int64_t>(all.size());
+  if (all.empty()) {
+    // Nearest first, below and above in turn; enumerating a rank count's layouts is cheap.
+    const int limit = std::max(64, 4 * options.ranks);
+    for (int d = 1; r.ranks_with_layouts.size() < 8 && (options.ranks - d >= 1 || options.ranks + d <= limit); ++d) {
+      for (const int n : {options.ranks - d, options.ranks + d}) {
+        if (n >= 1 && n <= limit && r.ranks_with_layouts.size() < 8 && !layouts(deck, n, f, machine, options).empty()) {
+          r.ranks_with_layouts.push_back(n);
+        }
+      }
+    }
+    std::sort(r.ranks_with_layouts.begin(), r.ranks_with_layouts.end());
+    r.solve_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    return r;
+  }
 
   // Model every layout (cheap), then solve them in the order of their compute lower bound,
   // stopping once a bound is slower than the K-th best estimate found.

@@ -71,7 +71,15 @@ struct PlanResult {
   std::int64_t min_device_bytes = 0, min_host_bytes = 0;
   std::string advice;
   double capacity_device = 0.0, capacity_host = 0.0;  // per rank
+  // No layout of the ranks splits the model and batch (none considered): the nearest rank
+  // counts, at most 8, for which one does.
+  std::vector<int> ranks_with_layouts;
 };
+
+// Why no layout of `ranks` exists, for a PlanResult with none considered: the rules a layout
+// must meet, with the values the deck fixes, and the rank counts that have layouts.
+std::string no_layout_message(const Deck& deck, const MachineSpec& machine, const PlannerOptions& options,
+                              const PlanResult& r);
 
 PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const PlannerOptions& options);
 

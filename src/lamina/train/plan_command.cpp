@@ -314,6 +314,11 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
   j.add("feasible", r.feasible).add("solve_s", r.solve_s).add("ranks", options.ranks);
   JsonObject cap;
   cap.add("device", static_cast<std::int64_t>(r.capacity_device)).add("host", static_cast<std::int64_t>(r.capacity_host));
+  if (r.layouts_considered == 0) {
+    log.error(no_layout_message(deck, machine, options, r));
+    std::printf("%s\n", j.str().c_str());
+    return static_cast<int>(ExitCode::bad_input);
+  }
   if (!r.feasible) {
     log.error(strprintf("no plan fits: every layout needs at least %s of device memory per rank (capacity %s) and %s of "
                         "host memory (capacity %s), with every memory saving on; what helps: %s",
@@ -388,9 +393,12 @@ std::vector<std::string> plan_auto_keys(const Deck& deck, const Log& log, MPI_Co
   options.free_keys = free_keys(deck, false);
   options.ranks = world_size(comm);
   const MachineSpec machine = measure_for(deck, options.free_keys, options.measured, log, comm);
-  std::string sets;
+  std::string sets, why = "no plan for the \"auto\" keys fits this machine's memory with " +
+                         std::to_string(options.ranks) + " rank(s); `lamina plan " + deck.source +
+                         "` says what it would need";
   if (rank == 0) {
     const PlanResult r = plan_search(deck, machine, options);
+    if (r.layouts_considered == 0) why = no_layout_message(deck, machine, options, r);
     if (r.feasible) {
       for (const auto& s : r.best.front().sets) sets += s + "\n";
       log.info(strprintf("planned the deck's \"auto\" keys in %.2f s: %s, predicted step %.4g s", r.solve_s,
@@ -405,9 +413,7 @@ std::vector<std::string> plan_auto_keys(const Deck& deck, const Log& log, MPI_Co
   MPI_Ibcast(&sets[0], n, MPI_CHAR, 0, comm, &r);
   wait_bounded(r, "MPI_Ibcast of the plan from rank 0");
   if (n == 0) {
-    throw InputError(deck.source + ": no plan for the \"auto\" keys fits this machine's memory with " +
-                     std::to_string(options.ranks) + " rank(s); `lamina plan " + deck.source +
-                     "` says what it would need");
+    throw InputError(deck.source + ": " + why);
   }
   std::vector<std::string> out;
   std::size_t at = 0;

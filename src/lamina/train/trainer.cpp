@@ -4,16 +4,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <cmath>
 #include <filesystem>
 
 #include "lamina/core/error.hpp"
+#include "lamina/core/limits.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/core/bounded_wait.hpp"
 #include "lamina/core/json.hpp"
 #include "lamina/core/stop_signal.hpp"
 #include "lamina/core/system_memory.hpp"
 #include "lamina/io/checkpoint.hpp"
+#include "lamina/io/directory_lock.hpp"
 #include "lamina/io/model_checkpoint.hpp"
 #include "lamina/io/metrics_writer.hpp"
 #include "lamina/io/output_file.hpp"
@@ -133,6 +136,8 @@ class Trainer {
     if (rank == 0) fs::create_directories(deck_.output.dir, ec);
     if (ec) throw RunError(deck_.output.dir + ": cannot create the output directory: " + ec.message());
     if (rank == 0) {
+      // Before anything is written or cleaned up: the directories are this job's alone.
+      take_directories();
       write_text_file(deck_.output.dir + "/deck.resolved.toml",
                       "# resolved from " + deck_.source + "\n" + deck_.resolved_toml);
       // What a run killed while writing a checkpoint left behind.
@@ -383,6 +388,20 @@ class Trainer {
 
   // The stop signal any rank received (the largest number), 0 if none: every rank stops
   // after the same step.
+  // The hold on output.dir, and on checkpoint.dir where it lies outside output.dir, for the
+  // job's lifetime (io/directory_lock.hpp).
+  void take_directories() {
+    locks_.push_back(std::make_unique<DirectoryLock>(deck_.output.dir, "output.dir"));
+    std::error_code ec;
+    const fs::path out = fs::weakly_canonical(deck_.output.dir, ec);
+    const fs::path ckpt = fs::weakly_canonical(deck_.checkpoint.dir, ec);
+    const auto rel = ckpt.lexically_relative(out);
+    if (!rel.empty() && *rel.begin() != "..") return;
+    fs::create_directories(deck_.checkpoint.dir, ec);
+    if (ec) throw RunError(deck_.checkpoint.dir + ": cannot create the checkpoint directory: " + ec.message());
+    locks_.push_back(std::make_unique<DirectoryLock>(deck_.checkpoint.dir, "checkpoint.dir"));
+  }
+
   static int agreed_stop_signal(Runtime& rt) {
     double sig = stop_requested();
     rt.grid().world().allreduce(&sig, 1, ReduceOp::max);
@@ -409,6 +428,15 @@ class Trainer {
       log_.warn(strprintf("%s: %lld tensor(s) carry no checksum (the file was written before lamina stored them): "
                           "damage that leaves the values finite cannot be detected",
                           path.c_str(), static_cast<long long>(reader.unchecked())));
+    }
+    // This run reads samples from there on: their tokens must stay countable (core/limits.hpp).
+    const std::int64_t per_sample = deck_.model.seq_len + 1;
+    const std::int64_t to_come = std::max<std::int64_t>(0, deck_.train.steps - meta.step) * deck_.data.batch_size;
+    if (meta.samples_consumed > kMaxTokens / per_sample - to_come) {
+      throw InputError(strprintf("%s: attribute 'samples_consumed' = %lld: with the %lld samples of %lld tokens this "
+                                 "run reads after it, more than 2^62 tokens (a damaged or edited file?)",
+                                 path.c_str(), static_cast<long long>(meta.samples_consumed),
+                                 static_cast<long long>(to_come), static_cast<long long>(per_sample)));
     }
     rt.set_optimizer_t(meta.optimizer_step);
     samples_ = meta.samples_consumed;
@@ -453,6 +481,7 @@ class Trainer {
     return path;
   }
 
+  std::vector<std::unique_ptr<DirectoryLock>> locks_;
   const Deck& deck_;
   Plan plan_;
   const Log& log_;

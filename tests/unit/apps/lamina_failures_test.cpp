@@ -2,8 +2,11 @@
 // the way and bad options are exit code 2 with a message that says where and what; output
 // that cannot be written (a full disk) is exit code 3 naming the file, never lost quietly.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -152,6 +155,67 @@ TEST_F(CliFailures, ResumingFromADamagedCheckpointIsExitCode2NamingTheTensor) {
   expect_exit2_with(run("train " + deck + " --set output.dir=" + out +
                         " --set train.steps=2 --set checkpoint.resume=latest"),
                     "error: " + ckpt + ": dataset 'model/wte' does not match its checksum");
+}
+
+// A checkpoint attribute edited to near INT64_MAX, its checksums intact: the resume is exit
+// 2 naming the file and the attribute, never a step that overflows it and writes a
+// checkpoint the next resume refuses. samples_consumed within the reader's bound but past
+// what this run can count on from there is refused by the run.
+TEST_F(CliFailures, CheckpointCountsPastWhatARunCanReachAreExitCode2NamingTheAttribute) {
+  const std::string deck = file("counts.toml", kDeck + "[output]\npeak_tflops = 1\n");
+  const std::string out = dir_ + "/out", ckpt = out + "/checkpoints/step_00000001.h5";
+  ASSERT_EQ(run("train " + deck + " --set output.dir=" + out).code, 0);
+  const auto edit = [&](const char* name, std::int64_t value) {
+    h5::Id f(H5Fopen(ckpt.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    h5::Id a(H5Aopen(f, name, H5P_DEFAULT), H5Aclose);
+    ASSERT_GE(H5Awrite(a, H5T_NATIVE_INT64, &value), 0);
+  };
+  const std::string resume = "train " + deck + " --set output.dir=" + out + " --set train.steps=3 --set checkpoint.resume=latest";
+  edit("step", std::numeric_limits<std::int64_t>::max() - 1);
+  expect_exit2_with(run(resume), ckpt + ": attribute 'step' = 9223372036854775806 is out of range");
+  edit("step", 1);
+  edit("samples_consumed", (std::int64_t{1} << 62) - 10);
+  expect_exit2_with(run(resume), ckpt + ": attribute 'samples_consumed' = 4611686018427387894: with the 8 samples");
+  edit("samples_consumed", 4);
+  EXPECT_EQ(run(resume).code, 0);
+}
+
+// Text inputs are read with a cap: /dev/zero or a FIFO as the deck is exit 2 at once, under
+// a memory limit that reading /dev/zero to the end would exceed.
+TEST_F(CliFailures, ADeckThatIsNotARegularFileIsExitCode2BeforeItIsRead) {
+  const std::string fifo = dir_ + "/deck.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string limit = "ulimit -v 2000000; timeout 60 ";
+  const Result zero = shell(limit + kLamina + " train /dev/zero 2>&1");
+  expect_exit2_with(zero, "/dev/zero: is a character device, not a deck file");
+  const Result pipe = shell(limit + kLamina + " train " + fifo + " 2>&1");
+  expect_exit2_with(pipe, fifo + ": is a FIFO (named pipe), not a deck file");
+  const Result machine = shell(limit + kLamina + " plan " + file("m.toml", kDeck) + " --machine /dev/zero 2>&1");
+  expect_exit2_with(machine, "/dev/zero: is a character device, not a machine description file");
+  std::ofstream(dir_ + "/big.toml") << std::string(17 << 20, '#');
+  expect_exit2_with(run("train " + dir_ + "/big.toml"), "a deck is at most 16777216 bytes");
+}
+
+// Messages that name the real cause: the --set argument that is wrong, a range said as it
+// is, and the rank counts that would have a layout.
+TEST_F(CliFailures, MessagesNameTheSetArgumentTheRangeAndTheRankCountsThatWork) {
+  const std::string deck = file("msg.toml", kDeck);
+  expect_exit2_with(run("train " + deck + " --set data.path= --check"), "error: --set data.path=: data.path: holds an empty string");
+  expect_exit2_with(run("train " + deck + " --set foo.bar=1 --check"), "error: --set foo.bar=1: unknown section 'foo'");
+  expect_exit2_with(run("train " + deck + " --set 'train.steps=3\nfoo.bar=1' --check"),
+                    "--set train.steps=3...: the value spans several lines");
+  expect_exit2_with(run("train " + deck + " --set output.dir= --check"), "error: --set output.dir=: output.dir: is empty");
+  expect_exit2_with(run("train " + deck + " --set train.steps=4611686018427387904 --check"),
+                    "train.steps: 4611686018427387904 is out of range: must be in [1, 1099511627776]");
+  const Result ranks = run("plan " + deck + " --ranks 0");
+  EXPECT_NE(ranks.code, 0);
+  EXPECT_NE(ranks.out.find("--ranks: must be a whole number from 1 to 2147483647, got 0"), std::string::npos) << ranks.out;
+  // 3 ranks: tp 3 does not divide 2 heads, pp 3 exceeds 2 layers, dp 3 does not divide 4.
+  const std::string dgx = std::string(LAMINA_SOURCE_DIR) + "/inputs/machines/dgx-a100-80gb.toml";
+  expect_exit2_with(run("plan " + deck + " --ranks 3 --machine " + dgx),
+                    "no layout of 3 rank(s) splits this model and batch: dp x tp x pp must be 3, with tp dividing the "
+                    "2 heads and the vocabulary of 64 and at most the 8 device(s) of a node, pp at most the 2 layers, "
+                    "and dp x micro-batch dividing the batch of 4 sequences; rank counts that have layouts: 1, 2, 4, 8, 16");
 }
 
 }  // namespace

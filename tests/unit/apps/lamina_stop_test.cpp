@@ -85,6 +85,30 @@ class LaminaStop : public ::testing::Test {
   std::string dir_;
 };
 
+// Two jobs pointed at one output.dir: the second exits 2 at once naming the holder's pid and
+// writes nothing there; the first goes on. Killed with SIGKILL (no clean-up at all), the
+// first leaves a lock file that does not block the restart.
+TEST_F(LaminaStop, ASecondJobOnTheSameOutputDirExits2AndAKilledJobsLockDoesNotBlock) {
+  const pid_t first = start(train("shared", ""), dir_ + "/first.log");
+  const std::string lock = dir_ + "/shared/lamina.lock", metrics = dir_ + "/shared/metrics.jsonl";
+  for (int i = 0; i < 3000 && !(fs::exists(metrics) && fs::file_size(metrics) > 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_NE(slurp(lock).find("pid=" + std::to_string(first)), std::string::npos) << slurp(lock);
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t second = start(train("shared", "--set train.seed=7"), dir_ + "/second.log");
+  EXPECT_EQ(finish(second), 2) << slurp(dir_ + "/second.log");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  const std::string said = slurp(dir_ + "/second.log");
+  EXPECT_NE(said.find("output.dir = " + dir_ + "/shared is in use by a job on host "), std::string::npos) << said;
+  EXPECT_NE(said.find(", pid " + std::to_string(first) + " (started "), std::string::npos) << said;
+  EXPECT_EQ(slurp(dir_ + "/shared/deck.resolved.toml").find("seed = 7"), std::string::npos);
+  ::kill(first, SIGKILL);
+  finish(first);
+  ASSERT_EQ(finish(start(train("shared", "--set train.steps=2"), dir_ + "/third.log")), 0) << slurp(dir_ + "/third.log");
+  EXPECT_EQ(slurp(lock), "");  // released at the end
+}
+
 // Ctrl-C: the step finishes, a checkpoint is written, exit 130; two more steps from it
 // equal, byte for byte, two more steps of a run that was never stopped.
 TEST_F(LaminaStop, SigintSavesACheckpointThatResumesBitForBit) {

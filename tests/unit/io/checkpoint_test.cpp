@@ -1,6 +1,8 @@
 #include "lamina/io/checkpoint.hpp"
 
 #include <gtest/gtest.h>
+
+#include <limits>
 #include <hdf5.h>
 
 #include <cmath>
@@ -198,6 +200,13 @@ TEST_F(CheckpointFiles, AttributesOutOfRangeAreInputErrors) {
   EXPECT_NE(with(5, 40, 6).find("attribute 'optimizer_step' = 6 is out of range: must be >= 0 and <= step"),
             std::string::npos);
   EXPECT_EQ(with(5, 40, 4), "(no error)");  // a skipped step
+  // Edited to near the largest int64 (checksums intact): refused before a step overflows it.
+  const std::int64_t huge = std::numeric_limits<std::int64_t>::max() - 1;
+  EXPECT_NE(with(huge, 40, 4).find("attribute 'step' = 9223372036854775806 is out of range: must be >= 0 and <= 2^40"),
+            std::string::npos);
+  EXPECT_NE(with(5, huge, 4).find("attribute 'samples_consumed' = 9223372036854775806 is out of range: must be >= 0 "
+                                  "and <= 2^62"),
+            std::string::npos);
 }
 
 // What lamina wrote before checksums: contiguous datasets without filters.
