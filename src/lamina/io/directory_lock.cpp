@@ -122,7 +122,12 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& key, Mod
     if (::fcntl(fd_, F_SETLK, &fl) == 0) {
       locked = true;
     } else if (errno == EACCES || errno == EAGAIN) {
-      const Holder h = parse(read_all(fd_));
+      // A holder that has just taken the lock writes its name a moment later.
+      Holder h = parse(read_all(fd_));
+      for (int i = 0; i < 20 && !h.named(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        h = parse(read_all(fd_));
+      }
       refuse(h.named() ? h.describe() : "another process", "");
     } else if (errno != ENOSYS && errno != ENOLCK && errno != EOPNOTSUPP && errno != EINVAL) {
       const int err = errno;

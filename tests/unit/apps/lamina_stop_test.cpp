@@ -109,6 +109,31 @@ TEST_F(LaminaStop, ASecondJobOnTheSameOutputDirExits2AndAKilledJobsLockDoesNotBl
   EXPECT_EQ(slurp(lock), "");  // released at the end
 }
 
+// The race of the issue that asked for the lock: two jobs started 50 ms apart with different
+// seeds. One runs to the end, the other exits 2; the directory holds the winner's deck and
+// an unbroken metrics.jsonl of its steps alone.
+TEST_F(LaminaStop, TwoJobsStarted50msApartOnOneOutputDirLeaveOneRunsFiles) {
+  const std::string steps = "--set train.steps=20000 --set checkpoint.every=10000 --set output.log_every=1";
+  const pid_t a = start(train("race", steps + " --set train.seed=1"), dir_ + "/a.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const pid_t b = start(train("race", steps + " --set train.seed=2"), dir_ + "/b.log");
+  const int ca = finish(a), cb = finish(b);
+  ASSERT_TRUE((ca == 0 && cb == 2) || (ca == 2 && cb == 0)) << ca << " " << cb << "\n"
+                                                            << slurp(dir_ + "/a.log") << slurp(dir_ + "/b.log");
+  const std::string loser = slurp(dir_ + (ca == 2 ? "/a.log" : "/b.log"));
+  EXPECT_NE(loser.find("is in use by a job on host "), std::string::npos) << loser;
+  const std::string winner_seed = ca == 0 ? "seed = 1" : "seed = 2";
+  EXPECT_NE(slurp(dir_ + "/race/deck.resolved.toml").find(winner_seed), std::string::npos);
+  std::ifstream metrics(dir_ + "/race/metrics.jsonl");
+  std::string line;
+  long expect = 1;
+  while (std::getline(metrics, line)) {
+    EXPECT_NE(line.find("\"step\": " + std::to_string(expect) + ","), std::string::npos) << line;
+    ++expect;
+  }
+  EXPECT_EQ(expect, 20001);
+}
+
 // Ctrl-C: the step finishes, a checkpoint is written, exit 130; two more steps from it
 // equal, byte for byte, two more steps of a run that was never stopped.
 TEST_F(LaminaStop, SigintSavesACheckpointThatResumesBitForBit) {
