@@ -474,24 +474,42 @@ void for_each_row(const Exec& exec, const char* label, std::int64_t BNH, const I
 
 // y = softmax(scale q k^T) v by row blocks; P: the (T, T) probabilities of each (sequence,
 // head), lse: fused products' log-sum-exps, else null.
+// What both passes start from: the shapes, the softmax scale, the bf16 operands in
+// `narrowed` and q, k, v rounded into them (the caller fences before oneDNN reads them).
+struct Bf16Pass {
+  std::int64_t N, B, A, hd;
+  float scale;
+  Bf16Operands o;
+  HeadMatrices16 q, k, v;
+
+  template <class Exec>
+  Bf16Pass(const Exec& exec, const Mat<Exec>& qkv, const Vec<Exec>& narrowed, std::int64_t NH, std::int64_t T)
+      : N(static_cast<std::int64_t>(qkv.extent(0))),
+        B(N / T),
+        A(static_cast<std::int64_t>(qkv.extent(1)) / 3),
+        hd(A / NH),
+        scale(1.0f / math::sqrt(static_cast<float>(hd))),
+        o(Bf16Operands::in(narrowed.data(), static_cast<std::int64_t>(narrowed.extent(0)), B, T, NH, hd)),
+        q(row_heads16(o.qkv, 3 * A, 3, 0, T, hd)),
+        k(row_heads16(o.qkv, 3 * A, 3, 1, T, hd)),
+        v(row_heads16(o.qkv, 3 * A, 3, 2, T, hd)) {
+    to_bf16(exec, Bf16Vec<Exec>(o.qkv, N * 3 * A), ConstVec<Exec>(qkv.data(), N * 3 * A));
+  }
+};
+
 template <class Exec>
 void bf16_attention_forward(const Exec& exec, const Mat<Exec>& out, const HeadMatrices& P, float* lse,
                             const Mat<Exec>& qkv, const Vec<Exec>& narrowed, std::int64_t NH, std::int64_t T) {
-  const std::int64_t N = static_cast<std::int64_t>(qkv.extent(0)), B = N / T;
-  const std::int64_t A = static_cast<std::int64_t>(out.extent(1)), hd = A / NH;
-  const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
-  const Bf16Operands o =
-      Bf16Operands::in(narrowed.data(), static_cast<std::int64_t>(narrowed.extent(0)), B, T, NH, hd);
-  to_bf16(exec, Bf16Vec<Exec>(o.qkv, N * 3 * A), ConstVec<Exec>(qkv.data(), N * 3 * A));
+  const Bf16Pass b(exec, qkv, narrowed, NH, T);
   exec.fence();
-  const HeadMatrices16 q = row_heads16(o.qkv, 3 * A, 3, 0, T, hd), k = row_heads16(o.qkv, 3 * A, 3, 1, T, hd),
-                       v = row_heads16(o.qkv, 3 * A, 3, 2, T, hd), p = block_heads16(o.p, NH, T);
+  const std::int64_t B = b.B, hd = b.hd;
+  const HeadMatrices16 &q = b.q, &k = b.k, &v = b.v, p = block_heads16(b.o.p, NH, T);
   const HeadMatrices y = row_heads<Exec>(out, 1, 0, T, hd);
   for (std::int64_t r0 = 0; r0 < T; r0 += kBf16RowBlock) {
     const std::int64_t r1 = std::min(T, r0 + kBf16RowBlock), m = r1 - r0;
     head_products(B, NH, 'N', 'T', m, r1, hd, 1.0f, from_row(q, r0), k, 0.0f, from_row(P, r0));
     for_each_row(exec, "lamina::attention_forward_bf16_rows", B * NH,
-                 Bf16SoftmaxRows{{NH, T, r0, m, r1}, P, o.p, lse, scale});
+                 Bf16SoftmaxRows{{NH, T, r0, m, r1}, P, b.o.p, lse, b.scale});
     head_products(B, NH, 'N', 'N', m, hd, r1, 1.0f, p, v, 0.0f, from_row(y, r0));
   }
 }
@@ -505,16 +523,12 @@ template <class Exec>
 void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const HeadMatrices& dS, const Mat<Exec>& dout,
                              const Mat<Exec>& qkv, const HeadMatrices& P, float* lse, const Vec<Exec>& narrowed,
                              std::int64_t NH, std::int64_t T) {
-  const std::int64_t N = static_cast<std::int64_t>(qkv.extent(0)), B = N / T;
-  const std::int64_t A = static_cast<std::int64_t>(dout.extent(1)), hd = A / NH;
-  const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
-  const Bf16Operands o =
-      Bf16Operands::in(narrowed.data(), static_cast<std::int64_t>(narrowed.extent(0)), B, T, NH, hd);
-  to_bf16(exec, Bf16Vec<Exec>(o.qkv, N * 3 * A), ConstVec<Exec>(qkv.data(), N * 3 * A));
-  to_bf16(exec, Bf16Vec<Exec>(o.dy, N * A), ConstVec<Exec>(dout.data(), N * A));
+  const Bf16Pass b(exec, qkv, narrowed, NH, T);
+  const Bf16Operands& o = b.o;
+  const std::int64_t B = b.B, A = b.A, hd = b.hd;
+  to_bf16(exec, Bf16Vec<Exec>(o.dy, b.N * A), ConstVec<Exec>(dout.data(), b.N * A));
   exec.fence();
-  const HeadMatrices16 q = row_heads16(o.qkv, 3 * A, 3, 0, T, hd), k = row_heads16(o.qkv, 3 * A, 3, 1, T, hd),
-                       v = row_heads16(o.qkv, 3 * A, 3, 2, T, hd), dy = row_heads16(o.dy, A, 1, 0, T, hd),
+  const HeadMatrices16 &q = b.q, &k = b.k, &v = b.v, dy = row_heads16(o.dy, A, 1, 0, T, hd),
                        p = block_heads16(o.p, NH, T), ds = block_heads16(o.ds, NH, T);
   const HeadMatrices dq = row_heads<Exec>(dqkv, 3, 0, T, hd), dk = row_heads<Exec>(dqkv, 3, 1, T, hd),
                      dv = row_heads<Exec>(dqkv, 3, 2, T, hd);
@@ -525,7 +539,7 @@ void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Head
     if (lse != nullptr) head_products(B, NH, 'N', 'T', m, r1, hd, 1.0f, from_row(q, r0), k, 0.0f, from_row(P, r0));
     head_products(B, NH, 'N', 'T', m, r1, hd, 1.0f, from_row(dy, r0), v, 0.0f, from_row(dS, r0));
     for_each_row(exec, "lamina::attention_backward_bf16_rows", B * NH,
-                 Bf16SoftmaxBackwardRows{{NH, T, r0, m, r1}, P, dS, o.p, o.ds, lse, scale});
+                 Bf16SoftmaxBackwardRows{{NH, T, r0, m, r1}, P, dS, o.p, o.ds, lse, b.scale});
     head_products(B, NH, 'N', 'N', m, hd, r1, 1.0f, ds, k, 0.0f, from_row(dq, r0));
     head_products(B, NH, 'T', 'N', r1, hd, m, 1.0f, p, from_row(dy, r0), sums, dv);
     head_products(B, NH, 'T', 'N', r1, hd, m, 1.0f, ds, from_row(q, r0), sums, dk);
