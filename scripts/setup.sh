@@ -8,7 +8,7 @@ LAMINA_BUILD_DIR=${LAMINA_BUILD_DIR:-$LAMINA_ROOT/build}
 packages=(g++ cmake make pkg-config
           libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenblas-dev
           libopenmpi-dev openmpi-bin libhdf5-openmpi-dev
-          libtomlplusplus-dev libcli11-dev libgtest-dev libdnnl-dev)
+          libtomlplusplus-dev libcli11-dev libgtest-dev libdnnl-dev nlohmann-json3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

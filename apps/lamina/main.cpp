@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -27,6 +28,7 @@
 #include "lamina/core/log.hpp"
 #include "lamina/core/stop_signal.hpp"
 #include "lamina/io/hdf5_file.hpp"
+#include "lamina/io/model_weights.hpp"
 #include "lamina/kernels/host_blas.hpp"
 #include "lamina/train/bench.hpp"
 #include "lamina/train/plan_command.hpp"
@@ -38,6 +40,8 @@ namespace {
 
 struct Options {
   std::string deck, reference, attention = "auto";
+  std::string convert_in, convert_out, convert_to, dtype = "fp32", max_shard = "0";
+  std::int64_t heads = 0;
   std::vector<std::string> sets;
   bool check = false, verbose = false, quiet = false;
   double tolerance = 1e-4;
@@ -154,6 +158,55 @@ int run_verify(const Options& o, const lamina::Log& log) {
   return 0;
 }
 
+// "5GB", "500MB", "2GiB" or a number of bytes (HuggingFace's spellings: GB = 10^9).
+std::int64_t parse_bytes(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  const std::string unit = end != nullptr ? end : "";
+  const std::vector<std::pair<std::string, double>> units = {
+      {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+  for (const auto& [u, f] : units) {
+    if (unit == u && end != text.c_str() && errno == 0 && std::isfinite(v) && v >= 0 && v * f < 9e18) {
+      return static_cast<std::int64_t>(v * f);
+    }
+  }
+  throw lamina::InputError("--max-shard-size: '" + text + "' is not a size (e.g. 5GB, 500MB, 2GiB)");
+}
+
+int run_convert(const Options& o, const lamina::Log& log) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto source = lamina::open_weights(o.convert_in);
+  log.info("read " + o.convert_in + ": " + source->describe());
+  lamina::ModelConfig model = source->model();
+  if (model.heads == 0 && o.heads == 0) {
+    throw lamina::InputError(o.convert_in + " does not say how many attention heads the model has (no config.json "
+                             "beside it): give --heads (GPT-2: 12 for 124M, 16 for 355M, 20 for 774M, 25 for 1.5B)");
+  }
+  if (o.heads != 0 && model.heads != 0 && o.heads != model.heads) {
+    throw lamina::InputError(lamina::strprintf("--heads %lld, but %s says %lld", static_cast<long long>(o.heads),
+                                               o.convert_in.c_str(), static_cast<long long>(model.heads)));
+  }
+  if (model.heads == 0) model.heads = o.heads;
+  if (model.d_model % model.heads != 0) {
+    throw lamina::InputError(lamina::strprintf("--heads %lld does not divide the width %lld", static_cast<long long>(model.heads),
+                                               static_cast<long long>(model.d_model)));
+  }
+  lamina::WeightsOutput out;
+  out.format = o.convert_to.empty()    ? lamina::weights_format_of(o.convert_out)
+               : o.convert_to == "lamina" ? lamina::WeightsFormat::lamina
+               : o.convert_to == "llmc"   ? lamina::WeightsFormat::llmc
+                                          : lamina::WeightsFormat::huggingface;
+  lamina::parse_stored_float(o.dtype, out.type);
+  out.max_shard_bytes = parse_bytes(o.max_shard);
+  const auto files = lamina::write_weights(o.convert_out, *source, model, out);
+  std::string list;
+  for (const auto& f : files) list += "\n  " + f;
+  log.info(lamina::strprintf("wrote %s (%s) in %.2f s:%s", lamina::weights_format_name(out.format), o.dtype.c_str(),
+                             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), list.c_str()));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -180,6 +233,25 @@ int main(int argc, char** argv) {
   train->add_option("deck", o.deck, "input deck (TOML)")->required();
   train->add_option("--set", o.sets, "override a deck key: --set section.key=value (repeatable)");
   train->add_flag("--check", o.check, "validate the deck, print it resolved with the memory estimate, and exit");
+
+  auto* eval = app.add_subcommand("eval", "mean loss and perplexity of a deck's model on data.eval_path");
+  eval->add_option("deck", o.deck, "input deck (TOML); the weights: checkpoint.resume, else model.init")->required();
+  eval->add_option("--set", o.sets, "override a deck key (repeatable)");
+
+  auto* convert = app.add_subcommand(
+      "convert", "convert weights between lamina checkpoints (.h5), HuggingFace safetensors (a directory with "
+                 "config.json, or a .safetensors file) and llm.c model files (.bin)");
+  convert->add_option("in", o.convert_in, "weights to read; the format is recognised from the contents")->required();
+  convert->add_option("out", o.convert_out, "where to write: NAME.h5 lamina, NAME.bin llm.c, else HuggingFace")
+      ->required();
+  convert->add_option("--to", o.convert_to, "the output format, instead of from the name")
+      ->check(CLI::IsMember({"lamina", "hf", "llmc"}));
+  convert->add_option("--dtype", o.dtype, "how the output stores numbers: fp32 (default), bf16, fp16 (HuggingFace)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  convert->add_option("--heads", o.heads, "attention heads, where the input does not say (a bare .safetensors file)")
+      ->check(whole_number(1, 1 << 16));
+  convert->add_option("--max-shard-size", o.max_shard,
+                      "HuggingFace: split into shards of at most this size (e.g. 5GB) with an index; default one file");
 
   auto* verify = app.add_subcommand("verify", "check one training step against a PyTorch reference file");
   verify->add_option("--reference", o.reference, "reference file (HDF5, see docs/reference-format.md)")->required();
@@ -270,6 +342,13 @@ int main(int argc, char** argv) {
         lamina::install_stop_handlers();
         lamina::run_training(deck, log, MPI_COMM_WORLD);
       }
+    } else if (eval->parsed()) {
+      const lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
+      lamina::set_wait_timeout(deck.comm.timeout);
+      log.info(build_info() + lamina::strprintf(", %d rank(s)", world));
+      lamina::run_evaluation(deck, log, MPI_COMM_WORLD);
+    } else if (convert->parsed()) {
+      if (rank == 0) code = run_convert(o, log);
     } else if (verify->parsed()) {
       code = run_verify(o, log);
     } else if (bench_step->parsed()) {

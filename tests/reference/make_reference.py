@@ -46,7 +46,7 @@ def init_params(layers, d, heads, seq, vocab, gen):
     return p
 
 
-def loss_fn(p, x, y, layers, heads):
+def logits_fn(p, x, layers, heads):
     B, T = x.shape
     d = p["wte"].shape[1]
     hd = d // heads
@@ -65,7 +65,11 @@ def loss_fn(p, x, y, layers, heads):
         m = F.gelu(m @ p[q + "mlp.c_fc.weight"] + p[q + "mlp.c_fc.bias"], approximate="tanh")
         h = h + m @ p[q + "mlp.c_proj.weight"] + p[q + "mlp.c_proj.bias"]
     h = F.layer_norm(h, (d,), p["ln_f.weight"], p["ln_f.bias"], LN_EPS)
-    logits = h @ p["wte"].t()
+    return h @ p["wte"].t()
+
+
+def loss_fn(p, x, y, layers, heads):
+    logits = logits_fn(p, x, layers, heads)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 

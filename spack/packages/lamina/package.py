@@ -27,6 +27,12 @@ class Lamina(CMakePackage, CudaPackage, ROCmPackage):
         description="bf16 runs' products on oneDNN where the CPU has bf16 instructions (AVX512_BF16, AMX)",
     )
 
+    variant(
+        "safetensors",
+        default=True,
+        description="Read and write HuggingFace safetensors weights (lamina convert, model.init)",
+    )
+
     conflicts("+nccl", when="~cuda", msg="NCCL is NVIDIA's library: it needs +cuda")
     conflicts("+cuda", when="+rocm", msg="Kokkos builds one device backend: CUDA or ROCm")
     # CudaPackage allows cuda_arch=none; Kokkos needs exactly one architecture to build for.
@@ -84,6 +90,8 @@ class Lamina(CMakePackage, CudaPackage, ROCmPackage):
     # lamina compiles against oneDNN 2 and 3 (their matmul APIs differ; both are handled) and
     # runs its products on the calling OpenMP pool: oneDNN's OpenMP runtime, not TBB's.
     depends_on("onednn@2.6: cpu_runtime=omp", when="+onednn")
+    # The JSON of safetensors headers, their indexes and config.json; header-only.
+    depends_on("nlohmann-json@3.2:", when="+safetensors")
     # Only for `spack install --test=root`, which also turns LAMINA_ENABLE_TESTS on.
     depends_on("googletest@1.12:", type="test")
 
@@ -104,6 +112,7 @@ class Lamina(CMakePackage, CudaPackage, ROCmPackage):
             self.define_from_variant("LAMINA_ENABLE_NCCL", "nccl"),
             # ON or OFF, never AUTO: a oneDNN outside the spec must not be picked up.
             self.define("LAMINA_ENABLE_ONEDNN", spec.satisfies("+onednn")),
+            self.define("LAMINA_ENABLE_JSON", spec.satisfies("+safetensors")),
             self.define("LAMINA_ENABLE_TESTS", self.run_tests),
             # Kokkos' C++ standard: 17 for Kokkos 4 by default, 20 for Kokkos 5.
             self.define("CMAKE_CXX_STANDARD", spec["kokkos"].variants["cxxstd"].value),

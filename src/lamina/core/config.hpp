@@ -26,6 +26,9 @@ struct ModelConfig {
   std::int64_t vocab_size = 0;
   double init_std = 0.02;
   std::optional<AttentionProducts> attention;  // unset: what the backend runs fastest
+  // Initial weights: a lamina checkpoint, HuggingFace safetensors or an llm.c model file
+  // ("": GPT-2's random initialisation). A resumed run reads its checkpoint instead.
+  std::string init;
 };
 
 enum class DataFormat { text, megatron, llmc, synthetic };
@@ -34,6 +37,7 @@ const char* data_format_name(DataFormat f);
 struct DataConfig {
   DataFormat format = DataFormat::text;
   std::vector<std::string> paths;  // text/llmc: files; megatron: prefixes (P -> P.bin, P.idx)
+  std::vector<std::string> eval_paths;  // held-out tokens, in the same format (none: no evaluation)
   std::int64_t batch_size = 0;        // global sequences per optimizer step
   std::int64_t micro_batch_size = 0;  // sequences per forward/backward pass on one rank
   bool shuffle = true;
@@ -46,6 +50,8 @@ struct TrainConfig {
   bool skip_nonfinite = false;  // skip steps with non-finite loss/gradients instead of stopping
   // With skip_nonfinite, this many skipped steps in a row end the run (it has diverged).
   std::int64_t max_skipped = 10;
+  std::int64_t eval_every = 0;    // steps between evaluations on data.eval_path (0: at the end only)
+  std::int64_t eval_batches = 0;  // batches of data.batch_size sequences per evaluation (0: the whole file)
 };
 
 // How the ranks talk ([parallel] keys that are not part of the plan).

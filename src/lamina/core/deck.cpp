@@ -130,9 +130,9 @@ struct Section {
 // The schema: every section and key the deck accepts, for unknown-key suggestions.
 const std::vector<Section>& schema() {
   static const std::vector<Section> s = {
-      {"model", {"layers", "d_model", "heads", "seq_len", "vocab_size", "init_std", "attention"}},
-      {"data", {"format", "path", "batch_size", "micro_batch_size", "shuffle"}},
-      {"train", {"steps", "seed", "precision", "skip_nonfinite", "max_skipped"}},
+      {"model", {"layers", "d_model", "heads", "seq_len", "vocab_size", "init_std", "attention", "init"}},
+      {"data", {"format", "path", "batch_size", "micro_batch_size", "shuffle", "eval_path"}},
+      {"train", {"steps", "seed", "precision", "skip_nonfinite", "max_skipped", "eval_every", "eval_batches"}},
       {"optimizer",
        {"lr", "min_lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "warmup_steps", "decay_steps",
         "schedule", "subgroup_size", "decay_biases_and_norms"}},
@@ -571,7 +571,9 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   for (const AttentionProducts a : {AttentionProducts::in_place, AttentionProducts::staged, AttentionProducts::fused}) {
     if (attention == attention_products_name(a)) m.attention = a;
   }
+  m.init = r.string("model", "init", "");
   dc.paths = r.strings("data", "path", dc.format != DataFormat::synthetic);
+  dc.eval_paths = r.strings("data", "eval_path", false);
   auto& p = d.parallel;
   p.dp = r.integer("parallel", "dp", 1, 1, 1 << 20);
   p.tp = r.integer("parallel", "tp", 1, 1, 1 << 12);
@@ -609,6 +611,8 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   t.precision = r.choice("train", "precision", "fp32", {"fp32", "bf16"}) == "bf16" ? Precision::bf16 : Precision::fp32;
   t.skip_nonfinite = r.boolean("train", "skip_nonfinite", false);
   t.max_skipped = r.integer("train", "max_skipped", 10, 1, kMax);
+  t.eval_every = r.integer("train", "eval_every", 0, 0, kMaxSteps);
+  t.eval_batches = r.integer("train", "eval_batches", 0, 0, kMaxSteps);
 
   auto& o = d.optimizer;
   o.lr = r.real("optimizer", "lr", 3e-4, 0.0, kInf, true);
@@ -684,6 +688,12 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
                strprintf("%lld exceeds train.steps (%lld); set optimizer.warmup_steps <= %lld or raise train.steps",
                          static_cast<long long>(o.warmup_steps), static_cast<long long>(t.steps),
                          static_cast<long long>(t.steps)));
+  }
+  if (!dc.eval_paths.empty() && dc.format == DataFormat::synthetic) {
+    r.error_at("data", "eval_path", "held-out tokens are read from files; data.format = 'synthetic' reads none");
+  }
+  if (t.eval_every > 0 && dc.eval_paths.empty()) {
+    r.error_at("train", "eval_every", "evaluates on held-out tokens: set data.eval_path too");
   }
   if (c.resume != "" && c.resume != "latest" && c.resume.size() < 4) {
     r.error_at("checkpoint", "resume", "'" + c.resume + "' must be \"latest\" or a checkpoint file path");

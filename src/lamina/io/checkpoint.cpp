@@ -105,10 +105,20 @@ CheckpointWriter::CheckpointWriter(const std::string& dir, std::int64_t step, MP
   file_ = h5::create(tmp_path_, comm);
 }
 
+CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm)
+    : final_path_(path), tmp_path_(path + ".tmp"), comm_(comm) {
+  file_ = h5::create(tmp_path_, comm);
+}
+
 CheckpointWriter::~CheckpointWriter() {
   if (committed_) return;
   file_.reset();
-  if (rank_of(comm_) == 0) remove_partial_checkpoints(dir_);
+  if (rank_of(comm_) != 0) return;
+  if (dir_.empty()) {
+    std::remove(tmp_path_.c_str());
+  } else {
+    remove_partial_checkpoints(dir_);
+  }
 }
 
 void CheckpointWriter::write(const TensorSlab& s) {
@@ -141,6 +151,8 @@ std::string CheckpointWriter::commit(const CheckpointMeta& meta, std::int64_t ke
     if (std::rename(tmp_path_.c_str(), final_path_.c_str()) != 0) {
       throw RunError(tmp_path_ + ": cannot rename to " + final_path_);
     }
+  }
+  if (rank_of(comm_) == 0 && !dir_.empty()) {
     const std::string latest = dir_ + "/latest", latest_tmp = latest + ".tmp";
     write_text_file(latest_tmp, fs::path(final_path_).filename().string() + "\n");
     fsync_path(latest_tmp);
@@ -199,6 +211,11 @@ CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm) : pat
   meta_.deck = h5::attr_string(file_, path, "deck");
   meta_.layout = h5::attr_string(file_, path, "layout");
   meta_.model = h5::attr_string(file_, path, "model");
+}
+
+std::vector<std::int64_t> CheckpointReader::shape(const std::string& name) const {
+  if (!h5::exists(file_, name)) throw InputError(path_ + ": no dataset '" + name + "'");
+  return h5::shape(file_, path_, name);
 }
 
 void CheckpointReader::read(const TensorSlab& s) {

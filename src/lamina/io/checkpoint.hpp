@@ -43,6 +43,9 @@ class CheckpointWriter {
  public:
   // Starts `<dir>/step_<step>.h5.tmp`, creating the directory.
   CheckpointWriter(const std::string& dir, std::int64_t step, MPI_Comm comm);
+  // One file outside any checkpoint directory (`lamina convert`): `path`.tmp, renamed to
+  // `path` by commit(), which then touches nothing else.
+  CheckpointWriter(const std::string& path, MPI_Comm comm);
   // Not committed (a write failed): closes the file and removes the temporary files.
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
@@ -56,7 +59,7 @@ class CheckpointWriter {
   const std::string& first_nonfinite() const { return nonfinite_; }
 
  private:
-  std::string dir_, final_path_, tmp_path_;
+  std::string dir_, final_path_, tmp_path_;  // dir_ empty: a single file
   MPI_Comm comm_;
   h5::Id file_;
   std::int64_t bytes_ = 0;
@@ -74,6 +77,8 @@ class CheckpointReader {
   // A missing tensor, a global shape that differs, a checksum that does not match or a
   // value that is not finite is an InputError naming the tensor.
   void read(const TensorSlab& slab);
+  // The global shape of a dataset ("model/wte"); InputError if the file lacks it.
+  std::vector<std::int64_t> shape(const std::string& name) const;
   // Tensors read so far that carried no checksum (files written before they did).
   std::int64_t unchecked() const { return unchecked_; }
 

@@ -15,8 +15,8 @@ MetricsWriter::MetricsWriter(const std::string& path, std::int64_t resume_step) 
       if (pos != std::string::npos && std::atoll(line.c_str() + pos + 8) <= resume_step) keep += line + '\n';
     }
   }
-  out_ = OutputFile(path, false);
-  out_.write(keep);
+  out_ = OutputFile(path, resume_step < 0);
+  if (resume_step >= 0) out_.write(keep);
 }
 
 void MetricsWriter::write(const JsonObject& line) { out_.write(line.str() + '\n'); }

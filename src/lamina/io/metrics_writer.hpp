@@ -14,7 +14,8 @@ class MetricsWriter {
  public:
   MetricsWriter() = default;
   // resume_step 0: a new file. Otherwise the run resumes after that step: the lines up
-  // to it are kept, and what the interrupted run logged after it is dropped.
+  // to it are kept, and what the interrupted run logged after it is dropped. Negative: the
+  // lines are appended to whatever the file holds (`lamina eval`).
   MetricsWriter(const std::string& path, std::int64_t resume_step);
   void write(const JsonObject& line);
   void close() { out_.close(); }

@@ -64,4 +64,17 @@ void read_model_state(CheckpointReader& reader, const ParamLayout& layout, Model
   }
 }
 
+void read_model_weights(const WeightsSource& source, const ParamLayout& layout, ModelStateAccess& state) {
+  std::vector<float> full;
+  for (int l = 0; l < layout.num_layers(); ++l) {
+    if (!state.holds(l)) continue;
+    full.assign(static_cast<std::size_t>(state.padded(l)), 0.0f);
+    for (const TensorSpec& t : layout.layers()[static_cast<std::size_t>(l)].tensors) {
+      const std::vector<float> global = fetch_tensor(source, t.name, t.global_shape);
+      for (std::int64_t e = 0; e < t.numel(); ++e) full[static_cast<std::size_t>(t.offset + e)] = global[static_cast<std::size_t>(t.global_index(e))];
+    }
+    state.scatter(l, CheckpointPart::params, full);
+  }
+}
+
 }  // namespace lamina

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lamina/io/checkpoint.hpp"
+#include "lamina/io/model_weights.hpp"
 #include "lamina/model/param_layout.hpp"
 
 namespace lamina {
@@ -32,5 +33,9 @@ class ModelStateAccess {
 // Collective over the checkpoint's communicator: every rank walks every tensor.
 void write_model_state(CheckpointWriter& writer, const ParamLayout& layout, ModelStateAccess& state);
 void read_model_state(CheckpointReader& reader, const ParamLayout& layout, ModelStateAccess& state);
+
+// Parameters only, from a weights file (model.init); the optimizer state is left as it is.
+// Every rank reads what it holds; collective over the data-parallel group, like scatter.
+void read_model_weights(const WeightsSource& source, const ParamLayout& layout, ModelStateAccess& state);
 
 }  // namespace lamina

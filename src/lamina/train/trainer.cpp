@@ -17,8 +17,9 @@
 #include "lamina/core/system_memory.hpp"
 #include "lamina/io/checkpoint.hpp"
 #include "lamina/io/directory_lock.hpp"
-#include "lamina/io/model_checkpoint.hpp"
 #include "lamina/io/metrics_writer.hpp"
+#include "lamina/io/model_checkpoint.hpp"
+#include "lamina/io/model_weights.hpp"
 #include "lamina/io/output_file.hpp"
 #include "lamina/io/sampler.hpp"
 #include "lamina/io/token_dataset.hpp"
@@ -113,7 +114,9 @@ class Trainer {
     plan_ = plan_from_deck(deck, world);
   }
 
-  TrainSummary run() {
+  // evaluate_only: `lamina eval`, the weights (checkpoint.resume or model.init) on the
+  // held-out tokens, nothing trained or written but a line appended to metrics.jsonl.
+  TrainSummary run(bool evaluate_only = false) {
     int world = 1, rank = 0;
     MPI_Comm_size(comm_, &world);
     MPI_Comm_rank(comm_, &rank);
@@ -138,6 +141,8 @@ class Trainer {
     if (rank == 0) {
       // Before anything is written or cleaned up: the directories are this job's alone.
       take_directories();
+    }
+    if (rank == 0 && !evaluate_only) {
       write_text_file(deck_.output.dir + "/deck.resolved.toml",
                       "# resolved from " + deck_.source + "\n" + deck_.resolved_toml);
       // What a run killed while writing a checkpoint left behind.
@@ -146,7 +151,8 @@ class Trainer {
       }
     }
 
-    open_data();
+    if (!evaluate_only) open_data();
+    open_eval_data(evaluate_only);
     Runtime rt(tracker_, m, deck_.optimizer, plan_, extras, comm_, deck_.comm.backend);
     const ParamLayout full = ParamLayout::gpt2(m);
     log_.info(rt.grid().describe());
@@ -168,22 +174,33 @@ class Trainer {
     std::int64_t start_step = 0;
     samples_ = 0;
     if (!deck_.checkpoint.resume.empty()) {
+      if (!m.init.empty()) log_.info("model.init = " + m.init + " is not read: the run resumes from its checkpoint");
       start_step = resume(rt);
     } else {
       rt.state().init(deck_.train.seed);
+      if (!m.init.empty()) initialise_from(rt, m.init);
     }
     TrainSummary summary;
     summary.first_step = start_step;
     summary.last_step = start_step;
+    const std::string metrics_path = deck_.output.dir + "/metrics.jsonl";
+    if (evaluate_only) {
+      if (m.init.empty() && deck_.checkpoint.resume.empty()) {
+        log_.warn("neither checkpoint.resume nor model.init is set: evaluating the random initial weights");
+      }
+      if (rank == 0) metrics_ = MetricsWriter(metrics_path, -1);
+      summary.final_loss = evaluate(rt, start_step);
+      return summary;
+    }
     if (start_step >= deck_.train.steps) {
       log_.info(strprintf("the checkpoint is at step %lld and train.steps = %lld: nothing to do",
                           static_cast<long long>(start_step), static_cast<long long>(deck_.train.steps)));
       return summary;
     }
 
-    const std::string metrics_path = deck_.output.dir + "/metrics.jsonl";
     if (rank == 0) metrics_ = MetricsWriter(metrics_path, start_step);
     measure_peak();
+    if (eval_dataset_ != nullptr && start_step == 0) evaluate(rt, 0);  // the baseline
 
     const double flops_per_step = training_flops_per_token(m) * static_cast<double>(positions_per_step_);
     const std::int64_t per_rank = d.batch_size / plan_.layout.dp;
@@ -236,6 +253,10 @@ class Trainer {
       if ((step + 1) % deck_.output.log_every == 0 || last || step == start_step) {
         report(step + 1, r, lr, step_ms, flops_per_step, !finite, world, rt.grid(), bytes);
       }
+      if (eval_dataset_ != nullptr &&
+          (last || (deck_.train.eval_every > 0 && (step + 1) % deck_.train.eval_every == 0))) {
+        evaluate(rt, step + 1);
+      }
       const bool periodic = deck_.checkpoint.every > 0 && (step + 1) % deck_.checkpoint.every == 0;
       const int stop = last ? 0 : agreed_stop_signal(rt);
       std::string saved;
@@ -270,6 +291,74 @@ class Trainer {
   }
 
  private:
+  // data.eval_path: its windows in file order (no shuffling), whole batches of
+  // data.batch_size sequences, train.eval_batches of them (0: all).
+  void open_eval_data(bool required) {
+    if (deck_.data.eval_paths.empty()) {
+      if (required) throw InputError(deck_.where("data.eval_path") + ": lamina eval needs data.eval_path, the held-out tokens");
+      return;
+    }
+    DataConfig eval = deck_.data;
+    eval.paths = eval.eval_paths;
+    eval_dataset_ = open_dataset(eval, deck_.model.vocab_size, deck_.train.seed);
+    eval_sampler_ = std::make_unique<SequenceSampler>(eval_dataset_->num_tokens(), deck_.model.seq_len,
+                                                      deck_.train.seed, false);
+    const std::int64_t all = eval_sampler_->num_windows() / deck_.data.batch_size;
+    if (all == 0) {
+      throw InputError(strprintf("data.eval_path: %s holds %lld windows of %lld+1 tokens, fewer than one batch "
+                                 "(data.batch_size = %lld)",
+                                 eval_dataset_->describe().c_str(), static_cast<long long>(eval_sampler_->num_windows()),
+                                 static_cast<long long>(deck_.model.seq_len),
+                                 static_cast<long long>(deck_.data.batch_size)));
+    }
+    eval_batches_ = deck_.train.eval_batches > 0 ? std::min(all, deck_.train.eval_batches) : all;
+    log_.info(strprintf("eval data: %s; %lld batch(es) of %lld sequences per evaluation%s",
+                        eval_dataset_->describe().c_str(), static_cast<long long>(eval_batches_),
+                        static_cast<long long>(deck_.data.batch_size),
+                        eval_batches_ < deck_.train.eval_batches ? " (all the file holds)" : ""));
+  }
+
+  // Mean loss over the held-out batches (each the mean of its positions, all the same
+  // size), the same on every rank. The weights are not changed: the pass's gradients are
+  // dropped (the next pass zeroes them).
+  double evaluate(Runtime& rt, std::int64_t step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::int64_t per_rank = deck_.data.batch_size / plan_.layout.dp;
+    const std::int64_t rank_offset = rt.grid().dp_rank() * per_rank;
+    std::vector<std::int32_t> window(static_cast<std::size_t>(deck_.model.seq_len + 1));
+    double sum = 0.0;
+    for (std::int64_t b = 0; b < eval_batches_; ++b) {
+      const std::int64_t first = b * deck_.data.batch_size + rank_offset;
+      const MicroBatchLoader load = [&](int mb, std::int32_t* inputs, std::int32_t* targets) {
+        load_windows(*eval_dataset_, *eval_sampler_, first + mb * plan_.layout.micro_batch_size, inputs, targets, window);
+      };
+      sum += rt.forward_backward(load, positions_per_step_).loss;
+    }
+    const double loss = sum / static_cast<double>(eval_batches_);
+    const std::int64_t tokens = eval_batches_ * positions_per_step_;
+    const double ms = seconds_since(t0) * 1e3;
+    log_.info(strprintf("eval after step %lld | loss %.4f | perplexity %.3f | %s tokens of %s | %.1f ms",
+                        static_cast<long long>(step), loss, std::exp(loss), human_count(static_cast<double>(tokens)).c_str(),
+                        eval_dataset_->describe().c_str(), ms));
+    if (metrics_.is_open()) {
+      JsonObject j;
+      j.add("step", step).add("eval_loss", loss).add("eval_perplexity", std::exp(loss)).add("eval_tokens", tokens)
+          .add("eval_ms", ms);
+      metrics_.write(j);
+    }
+    return loss;
+  }
+
+  // model.init: the parameters from a weights file; the optimizer starts fresh at step 0.
+  void initialise_from(Runtime& rt, const std::string& path) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const BlockingSection section("the other ranks to read the initial weights " + path);
+    const auto source = open_weights(path);
+    check_weights_model(*source, deck_.model);
+    read_model_weights(*source, rt.state().layout(), rt.state());
+    log_.info(strprintf("initial weights: %s (%s) [%.2f s]", path.c_str(), source->describe().c_str(), seconds_since(t0)));
+  }
+
   void open_data() {
     const auto t0 = std::chrono::steady_clock::now();
     dataset_ = open_dataset(deck_.data, deck_.model.vocab_size, deck_.train.seed);
@@ -290,9 +379,14 @@ class Trainer {
   // Global samples [first_sample, first_sample + micro_batch_size) as inputs and targets.
   void load_micro_batch(std::int64_t first_sample, std::int32_t* inputs, std::int32_t* targets,
                         std::vector<std::int32_t>& window) const {
+    load_windows(*dataset_, *sampler_, first_sample, inputs, targets, window);
+  }
+
+  void load_windows(const TokenDataset& data, const SequenceSampler& sampler, std::int64_t first_sample,
+                    std::int32_t* inputs, std::int32_t* targets, std::vector<std::int32_t>& window) const {
     const std::int64_t T = deck_.model.seq_len;
     for (std::int64_t s = 0; s < plan_.layout.micro_batch_size; ++s) {
-      dataset_->read(sampler_->window_start(first_sample + s), T + 1, window.data());
+      data.read(sampler.window_start(first_sample + s), T + 1, window.data());
       std::copy(window.begin(), window.end() - 1, inputs + s * T);
       std::copy(window.begin() + 1, window.end(), targets + s * T);
     }
@@ -489,6 +583,9 @@ class Trainer {
   MemoryTracker tracker_;
   std::unique_ptr<TokenDataset> dataset_;
   std::unique_ptr<SequenceSampler> sampler_;
+  std::unique_ptr<TokenDataset> eval_dataset_;
+  std::unique_ptr<SequenceSampler> eval_sampler_;
+  std::int64_t eval_batches_ = 0;
   MetricsWriter metrics_;
   std::int64_t positions_per_step_ = 0;
   std::int64_t samples_ = 0;
@@ -498,6 +595,10 @@ class Trainer {
 }  // namespace
 
 TrainSummary run_training(const Deck& deck, const Log& log, MPI_Comm comm) { return Trainer(deck, log, comm).run(); }
+
+double run_evaluation(const Deck& deck, const Log& log, MPI_Comm comm) {
+  return Trainer(deck, log, comm).run(true).final_loss;
+}
 
 void check_deck(const Deck& deck, const Log& log, int world) {
   log.info("resolved deck (" + deck.source + "):\n" + deck.resolved_toml);
@@ -522,6 +623,10 @@ void check_deck(const Deck& deck, const Log& log, int world) {
     const std::string path = resolve_checkpoint(deck.checkpoint.resume, deck.checkpoint.dir);
     const CheckpointReader reader(path, MPI_COMM_SELF);
     log.info(strprintf("resume: %s (step %lld)", path.c_str(), static_cast<long long>(reader.meta().step)));
+  } else if (!deck.model.init.empty()) {
+    const auto source = open_weights(deck.model.init);
+    check_weights_model(*source, deck.model);
+    log.info("initial weights: " + deck.model.init + " (" + source->describe() + ")");
   }
   log.info("deck OK");
 }

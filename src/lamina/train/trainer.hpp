@@ -19,6 +19,11 @@ struct TrainSummary {
 
 TrainSummary run_training(const Deck& deck, const Log& log, MPI_Comm comm);
 
+// `lamina eval`: the deck's model with the weights of checkpoint.resume (or model.init) on
+// data.eval_path, in the deck's layout; logs the loss and perplexity, appends them to
+// metrics.jsonl and returns the loss.
+double run_evaluation(const Deck& deck, const Log& log, MPI_Comm comm);
+
 // `lamina train --check`: validates what can be validated without training (data files,
 // checkpoint to resume, memory budget) and prints the resolved deck and memory estimate.
 void check_deck(const Deck& deck, const Log& log, int world = 0);
