@@ -376,19 +376,16 @@ std::vector<float> fetch_tensor(const WeightsSource& source, const std::string& 
 }
 
 void check_weights_model(const WeightsSource& source, const ModelConfig& m) {
+  // The rest (width, vocabulary, context) shows in the tensors' shapes, named as they are read.
   const ModelConfig& f = source.model();
   std::string diff;
-  const auto differs = [&](const char* key, std::int64_t file, std::int64_t deck) {
-    if (file != deck) diff += strprintf("%s%s %lld in the file, %lld in the deck", diff.empty() ? "" : "; ", key,
-                                        static_cast<long long>(file), static_cast<long long>(deck));
-  };
-  differs("model.layers", f.layers, m.layers);
-  differs("model.d_model", f.d_model, m.d_model);
-  if (f.heads != 0) differs("model.heads", f.heads, m.heads);
-  differs("model.vocab_size", f.vocab_size, m.vocab_size);
-  if (f.seq_len < m.seq_len) {
-    diff += strprintf("%smodel.seq_len %lld in the deck, but the file's position table (wpe) has %lld rows",
-                      diff.empty() ? "" : "; ", static_cast<long long>(m.seq_len), static_cast<long long>(f.seq_len));
+  if (f.layers != m.layers) {
+    diff = strprintf("model.layers %lld in the file (blocks h.0 to h.%lld), %lld in the deck",
+                     static_cast<long long>(f.layers), static_cast<long long>(f.layers - 1), static_cast<long long>(m.layers));
+  }
+  if (f.heads != 0 && f.heads != m.heads) {
+    diff += strprintf("%smodel.heads %lld in the file, %lld in the deck", diff.empty() ? "" : "; ",
+                      static_cast<long long>(f.heads), static_cast<long long>(m.heads));
   }
   if (!diff.empty()) throw InputError(source.path() + " (" + source.describe() + ") does not fit the deck's model: " + diff);
 }

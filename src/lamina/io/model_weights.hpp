@@ -47,8 +47,8 @@ std::unique_ptr<WeightsSource> open_weights(const std::string& path);
 std::vector<float> fetch_tensor(const WeightsSource& source, const std::string& name,
                                 const std::vector<std::int64_t>& shape);
 
-// Whether a source's model can initialise `model`: the same layers, width, heads (when the
-// file says) and vocabulary, a position table at least as long. The InputError says what differs.
+// What the tensors' shapes cannot show: the same number of blocks, and of heads where the
+// file says. The InputError says what differs.
 void check_weights_model(const WeightsSource& source, const ModelConfig& model);
 
 struct WeightsOutput {

@@ -2,61 +2,99 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "lamina/core/random.hpp"
 #include "lamina/model/gpt.hpp"
 
 namespace lamina {
 
+namespace {
+
+// One sequence through the whole model with its own fp32 activations (the parameters as
+// stored; bf16 ones read through the workspace), so the training buffers stay as they were.
+class OneSequence {
+ public:
+  using Exec = RankState::Exec;
+  OneSequence(RankState& state, MemoryTracker& tracker)
+      : state_(state),
+        dims_(dims_of(state)),
+        acts_(tracker, dims_, 0, state.model().layers, true, true,
+              std::vector<ActivationPolicy>(static_cast<std::size_t>(state.model().layers), ActivationPolicy::keep)),
+        ws_(tracker, dims_),
+        inputs_(Kokkos::create_mirror_view(acts_.inputs)) {}
+
+  // Logits (T x V, row-major) of the first T tokens (fewer: zero padding after them, which
+  // causal attention keeps from the positions before).
+  Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> forward(const std::int32_t* tokens, std::int64_t len) {
+    const ModelConfig& model = state_.model();
+    const std::int64_t T = model.seq_len;
+    for (std::int64_t t = 0; t < T; ++t) inputs_(t) = t < len ? tokens[t] : 0;
+    const Exec exec;
+    Kokkos::deep_copy(exec, acts_.inputs, inputs_);
+    Kokkos::deep_copy(exec, acts_.targets, 0);
+    // Parameters as training uses them: gathered (or widened from bf16) per layer.
+    const int last = state_.layout().final_layer();
+    const ShardCombine whole;
+    state_.store().hold(0).wait();
+    embed_forward(exec, state_.embedding_weights(), acts_.input.f32, acts_.inputs, dims_, whole);
+    for (std::int64_t b = 0; b < model.layers; ++b) {
+      const int l = state_.layout().block_layer(b);
+      state_.store().hold(l).wait();
+      block_forward(exec, state_.block_weights(b, ws_.ws.vectors),
+                    acts_.block(acts_.kept_inner(b), acts_.block_output(b).f32), acts_.block_input(b).f32, dims_.NH,
+                    ws_.ws, whole);
+      exec.fence();  // the gathered copy is read before it goes back
+      state_.store().release(l);
+    }
+    state_.store().hold(last).wait();
+    head_forward(exec, state_.embedding_weights(), state_.final_weights(ws_.ws.vectors), acts_.head,
+                 acts_.output().f32, acts_.targets, dims_, ws_.ws, whole);
+    exec.fence();
+    state_.store().release(last);
+    state_.store().release(0);
+    Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> out("logits", T, model.vocab_size);
+    Kokkos::deep_copy(out, acts_.head.logits);
+    return out;
+  }
+
+ private:
+  static Dims dims_of(const RankState& state) {
+    Dims d = Dims::of(state.model(), 1);
+    d.bf16 = state.bf16();
+    return d;
+  }
+  RankState& state_;
+  Dims dims_;
+  LayerRangeActs<Exec> acts_;
+  WorkspaceBuffers<Exec> ws_;
+  decltype(Kokkos::create_mirror_view(std::declval<LayerRangeActs<Exec>&>().inputs)) inputs_;
+};
+
+}  // namespace
+
+std::vector<float> sequence_logits(RankState& state, MemoryTracker& tracker, const std::vector<std::int32_t>& tokens) {
+  OneSequence one(state, tracker);
+  const auto logits = one.forward(tokens.data(), static_cast<std::int64_t>(tokens.size()));
+  const std::int64_t rows = std::min<std::int64_t>(static_cast<std::int64_t>(tokens.size()), state.model().seq_len);
+  return std::vector<float>(logits.data(), logits.data() + rows * state.model().vocab_size);
+}
+
 std::vector<std::int32_t> generate_tokens(RankState& state, MemoryTracker& tracker,
                                           std::vector<std::int32_t> prompt, std::int64_t count, double temperature,
                                           std::uint64_t seed) {
-  using Exec = RankState::Exec;
-  const ModelConfig& model = state.model();
-  const std::int64_t T = model.seq_len, V = model.vocab_size;
-  // fp32 activations; the parameters as stored (bf16 ones read through the workspace).
-  Dims dims = Dims::of(model, 1);
-  dims.bf16 = state.bf16();
-  LayerRangeActs<Exec> acts(tracker, dims, 0, model.layers, true, true,
-                            std::vector<ActivationPolicy>(static_cast<std::size_t>(model.layers),
-                                                          ActivationPolicy::keep));
-  WorkspaceBuffers<Exec> ws(tracker, dims);
-  const ShardCombine whole;
-  auto inputs = Kokkos::create_mirror_view(acts.inputs);
-  const Exec exec;
+  const std::int64_t T = state.model().seq_len, V = state.model().vocab_size;
+  OneSequence one(state, tracker);
   std::vector<double> p(static_cast<std::size_t>(V));
   std::vector<std::int32_t> out;
   if (prompt.empty()) prompt.push_back(0);
   for (std::int64_t n = 0; n < count; ++n) {
-    // The last T tokens; causal attention makes the zero padding after them irrelevant.
+    // The last T tokens.
     const std::int64_t len = std::min<std::int64_t>(T, static_cast<std::int64_t>(prompt.size()));
-    for (std::int64_t t = 0; t < T; ++t) inputs(t) = t < len ? prompt[prompt.size() - len + t] : 0;
-    Kokkos::deep_copy(exec, acts.inputs, inputs);
-    Kokkos::deep_copy(exec, acts.targets, 0);
-    // Parameters as training uses them: gathered (or widened from bf16) per layer.
-    const int last = state.layout().final_layer();
-    state.store().hold(0).wait();
-    embed_forward(exec, state.embedding_weights(), acts.input.f32, acts.inputs, dims, whole);
-    for (std::int64_t b = 0; b < model.layers; ++b) {
-      const int l = state.layout().block_layer(b);
-      state.store().hold(l).wait();
-      block_forward(exec, state.block_weights(b, ws.ws.vectors),
-                    acts.block(acts.kept_inner(b), acts.block_output(b).f32), acts.block_input(b).f32, dims.NH,
-                    ws.ws, whole);
-      exec.fence();  // the gathered copy is read before it goes back
-      state.store().release(l);
-    }
-    state.store().hold(last).wait();
-    head_forward(exec, state.embedding_weights(), state.final_weights(ws.ws.vectors), acts.head, acts.output().f32,
-                 acts.targets, dims, ws.ws, whole);
-    exec.fence();
-    state.store().release(last);
-    state.store().release(0);
-    auto row = Kokkos::subview(acts.head.logits, len - 1, Kokkos::ALL);
-    auto logits = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), row);
+    const auto logits = one.forward(prompt.data() + prompt.size() - len, len);
     double mx = -INFINITY, z = 0.0;
-    for (std::int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(logits(v)));
-    for (std::int64_t v = 0; v < V; ++v) z += p[v] = std::exp((logits(v) - mx) / temperature);
+    for (std::int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(logits(len - 1, v)));
+    for (std::int64_t v = 0; v < V; ++v) z += p[v] = std::exp((logits(len - 1, v) - mx) / temperature);
     double u = uniform01(seed, static_cast<std::uint64_t>(n)) * z;
     std::int32_t pick = static_cast<std::int32_t>(V - 1);
     for (std::int64_t v = 0; v < V; ++v) {

@@ -18,6 +18,10 @@ std::vector<std::int32_t> generate_tokens(RankState& state, MemoryTracker& track
                                           std::vector<std::int32_t> prompt, std::int64_t count, double temperature,
                                           std::uint64_t seed);
 
+// The logits (min(len, seq_len) x vocab, row-major) of one sequence, under the same
+// conditions as generate_tokens.
+std::vector<float> sequence_logits(RankState& state, MemoryTracker& tracker, const std::vector<std::int32_t>& tokens);
+
 // Bytes as readable text: printable ASCII and newlines kept, anything else as '?'.
 std::string bytes_to_text(const std::vector<std::int32_t>& tokens);
 
