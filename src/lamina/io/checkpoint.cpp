@@ -61,6 +61,27 @@ std::string shape_str(const std::vector<std::int64_t>& s) {
 
 }  // namespace
 
+std::string model_signature(const ModelConfig& m) {
+  return strprintf("layers=%lld d_model=%lld heads=%lld seq_len=%lld vocab_size=%lld", static_cast<long long>(m.layers),
+                   static_cast<long long>(m.d_model), static_cast<long long>(m.heads),
+                   static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size));
+}
+
+bool parse_model_signature(const std::string& text, ModelConfig& out) {
+  long long v[5] = {0, 0, 0, 0, 0};
+  if (std::sscanf(text.c_str(), "layers=%lld d_model=%lld heads=%lld seq_len=%lld vocab_size=%lld", &v[0], &v[1],
+                  &v[2], &v[3], &v[4]) != 5 ||
+      std::any_of(v, v + 5, [](long long x) { return x < 1; })) {
+    return false;
+  }
+  out.layers = v[0];
+  out.d_model = v[1];
+  out.heads = v[2];
+  out.seq_len = v[3];
+  out.vocab_size = v[4];
+  return true;
+}
+
 std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;

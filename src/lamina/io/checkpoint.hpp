@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "lamina/core/config.hpp"
 #include "lamina/io/hdf5_file.hpp"
 
 namespace lamina {
@@ -88,6 +89,11 @@ class CheckpointReader {
   CheckpointMeta meta_;
   std::int64_t unchecked_ = 0;
 };
+
+// The `model` attribute: "layers=L d_model=C heads=H seq_len=T vocab_size=V".
+std::string model_signature(const ModelConfig& m);
+// Its converse; false for text that is not one, or a size below 1.
+bool parse_model_signature(const std::string& text, ModelConfig& out);
 
 // Resolves checkpoint.resume: "latest" (the file `<dir>/latest` names) or a path.
 // Throws InputError when nothing usable is there.

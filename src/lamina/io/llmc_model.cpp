@@ -120,7 +120,7 @@ LlmcModelFile::LlmcModelFile(const std::string& path) : file_(path) {
   }
 }
 
-std::vector<float> LlmcModelFile::tensor(const std::string& name, std::int64_t rows) const {
+std::vector<float> LlmcModelFile::tensor(const std::string& name, std::vector<std::int64_t>& shape) const {
   std::string kind = name;
   std::int64_t layer = 0;
   if (name.rfind("h.", 0) == 0) {
@@ -139,13 +139,16 @@ std::vector<float> LlmcModelFile::tensor(const std::string& name, std::int64_t r
       continue;
     }
     const std::uint8_t* p = file_.data() + offset + layer * s.numel() * elem;
-    std::int64_t keep_rows = s.rows;
-    if (kind == "wte") {
-      keep_rows = rows == 0 ? model_.vocab_size : rows;
-      if (keep_rows > padded_vocab_) throw InputError(path() + ": wte has " + std::to_string(padded_vocab_) + " rows");
-    }
+    const std::int64_t keep_rows = kind == "wte" ? model_.vocab_size : s.rows;  // the padding is not the model's
     std::vector<float> stored(static_cast<std::size_t>(keep_rows * s.cols));
     decode_floats(stored_, p, keep_rows * s.cols, stored.data());
+    if (a.transposed) {
+      shape = {s.cols, s.rows};
+    } else if (kind != "wte" && kind != "wpe") {  // gains and biases
+      shape = {s.cols};
+    } else {
+      shape = {keep_rows, s.cols};
+    }
     if (!a.transposed) return stored;
     std::vector<float> out(stored.size());  // (out, in) -> (in, out)
     for (std::int64_t r = 0; r < s.rows; ++r) {

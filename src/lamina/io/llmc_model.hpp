@@ -29,9 +29,9 @@ class LlmcModelFile {
   const ModelConfig& model() const { return model_; }
   std::int64_t padded_vocab() const { return padded_vocab_; }
   StoredFloat stored() const { return stored_; }
-  // A tensor by lamina's name in lamina's layout (matrices transposed back to (in, out)).
-  // `wte` has `rows` rows: the real vocabulary or the padded one.
-  std::vector<float> tensor(const std::string& name, std::int64_t rows = 0) const;
+  // A tensor by lamina's name in lamina's layout (matrices transposed back to (in, out)),
+  // and its shape there. `wte` has the real vocabulary's rows.
+  std::vector<float> tensor(const std::string& name, std::vector<std::int64_t>& shape) const;
 
  private:
   MappedFile file_;

@@ -36,36 +36,21 @@ std::string shape_str(const std::vector<std::int64_t>& s) {
   return out + (s.size() == 1 ? ",)" : ")");
 }
 
-std::string model_str(const ModelConfig& m) {
-  return strprintf("layers=%lld d_model=%lld heads=%lld seq_len=%lld vocab_size=%lld", static_cast<long long>(m.layers),
-                   static_cast<long long>(m.d_model), static_cast<long long>(m.heads),
-                   static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size));
-}
-
 // ---------------------------------------------------------------------------------------
 // lamina checkpoints
 
 class CheckpointSource : public WeightsSource {
  public:
   explicit CheckpointSource(const std::string& path) : reader_(path, MPI_COMM_SELF) {
-    // "layers=L d_model=C heads=H seq_len=T vocab_size=V" (trainer's model_signature).
-    long long v[5] = {0, 0, 0, 0, 0};
-    if (std::sscanf(reader_.meta().model.c_str(), "layers=%lld d_model=%lld heads=%lld seq_len=%lld vocab_size=%lld",
-                    &v[0], &v[1], &v[2], &v[3], &v[4]) != 5 ||
-        std::any_of(v, v + 5, [](long long x) { return x < 1; })) {
+    if (!parse_model_signature(reader_.meta().model, model_)) {
       throw InputError(path + ": attribute 'model' = \"" + reader_.meta().model + "\" does not describe a model");
     }
-    model_.layers = v[0];
-    model_.d_model = v[1];
-    model_.heads = v[2];
-    model_.seq_len = v[3];
-    model_.vocab_size = v[4];
   }
   const std::string& path() const override { return reader_.path(); }
   WeightsFormat format() const override { return WeightsFormat::lamina; }
   std::string describe() const override {
     return strprintf("lamina checkpoint, step %lld, float32, %s", static_cast<long long>(reader_.meta().step),
-                     model_str(model_).c_str());
+                     model_signature(model_).c_str());
   }
   const ModelConfig& model() const override { return model_; }
   WeightsTensor tensor(const std::string& name) const override {
@@ -100,29 +85,12 @@ class LlmcSource : public WeightsSource {
   std::string describe() const override {
     return strprintf("llm.c model file, %s, vocabulary padded to %lld, %s",
                      file_.stored() == StoredFloat::f32 ? "float32" : "bfloat16",
-                     static_cast<long long>(file_.padded_vocab()), model_str(file_.model()).c_str());
+                     static_cast<long long>(file_.padded_vocab()), model_signature(file_.model()).c_str());
   }
   const ModelConfig& model() const override { return file_.model(); }
   WeightsTensor tensor(const std::string& name) const override {
-    const ModelConfig& m = file_.model();
-    const std::int64_t C = m.d_model;
     WeightsTensor t;
-    if (name == "wte") t.shape = {m.vocab_size, C};
-    else if (name == "wpe") t.shape = {m.seq_len, C};
-    else if (name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 && name.find("ln_") == std::string::npos) {
-      // Matrices in lamina's (in, out).
-      if (name.find("attn.c_attn") != std::string::npos) t.shape = {C, 3 * C};
-      else if (name.find("attn.c_proj") != std::string::npos) t.shape = {C, C};
-      else if (name.find("mlp.c_fc") != std::string::npos) t.shape = {C, 4 * C};
-      else t.shape = {4 * C, C};
-    } else if (name.find("attn.c_attn.bias") != std::string::npos) {
-      t.shape = {3 * C};
-    } else if (name.find("mlp.c_fc.bias") != std::string::npos) {
-      t.shape = {4 * C};
-    } else {
-      t.shape = {C};
-    }
-    t.values = file_.tensor(name);
+    t.values = file_.tensor(name, t.shape);
     return t;
   }
 
@@ -216,7 +184,7 @@ class SafetensorsSource : public WeightsSource {
   WeightsFormat format() const override { return WeightsFormat::huggingface; }
   std::string describe() const override {
     return strprintf("HuggingFace safetensors, %s, %zu file(s)%s, %s", dtype_.c_str(), shards_.size(),
-                     config_.empty() ? " without config.json" : "", model_str(model_).c_str());
+                     config_.empty() ? " without config.json" : "", model_signature(model_).c_str());
   }
   const ModelConfig& model() const override { return model_; }
 
@@ -434,7 +402,7 @@ std::vector<std::string> write_weights(const std::string& out, const WeightsSour
     CheckpointMeta meta;
     meta.deck = "# converted from " + source.path() + " (" + source.describe() + ") by lamina convert\n";
     meta.layout = "converted";
-    meta.model = model_str(m);
+    meta.model = model_signature(m);
     if (!writer.first_nonfinite().empty()) {
       throw InputError(source.path() + ": tensor '" + writer.first_nonfinite() + "' holds values that are not finite");
     }

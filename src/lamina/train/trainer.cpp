@@ -47,12 +47,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-std::string model_signature(const ModelConfig& m) {
-  return strprintf("layers=%lld d_model=%lld heads=%lld seq_len=%lld vocab_size=%lld", static_cast<long long>(m.layers),
-                   static_cast<long long>(m.d_model), static_cast<long long>(m.heads),
-                   static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size));
-}
-
 // output.dir and checkpoint.dir must be directories or not exist yet. A file in the way
 // (the path or one of its parents) is the deck's mistake: reported before any step, not
 // as a failed write at the first checkpoint.
