@@ -38,4 +38,10 @@ std::string human_count(double n) {
   return u == 0 ? strprintf("%.0f", n) : strprintf("%.2f%s", n, units[u]);
 }
 
+std::string shape_string(const std::vector<std::int64_t>& shape) {
+  std::string out = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + ")";
+}
+
 }  // namespace lamina

@@ -3,6 +3,7 @@
 #include <cstdarg>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace lamina {
 
@@ -16,5 +17,8 @@ std::string human_bytes(double bytes);
 
 // "1.2k", "3.4M", "7.0G": parameter and token counts for humans.
 std::string human_count(double n);
+
+// "(64, 32)": a tensor's shape in messages.
+std::string shape_string(const std::vector<std::int64_t>& shape);
 
 }  // namespace lamina

@@ -53,12 +53,6 @@ void fsync_path(const std::string& path) {
   }
 }
 
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  std::string out = "(";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + ")";
-}
-
 }  // namespace
 
 std::string model_signature(const ModelConfig& m) {
@@ -242,8 +236,8 @@ std::vector<std::int64_t> CheckpointReader::shape(const std::string& name) const
 void CheckpointReader::read(const TensorSlab& s) {
   const auto shape = h5::shape(file_, path_, s.name);
   if (shape != s.global_shape) {
-    throw InputError(path_ + ": tensor '" + s.name + "' has shape " + shape_str(shape) + ", the model needs " +
-                     shape_str(s.global_shape) + " (was it written by a different model configuration?)");
+    throw InputError(path_ + ": tensor '" + s.name + "' has shape " + shape_string(shape) + ", the model needs " +
+                     shape_string(s.global_shape) + " (was it written by a different model configuration?)");
   }
   if (!h5::has_checksum(file_, s.name)) ++unchecked_;
   h5::read_slab(file_, path_, s.name, s.pieces, s.local_shape, s.data);

@@ -30,12 +30,6 @@ namespace {
 
 constexpr std::int64_t kMaxJsonBytes = 64 << 20;  // an index or config.json; GPT-2's are a few kB
 
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  std::string out = "(";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + (s.size() == 1 ? ",)" : ")");
-}
-
 // ---------------------------------------------------------------------------------------
 // lamina checkpoints
 
@@ -339,8 +333,8 @@ std::vector<float> fetch_tensor(const WeightsSource& source, const std::string& 
     t.values.resize(static_cast<std::size_t>(shape[0] * shape[1]));
     return std::move(t.values);
   }
-  throw InputError(source.path() + ": tensor '" + name + "' has shape " + shape_str(t.shape) + ", the model needs " +
-                   shape_str(shape));
+  throw InputError(source.path() + ": tensor '" + name + "' has shape " + shape_string(t.shape) + ", the model needs " +
+                   shape_string(shape));
 }
 
 void check_weights_model(const WeightsSource& source, const ModelConfig& m) {

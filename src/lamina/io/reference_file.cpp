@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include "lamina/core/error.hpp"
+#include "lamina/core/format.hpp"
 #include "lamina/io/hdf5_file.hpp"
 
 namespace lamina {
@@ -15,17 +16,11 @@ std::int64_t numel(const std::vector<std::int64_t>& s) {
   return n;
 }
 
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  std::string out = "(";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + ")";
-}
-
 void expect_shape(const ReferenceFile& ref, hid_t f, const std::string& name, const std::vector<std::int64_t>& want) {
   const auto got = h5::shape(f, ref.path, name);
   if (got != want) {
-    throw InputError(ref.path + ": dataset '" + name + "' has shape " + shape_str(got) + ", expected " +
-                     shape_str(want));
+    throw InputError(ref.path + ": dataset '" + name + "' has shape " + shape_string(got) + ", expected " +
+                     shape_string(want));
   }
 }
 

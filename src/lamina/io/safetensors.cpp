@@ -27,12 +27,6 @@ int dtype_size(const std::string& d) {
   return it == sizes.end() ? 0 : it->second;
 }
 
-std::string shape_text(const std::vector<std::int64_t>& s) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 }  // namespace
 
 bool safetensors_supported() {
@@ -117,7 +111,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
       if (!whole(d, kMaxElements, v)) throw bad(where + ": shape holds something other than a size");
       t.shape.push_back(v);
       numel = v == 0 ? 0 : (numel > kMaxElements / v ? kMaxElements + 1 : numel * v);
-      if (numel > kMaxElements) throw bad(where + ": shape " + shape_text(t.shape) + " is too large");
+      if (numel > kMaxElements) throw bad(where + ": shape " + shape_string(t.shape) + " is too large");
     }
     const json& off = entry["data_offsets"];
     std::int64_t b = 0, e = 0;
@@ -128,7 +122,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     if (e - b != numel * elem) {
       throw bad(strprintf("%s: data_offsets [%lld, %lld] span %lld bytes, but %s %s needs %lld", where.c_str(),
                           static_cast<long long>(b), static_cast<long long>(e), static_cast<long long>(e - b),
-                          t.dtype.c_str(), shape_text(t.shape).c_str(), static_cast<long long>(numel * elem)));
+                          t.dtype.c_str(), shape_string(t.shape).c_str(), static_cast<long long>(numel * elem)));
     }
     t.data = data + b;
     t.bytes = e - b;
