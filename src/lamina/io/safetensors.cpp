@@ -14,21 +14,6 @@
 
 namespace lamina {
 
-namespace {
-
-constexpr std::int64_t kMaxElements = std::int64_t(1) << 50;  // far past any model, far from overflow
-
-// Bytes per element of the specification's dtypes; 0 for a name it does not have.
-int dtype_size(const std::string& d) {
-  static const std::map<std::string, int> sizes = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
-      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"I64", 8},     {"U64", 8}, {"F64", 8}};
-  const auto it = sizes.find(d);
-  return it == sizes.end() ? 0 : it->second;
-}
-
-}  // namespace
-
 bool safetensors_supported() {
 #if defined(LAMINA_HAVE_NLOHMANN_JSON)
   return true;
@@ -50,6 +35,21 @@ std::int64_t safetensors_bytes(const std::vector<std::int64_t>& shape, StoredFlo
 }
 
 #if defined(LAMINA_HAVE_NLOHMANN_JSON)
+
+namespace {
+
+constexpr std::int64_t kMaxElements = std::int64_t(1) << 50;  // far past any model, far from overflow
+
+// Bytes per element of the specification's dtypes; 0 for a name it does not have.
+int dtype_size(const std::string& d) {
+  static const std::map<std::string, int> sizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"I64", 8},     {"U64", 8}, {"F64", 8}};
+  const auto it = sizes.find(d);
+  return it == sizes.end() ? 0 : it->second;
+}
+
+}  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
   using nlohmann::json;
