@@ -632,7 +632,8 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   auto& mem = d.memory;
   mem.device_budget = r.bytes("memory", "device_budget", 0);
   mem.host_budget = r.bytes("memory", "host_budget", 0);
-  mem.activations = r.per_layer("memory", "activations", "keep", {"keep", "recompute", "offload"}, m.layers);
+  mem.activations = r.per_layer("memory", "activations", "keep", {"keep", "recompute", "offload", "offload_checkpoint"},
+                                m.layers);
   mem.params = r.per_layer("memory", "params", "device", {"device", "host"}, m.layers);
   mem.optimizer = r.per_layer("memory", "optimizer", "device", {"device", "host", "dynamic"}, m.layers);
   mem.dos_split = r.choice("memory", "dos_split", "model", {"model", "all_host", "all_device", "alternate"});

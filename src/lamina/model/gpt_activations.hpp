@@ -237,6 +237,12 @@ struct Residual {
 // the workspace, its inner activations into the executor's scratch) and what it keeps is
 // rounded. The head's activations (final norm, logits, loss statistics) and the residual
 // stream's gradient stay fp32.
+//
+// A range of one block whose policy is offload_checkpoint is pooled: it owns no device
+// memory for its input, its output or its residual gradient. The executor binds frames
+// from a device pool to them while they are live (bind_input, bind_output, bind_dres), and
+// the input (the checkpoint) waits in a host-tier buffer (checkpoint()) between the
+// block's forward and its backward.
 template <class Exec>
 class LayerRangeActs {
  public:
@@ -250,6 +256,17 @@ class LayerRangeActs {
   static std::int64_t boundary_elements(const ActivationSizes& s, bool bf16) {
     return bf16 ? (s.boundary + 1) / 2 * 2 : s.boundary;
   }
+  // Float words of one boundary as stored (bf16 pairs in bf16 runs): a frame of the
+  // residual stream, and of a checkpoint in the host tier. Residual gradients take s.boundary.
+  static std::int64_t stream_words(const ActivationSizes& s, bool bf16) {
+    return bf16 ? boundary_elements(s, true) / 2 : s.boundary;
+  }
+  static bool pooled(const std::vector<ActivationPolicy>& policy) {
+    return policy.size() == 1 && policy.front() == ActivationPolicy::offload_checkpoint;
+  }
+  // Device-tier bytes of a pooled range (the head's activations, the token ids); its host
+  // tier holds one checkpoint (stream_words).
+  static std::int64_t pooled_bytes(const ActivationSizes& s, bool head) { return 4 * ((head ? s.head : 0) + s.tokens); }
   // Device-tier bytes of a range: fp32 (4-byte) and bf16 (2-byte) storage, the token ids.
   // kept: blocks whose inner activations are kept; own_dres: its own residual-gradient
   // buffer. Offloaded blocks' host buffers come on top.
@@ -267,14 +284,18 @@ class LayerRangeActs {
   LayerRangeActs(MemoryTracker& tracker, const Dims& d, std::int64_t first, std::int64_t last, bool embedding,
                  bool head, const std::vector<ActivationPolicy>& policy, bool bf16 = false,
                  float* shared_dres = nullptr)
-      : dims_(d), first_(first), policy_(policy) {
+      : dims_(d), first_(first), policy_(policy), bf16_(bf16), pooled_(pooled(policy)) {
     const ActivationSizes s = activation_sizes(d);
     const std::int64_t N = d.N(), C = d.C;
     const std::int64_t kept = std::count(policy.begin(), policy.end(), ActivationPolicy::keep);
     const std::int64_t boundary = boundary_elements(s, bf16), blocks = last - first;
     const std::string range = std::to_string(first) + "-" + std::to_string(last);
-    const std::int64_t stream = (blocks + 1) * boundary + kept * s.inner;
-    const std::int64_t fp32 = (head ? s.head : 0) + (shared_dres == nullptr ? s.boundary : 0);
+    const std::int64_t stream = pooled_ ? 0 : (blocks + 1) * boundary + kept * s.inner;
+    const std::int64_t fp32 = (head ? s.head : 0) + (shared_dres == nullptr && !pooled_ ? s.boundary : 0);
+    if (pooled_) {
+      checkpoint_ = Buffer<float, HostTierSpace>(tracker, MemCategory::activations, "lamina::checkpoint_h" + range,
+                                                 stream_words(s, bf16), MemTier::host);
+    }
     if (bf16) {
       buf16_ = Buffer<std::uint16_t, Mem>(tracker, MemCategory::activations, "lamina::acts_bf16_h" + range, stream);
     }
@@ -296,9 +317,9 @@ class LayerRangeActs {
       }
       return r;
     };
-    input = residual();  // embedding output, or the input received
+    if (!pooled_) input = residual();  // embedding output, or the input received
     has_embedding = embedding;
-    for (std::int64_t l = first; l < last; ++l) out_.push_back(residual());
+    for (std::int64_t l = first; l < last; ++l) out_.push_back(pooled_ ? Residual<Exec>() : residual());
     for (std::int64_t l = first; l < last; ++l) {
       const ActivationPolicy pol = policy[static_cast<std::size_t>(l - first)];
       const bool keep = pol == ActivationPolicy::keep;
@@ -330,7 +351,7 @@ class LayerRangeActs {
       this->head.losses = as_vec<Exec>(take(N), N);
       this->head.lse = as_vec<Exec>(take(N), N);
     }
-    dres = as_mat<Exec>(shared_dres != nullptr ? shared_dres : take(N * C), N, C);
+    if (!pooled_) dres = as_mat<Exec>(shared_dres != nullptr ? shared_dres : take(N * C), N, C);
     tokens_ = Buffer<std::int32_t, Mem>(tracker, MemCategory::activations, "lamina::tokens", s.tokens);
     inputs = Kokkos::subview(tokens_.view(), std::pair<std::int64_t, std::int64_t>(0, N));
     targets = Kokkos::subview(tokens_.view(), std::pair<std::int64_t, std::int64_t>(N, 2 * N));
@@ -353,6 +374,13 @@ class LayerRangeActs {
   std::uint16_t* kept_inner_bf16(std::int64_t l) const { return inner16_[l - first_]; }
   const HostView& offloaded(std::int64_t l) const { return host_[l - first_].view(); }
   const HostView16& offloaded_bf16(std::int64_t l) const { return host16_[l - first_].view(); }
+  // Pooled ranges: frames of stream_words (input, output) or N C floats (dres), and the
+  // checkpoint's host-tier copy.
+  bool pooled() const { return pooled_; }
+  void bind_input(float* words) { input = frame(words); }
+  void bind_output(float* words) { out_.front() = frame(words); }
+  void bind_dres(float* p) { dres = as_mat<Exec>(p, dims_.N(), dims_.C); }
+  const HostView& checkpoint() const { return checkpoint_.view(); }
 
   Residual<Exec> input;
   HeadActs<Exec> head;
@@ -361,9 +389,22 @@ class LayerRangeActs {
   bool has_embedding = false, has_head = false;
 
  private:
+  Residual<Exec> frame(float* words) const {
+    Residual<Exec> r;
+    if (bf16_) {
+      r.b16 = Mat16<Exec>(Kokkos::View<std::uint16_t**, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+          reinterpret_cast<std::uint16_t*>(words), dims_.N(), dims_.C));
+    } else {
+      r.f32 = as_mat<Exec>(words, dims_.N(), dims_.C);
+    }
+    return r;
+  }
+
   Dims dims_;
   std::int64_t first_ = 0;
   std::vector<ActivationPolicy> policy_;
+  bool bf16_ = false, pooled_ = false;
+  Buffer<float, HostTierSpace> checkpoint_;
   std::vector<Residual<Exec>> out_;
   std::vector<float*> inner_;
   std::vector<std::uint16_t*> inner16_;

@@ -22,8 +22,18 @@ class Completion {
 
   void add(Request r) { requests_.push_back(std::move(r)); }
   void add(const Exec& queued_on) { instances_.push_back(queued_on); }
-  // Runs after the requests and the instances' work, once (at wait()).
-  void then(std::function<void()> f) { then_ = std::move(f); }
+  // Runs after the requests and the instances' work, once (at wait()), after any
+  // follow-up given before.
+  void then(std::function<void()> f) {
+    if (then_) {
+      then_ = [first = std::move(then_), second = std::move(f)] {
+        first();
+        second();
+      };
+    } else {
+      then_ = std::move(f);
+    }
+  }
 
   // Whether every request has completed; never blocks (it also moves MPI's non-blocking
   // operations on). Copies queued on an instance cannot be asked without a fence: while

@@ -75,7 +75,9 @@ Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& 
       transfer_(transfer_instance<Exec>()),
       inner_size_(activation_sizes(dims).inner),
       split_(message_split(grid.tp_size(), activation_sizes(dims), schedule.spec().precision == Precision::bf16)),
-      bf16_(schedule.spec().precision == Precision::bf16) {
+      bf16_(schedule.spec().precision == Precision::bf16),
+      frames_(tracker, MemCategory::activations, "lamina::checkpoint_frames"),
+      stream_words_(LayerRangeActs<Exec>::stream_words(activation_sizes(dims), bf16_)) {
   const Partition& part = schedule.partition();
   bool scratch = false, offload = false;  // what needs the scratch, the staging buffers
   for (int c : part.chunks_of(grid.pp_rank())) {
@@ -84,7 +86,7 @@ Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& 
     std::vector<ActivationPolicy> policy;
     for (std::int64_t b = k.first_block; b < k.last_block; ++b) policy.push_back(this->policy(b));
     for (const auto p : policy) {
-      scratch = scratch || p == ActivationPolicy::recompute || (bf16_ && p != ActivationPolicy::recompute);
+      scratch = scratch || recomputed(p) || bf16_;
       offload = offload || p == ActivationPolicy::offload;
     }
     // Depth-first, a chunk runs one micro-batch's backward at a time: one residual-gradient
@@ -102,6 +104,7 @@ Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& 
     }
   }
   if (scratch) scratch_ = Buffer<float, Mem>(tracker, MemCategory::activations, "lamina::acts_scratch", inner_size_);
+  for (const Instruction& i : schedule.program(grid.pp_rank())) frame_events_.push_back(schedule.frame_events(i));
   for (int i = 0; i < 2 && offload; ++i) {
     if (bf16_) {
       staging16_[i] =
@@ -255,7 +258,8 @@ BlockActs<Exec> Executor::restored(LayerRangeActs<Exec>& a, std::int64_t b) {
       if (!bf16_) return a.block(a.kept_inner(b), out);
       from_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_), Bf16Vec<Exec>(a.kept_inner_bf16(b), inner_size_));
       return a.block(scratch_.data(), out);
-    case ActivationPolicy::recompute: return a.block(scratch_.data(), out);
+    case ActivationPolicy::recompute:
+    case ActivationPolicy::offload_checkpoint: return a.block(scratch_.data(), out);
     case ActivationPolicy::offload: break;
   }
   int k = 0;
@@ -301,6 +305,46 @@ void Executor::backward(const Chunk& c, int layer, int mb, float loss_scale) {
     // Without a gradient to send, the micro-batch is done here: its slot is free.
     if (c.index == 0 || previous_here) release(c.index, mb);
   }
+}
+
+Completion Executor::offload_checkpoint(const Chunk& c, int mb) {
+  // The block's forward, which read its input, is done (the instruction waits for it).
+  LayerRangeActs<Exec>& a = slot(c.index, mb);
+  Kokkos::deep_copy(transfer_, a.checkpoint(), as_vec<Exec>(a.input.words(), stream_words_));
+  Completion done;
+  done.add(transfer_);
+  return done;
+}
+
+Completion Executor::prefetch_checkpoint(const Chunk& c, int mb) {
+  // Into the input frame just taken; the recomputation waits for it.
+  LayerRangeActs<Exec>& a = slot(c.index, mb);
+  Kokkos::deep_copy(transfer_, as_vec<Exec>(a.input.words(), stream_words_), a.checkpoint());
+  Completion done;
+  done.add(transfer_);
+  return done;
+}
+
+void Executor::take(const FrameEvent& e) {
+  const std::int64_t n = e.frame == Frame::gradient ? dims_.N() * dims_.C : stream_words_;
+  float* p = frames_.acquire(n);
+  framed_[{e.chunk, e.micro_batch, e.frame}] = p;
+  LayerRangeActs<Exec>& a = slot(e.chunk, e.micro_batch);
+  switch (e.frame) {
+    case Frame::input: a.bind_input(p); break;
+    case Frame::output: a.bind_output(p); break;
+    case Frame::gradient: a.bind_dres(p); break;
+  }
+}
+
+void Executor::give(const FrameEvent& e) {
+  const auto it = framed_.find({e.chunk, e.micro_batch, e.frame});
+  if (it == framed_.end()) {
+    throw std::logic_error(strprintf("chunk %d, micro-batch %d gives back a frame it does not hold", e.chunk,
+                                     e.micro_batch));
+  }
+  frames_.release(it->second, e.frame == Frame::gradient ? dims_.N() * dims_.C : stream_words_);
+  framed_.erase(it);
 }
 
 float* Executor::staging(int i, LayerRangeActs<Exec>* a, std::int64_t b) {
@@ -359,7 +403,7 @@ float* Executor::outgoing_buffer(std::int64_t n) {
 
 Completion Executor::recv(Op op, int chunk, int mb, int peer) {
   const bool act = op == Op::recv_activation;
-  LayerRangeActs<Exec>& a = act ? acquire(chunk, mb) : slot(chunk, mb);
+  LayerRangeActs<Exec>& a = act && !in_use_.count({chunk, mb}) ? acquire(chunk, mb) : slot(chunk, mb);
   float* data = act ? a.input.words() : a.dres.data();
   const std::int64_t words = act ? a.input.word_count() : static_cast<std::int64_t>(a.dres.size());
   const int kind = act ? 0 : 1;
@@ -438,6 +482,8 @@ Completion Executor::execute(const Instruction& i, const MicroBatchLoader& load,
       done = prefetch_activations(part.chunk(i.chunk), i.layer, i.micro_batch, i.buffer);
       break;
     case Op::reload_activations: reload(part.chunk(i.chunk), i.layer, i.micro_batch, i.buffer); break;
+    case Op::offload_checkpoint: done = offload_checkpoint(part.chunk(i.chunk), i.micro_batch); break;
+    case Op::prefetch_checkpoint: done = prefetch_checkpoint(part.chunk(i.chunk), i.micro_batch); break;
     case Op::reduce_grads: done = state_.reducer().reduce(i.layer); break;
     case Op::sync_grads: state_.reducer().sync_embedding(); break;
     case Op::flush_grads: state_.optimizer(i.layer).gradients_ready(state_.reducer().owned(i.layer)); break;
@@ -471,7 +517,24 @@ StageResult Executor::run(const MicroBatchLoader& load, float loss_scale) {
     e.reached = now();
     for (const int j : i.after) wait_for(j);
     e.issued = now();
+    const std::vector<FrameEvent>& frames = frame_events_[k];
+    if (!frames.empty()) {
+      // A micro-batch's first frame comes with its slot.
+      const bool opens = i.op == Op::recv_activation ||
+                         (i.op == Op::forward && i.layer == first_layer(schedule_.partition().chunk(i.chunk)));
+      if (opens && !in_use_.count({i.chunk, i.micro_batch})) acquire(i.chunk, i.micro_batch);
+      for (const FrameEvent& f : frames)
+        if (f.acquire) take(f);
+    }
     completions_[k] = execute(i, load, loss_scale);
+    for (const FrameEvent& f : frames) {
+      if (f.acquire) continue;
+      if (f.at_completion) {
+        completions_[k].then([this, f] { give(f); });
+      } else {
+        give(f);
+      }
+    }
     e.returned = now();
     if (occupies_host(i.op) || completions_[k].empty()) {
       e.completed = e.returned;

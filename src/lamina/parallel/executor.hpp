@@ -4,7 +4,9 @@
 // rank's optimizer program. Each instruction maps to one action of the rank's state
 // (rank_state.hpp) or of the activations it keeps here: one LayerRangeActs per chunk and
 // micro-batch in flight (as many as the schedule ever has), a scratch where recomputed and
-// bf16-stored blocks run, and two staging buffers through which offloaded blocks travel.
+// bf16-stored blocks run, two staging buffers through which offloaded blocks travel, and a
+// pool of frames that the residual stream of chunks with offloaded checkpoints takes and
+// gives back as Schedule::frame_events says.
 //
 // Waiting is the instruction list's business, not the actions': before issuing an
 // instruction the executor waits for those its `after` names (a fence of the compute
@@ -22,8 +24,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <vector>
 
+#include "lamina/core/buffer_pool.hpp"
 #include "lamina/model/gpt.hpp"
 #include "lamina/parallel/completion.hpp"
 #include "lamina/parallel/rank_state.hpp"
@@ -100,6 +104,12 @@ class Executor {
   Completion offload(const Chunk& c, int layer, int mb);
   void reload(const Chunk& c, int layer, int mb, int buffer);
   Completion prefetch_activations(const Chunk& c, int layer, int mb, int buffer);
+  Completion offload_checkpoint(const Chunk& c, int mb);
+  Completion prefetch_checkpoint(const Chunk& c, int mb);
+  // Frames of the pool (Schedule::frame_events): taken and bound to the micro-batch's slot,
+  // or given back.
+  void take(const FrameEvent& e);
+  void give(const FrameEvent& e);
   // Block b's activations for its backward, as its policy and the instructions before left them.
   BlockActs<Exec> restored(LayerRangeActs<Exec>& a, std::int64_t b);
   // Staging buffer i, now holding block b of range a (null: nothing yet).
@@ -129,6 +139,10 @@ class Executor {
   Buffer<float, Mem> staging_[2];  // offloaded blocks on their way in and out
   Buffer<std::uint16_t, Mem> staging16_[2];  // ... as bf16
   std::pair<LayerRangeActs<Exec>*, std::int64_t> staged_[2] = {{nullptr, -1}, {nullptr, -1}};
+  BufferPool<Mem> frames_;
+  std::int64_t stream_words_;  // of an input or output frame; a gradient frame has dims_.N() * dims_.C floats
+  std::map<std::tuple<int, int, Frame>, float*> framed_;  // (chunk, micro-batch, frame) -> its frame
+  std::vector<std::vector<FrameEvent>> frame_events_;     // per instruction of the stage's program
   // Per instruction of the running program: what is in flight, and whether it was waited for.
   std::vector<Completion> completions_;
   std::vector<char> waited_;

@@ -26,6 +26,8 @@ const char* op_name(Op op) {
     case Op::offload_activations: return "offload";
     case Op::prefetch_activations: return "prefetch_acts";
     case Op::reload_activations: return "reload";
+    case Op::offload_checkpoint: return "offload_ckpt";
+    case Op::prefetch_checkpoint: return "prefetch_ckpt";
     case Op::reduce_grads: return "reduce";
     case Op::sync_grads: return "sync_grads";
     case Op::flush_grads: return "flush";
@@ -67,6 +69,11 @@ std::tuple<int, int, int> message_key(const Instruction& i) {
     case Op::send_gradient: return {1, i.chunk - 1, i.micro_batch};
     default: return {1, i.chunk, i.micro_batch};
   }
+}
+
+bool offloaded_checkpoint(const StepSpec& spec, const Chunk& c) {
+  return c.blocks() == 1 &&
+         spec.blocks[static_cast<std::size_t>(c.first_block)].activations == ActivationPolicy::offload_checkpoint;
 }
 
 bool resident_params(const StepSpec& spec, int layer) {
@@ -227,6 +234,11 @@ Instruction make(Op op, Stream stream, int chunk, int layer, int mb) {
 //   activations  an offload, its block's forward; a prefetch, the backward that last read
 //                the staging buffer it overwrites; a copy made on the spot, the transfers
 //                queued before it
+//   checkpoints  an offload_checkpoint, its block's forward; the forward (or receive) that
+//                takes an input frame, the stage's offload_checkpoint before the last (at most
+//                three frames on their way out); a prefetch_checkpoint, its offload and the
+//                compute before it (which may have given back the frame it fills), issued one
+//                backward step ahead; a recomputation, its prefetch
 //   gradients    a reduction, the layer's backward (and, ZeRO-1+, the reduction before:
 //                one reduce-scatter holds a full-size buffer at a time); a flush, the
 //                layer's final reduction; sync_grads, every reduction
@@ -254,19 +266,39 @@ class StageBuilder {
       const bool run_end = !(k + 1 < order.size() && same_run(k, k + 1));
       // The layers a run reads: the embedding's backward needs no parameters, so a backward
       // run of the first chunk holds the embedding only where the chunk also has the head.
-      auto read = [&] {
-        std::vector<int> ls = s_.layers_of(c);
-        if (!st.forward && c.embedding && !c.head) ls.erase(ls.begin());
+      auto read_of = [&](const ChunkStep& x) {
+        const Chunk& xc = part.chunk(x.chunk);
+        std::vector<int> ls = s_.layers_of(xc);
+        if (!x.forward && xc.embedding && !xc.head) ls.erase(ls.begin());
         return ls;
       };
+      // The first step of the run after this one (order.size(): none).
+      auto next_run = [&] {
+        std::size_t j = k;
+        while (j + 1 < order.size() && same_run(j, j + 1)) ++j;
+        return j + 1;
+      };
+      // Double-buffered (Lamy-Poirier's memory model): while a run computes, the next run's
+      // parameters are gathered; layers both runs read stay held from one to the other.
       auto hold = [&] {
         if (!(hold_runs && run_start)) return;
-        for (int l : read()) gather(l);
+        for (int l : read_of(st)) gather(l);
         held_ = true;
+        const std::size_t next = next_run();
+        if (next < order.size())
+          for (int l : read_of(order[next])) prefetch(l);
       };
       auto unhold = [&] {
         if (!(hold_runs && run_end)) return;
-        for (int l : read()) release(l);
+        const std::size_t next = next_run();
+        const std::vector<int> carried = next < order.size() ? read_of(order[next]) : std::vector<int>{};
+        for (int l : read_of(st)) {
+          if (std::find(carried.begin(), carried.end(), l) != carried.end() && holds_[l] == 1) {
+            prefetched_.insert(l);  // the next run's gather takes over this hold
+          } else {
+            release(l);
+          }
+        }
         held_ = false;
       };
       // What the chunk's first compute needs comes in while the chunk waits for its input.
@@ -292,6 +324,10 @@ class StageBuilder {
         if (st.chunk < last && part.chunk(st.chunk + 1).stage != c.stage)
           send(Op::send_activation, st.chunk, st.mb, part.chunk(st.chunk + 1).stage);
       } else {
+        // Checkpoints come back one backward step ahead.
+        if (offloaded_checkpoint(spec_, c)) prefetch_checkpoint(c, st.mb);
+        if (k + 1 < order.size() && !order[k + 1].forward && offloaded_checkpoint(spec_, part.chunk(order[k + 1].chunk)))
+          prefetch_checkpoint(part.chunk(order[k + 1].chunk), order[k + 1].mb);
         // The chunk's last block comes back first: its copy starts before the chunk's
         // backward (and the gradient it waits for), so that it is there when needed.
         if (c.blocks() > 0 && policy(c.last_block - 1) == ActivationPolicy::offload)
@@ -373,7 +409,13 @@ class StageBuilder {
     Instruction i = make(op, Stream::p2p, chunk, -1, mb);
     i.peer = peer;
     i.after = after_last_compute();
+    if (op == Op::recv_activation && offloaded_checkpoint(spec_, s_.partition().chunk(chunk))) wait_frame(i);
     received_ = emit(i);
+  }
+  // An instruction that takes an input frame in forward waits for the stage's offload
+  // before the last one, which gives its frame back.
+  void wait_frame(Instruction& i) const {
+    if (checkpoint_offloads_.size() >= 2) i.after.push_back(checkpoint_offloads_[checkpoint_offloads_.size() - 2]);
   }
   void send(Op op, int chunk, int mb, int peer) {
     Instruction i = make(op, Stream::p2p, chunk, -1, mb);
@@ -401,6 +443,11 @@ class StageBuilder {
       received_ = -1;
     }
     const bool block = l > 0 && l < head;
+    if (offloaded_checkpoint(spec_, c)) {
+      const bool first = l == (c.embedding ? 0 : static_cast<int>(c.first_block) + 1);
+      if (op == Op::forward && first) wait_frame(i);
+      if (op == Op::recompute) i.after.push_back(checkpoint_prefetches_.at({c.index, mb}));
+    }
     if (block && policy(l - 1) == ActivationPolicy::offload) {
       if (op == Op::forward && last_offload_ >= 0) i.after.push_back(last_offload_);
       if (op == Op::backward) {
@@ -428,6 +475,14 @@ class StageBuilder {
     i.after = after_last_compute();
     staged_[i.buffer] = b;
     restored_[b] = last_acts_prefetch_ = emit(i);
+  }
+  // A checkpoint back into a device frame (once: the step before may have asked for it).
+  void prefetch_checkpoint(const Chunk& c, int mb) {
+    if (checkpoint_prefetches_.count({c.index, mb})) return;
+    Instruction i = make(Op::prefetch_checkpoint, Stream::host_to_device, c.index, static_cast<int>(c.first_block) + 1, mb);
+    i.after = after_last_compute();
+    i.after.push_back(checkpoint_offloaded_.at({c.index, mb}));
+    checkpoint_prefetches_[{c.index, mb}] = emit(i);
   }
   // Before an offloaded block's backward: its activations in a staging buffer.
   void restore(const Chunk& c, int l, int mb) {
@@ -461,6 +516,12 @@ class StageBuilder {
       use(l);
       if (b + 1 < c.last_block && !held_) prefetch(l + 1);  // one layer ahead
       compute(Op::forward, c, l, mb);
+      if (policy(b) == ActivationPolicy::offload_checkpoint) {
+        Instruction i = make(Op::offload_checkpoint, Stream::device_to_host, c.index, l, mb);
+        i.after = after_last_compute();
+        checkpoint_offloads_.push_back(emit(i));
+        checkpoint_offloaded_[{c.index, mb}] = checkpoint_offloads_.back();
+      }
       if (policy(b) == ActivationPolicy::offload) {
         Instruction i = make(Op::offload_activations, Stream::device_to_host, c.index, l, mb);
         i.after = after_last_compute();
@@ -494,7 +555,7 @@ class StageBuilder {
       const int l = static_cast<int>(b) + 1;
       use(l);
       if (b > c.first_block && !held_) prefetch(l - 1);  // one layer ahead
-      if (policy(b) == ActivationPolicy::recompute) compute(Op::recompute, c, l, mb);
+      if (recomputed(policy(b))) compute(Op::recompute, c, l, mb);
       if (policy(b) == ActivationPolicy::offload) {
         restore(c, l, mb);
         // The previous block's come back into the other staging buffer meanwhile.
@@ -543,6 +604,8 @@ class StageBuilder {
   std::set<int> prefetched_;          // fetched ahead, not yet used
   int last_compute_ = -1, received_ = -1, last_offload_ = -1, last_acts_prefetch_ = -1;
   std::map<Staged, int> offloads_, restored_;
+  std::vector<int> checkpoint_offloads_;                 // in program order
+  std::map<std::pair<int, int>, int> checkpoint_offloaded_, checkpoint_prefetches_;  // (chunk, micro-batch)
   Staged staged_[2] = {{-1, -1, -1}, {-1, -1, -1}};
   int reloaded_ = 0;
   std::map<int, int> reduced_;  // layer -> its last reduction
@@ -734,6 +797,57 @@ int Schedule::max_in_flight(int chunk) const {
 }
 
 std::string Schedule::describe(int stage) const { return lamina::describe(program(stage), final_layer()); }
+
+std::vector<FrameEvent> Schedule::frame_events(const Instruction& i) const {
+  std::vector<FrameEvent> e;
+  if (i.chunk < 0) return e;
+  const Chunk& c = partition_.chunk(i.chunk);
+  auto pooled = [&](int k) { return offloaded_checkpoint(spec_, partition_.chunk(k)); };
+  // The chunk before is on this stage: it hands its output and takes its gradient here.
+  const bool previous_here = c.index > 0 && partition_.chunk(c.index - 1).stage == c.stage;
+  const bool messages_in = c.index > 0 && !previous_here;  // its input and its gradient travel
+  const int first = c.embedding ? 0 : static_cast<int>(c.first_block) + 1;
+  const bool block = i.layer > 0 && i.layer < final_layer();
+  auto take = [&](Frame f, int k) { e.push_back({true, f, k, i.micro_batch, false}); };
+  auto give = [&](Frame f, int k, bool at_completion = false) { e.push_back({false, f, k, i.micro_batch, at_completion}); };
+  const bool own = pooled(c.index);
+  switch (i.op) {
+    case Op::recv_activation:
+      if (own) take(Frame::input, c.index);
+      break;
+    case Op::forward:
+      if (i.layer == first && own && !messages_in) take(Frame::input, c.index);
+      if (block && own) take(Frame::output, c.index);
+      if (i.layer == first && previous_here && pooled(c.index - 1)) give(Frame::output, c.index - 1);
+      break;
+    case Op::send_activation:
+      if (own) give(Frame::output, c.index);
+      break;
+    case Op::offload_checkpoint: give(Frame::input, c.index, true); break;
+    case Op::recompute:  // the block's output comes again, into a frame of its own while it lasts
+      if (own) {
+        take(Frame::output, c.index);
+        give(Frame::output, c.index);
+      }
+      break;
+    case Op::prefetch_checkpoint: take(Frame::input, c.index); break;
+    case Op::backward:
+      if (i.layer == final_layer() && own) take(Frame::gradient, c.index);
+      if (i.layer == first && previous_here && pooled(c.index - 1)) take(Frame::gradient, c.index - 1);
+      if (i.layer == final_layer() && own) give(Frame::output, c.index);
+      if (block && own) give(Frame::input, c.index);
+      if (i.layer == first && own && !messages_in) give(Frame::gradient, c.index);
+      break;
+    case Op::recv_gradient:
+      if (own) take(Frame::gradient, c.index);
+      break;
+    case Op::send_gradient:
+      if (own) give(Frame::gradient, c.index);
+      break;
+    default: break;
+  }
+  return e;
+}
 
 std::vector<Instruction> update_program(const std::vector<LayerUpdate>& layers, int zero) {
   std::vector<Instruction> p;

@@ -38,6 +38,9 @@ enum class Op : std::uint8_t {
   offload_activations,   // the block's inner activations to the host tier, after its forward
   prefetch_activations,  // back from the host tier ahead of use, into the spare staging buffer
   reload_activations,    // copied back now, for a block whose copy is in no staging buffer
+  // checkpoints of blocks whose policy is offload_checkpoint (layered accumulation)
+  offload_checkpoint,    // the block's input to the host tier, after its forward
+  prefetch_checkpoint,   // back into a device frame, one micro-batch ahead of its recomputation
   // gradients
   reduce_grads,       // start the data-parallel reduction of the layer's gradients
   sync_grads,         // every reduction done; add the tied embedding's two halves (pp > 1)
@@ -90,6 +93,22 @@ struct StepSpec {
   Precision precision = Precision::fp32;
 };
 
+// A chunk whose block's checkpoint waits in the host tier (offload_checkpoint; layered
+// plans have one block per chunk). Such a chunk holds no device memory of its own for a
+// micro-batch's residual stream: its input, its output and its gradient take frames from
+// one device pool while they are live (frame_events).
+bool offloaded_checkpoint(const StepSpec& spec, const Chunk& c);
+
+// Frames of the device pool, taken and given back by instructions: what one rule says for
+// the executor, which binds them, and for the memory estimate, which replays them.
+enum class Frame : std::uint8_t { input, output, gradient };
+struct FrameEvent {
+  bool acquire = true;  // taken before the instruction runs; else given back after it
+  Frame frame = Frame::input;
+  int chunk = -1, micro_batch = -1;
+  bool at_completion = false;  // given back when the instruction has completed (an offload's copy)
+};
+
 // Parameters of a layer live whole on the device between uses (in fp32 or bf16, which the
 // compute reads as they are): nothing to gather.
 bool resident_params(const StepSpec& spec, int layer);
@@ -132,6 +151,15 @@ class Schedule {
   int final_layer() const { return static_cast<int>(spec_.layers) + 1; }
   // One line per instruction group, readable (`-v` prints it).
   std::string describe(int stage) const;
+  // The device frames an instruction takes and gives back (see offloaded_checkpoint):
+  //   input     taken by the chunk's receive or first forward, or by a prefetch_checkpoint;
+  //             given back when the offload_checkpoint has completed, or after the block's backward
+  //   output    taken by the block's forward; given back once consumed: after the next
+  //             chunk's first forward copied it, its send, or the head's backward; taken
+  //             again by the recomputation, which writes it once more, and given back after
+  //   gradient  taken by the receive, the head's backward or the next chunk's first backward
+  //             (which writes it); given back after the chunk's first backward, or its send
+  std::vector<FrameEvent> frame_events(const Instruction& i) const;
 
  private:
   std::string name_;

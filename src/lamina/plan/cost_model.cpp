@@ -148,9 +148,22 @@ double CostModel::gather(int layer) const {
   return t;
 }
 
+double CostModel::host_link(bool to_host) const {
+  const double link = to_host ? machine_.d2h : machine_.h2d;
+  // Every device of the node copies through the host's memory at once.
+  const double share = machine_.host_bandwidth / std::max(1, machine_.devices_per_node);
+  return machine_.host_bandwidth > 0 ? std::min(link, share) : link;
+}
+
 double CostModel::activation_copy(bool to_host) const {
   const double bytes = inner_ * (bf16_ ? 2.0 : 4.0);
-  return bytes / (to_host ? machine_.d2h : machine_.h2d);
+  return bytes / host_link(to_host);
+}
+
+double CostModel::checkpoint_copy(bool to_host) const {
+  const double bytes = (bf16_ ? 2.0 : 4.0) * static_cast<double>(plan_.layout.micro_batch_size) *
+                       static_cast<double>(model_.seq_len) * static_cast<double>(model_.d_model);
+  return bytes / host_link(to_host);
 }
 
 double CostModel::reduce(int layer) const {
@@ -227,11 +240,11 @@ double CostModel::sync() const {
 }
 
 double CostModel::block_forward(ActivationPolicy p) const {
-  return block_forward_ - (p == ActivationPolicy::recompute ? saved_conversion_ : 0.0);
+  return block_forward_ - (recomputed(p) ? saved_conversion_ : 0.0);
 }
 
 double CostModel::block_backward(ActivationPolicy p) const {
-  return block_backward_ - (p == ActivationPolicy::recompute ? saved_conversion_ : 0.0);
+  return block_backward_ - (recomputed(p) ? saved_conversion_ : 0.0);
 }
 
 double CostModel::recompute() const { return block_forward_ - saved_conversion_ + recomputed_rounding_; }
@@ -254,6 +267,8 @@ double CostModel::price(const Instruction& i) const {
     case Op::offload_activations: return activation_copy(true);
     case Op::prefetch_activations:
     case Op::reload_activations: return activation_copy(false);
+    case Op::offload_checkpoint: return checkpoint_copy(true);
+    case Op::prefetch_checkpoint: return checkpoint_copy(false);
     case Op::reduce_grads: return reduce(i.layer);
     case Op::sync_grads: return sync();
     case Op::flush_grads: return flush(i.layer);

@@ -5,7 +5,8 @@
 // attention's batched products at theirs, element-wise kernels at the memory bandwidth
 // times theirs, tensor-parallel all-reduces inside the block) or, for the machine at
 // hand, from measured times of a block, the embedding and the head at the micro-batch size
-// (MeasuredCosts). Copies move their bytes at the host-device link's bandwidth;
+// (MeasuredCosts). Copies move their bytes at the host-device link's bandwidth (or the
+// device's share of the host memory's, if lower);
 // collectives follow the ring algorithms (an all-reduce of S bytes over p ranks moves
 // 2 (p-1)/p S per rank, plus 2 (p-1) latencies) on the link their group spans (NVLink-like
 // inside a node, the network across nodes); AdamW updates 28 bytes per parameter at the
@@ -80,6 +81,11 @@ class CostModel {
   double gather(int layer) const;
   // A block's inner activations one way between the tiers.
   double activation_copy(bool to_host) const;
+  // A block's input (its checkpoint, one micro-batch's residual stream as stored) one way.
+  double checkpoint_copy(bool to_host) const;
+  // Bytes per second of one device's copies to or from the host: its link, or its share of
+  // the host memory's bandwidth, which the node's devices copy through together.
+  double host_link(bool to_host) const;
   // The data-parallel reduction of a layer's gradients.
   double reduce(int layer) const;
   // The layer's owned gradients to the host.

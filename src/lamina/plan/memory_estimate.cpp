@@ -53,8 +53,12 @@ using Acts = LayerRangeActs<Kokkos::DefaultExecutionSpace>;
 }  // namespace
 
 Footprint block_activations(const ActivationSizes& a, ActivationPolicy policy, bool bf16, std::int64_t in_flight) {
-  const bool keep = policy == ActivationPolicy::keep;
   Footprint f;
+  if (policy == ActivationPolicy::offload_checkpoint) {  // the checkpoint; frames are the pool's
+    f.add(MemTier::host, MemCategory::activations, in_flight * 4 * Acts::stream_words(a, bf16));
+    return f;
+  }
+  const bool keep = policy == ActivationPolicy::keep;
   // A range of one block beside an empty one: the block's output and, kept, its inner part.
   f.add(MemTier::device, MemCategory::activations,
         in_flight * (Acts::bytes(a, 1, keep ? 1 : 0, false, false, bf16) - Acts::bytes(a, 0, 0, false, false, bf16)));
@@ -95,6 +99,11 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
   mm.bf16 = bf16;
   mm.dos_stage = opt.dos_stage;
   mm.checkpoint = extras.checkpoints;
+  Dims d = Dims::of(m, o.micro_batch_size, o.tp, 0);
+  d.bf16 = bf16;
+  const ActivationSizes a = activation_sizes(d);
+  mm.stream_frame = Acts::stream_words(a, bf16);
+  mm.gradient_frame = a.boundary;
   for (int l : held) {
     MemoryModel::Layer x;
     x.shard = shard(l);
@@ -108,24 +117,24 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
   f.add(dev, MemCategory::gradients, pools.grads);
   f.add(dev, MemCategory::optimizer_state, pools.dos);
   f.add(dev, MemCategory::communication, pools.communication);
+  f.add(dev, MemCategory::activations, pools.frames);
 
   // Activations: one LayerRangeActs per chunk and micro-batch in flight, the executor's
   // scratch and staging, the workspace.
-  Dims d = Dims::of(m, o.micro_batch_size, o.tp, 0);
-  d.bf16 = bf16;
-  const ActivationSizes a = activation_sizes(d);
   bool scratch = false, offload = false;
   const Partition& part = schedule.partition();
   for (int c : part.chunks_of(stage)) {
     const Chunk& k = part.chunk(c);
     const std::int64_t slots = schedule.max_in_flight(c);
     const bool own_dres = o.layered;  // depth-first chunks share one residual-gradient buffer
-    f.add(dev, MemCategory::activations, slots * range_activations(a, k.head, own_dres, bf16) +
-                                             (own_dres ? 0 : 4 * a.boundary));
+    f.add(dev, MemCategory::activations,
+          offloaded_checkpoint(schedule.spec(), k)
+              ? slots * Acts::pooled_bytes(a, k.head)
+              : slots * range_activations(a, k.head, own_dres, bf16) + (own_dres ? 0 : 4 * a.boundary));
     for (std::int64_t b = k.first_block; b < k.last_block; ++b) {
       const ActivationPolicy p = plan.blocks[static_cast<std::size_t>(b)].activations;
       f += block_activations(a, p, bf16, slots);
-      scratch = scratch || p == ActivationPolicy::recompute || (bf16 && p != ActivationPolicy::recompute);
+      scratch = scratch || recomputed(p) || bf16;
       offload = offload || p == ActivationPolicy::offload;
     }
   }

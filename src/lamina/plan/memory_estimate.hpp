@@ -49,7 +49,9 @@ class Footprint {
 Footprint layer_state(const LayerShard& shard, const LayerPolicy& policy, int zero, Precision precision);
 // What one block keeps for `in_flight` micro-batches under its activation policy: its
 // output (the residual stream; the next block's recomputation checkpoint) and its inner
-// activations, kept on the device or offloaded to the host tier.
+// activations, kept on the device or offloaded to the host tier. offload_checkpoint: its
+// checkpoint in the host tier only (its chunk's residual stream takes frames from a pool,
+// whose peak the replay finds).
 Footprint block_activations(const ActivationSizes& a, ActivationPolicy policy, bool bf16, std::int64_t in_flight);
 // What a range of blocks keeps per micro-batch besides its blocks: its input, the head's
 // activations where it ends with the head, its own residual gradient, the token ids.

@@ -18,7 +18,10 @@ ScheduleKind schedule_kind(const std::string& s) {
 }
 
 ActivationPolicy activation_policy(const std::string& s) {
-  return s == "recompute" ? ActivationPolicy::recompute : s == "offload" ? ActivationPolicy::offload : ActivationPolicy::keep;
+  return s == "recompute"            ? ActivationPolicy::recompute
+         : s == "offload"            ? ActivationPolicy::offload
+         : s == "offload_checkpoint" ? ActivationPolicy::offload_checkpoint
+                                     : ActivationPolicy::keep;
 }
 
 OptimizerPlacement optimizer_placement(const std::string& s) {
@@ -144,6 +147,17 @@ Plan plan_from_deck(const Deck& deck, int world) {
       error("memory.optimizer",
             strprintf("block %zu has memory.params = 'host' (its fp32 master weights live on the host) but "
                       "memory.optimizer = 'device'; use 'host' or 'dynamic' for it",
+                      i));
+      break;
+    }
+  }
+  if (!o.layered) {
+    for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+      if (plan.blocks[i].activations != ActivationPolicy::offload_checkpoint) continue;
+      error("memory.activations",
+            strprintf("block %zu has 'offload_checkpoint', which needs parallel.layered = true (each layer runs "
+                      "over all micro-batches, so its checkpoints can wait in host memory); use 'recompute' or "
+                      "'offload', or set parallel.layered = true",
                       i));
       break;
     }

@@ -209,6 +209,7 @@ StageSolution solve_brute(const StageProblem& p) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using Acts = LayerRangeActs<Kokkos::DefaultExecutionSpace>;
 
 std::vector<int> divisors(std::int64_t n, std::int64_t limit = std::numeric_limits<std::int64_t>::max()) {
   std::vector<int> out;
@@ -220,7 +221,8 @@ std::vector<int> divisors(std::int64_t n, std::int64_t limit = std::numeric_limi
 const std::vector<LayerPolicy>& all_policies() {
   static const std::vector<LayerPolicy> all = [] {
     std::vector<LayerPolicy> v;
-    for (const auto a : {ActivationPolicy::keep, ActivationPolicy::recompute, ActivationPolicy::offload})
+    for (const auto a : {ActivationPolicy::keep, ActivationPolicy::recompute, ActivationPolicy::offload,
+                         ActivationPolicy::offload_checkpoint})
       for (const auto t : {MemTier::device, MemTier::host})
         for (const auto o : {OptimizerPlacement::device, OptimizerPlacement::host, OptimizerPlacement::dynamic}) {
           if (t == MemTier::host && o == OptimizerPlacement::device) continue;  // the master weights live on the host
@@ -427,8 +429,7 @@ class BlockCosts {
   // Forward, backward and recomputation of the step's micro-batches, nothing else.
   double compute(ActivationPolicy a) const {
     const double M = o_.micro_batches;
-    return M * (cost_.block_forward(a) + cost_.block_backward(a)) +
-           (a == ActivationPolicy::recompute ? M * cost_.recompute() : 0.0);
+    return M * (cost_.block_forward(a) + cost_.block_backward(a)) + (recomputed(a) ? M * cost_.recompute() : 0.0);
   }
 
   // The same for every block of the layout: kept per policy.
@@ -463,6 +464,9 @@ class BlockCosts {
     double t = 0.0;
     if (p.activations == ActivationPolicy::offload) {
       t += M * (exposed(cost_.activation_copy(true), tF) + exposed(cost_.activation_copy(false), tB));
+    }
+    if (p.activations == ActivationPolicy::offload_checkpoint) {  // the checkpoint out in forward, back in backward
+      t += M * (exposed(cost_.checkpoint_copy(true), tF) + exposed(cost_.checkpoint_copy(false), tB + cost_.recompute()));
     }
     if (p.params == MemTier::host || o_.zero == 3) {  // not resident: fetched per use
       const double g = p.params == MemTier::host ? gather_host_ : gather_device_;
@@ -506,7 +510,11 @@ class BlockCosts {
   std::map<std::pair<int, std::int64_t>, std::pair<double, double>> bytes_;
 };
 
-LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
+// checkpoints: whether blocks may offload their checkpoints (layered layouts only); the
+// stage then holds the frames their residual stream takes (about one layer's micro-batches:
+// the outputs of one chunk, its gradients, a few checkpoints on their way), which the
+// other variant of the layout does not.
+LayoutModel model_layout(Costing& k, const ParallelLayout& o, bool checkpoints) {
   const ModelConfig& m = k.deck.model;
   LayoutModel lm;
   lm.layout = o;
@@ -540,11 +548,16 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
     StageProblem& sp = lm.stages[static_cast<std::size_t>(s)];
     double fixed = 4.0 * static_cast<double>(a.workspace + a.ones) + pools;
     double secs = 0.0;
+    if (checkpoints) {
+      fixed += 4.0 * static_cast<double>((M + 3) * Acts::stream_words(a, bf16) + (M + 1) * a.boundary);
+    }
     for (int c : shape.partition.chunks_of(s)) {
       const Chunk& ch = shape.partition.chunk(c);
       const std::int64_t in_flight = shape.in_flight[static_cast<std::size_t>(c)];
-      fixed += static_cast<double>(in_flight * range_activations(a, ch.head, o.layered, bf16)) +
-               (o.layered ? 0.0 : 4.0 * static_cast<double>(a.boundary));
+      // Layered chunks hold one block: what the chunk keeps depends on that block's choice.
+      const double range = static_cast<double>(in_flight * range_activations(a, ch.head, o.layered, bf16));
+      const double pooled = static_cast<double>(in_flight * Acts::pooled_bytes(a, ch.head));
+      fixed += (o.layered ? pooled : range) + (o.layered ? 0.0 : 4.0 * static_cast<double>(a.boundary));
       if (ch.embedding) secs += M * (cost.embed_forward() + cost.embed_backward());
       if (ch.head) secs += M * (cost.head_forward() + cost.head_backward());
       for (std::int64_t b = ch.first_block; b < ch.last_block; ++b) {
@@ -552,9 +565,12 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o) {
         lm.stage_chunks[static_cast<std::size_t>(s)].push_back(c);
         std::vector<BlockChoice> cs;
         for (const LayerPolicy& lp : k.choices[static_cast<std::size_t>(b)]) {
+          const bool offloaded = lp.activations == ActivationPolicy::offload_checkpoint;
+          if (offloaded && !checkpoints) continue;
           BlockChoice x;
           x.policy = lp;
           std::tie(x.device_bytes, x.host_bytes) = block.bytes(lp, in_flight);
+          if (o.layered && !offloaded) x.device_bytes += range - pooled;
           if (k.cap.shared) {  // one memory: everything counts against it
             x.device_bytes += x.host_bytes;
             x.host_bytes = 0.0;
@@ -711,7 +727,22 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   // stopping once a bound is slower than the K-th best estimate found.
   std::vector<LayoutModel> models;
   models.reserve(all.size());
-  for (const ParallelLayout& o : all) models.push_back(model_layout(k, o));
+  // Layered layouts twice where blocks may offload their checkpoints: with the frames
+  // that costs the stage and without.
+  bool any_offloaded = false, all_others = true;
+  for (const auto& cs : k.choices) {
+    bool other = false;
+    for (const LayerPolicy& lp : cs) {
+      const bool offloaded = lp.activations == ActivationPolicy::offload_checkpoint;
+      any_offloaded = any_offloaded || offloaded;
+      other = other || !offloaded;
+    }
+    all_others = all_others && other;
+  }
+  for (const ParallelLayout& o : all) {
+    if (all_others) models.push_back(model_layout(k, o, false));
+    if (o.layered && any_offloaded) models.push_back(model_layout(k, o, true));
+  }
   r.model_s = std::chrono::duration<double>(Clock::now() - t0).count();
   std::vector<std::size_t> order(models.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;

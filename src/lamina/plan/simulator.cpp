@@ -64,7 +64,9 @@ class PoolModel {
 // there, and the rest at the end of the program in order.
 class PoolReplay {
  public:
-  explicit PoolReplay(const MemoryModel& m) : zero_(m.zero), bf16_(m.bf16), dos_stage_(m.dos_stage) {
+  explicit PoolReplay(const MemoryModel& m)
+      : zero_(m.zero), bf16_(m.bf16), dos_stage_(m.dos_stage), stream_frame_(m.stream_frame),
+        gradient_frame_(m.gradient_frame) {
     for (const auto& [l, x] : m.layers) {
       Layer y;
       y.shard = x.shard;
@@ -75,11 +77,24 @@ class PoolReplay {
     }
   }
 
-  void step(const std::vector<Instruction>& program, int final_layer) {
+  void step(const Schedule& schedule, int stage) {
+    const std::vector<Instruction>& program = schedule.program(stage);
+    const int final_layer = schedule.final_layer();
     pending_.assign(program.size(), Done{});
     for (std::size_t k = 0; k < program.size(); ++k) {
       const Instruction& i = program[k];
       for (int j : i.after) complete(static_cast<std::size_t>(j));
+      const std::vector<FrameEvent> events = schedule.frame_events(i);
+      for (const FrameEvent& e : events)
+        if (e.acquire) frames.acquire(frame_size(e));
+      for (const FrameEvent& e : events) {
+        if (e.acquire) continue;
+        if (e.at_completion) {
+          pending_[k].frames.push_back(frame_size(e));
+        } else {
+          frames.release(frame_size(e));
+        }
+      }
       switch (i.op) {
         case Op::gather_params:
         case Op::prefetch_params: fetch(i.layer, k); break;
@@ -124,7 +139,7 @@ class PoolReplay {
     }
   }
 
-  PoolModel params, params16, grads, staging, staging16, dos;
+  PoolModel params, params16, grads, staging, staging16, dos, frames;
 
  private:
   struct Layer {
@@ -136,14 +151,18 @@ class PoolReplay {
   };
   // What an instruction's completion gives back (elements per pool).
   struct Done {
-    std::vector<std::int64_t> staging, staging16, grads;
+    std::vector<std::int64_t> staging, staging16, grads, frames;
   };
+  std::int64_t frame_size(const FrameEvent& e) const {
+    return e.frame == Frame::gradient ? gradient_frame_ : stream_frame_;
+  }
 
   void complete(std::size_t k) {
     Done& d = pending_[k];
     for (const std::int64_t n : d.staging) staging.release(n);
     for (const std::int64_t n : d.staging16) staging16.release(n);
     for (const std::int64_t n : d.grads) grads.release(n);
+    for (const std::int64_t n : d.frames) frames.release(n);
     d = Done{};
   }
   // ParameterStore::hold's first hold: the gathered buffer (in the stored format), and the
@@ -192,7 +211,7 @@ class PoolReplay {
 
   int zero_;
   bool bf16_;
-  std::int64_t dos_stage_;
+  std::int64_t dos_stage_, stream_frame_, gradient_frame_;
   std::map<int, Layer> layers_;
   std::vector<Done> pending_;
 };
@@ -202,7 +221,7 @@ class PoolReplay {
 PoolPeaks simulate_memory(const Schedule& schedule, int stage, const std::vector<Instruction>& update,
                           const MemoryModel& model) {
   PoolReplay r(model);
-  r.step(schedule.program(stage), schedule.final_layer());
+  r.step(schedule, stage);
   r.update(update);
   if (model.checkpoint) r.checkpoint();
   PoolPeaks p;
@@ -210,6 +229,7 @@ PoolPeaks simulate_memory(const Schedule& schedule, int stage, const std::vector
   p.grads = 4 * r.grads.elements();
   p.communication = 4 * r.staging.elements() + 2 * r.staging16.elements();
   p.dos = 4 * r.dos.elements();
+  p.frames = 4 * r.frames.elements();
   return p;
 }
 

@@ -74,12 +74,14 @@ struct MemoryModel {
   int zero = 0;
   bool bf16 = false;
   std::int64_t dos_stage = 0;  // elements of each Deep Optimizer States staging buffer
+  // floats of a residual-stream frame and of a gradient frame (Schedule::frame_events)
+  std::int64_t stream_frame = 0, gradient_frame = 0;
   bool checkpoint = false;     // the run writes checkpoints (they gather sharded state)
 };
 // Peak bytes of each device pool: gathered parameters, full-size gradients, communication
-// staging (fp32 and bf16), Deep Optimizer States staging.
+// staging (fp32 and bf16), Deep Optimizer States staging, the frames of offloaded checkpoints.
 struct PoolPeaks {
-  std::int64_t params = 0, grads = 0, communication = 0, dos = 0;
+  std::int64_t params = 0, grads = 0, communication = 0, dos = 0, frames = 0;
 };
 PoolPeaks simulate_memory(const Schedule& schedule, int stage, const std::vector<Instruction>& update,
                           const MemoryModel& model);

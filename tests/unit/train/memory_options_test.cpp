@@ -22,6 +22,22 @@ TEST_F(MemoryOptions, ActivationPoliciesTrainBitIdentically) {
   expect_like_baseline("mixed", {"memory.activations=[\"offload\", \"recompute\"]"});
 }
 
+// Layered accumulation with checkpoints in the host tier (Lamy-Poirier): the blocks
+// recompute from checkpoints that went to the host and came back, exactly as stored.
+TEST_F(MemoryOptions, OffloadedCheckpointsTrainBitIdentically) {
+  const std::vector<std::string> layered{"parallel.layered=true"};
+  expect_like_baseline("checkpoints", {"memory.activations=offload_checkpoint"}, layered);
+  expect_like_baseline("checkpoints_mixed", {"memory.activations=[\"keep\", \"offload_checkpoint\"]"}, layered);
+  expect_like_baseline("checkpoints_zero3", {"memory.activations=offload_checkpoint", "parallel.zero=3"}, layered);
+}
+
+TEST_F(MemoryOptions, OffloadedCheckpointsTrainBitIdenticallyInBf16) {
+  const std::vector<std::string> bf16{"parallel.layered=true", "train.precision=bf16"};
+  expect_like_baseline("checkpoints_bf16", {"memory.activations=offload_checkpoint"}, bf16);
+  expect_like_baseline("checkpoints_bf16_mixed", {"memory.activations=[\"offload_checkpoint\", \"offload\"]"},
+                       bf16);
+}
+
 TEST_F(MemoryOptions, ParameterAndOptimizerPlacementsTrainBitIdentically) {
   expect_like_baseline("optimizer_host", {"memory.optimizer=host"});
   expect_like_baseline("params_host", {"memory.params=host", "memory.optimizer=host"});
@@ -49,7 +65,10 @@ TEST_F(MemoryOptions, PredictedPeakMemoryIsWhatTheRunAllocates) {
        {std::vector<std::string>{}, {"memory.activations=recompute"}, {"memory.activations=offload"},
         {"memory.params=host", "memory.optimizer=host"}, {"memory.optimizer=dynamic", "memory.dos_split=alternate"},
         {"memory.activations=[\"offload\", \"keep\"]", "memory.optimizer=dynamic",
-         "memory.dos_split=all_device"}}) {
+         "memory.dos_split=all_device"},
+        {"parallel.layered=true", "memory.activations=offload_checkpoint"},
+        {"parallel.layered=true", "memory.activations=[\"offload_checkpoint\", \"keep\"]", "parallel.zero=3"},
+        {"parallel.layered=true", "memory.activations=offload_checkpoint", "train.precision=bf16"}}) {
     const JsonObject j = bench_memory(deck("bench", 2, sets), 2, quiet_);
     const std::string s = j.str();
     const auto k = s.find("\"max_relative_error\": ");
@@ -84,6 +103,7 @@ TEST_F(MemoryOptions, OffloadingMovesBytesToTheHostTier) {
   const double base = host_bytes({});
   EXPECT_GT(host_bytes({"memory.activations=offload"}), base);
   EXPECT_GT(host_bytes({"memory.optimizer=host"}), base);
+  EXPECT_GT(host_bytes({"parallel.layered=true", "memory.activations=offload_checkpoint"}), base);
 }
 
 TEST_F(MemoryOptions, ABudgetTooSmallNamesTheOptionsThatHelp) {
@@ -113,6 +133,8 @@ TEST_F(MemoryOptions, BadCombinationsAreDeckErrors) {
   EXPECT_NE(error_of({"memory.activations=[\"keep\"]"}).find("the list has 1 entries, model.layers = 2"),
             std::string::npos);
   EXPECT_NE(error_of({"memory.activations=recompte"}).find("(did you mean 'recompute'?)"), std::string::npos);
+  EXPECT_NE(error_of({"memory.activations=offload_checkpoint"}).find("needs parallel.layered = true"),
+            std::string::npos);
 }
 
 }  // namespace
