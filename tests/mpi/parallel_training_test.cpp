@@ -143,6 +143,20 @@ class ParallelTraining : public ::testing::Test {
     }
   }
 
+  // Every parameter and both moments bit for bit.
+  static void expect_identical_model(const std::string& a, const std::string& b) {
+    const Deck d = parse_deck(kDeck, "deck.toml");
+    const ParamLayout layout = ParamLayout::gpt2(d.model);
+    for (const auto& l : layout.layers()) {
+      for (const auto& t : l.tensors) {
+        for (const char* prefix : {"model/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"}) {
+          const std::string name = prefix + t.name;
+          EXPECT_EQ(tensor(a, name, t.global_shape), tensor(b, name, t.global_shape)) << name << " in " << b;
+        }
+      }
+    }
+  }
+
   static std::string final_checkpoint(const std::string& name) { return dir_ + "/" + name + "/checkpoints/step_00000005.h5"; }
 
   static std::string dir_;
@@ -194,6 +208,17 @@ INSTANTIATE_TEST_SUITE_P(
                              {"parallel.dp=2", "parallel.pp=2", "parallel.zero=3", "parallel.layered=true",
                               "parallel.schedule=modular"}},
                       Layout{"tp2_pp2", 4, {"parallel.tp=2", "parallel.pp=2"}},
+                      // Layered accumulation with the checkpoints in the host tier (Lamy-Poirier).
+                      Layout{"pp2_modular_layered_checkpoints", 2,
+                             {"parallel.pp=2", "parallel.schedule=modular", "parallel.layered=true",
+                              "memory.activations=offload_checkpoint"}},
+                      Layout{"dp2_pp2_zero3_layered_checkpoints", 4,
+                             {"parallel.dp=2", "parallel.pp=2", "parallel.zero=3", "parallel.layered=true",
+                              "parallel.schedule=modular", "memory.activations=offload_checkpoint"}},
+                      Layout{"pp2_gpipe_layered_checkpoints_mixed", 2,
+                             {"parallel.pp=2", "parallel.schedule=gpipe", "parallel.layered=true",
+                              "'memory.activations=[\"offload_checkpoint\",\"keep\",\"recompute\","
+                              "\"offload_checkpoint\"]'"}},
                       // Memory options with ZeRO and pipeline ranks.
                       Layout{"dp2_zero3_offload_host_dynamic", 2,
                              {"parallel.dp=2", "parallel.zero=3", "memory.activations=offload", "memory.params=host",
@@ -246,12 +271,16 @@ TEST_F(ParallelTraining, LayeredAccumulationCutsZero3TrafficByTheMicroBatches) {
   const double want_depth = M * (2 * all + layers[0] + all) * ring;
   // Layer by layer: each layer gathered once per pass and reduced once per step; the tied
   // embedding (layers[0]) is gathered for the lookup and the LM head in forward, for the LM
-  // head alone in backward, as depth-first does for each micro-batch.
-  const double want_layered = (2 * all + layers[0] + all) * ring;
+  // head alone in backward, as depth-first does for each micro-batch. The last chunk (the
+  // last block, the final norm, the tied head) runs its backward right after its forward
+  // and keeps the parameters it gathered, so they come once.
+  const std::size_t L = layers.size() - 2;
+  const double kept = layers[0] + layers[L] + layers[L + 1];
+  const double want_layered = (2 * all + layers[0] + all - kept) * ring;
   for (const auto& step : depth.comm) EXPECT_DOUBLE_EQ(step.at("dp"), want_depth);
   for (const auto& step : layered.comm) EXPECT_DOUBLE_EQ(step.at("dp"), want_layered);
-  // Exactly M times fewer bytes (Lamy-Poirier 2021).
-  EXPECT_DOUBLE_EQ(want_depth / want_layered, M);
+  // M times fewer bytes (Lamy-Poirier 2021), and the last chunk's gathers less.
+  EXPECT_DOUBLE_EQ(want_depth / (want_layered + kept * ring), M);
   expect_same_model(final_checkpoint("bytes_zero3"), final_checkpoint("bytes_zero3_layered"), 1e-5);
 }
 
@@ -270,6 +299,29 @@ TEST_F(ParallelTraining, PipelineMessagesAreTheActivationsAndTheirGradients) {
   const JobResult f = train(2, "bubble_1f1b", {"parallel.pp=2", "parallel.schedule=1f1b"});
   ASSERT_EQ(f.code, 0) << f.out;
   for (const double b : f.bubble) EXPECT_NEAR(b, 1.0 / 5.0, 1e-9);  // (p - 1) / (M + p - 1)
+}
+
+// Offloaded checkpoints change where a micro-batch's layer input waits, never a bit of the
+// result: the same plan keeping them on the device trains identically, with pipeline and
+// data-parallel ranks; and the pipeline's bubble keeps its closed form.
+TEST_F(ParallelTraining, OffloadedCheckpointsTrainLikeKeptOnes) {
+  const std::vector<std::vector<std::string>> layouts{
+      {"parallel.pp=2", "parallel.schedule=modular", "parallel.layered=true"},
+      {"parallel.dp=2", "parallel.zero=3", "parallel.layered=true", "parallel.schedule=gpipe"}};
+  for (std::size_t i = 0; i < layouts.size(); ++i) {
+    const std::string kept = "kept_" + std::to_string(i), offloaded = "offloaded_" + std::to_string(i);
+    const JobResult a = train(2, kept, layouts[i]);
+    std::vector<std::string> sets = layouts[i];
+    sets.push_back("memory.activations=offload_checkpoint");
+    const JobResult b = train(2, offloaded, sets);
+    ASSERT_EQ(a.code, 0) << a.out;
+    ASSERT_EQ(b.code, 0) << b.out;
+    EXPECT_EQ(a.losses, b.losses);
+    expect_identical_model(final_checkpoint(kept), final_checkpoint(offloaded));
+    if (i == 0) {
+      for (const double bubble : b.bubble) EXPECT_NEAR(bubble, 1.0 / 9.0, 1e-9);  // (p - 1) / (m M + p - 1)
+    }
+  }
 }
 
 TEST_F(ParallelTraining, Bf16LayoutsTrainLikeOneBf16Rank) {
