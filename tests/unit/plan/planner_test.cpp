@@ -138,6 +138,34 @@ TEST(Planner, PlansFitAndRespectTheKeysTheDeckSets) {
   EXPECT_EQ(plan_summary(again), plan_summary(r.best[0].plan));
 }
 
+// Layered accumulation over many micro-batches keeps every micro-batch's checkpoints; where
+// they do not fit on the device, the planner sends them to the host tier if the host link
+// keeps up with the compute, and finds another plan where it does not.
+TEST(Planner, OffloadsCheckpointsWhereTheHostLinkKeepsUp) {
+  MachineSpec machine = parse_machine(kMachine, "<test>");
+  machine.device_memory = 4.5 * (1 << 30);
+  const Deck deck = parse_deck(kDeck, "deck.toml", {"data.batch_size=64", "train.precision=\"bf16\"",
+                                                     "parallel.layered=true"});
+  PlannerOptions o;
+  o.ranks = 1;
+  o.top = 1;
+  for (const std::string& k : planner_keys())
+    if (!deck.sets(k)) o.free_keys.push_back(k);
+  auto offloaded = [](const PlanCandidate& c) {
+    int n = 0;
+    for (const LayerPolicy& b : c.plan.blocks) n += b.activations == ActivationPolicy::offload_checkpoint;
+    return n;
+  };
+  const PlanResult fast = plan_search(deck, machine, o);
+  ASSERT_TRUE(fast.feasible);
+  EXPECT_GT(offloaded(fast.best[0]), 0) << plan_summary(fast.best[0].plan);
+  machine.h2d = machine.d2h = 1e6;  // 1 MB/s: a checkpoint takes seconds to move
+  const PlanResult slow = plan_search(deck, machine, o);
+  ASSERT_TRUE(slow.feasible);
+  EXPECT_EQ(offloaded(slow.best[0]), 0) << plan_summary(slow.best[0].plan);
+  EXPECT_GT(slow.best[0].step_s, fast.best[0].step_s);
+}
+
 TEST(Planner, AModelThatCannotFitIsExplained) {
   MachineSpec machine = parse_machine(kMachine, "<test>");
   machine.device_memory = 64.0 * (1 << 20);  // 64 MiB devices
