@@ -362,6 +362,7 @@ std::vector<LayerPolicy> choices_of(const Deck& deck, const Freedom& f, std::int
 // seconds, and what the stage holds whatever the blocks choose.
 struct LayoutModel {
   ParallelLayout layout;
+  bool checkpoints = false;  // blocks may offload their checkpoints (the stage holds the frames)
   std::vector<StageProblem> stages;
   std::vector<std::vector<std::int64_t>> stage_blocks;  // per stage, its blocks
   std::vector<std::vector<int>> stage_chunks;           // per stage, each block's chunk
@@ -518,6 +519,7 @@ LayoutModel model_layout(Costing& k, const ParallelLayout& o, bool checkpoints) 
   const ModelConfig& m = k.deck.model;
   LayoutModel lm;
   lm.layout = o;
+  lm.checkpoints = checkpoints;
   lm.sequences = static_cast<double>(o.dp) * static_cast<double>(o.micro_batch_size) * o.micro_batches;
   Plan plan;
   plan.layout = o;
@@ -791,6 +793,14 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     }
     ++r.layouts_solved;
     if (!ok) continue;
+    if (lm.checkpoints) {  // offloading none, it is the other variant's plan with frames it does not use
+      bool any = false;
+      for (std::size_t s = 0; s < lm.stages.size(); ++s)
+        for (std::size_t j = 0; j < sv.stages[s].choice.size(); ++j)
+          any = any || lm.stages[s].blocks[j][static_cast<std::size_t>(sv.stages[s].choice[j])].policy.activations ==
+                           ActivationPolicy::offload_checkpoint;
+      if (!any) continue;
+    }
     sv.objective = lm.per_sequence(layout_objective(lm, sv.stages));
     solved.push_back(std::move(sv));
     std::sort(solved.begin(), solved.end(), [](const Solved& a, const Solved& b) { return a.objective < b.objective; });
