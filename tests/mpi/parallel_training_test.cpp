@@ -129,32 +129,33 @@ class ParallelTraining : public ::testing::Test {
     return std::sqrt(num / den);
   }
 
-  // Every parameter (and both Adam moments) of two final checkpoints, within tol.
-  static void expect_same_model(const std::string& a, const std::string& b, double tol) {
+  // Calls check(name, tensor in a, tensor in b) for every parameter and both Adam moments.
+  template <class Check>
+  static void each_tensor(const std::string& a, const std::string& b, Check check) {
     const Deck d = parse_deck(kDeck, "deck.toml");
     const ParamLayout layout = ParamLayout::gpt2(d.model);
     for (const auto& l : layout.layers()) {
       for (const auto& t : l.tensors) {
         for (const char* prefix : {"model/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"}) {
           const std::string name = prefix + t.name;
-          EXPECT_LT(rel(tensor(a, name, t.global_shape), tensor(b, name, t.global_shape)), tol) << name;
+          check(name, tensor(a, name, t.global_shape), tensor(b, name, t.global_shape));
         }
       }
     }
   }
 
-  // Every parameter and both moments bit for bit.
+  // Two final checkpoints, within tol.
+  static void expect_same_model(const std::string& a, const std::string& b, double tol) {
+    each_tensor(a, b, [tol](const std::string& name, const std::vector<float>& x, const std::vector<float>& y) {
+      EXPECT_LT(rel(x, y), tol) << name;
+    });
+  }
+
+  // Two final checkpoints, bit for bit.
   static void expect_identical_model(const std::string& a, const std::string& b) {
-    const Deck d = parse_deck(kDeck, "deck.toml");
-    const ParamLayout layout = ParamLayout::gpt2(d.model);
-    for (const auto& l : layout.layers()) {
-      for (const auto& t : l.tensors) {
-        for (const char* prefix : {"model/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"}) {
-          const std::string name = prefix + t.name;
-          EXPECT_EQ(tensor(a, name, t.global_shape), tensor(b, name, t.global_shape)) << name << " in " << b;
-        }
-      }
-    }
+    each_tensor(a, b, [&b](const std::string& name, const std::vector<float>& x, const std::vector<float>& y) {
+      EXPECT_EQ(x, y) << name << " in " << b;
+    });
   }
 
   static std::string final_checkpoint(const std::string& name) { return dir_ + "/" + name + "/checkpoints/step_00000005.h5"; }
