@@ -52,6 +52,12 @@ struct Options {
   std::string solver = "dp";
 };
 
+// What a deck says of the communicators, before the first is made.
+void apply_comm(const lamina::Deck& deck) {
+  lamina::set_wait_timeout(deck.comm.timeout);
+  lamina::set_mpi_device_buffers(lamina::mpi_device_buffers_from_env(deck.comm.mpi_device_buffers));
+}
+
 std::string build_info() {
   std::string comm = "MPI";
 #if defined(LAMINA_HAVE_NCCL)
@@ -328,7 +334,7 @@ int main(int argc, char** argv) {
     const std::string host_threads = configure_host_threads(log, rank);
     if (train->parsed()) {
       lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
-      lamina::set_wait_timeout(deck.comm.timeout);
+      apply_comm(deck);
       if (!deck.automatic.empty()) {  // the planner chooses these keys for the ranks this runs on
         std::vector<std::string> sets = o.sets;
         for (const auto& s : lamina::plan_auto_keys(deck, log, MPI_COMM_WORLD)) sets.push_back(s);
@@ -344,7 +350,7 @@ int main(int argc, char** argv) {
       }
     } else if (eval->parsed()) {
       const lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
-      lamina::set_wait_timeout(deck.comm.timeout);
+      apply_comm(deck);
       log.info(build_info() + lamina::strprintf(", %d rank(s)", world));
       lamina::run_evaluation(deck, log, MPI_COMM_WORLD);
     } else if (convert->parsed()) {
@@ -353,7 +359,7 @@ int main(int argc, char** argv) {
       code = run_verify(o, log);
     } else if (bench_step->parsed()) {
       const lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
-      lamina::set_wait_timeout(deck.comm.timeout);
+      apply_comm(deck);
       log.info(host_threads);
       const auto j = lamina::bench_step(deck, o.steps, o.warmup, log);
       if (rank == 0) std::printf("%s\n", j.str().c_str());
@@ -389,13 +395,13 @@ int main(int argc, char** argv) {
       code = lamina::run_plan_command(o.plan, log, MPI_COMM_WORLD);
     } else if (bench_memory->parsed()) {
       const lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
-      lamina::set_wait_timeout(deck.comm.timeout);
+      apply_comm(deck);
       const auto j = lamina::bench_memory(deck, o.steps, log);
       if (rank == 0) std::printf("%s\n", j.str().c_str());
     } else if (bench_dos->parsed()) {
       const lamina::Deck deck =
           o.deck.empty() ? lamina::parse_deck(kDosDeck, "<bench dos default>", o.sets) : lamina::load_deck(o.deck, o.sets);
-      lamina::set_wait_timeout(deck.comm.timeout);
+      apply_comm(deck);
       const auto j = lamina::bench_dos(deck, o.steps, log);
       if (rank == 0) std::printf("%s\n", j.str().c_str());
     }

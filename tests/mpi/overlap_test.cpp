@@ -1,7 +1,7 @@
 // What the instruction lists let overlap does overlap: from the trace the executor writes
 // of a step (output.trace_step), a data-parallel gradient reduction is still in flight on
 // the collective stream while the backward of the layers before runs, and a ZeRO-3
-// gather of the next layer while the current one computes. Each job is started with
+// gather of the next layer (on the parameter-fetch stream) while the current one computes. Each job is started with
 // mpirun, as a user starts one.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -112,8 +112,8 @@ TEST_F(Overlap, DataParallelReductionsRunWhileTheBackwardGoesOn) {
 TEST_F(Overlap, ZeroThreeGathersTheNextLayerWhileTheCurrentOneComputes) {
   const auto t = trace("zero3", "--set parallel.dp=2 --set parallel.zero=3");
   ASSERT_FALSE(t.empty());
-  const auto forward = in_flight_over(t, "prefetch(h.", "collective", "F(h.");
-  const auto backward = in_flight_over(t, "prefetch(h.", "collective", "B(h.");
+  const auto forward = in_flight_over(t, "prefetch(h.", "fetch", "F(h.");
+  const auto backward = in_flight_over(t, "prefetch(h.", "fetch", "B(h.");
   EXPECT_FALSE(forward.empty()) << "no layer's all-gather was in flight while the layer before ran forward";
   EXPECT_FALSE(backward.empty()) << "no layer's all-gather was in flight while the layer after ran backward";
 }

@@ -68,6 +68,10 @@ class Communicator {
   virtual Request iall_gather(const float* send, float* recv, std::int64_t count) = 0;
   virtual Request isend(const float* data, std::int64_t n, int peer, int tag) = 0;
   virtual Request irecv(float* data, std::int64_t n, int peer, int tag) = 0;
+  // Host memory (a rank's scalars, the executor's virtual-clock stamps): never staged
+  // through the device, never counted as traffic of the group.
+  virtual Request isend_host(const double* data, std::int64_t n, int peer, int tag) = 0;
+  virtual Request irecv_host(double* data, std::int64_t n, int peer, int tag) = 0;
 
   std::int64_t bytes_sent() const { return bytes_; }
   void reset_bytes() { bytes_ = 0; }

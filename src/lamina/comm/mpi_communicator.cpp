@@ -1,10 +1,19 @@
 #include "lamina/comm/mpi_communicator.hpp"
 
+// Open MPI declares its CUDA-awareness query in an extension header of its own; MPICH (and
+// Cray MPICH, Intel MPI) 4.x declare theirs in mpi.h.
+#if defined(OPEN_MPI) && OPEN_MPI
 #include <mpi-ext.h>
+#endif
 
 #include <Kokkos_Core.hpp>
+#include <atomic>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
+
+#include "lamina/core/exec_instances.hpp"
 
 #include "lamina/core/bounded_wait.hpp"
 #include "lamina/core/error.hpp"
@@ -36,17 +45,33 @@ void check(int rc, const char* what) {
 
 MPI_Op op_of(ReduceOp op) { return op == ReduceOp::sum ? MPI_SUM : MPI_MAX; }
 
-// A host copy of a device buffer for an MPI library that cannot read device memory.
+using Exec = Kokkos::DefaultExecutionSpace;
+
+// Where the staging copies of a library that cannot read device memory run: an instance of
+// their own, so that waiting for one waits for nothing else queued on the device (a copy
+// without an instance would synchronize the whole device, NCCL's streams included).
+const Exec& staging_instance() {
+  static const Exec e = transfer_instance<Exec>();
+  return e;
+}
+
+// A host copy of a device buffer for an MPI library that cannot read device memory. The
+// caller has waited for the work that wrote the buffer.
 class Staged {
  public:
   Staged(const float* device, std::int64_t n, bool copy_in) : device_(const_cast<float*>(device)), n_(n) {
     if (direct()) return;
     host_.resize(static_cast<std::size_t>(n));
-    if (copy_in) Kokkos::deep_copy(host_view(), device_view());
+    if (copy_in) {
+      Kokkos::deep_copy(staging_instance(), host_view(), device_view());
+      staging_instance().fence();
+    }
   }
   float* get() { return direct() ? device_ : host_.data(); }
   void copy_out() {
-    if (!direct()) Kokkos::deep_copy(device_view(), host_view());
+    if (direct()) return;
+    Kokkos::deep_copy(staging_instance(), device_view(), host_view());
+    staging_instance().fence();
   }
 
  private:
@@ -126,14 +151,65 @@ int ranks_on_node(MPI_Comm comm) {
   return n;
 }
 
+namespace {
+
+std::atomic<int> g_device_buffers{static_cast<int>(MpiDeviceBuffers::automatic)};
+
+// What the MPI library says of itself, where it has a way to say it.
+bool library_reads_device_memory() {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;  // Open MPI
+#elif defined(KOKKOS_ENABLE_CUDA) && defined(MPIX_GPU_SUPPORT_CUDA)
+  int yes = 0;  // MPICH 4 and its derivatives
+  return MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &yes) == MPI_SUCCESS && yes != 0;
+#elif defined(KOKKOS_ENABLE_HIP) && defined(MPIX_GPU_SUPPORT_HIP)
+  int yes = 0;
+  return MPIX_GPU_query_support(MPIX_GPU_SUPPORT_HIP, &yes) == MPI_SUCCESS && yes != 0;
+#else
+  return false;  // no query: staged, unless the deck or LAMINA_MPI_DEVICE_BUFFERS says otherwise
+#endif
+}
+
+}  // namespace
+
+void set_mpi_device_buffers(MpiDeviceBuffers how) { g_device_buffers = static_cast<int>(how); }
+
+MpiDeviceBuffers mpi_device_buffers_from_env(MpiDeviceBuffers deck) {
+  const char* v = std::getenv("LAMINA_MPI_DEVICE_BUFFERS");
+  if (v == nullptr || *v == '\0') return deck;
+  if (std::strcmp(v, "direct") == 0) return MpiDeviceBuffers::direct;
+  if (std::strcmp(v, "staged") == 0) return MpiDeviceBuffers::staged;
+  if (std::strcmp(v, "auto") == 0) return MpiDeviceBuffers::automatic;
+  throw InputError(std::string("LAMINA_MPI_DEVICE_BUFFERS=") + v + ": use direct, staged or auto");
+}
+
 bool MpiCommunicator::device_buffers_direct() {
   if (kHostAccessible) return true;
-#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
-  static const bool aware = MPIX_Query_cuda_support() == 1;
+  switch (static_cast<MpiDeviceBuffers>(g_device_buffers.load())) {
+    case MpiDeviceBuffers::direct: return true;
+    case MpiDeviceBuffers::staged: return false;
+    case MpiDeviceBuffers::automatic: break;
+  }
+  static const bool aware = library_reads_device_memory();
   return aware;
-#else
-  return false;
-#endif
+}
+
+Request bounded_request(MPI_Request request, std::string what) {
+  class Raw final : public Request::Impl {
+   public:
+    Raw(MPI_Request r, std::string what) : r_(r), what_(std::move(what)) {}
+    void wait() override { wait_bounded(r_, what_); }
+    bool test() override {
+      int done = 0;
+      check(MPI_Test(&r_, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      return done != 0;
+    }
+
+   private:
+    MPI_Request r_;
+    std::string what_;
+  };
+  return Request(std::make_unique<Raw>(request, std::move(what)));
 }
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
@@ -238,6 +314,18 @@ Request MpiCommunicator::isend(const float* data, std::int64_t n, int peer, int 
   check(MPI_Isend(p, count_of(n), MPI_FLOAT, peer, tag, comm_, r->handle()), "MPI_Isend");
   count_send(4 * n);
   return Request(std::move(r));
+}
+
+Request MpiCommunicator::isend_host(const double* data, std::int64_t n, int peer, int tag) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  check(MPI_Isend(data, count_of(n), MPI_DOUBLE, peer, tag, comm_, &r), "MPI_Isend");
+  return bounded_request(r, describe_wait("MPI_Isend", peer));
+}
+
+Request MpiCommunicator::irecv_host(double* data, std::int64_t n, int peer, int tag) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  check(MPI_Irecv(data, count_of(n), MPI_DOUBLE, peer, tag, comm_, &r), "MPI_Irecv");
+  return bounded_request(r, describe_wait("MPI_Irecv", peer));
 }
 
 Request MpiCommunicator::irecv(float* data, std::int64_t n, int peer, int tag) {

@@ -1,12 +1,15 @@
 #pragma once
-// The MPI backend. Device buffers go straight to MPI when the library is CUDA-aware
-// (asked at start-up with MPIX_Query_cuda_support), otherwise through host staging. Every
-// wait is bounded by parallel.timeout (core/bounded_wait.hpp).
+// The MPI backend. Device buffers go straight to MPI when the library reads device memory
+// (asked where the library has a query: Open MPI's MPIX_Query_cuda_support, MPICH 4's
+// MPIX_GPU_query_support; or as the deck's parallel.mpi_device_buffers or the environment's
+// LAMINA_MPI_DEVICE_BUFFERS say), otherwise through host staging. Every wait is bounded by
+// parallel.timeout (core/bounded_wait.hpp).
 #include <mpi.h>
 
 #include <vector>
 
 #include "lamina/comm/communicator.hpp"
+#include "lamina/core/config.hpp"
 
 namespace lamina {
 
@@ -16,6 +19,14 @@ void wait_bounded(MPI_Request& request, const std::string& what);
 
 // How many ranks of `comm` run on this rank's node (collective over comm).
 int ranks_on_node(MPI_Comm comm);
+
+// A raw MPI request as a Request, each wait bounded and described by `what`.
+Request bounded_request(MPI_Request request, std::string what);
+
+// Whether device buffers go to MPI as they are (before the first communicator is made; the
+// environment's LAMINA_MPI_DEVICE_BUFFERS = direct | staged | auto overrides the deck).
+void set_mpi_device_buffers(MpiDeviceBuffers how);
+MpiDeviceBuffers mpi_device_buffers_from_env(MpiDeviceBuffers deck);
 
 class MpiCommunicator : public Communicator {
  public:
@@ -44,6 +55,8 @@ class MpiCommunicator : public Communicator {
   Request iall_gather(const float* send, float* recv, std::int64_t count) override;
   Request isend(const float* data, std::int64_t n, int peer, int tag) override;
   Request irecv(float* data, std::int64_t n, int peer, int tag) override;
+  Request isend_host(const double* data, std::int64_t n, int peer, int tag) override;
+  Request irecv_host(double* data, std::int64_t n, int peer, int tag) override;
 
   // "MPI_Irecv with world rank 3 (group 'pp')", "MPI_Iallreduce on group 'dp' (world ranks 0 2)".
   std::string describe_wait(const char* op, int peer) const;

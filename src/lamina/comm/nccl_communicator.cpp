@@ -139,8 +139,35 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, std::string name) : s_(std::ma
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  // Finalize first (it flushes the communicator's outstanding work and, on a non-blocking
+  // communicator, completes asynchronously), then destroy it, and only then the stream its
+  // operations ran on. A communicator whose job is failing is aborted instead.
+  if (s_->nccl != nullptr) {
+    ncclResult_t rc = ncclCommFinalize(s_->nccl);
+    if (rc == ncclInProgress) {
+      try {
+        s_->wait(
+            [&] {
+              ncclResult_t state = ncclInProgress;
+              ncclCommGetAsyncError(s_->nccl, &state);
+              rc = state;
+              return state != ncclInProgress;
+            },
+            "ncclCommFinalize");
+      } catch (const std::exception&) {
+        rc = ncclInternalError;  // timed out: wait() aborted the communicator
+        s_->nccl = nullptr;
+      }
+    }
+    if (s_->nccl != nullptr) {
+      if (rc == ncclSuccess) {
+        ncclCommDestroy(s_->nccl);
+      } else {
+        ncclCommAbort(s_->nccl);
+      }
+    }
+  }
   if (s_->stream != nullptr) cudaStreamDestroy(s_->stream);
-  if (s_->nccl != nullptr) ncclCommDestroy(s_->nccl);
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && s_->mpi != MPI_COMM_NULL) MPI_Comm_free(&s_->mpi);
@@ -182,6 +209,19 @@ Request NcclCommunicator::isend(const float* data, std::int64_t n, int peer, int
 Request NcclCommunicator::irecv(float* data, std::int64_t n, int peer, int) {
   s_->enqueued(ncclRecv(data, static_cast<size_t>(n), ncclFloat32, peer, s_->nccl, s_->stream), "ncclRecv");
   return s_->event("ncclRecv");
+}
+
+// Host memory travels over MPI on the same ranks, never through the device.
+Request NcclCommunicator::isend_host(const double* data, std::int64_t n, int peer, int tag) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  MPI_Isend(data, static_cast<int>(n), MPI_DOUBLE, peer, tag, s_->mpi, &r);
+  return bounded_request(r, s_->describe("MPI_Isend of host values"));
+}
+
+Request NcclCommunicator::irecv_host(double* data, std::int64_t n, int peer, int tag) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  MPI_Irecv(data, static_cast<int>(n), MPI_DOUBLE, peer, tag, s_->mpi, &r);
+  return bounded_request(r, s_->describe("MPI_Irecv of host values"));
 }
 
 void NcclCommunicator::allreduce(float* data, std::int64_t n, ReduceOp op) { iallreduce(data, n, op).wait(); }

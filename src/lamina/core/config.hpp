@@ -61,9 +61,16 @@ enum class CommBackend {
   nccl,
 };
 
+// Whether MPI reads device buffers as they are, or lamina stages them through host memory.
+enum class MpiDeviceBuffers { automatic, direct, staged };
+
 struct CommConfig {
   CommBackend backend = CommBackend::automatic;
   double timeout = 600.0;  // seconds a rank waits for the others before ending the job; 0 = forever
+  MpiDeviceBuffers mpi_device_buffers = MpiDeviceBuffers::automatic;
+  // Host builds: copies between memory tiers in the calling thread, or on worker threads
+  // beside it as a device runs them (parallel.host_copies = "threads").
+  bool threaded_copies = false;
 };
 
 enum class LrSchedule { constant, cosine };

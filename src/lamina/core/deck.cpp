@@ -1,6 +1,7 @@
 #include "lamina/core/deck.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
@@ -138,7 +139,7 @@ const std::vector<Section>& schema() {
         "schedule", "subgroup_size", "decay_biases_and_norms"}},
       {"parallel",
        {"dp", "tp", "pp", "zero", "schedule", "virtual_stages", "layered", "cost_forward", "cost_backward",
-        "cost_p2p", "backend", "timeout"}},
+        "cost_p2p", "backend", "timeout", "host_copies", "mpi_device_buffers"}},
       {"memory",
        {"device_budget", "host_budget", "activations", "params", "optimizer", "dos_split", "dos_host_rate",
         "dos_device_rate", "dos_h2d", "dos_d2h"}},
@@ -588,6 +589,14 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   const std::string backend = r.choice("parallel", "backend", "auto", {"auto", "mpi", "nccl"});
   d.comm.backend = backend == "mpi" ? CommBackend::mpi : backend == "nccl" ? CommBackend::nccl : CommBackend::automatic;
   d.comm.timeout = r.real("parallel", "timeout", 600.0, 0.0, 1e9);
+  // LAMINA_HOST_COPIES sets the default, so that a whole test suite can run either way.
+  const char* copies = std::getenv("LAMINA_HOST_COPIES");
+  const std::string copies_default = copies != nullptr && std::string(copies) == "threads" ? "threads" : "inline";
+  d.comm.threaded_copies = r.choice("parallel", "host_copies", copies_default, {"inline", "threads"}) == "threads";
+  const std::string buffers = r.choice("parallel", "mpi_device_buffers", "auto", {"auto", "direct", "staged"});
+  d.comm.mpi_device_buffers = buffers == "direct"   ? MpiDeviceBuffers::direct
+                              : buffers == "staged" ? MpiDeviceBuffers::staged
+                                                    : MpiDeviceBuffers::automatic;
 
   // Bounds far above any real batch keep products of sizes inside 64 bits.
   dc.batch_size = r.integer("data", "batch_size", 0, 1, std::int64_t{1} << 40, true);

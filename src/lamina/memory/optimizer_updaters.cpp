@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "lamina/core/exec_instances.hpp"
 #include "lamina/core/tier_views.hpp"
 
 namespace lamina {
@@ -41,7 +40,7 @@ class DeviceAdamW final : public LayerOptimizer {
   }
   OptimizerPlacement placement() const override { return OptimizerPlacement::device; }
   std::int64_t subgroups() const override { return static_cast<std::int64_t>(spec_.subgroups.size()); }
-  void gradients_ready(const float*) override {}
+  void gradients_ready(const float*, CopyStream&) override {}
   void update(std::int64_t g, UpdateSite, const AdamWStep& step, const float* owned_grads, ParamSink& sink) override {
     const Subgroup& sg = spec_.subgroups[static_cast<std::size_t>(g)];
     const DeviceWindow p = master(sink), m{m_.data(), spec_.begin}, v{v_.data(), spec_.begin};
@@ -73,7 +72,7 @@ class HostAdamW final : public LayerOptimizer {
  public:
   HostAdamW(MemoryTracker& t, const std::string& name, const LayerOptimizerSpec& spec, const Hyper& h,
             BufferPool<Mem>& dos_pool, std::int64_t dos_stage)
-      : spec_(spec), h_(h), dos_pool_(dos_pool), dos_stage_(dos_stage), transfer_(transfer_instance<Exec>()) {
+      : spec_(spec), h_(h), dos_pool_(dos_pool), dos_stage_(dos_stage) {
     if (spec_.placement == OptimizerPlacement::host) spec_.sites.assign(spec_.subgroups.size(), UpdateSite::host);
     const OptimizerBuffers n = OptimizerBuffers::of(spec.owned_size, spec.placement, spec.params, spec.bf16);
     const MemTier tier = MemTier::host;
@@ -86,14 +85,14 @@ class HostAdamW final : public LayerOptimizer {
   OptimizerPlacement placement() const override { return spec_.placement; }
   std::int64_t subgroups() const override { return static_cast<std::int64_t>(spec_.subgroups.size()); }
 
-  void gradients_ready(const float* owned_grads) override {
+  void gradients_ready(const float* owned_grads, CopyStream& out) override {
     // Only host subgroups' gradients cross: device ones are updated where they are.
     const DeviceWindow g{const_cast<float*>(owned_grads), spec_.begin};
     const HostWindow h{grads_.data(), spec_.begin};
     for (std::size_t x = 0; x < spec_.subgroups.size(); ++x) {
       if (spec_.sites[x] == UpdateSite::device) continue;
       const Subgroup& sg = spec_.subgroups[x];
-      Kokkos::deep_copy(transfer_, h(sg.begin, sg.end), g(sg.begin, sg.end));
+      out.copy(h(sg.begin, sg.end), g(sg.begin, sg.end));
     }
   }
 
@@ -101,11 +100,7 @@ class HostAdamW final : public LayerOptimizer {
               ParamSink& sink) override {
     const Subgroup& sg = spec_.subgroups[static_cast<std::size_t>(g)];
     const HostWindow p{master(sink), spec_.begin}, m{m_.data(), spec_.begin}, v{v_.data(), spec_.begin};
-    if (site == UpdateSite::host) {
-      if (!arrived_) {
-        transfer_.fence();  // the host gradients have arrived (device subgroups never waited for them)
-        arrived_ = true;
-      }
+    if (site == UpdateSite::host) {  // the step waited for its gradients' flush
       const HostWindow gh{grads_.data(), spec_.begin};
       adamw(HostExec(), p(sg.begin, sg.end), m(sg.begin, sg.end), v(sg.begin, sg.end), gh(sg.begin, sg.end), sg.begin,
             step, h_);
@@ -129,14 +124,11 @@ class HostAdamW final : public LayerOptimizer {
   }
 
   void publish(ParamSink& sink) override {
-    arrived_ = false;
-    HostExec().fence();
     if (spec_.placement == OptimizerPlacement::host) {
       sink.from_host(spec_.layer, spec_.begin, spec_.end, master(sink));
       return;
     }
-    const Exec exec;
-    exec.fence();  // device subgroups are back in the host master weights too
+    // Device subgroups are back in the host master weights too (the caller waited for them).
     const HostWindow p{master(sink), spec_.begin};
     for (std::size_t x = 0; x < spec_.subgroups.size(); ++x) {
       const Subgroup& sg = spec_.subgroups[x];
@@ -144,7 +136,6 @@ class HostAdamW final : public LayerOptimizer {
         sink.from_host(spec_.layer, sg.begin, sg.end, p(sg.begin, sg.end).data());
       }
     }
-    exec.fence();
     if (stage_[0] != nullptr)
       for (auto& b : stage_) {
         dos_pool_.release(b, dos_stage_);
@@ -171,10 +162,8 @@ class HostAdamW final : public LayerOptimizer {
   Hyper h_;
   BufferPool<Mem>& dos_pool_;
   std::int64_t dos_stage_;
-  Exec transfer_;
   HostBuf m_, v_, grads_, master_;
   float* stage_[3] = {nullptr, nullptr, nullptr};
-  bool arrived_ = false;
 };
 
 }  // namespace

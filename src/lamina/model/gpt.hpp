@@ -152,14 +152,14 @@ struct SumLosses {
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, double& s) const { s += losses(i); }
 };
 
-// Sum of the per-position losses of the last forward pass, accumulated in double (fences).
+// Sum of the per-position losses of the last forward pass, accumulated in double into
+// `into` (device memory: the host reads it when it needs it, nothing waits here).
 template <class Exec>
-double sum_losses(const Exec& exec, const HeadActs<Exec>& h) {
+void sum_losses(const Exec& exec, const HeadActs<Exec>& h,
+                const Kokkos::View<double, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>& into) {
   const Vec<Exec> losses = h.losses;
-  double total = 0.0;
   Kokkos::parallel_reduce("lamina::sum_losses", Range<Exec>(exec, 0, static_cast<std::int64_t>(losses.extent(0))),
-                          SumLosses<Exec>{losses}, total);
-  return total;
+                          SumLosses<Exec>{losses}, into);
 }
 
 }  // namespace lamina

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "lamina/core/copy_stream.hpp"
 #include "lamina/optim/adamw.hpp"
 #include "lamina/optim/placement.hpp"
 
@@ -36,12 +37,14 @@ class LayerOptimizer {
   // Subgroups of the owned elements, in update order (empty: this rank owns none).
   virtual std::int64_t subgroups() const = 0;
   // The layer's reduced gradients are final (owned_grads: device memory, the first owned
-  // element): those updated on the host start their way there.
-  virtual void gradients_ready(const float* owned_grads) = 0;
+  // element): those updated on the host start their way there, queued on `out` (the caller
+  // waits for it before the update).
+  virtual void gradients_ready(const float* owned_grads, CopyStream& out) = 0;
   // AdamW on subgroup g at `site` (device-resident state: always the device).
   virtual void update(std::int64_t g, UpdateSite site, const AdamWStep& step, const float* owned_grads,
                       ParamSink& sink) = 0;
-  // The layer's updated values into the stored parameters, once every subgroup is done.
+  // The layer's updated values into the stored parameters, once every subgroup is done (the
+  // caller has waited for the device subgroups' updates).
   virtual void publish(ParamSink& sink) = 0;
   // The owned elements of a part of the state: in device memory (on_device) or host memory.
   // Null for the master weights where the parameters themselves are (fp32 on the device).

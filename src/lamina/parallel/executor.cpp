@@ -8,6 +8,7 @@
 #include "lamina/core/exec_instances.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/kernels/bf16.hpp"
+#include "lamina/parallel/stage_streams.hpp"
 
 namespace lamina {
 
@@ -72,12 +73,13 @@ Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& 
       tp_(combine_over(grid)),
       ws_(tracker, dims),
       send_pool_(tracker, MemCategory::communication, "lamina::pipeline_sends"),
-      transfer_(transfer_instance<Exec>()),
+      messages_(transfer_instance<Exec>()),
       inner_size_(activation_sizes(dims).inner),
       split_(message_split(grid.tp_size(), activation_sizes(dims), schedule.spec().precision == Precision::bf16)),
       bf16_(schedule.spec().precision == Precision::bf16),
       frames_(tracker, MemCategory::activations, "lamina::checkpoint_frames"),
-      stream_words_(LayerRangeActs<Exec>::stream_words(activation_sizes(dims), bf16_)) {
+      stream_words_(LayerRangeActs<Exec>::stream_words(activation_sizes(dims), bf16_)),
+      losses_("lamina::losses", static_cast<std::size_t>(schedule.micro_batches())) {
   const Partition& part = schedule.partition();
   bool scratch = false, offload = false;  // what needs the scratch, the staging buffers
   for (int c : part.chunks_of(grid.pp_rank())) {
@@ -104,7 +106,6 @@ Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& 
     }
   }
   if (scratch) scratch_ = Buffer<float, Mem>(tracker, MemCategory::activations, "lamina::acts_scratch", inner_size_);
-  for (const Instruction& i : schedule.program(grid.pp_rank())) frame_events_.push_back(schedule.frame_events(i));
   for (int i = 0; i < 2 && offload; ++i) {
     if (bf16_) {
       staging16_[i] =
@@ -123,35 +124,61 @@ int Executor::tag(int kind, int receiving_chunk, int mb, int part) const {
   return ((kind * schedule_.partition().num_chunks() + receiving_chunk) * schedule_.micro_batches() + mb) * 2 + part;
 }
 
-LayerRangeActs<Exec>& Executor::acquire(int chunk, int mb) {
-  Slots& s = slots_.at(chunk);
-  if (s.free.empty()) throw std::logic_error(strprintf("no free activation slot for chunk %d", chunk));
-  const int i = s.free.back();
-  s.free.pop_back();
-  in_use_[{chunk, mb}] = i;
-  return *s.acts[static_cast<std::size_t>(i)];
-}
-
 LayerRangeActs<Exec>& Executor::slot(int chunk, int mb) {
-  return *slots_.at(chunk).acts[static_cast<std::size_t>(in_use_.at({chunk, mb}))];
-}
-
-void Executor::release(int chunk, int mb) {
   const auto it = in_use_.find({chunk, mb});
-  // What the staging buffers hold of this micro-batch is no use to the next one in the slot.
-  LayerRangeActs<Exec>* a = slots_.at(chunk).acts[static_cast<std::size_t>(it->second)].get();
-  for (auto& s : staged_)
-    if (s.first == a) s = {nullptr, -1};
-  slots_.at(chunk).free.push_back(it->second);
-  in_use_.erase(it);
+  if (it == in_use_.end()) {
+    throw std::logic_error(strprintf("chunk %d, micro-batch %d uses an activation slot it was not given", chunk, mb));
+  }
+  return *slots_.at(chunk).acts[static_cast<std::size_t>(it->second)];
 }
 
-void Executor::forward(const Chunk& c, int layer, int mb, const MicroBatchLoader& load) {
+void Executor::take(const PoolEvent& e) {
+  const Held& h = e.held;
+  if (h.pool == Pool::slots) {
+    Slots& s = slots_.at(h.chunk);
+    if (s.free.empty() || in_use_.count({h.chunk, h.micro_batch})) {
+      throw std::logic_error(strprintf("no activation slot for chunk %d, micro-batch %d", h.chunk, h.micro_batch));
+    }
+    in_use_[{h.chunk, h.micro_batch}] = s.free.back();
+    s.free.pop_back();
+  } else if (h.pool == Pool::frames) {
+    const std::int64_t n = h.frame == Frame::gradient ? dims_.N() * dims_.C : stream_words_;
+    float* p = frames_.acquire(n);
+    framed_[{h.chunk, h.micro_batch, h.frame}] = p;
+    LayerRangeActs<Exec>& a = slot(h.chunk, h.micro_batch);
+    switch (h.frame) {
+      case Frame::input: a.bind_input(p); break;
+      case Frame::output: a.bind_output(p); break;
+      case Frame::gradient: a.bind_dres(p); break;
+    }
+  }  // gathered parameters and full-size gradients: the store's and the reducer's pools
+}
+
+void Executor::give(const PoolEvent& e) {
+  const Held& h = e.held;
+  if (h.pool == Pool::slots) {
+    const auto it = in_use_.find({h.chunk, h.micro_batch});
+    if (it == in_use_.end()) {
+      throw std::logic_error(strprintf("chunk %d, micro-batch %d gives back a slot it does not hold", h.chunk,
+                                       h.micro_batch));
+    }
+    slots_.at(h.chunk).free.push_back(it->second);
+    in_use_.erase(it);
+  } else if (h.pool == Pool::frames) {
+    const auto it = framed_.find({h.chunk, h.micro_batch, h.frame});
+    if (it == framed_.end()) {
+      throw std::logic_error(strprintf("chunk %d, micro-batch %d gives back a frame it does not hold", h.chunk,
+                                       h.micro_batch));
+    }
+    frames_.release(it->second, h.frame == Frame::gradient ? dims_.N() * dims_.C : stream_words_);
+    framed_.erase(it);
+  }
+}
+
+void Executor::forward(const Chunk& c, int layer, int mb, int buffer, const MicroBatchLoader& load) {
   const Exec exec;
-  const Partition& part = schedule_.partition();
+  LayerRangeActs<Exec>& a = slot(c.index, mb);
   if (layer == first_layer(c)) {
-    // recv_activation, if any, acquired the slot already.
-    LayerRangeActs<Exec>& a = in_use_.count({c.index, mb}) ? slot(c.index, mb) : acquire(c.index, mb);
     if (c.embedding || c.head) {
       std::vector<std::int32_t> inputs(static_cast<std::size_t>(dims_.N())), targets(inputs.size());
       load(mb, inputs.data(), targets.data());
@@ -159,11 +186,11 @@ void Executor::forward(const Chunk& c, int layer, int mb, const MicroBatchLoader
       Kokkos::deep_copy(exec, a.inputs, Host(inputs.data(), inputs.size()));
       Kokkos::deep_copy(exec, a.targets, Host(targets.data(), targets.size()));
     }
+    const Partition& part = schedule_.partition();
     if (!c.embedding && c.index > 0 && part.chunk(c.index - 1).stage == c.stage) {
       copy(a.input, slot(c.index - 1, mb).output());  // the previous chunk is on this stage
     }
   }
-  LayerRangeActs<Exec>& a = slot(c.index, mb);
   const Workspace<Exec>& ws = ws_.ws;
   if (layer == 0) {
     const Mat<Exec> out = target(a.input, ws.out);
@@ -172,85 +199,43 @@ void Executor::forward(const Chunk& c, int layer, int mb, const MicroBatchLoader
   } else if (layer == final_) {
     head_forward(exec, state_.embedding_weights(), state_.final_weights(ws.vectors), a.head, widened(a.output(), ws.x),
                  a.targets, dims_, ws, tp_);
-    loss_sum_ += sum_losses(exec, a.head);
+    sum_losses(exec, a.head, Kokkos::subview(losses_, static_cast<std::size_t>(mb)));
   } else {
     const std::int64_t b = layer - 1;
     const ActivationPolicy policy = a.policy(b);
-    // Inner activations: into the slot (keep), a scratch (recompute: dropped), or the first
-    // staging buffer, which the offload instruction copies to the host tier. bf16 ones are
-    // computed in the scratch and rounded into the slot (or, by the offload, the staging).
+    // Inner activations: into the slot (keep), a scratch (recompute: dropped), or the staging
+    // buffer the instruction names, which the offload copies to the host tier. bf16 ones are
+    // computed in the scratch and rounded into the slot or the staging buffer.
     const bool offload = policy == ActivationPolicy::offload;
     float* inner = policy == ActivationPolicy::keep && !bf16_ ? a.kept_inner(b)
-                   : offload && !bf16_                        ? staging(0, nullptr, -1)
+                   : offload && !bf16_                        ? staging_[buffer].data()
                                                               : scratch_.data();
     const Mat<Exec> out = target(a.block_output(b), ws.out);
     block_forward(exec, state_.block_weights(b, ws.vectors), a.block(inner, out), widened(a.block_input(b), ws.x),
                   dims_.NH, ws, tp_);
     store(a.block_output(b), out);
-    if (policy == ActivationPolicy::keep && bf16_) {
+    if (bf16_ && policy == ActivationPolicy::keep) {
       to_bf16(exec, Bf16Vec<Exec>(a.kept_inner_bf16(b), inner_size_), as_vec<Exec>(inner, inner_size_));
+    } else if (bf16_ && offload) {
+      to_bf16(exec, staging16_[buffer].view(), as_vec<Exec>(inner, inner_size_));
     }
   }
-}
-
-Completion Executor::offload(const Chunk& c, int layer, int mb) {
-  // The block's forward (which filled the staging buffer, or the scratch under bf16) is done.
-  const Exec exec;
-  LayerRangeActs<Exec>& a = slot(c.index, mb);
-  const std::int64_t b = layer - 1;
-  if (bf16_) {
-    to_bf16(exec, staging16_[0].view(), as_vec<Exec>(scratch_.data(), inner_size_));
-    exec.fence();
-    Kokkos::deep_copy(transfer_, a.offloaded_bf16(b), staging16_[0].view());
-  } else {
-    Kokkos::deep_copy(transfer_, a.offloaded(b), as_vec<Exec>(staging_[0].data(), inner_size_));
-  }
-  staged_[0] = {&a, b};  // the staging buffer still holds it too
-  Completion done;
-  done.add(transfer_);
-  return done;
 }
 
 void Executor::recompute(const Chunk& c, int layer, int mb) {
   // Re-run the forward from the kept block input (Chen et al. 2016), into the scratch; under
-  // bf16 rounded as stored ones are, so that every policy trains alike.
+  // bf16 rounded as stored ones are, so that every policy trains alike. The output, kept
+  // already, goes to the workspace.
   const Exec exec;
   LayerRangeActs<Exec>& a = slot(c.index, mb);
   const std::int64_t b = layer - 1;
   const Workspace<Exec>& ws = ws_.ws;
-  block_forward(exec, state_.block_weights(b, ws.vectors), a.block(scratch_.data(), target(a.block_output(b), ws.out)),
+  block_forward(exec, state_.block_weights(b, ws.vectors), a.block(scratch_.data(), ws.out),
                 widened(a.block_input(b), ws.x), dims_.NH, ws, tp_);
   if (bf16_) round_to_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_));
 }
 
-void Executor::reload(const Chunk& c, int layer, int mb, int buffer) {
-  // In no staging buffer: copied back now, in the compute's order.
-  LayerRangeActs<Exec>& a = slot(c.index, mb);
-  const std::int64_t b = layer - 1;
-  staging(buffer, &a, b);
-  copy_in(Exec(), buffer, a, b);
-}
-
-Completion Executor::prefetch_activations(const Chunk& c, int layer, int mb, int buffer) {
-  // Into the staging buffer the schedule names while the previous block's backward runs (or,
-  // for a chunk's last block, while the chunk waits for its backward to start).
-  LayerRangeActs<Exec>& a = slot(c.index, mb);
-  const std::int64_t b = layer - 1;
-  for (const auto& s : staged_) {
-    if (s.first == &a && s.second == b) {
-      throw std::logic_error(strprintf("prefetch_acts(h.%lld, m%d): already in a staging buffer; the schedule and "
-                                       "the executor disagree on the staging buffers",
-                                       static_cast<long long>(b), mb));
-    }
-  }
-  staging(buffer, &a, b);
-  copy_in(transfer_, buffer, a, b);
-  Completion done;
-  done.add(transfer_);
-  return done;
-}
-
-BlockActs<Exec> Executor::restored(LayerRangeActs<Exec>& a, std::int64_t b) {
+BlockActs<Exec> Executor::restored(LayerRangeActs<Exec>& a, std::int64_t b, int buffer) {
   const Exec exec;
   const Mat<Exec> out = target(a.block_output(b), ws_.ws.out);  // not read by the backward
   switch (a.policy(b)) {
@@ -262,20 +247,15 @@ BlockActs<Exec> Executor::restored(LayerRangeActs<Exec>& a, std::int64_t b) {
     case ActivationPolicy::offload_checkpoint: return a.block(scratch_.data(), out);
     case ActivationPolicy::offload: break;
   }
-  int k = 0;
-  while (k < 2 && !(staged_[k].first == &a && staged_[k].second == b)) ++k;
-  if (k == 2) {
-    throw std::logic_error(strprintf("B(h.%lld): its offloaded activations are in no staging buffer",
-                                     static_cast<long long>(b)));
-  }
+  if (buffer < 0) throw std::logic_error(strprintf("B(h.%lld): no staging buffer named", static_cast<long long>(b)));
   if (bf16_) {
-    from_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_), staging16_[k].view());
+    from_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_), staging16_[buffer].view());
     return a.block(scratch_.data(), out);
   }
-  return a.block(staging_[static_cast<std::size_t>(k)].data(), out);
+  return a.block(staging_[buffer].data(), out);
 }
 
-void Executor::backward(const Chunk& c, int layer, int mb, float loss_scale) {
+void Executor::backward(const Chunk& c, int layer, int mb, int buffer, float loss_scale) {
   const Exec exec;
   LayerRangeActs<Exec>& a = slot(c.index, mb);
   GradientReducer& grads = state_.reducer();
@@ -294,70 +274,49 @@ void Executor::backward(const Chunk& c, int layer, int mb, float loss_scale) {
   } else {
     const std::int64_t b = layer - 1;
     grads.begin(layer);
-    const BlockActs<Exec> s = restored(a, b);
+    const BlockActs<Exec> s = restored(a, b, buffer);
     block_backward(exec, state_.block_grads(b), state_.block_weights(b, ws.vectors), s, widened(a.block_input(b), ws.x),
                    a.dres, dims_.NH, ws, tp_);
   }
-  if (layer == first_layer(c)) {
-    const Partition& part = schedule_.partition();
-    const bool previous_here = c.index > 0 && part.chunk(c.index - 1).stage == c.stage;
-    if (previous_here) copy(slot(c.index - 1, mb).dres, a.dres);  // the input gradient to the previous chunk
-    // Without a gradient to send, the micro-batch is done here: its slot is free.
-    if (c.index == 0 || previous_here) release(c.index, mb);
+  const Partition& part = schedule_.partition();
+  if (layer == first_layer(c) && c.index > 0 && part.chunk(c.index - 1).stage == c.stage) {
+    copy(slot(c.index - 1, mb).dres, a.dres);  // the input gradient to the previous chunk
   }
 }
 
-Completion Executor::offload_checkpoint(const Chunk& c, int mb) {
-  // The block's forward, which read its input, is done (the instruction waits for it).
-  LayerRangeActs<Exec>& a = slot(c.index, mb);
-  Kokkos::deep_copy(transfer_, a.checkpoint(), as_vec<Exec>(a.input.words(), stream_words_));
+Completion Executor::copy_activations(const Instruction& i) {
+  // Offloaded blocks' inner activations through the staging buffer the instruction names,
+  // and checkpoints between a frame and the host tier, on the rank's copy streams.
+  StageStreams& streams = state_.streams();
+  LayerRangeActs<Exec>& a = slot(i.chunk, i.micro_batch);
+  const std::int64_t b = i.layer - 1;
+  const bool out = i.op == Op::offload_activations || i.op == Op::offload_checkpoint;
+  CopyStream& on = out ? streams.d2h : streams.h2d;
+  const auto stage = as_vec<Exec>(i.buffer >= 0 && !bf16_ ? staging_[i.buffer].data() : nullptr, inner_size_);
+  const auto frame = as_vec<Exec>(a.input.words(), stream_words_);
+  switch (i.op) {
+    case Op::offload_activations:
+      if (bf16_) {
+        on.copy(a.offloaded_bf16(b), staging16_[i.buffer].view());
+      } else {
+        on.copy(a.offloaded(b), stage);
+      }
+      break;
+    case Op::prefetch_activations:
+    case Op::reload_activations:
+      if (bf16_) {
+        on.copy(staging16_[i.buffer].view(), a.offloaded_bf16(b));
+      } else {
+        on.copy(stage, a.offloaded(b));
+      }
+      break;
+    case Op::offload_checkpoint: on.copy(a.checkpoint(), frame); break;
+    case Op::prefetch_checkpoint: on.copy(frame, a.checkpoint()); break;
+    default: throw std::logic_error(std::string("copy_activations: ") + op_name(i.op));
+  }
   Completion done;
-  done.add(transfer_);
+  done.add(on.mark());
   return done;
-}
-
-Completion Executor::prefetch_checkpoint(const Chunk& c, int mb) {
-  // Into the input frame just taken; the recomputation waits for it.
-  LayerRangeActs<Exec>& a = slot(c.index, mb);
-  Kokkos::deep_copy(transfer_, as_vec<Exec>(a.input.words(), stream_words_), a.checkpoint());
-  Completion done;
-  done.add(transfer_);
-  return done;
-}
-
-void Executor::take(const FrameEvent& e) {
-  const std::int64_t n = e.frame == Frame::gradient ? dims_.N() * dims_.C : stream_words_;
-  float* p = frames_.acquire(n);
-  framed_[{e.chunk, e.micro_batch, e.frame}] = p;
-  LayerRangeActs<Exec>& a = slot(e.chunk, e.micro_batch);
-  switch (e.frame) {
-    case Frame::input: a.bind_input(p); break;
-    case Frame::output: a.bind_output(p); break;
-    case Frame::gradient: a.bind_dres(p); break;
-  }
-}
-
-void Executor::give(const FrameEvent& e) {
-  const auto it = framed_.find({e.chunk, e.micro_batch, e.frame});
-  if (it == framed_.end()) {
-    throw std::logic_error(strprintf("chunk %d, micro-batch %d gives back a frame it does not hold", e.chunk,
-                                     e.micro_batch));
-  }
-  frames_.release(it->second, e.frame == Frame::gradient ? dims_.N() * dims_.C : stream_words_);
-  framed_.erase(it);
-}
-
-float* Executor::staging(int i, LayerRangeActs<Exec>* a, std::int64_t b) {
-  staged_[i] = {a, b};
-  return staging_[static_cast<std::size_t>(i)].data();
-}
-
-void Executor::copy_in(const Exec& on, int i, LayerRangeActs<Exec>& a, std::int64_t b) {
-  if (bf16_) {
-    Kokkos::deep_copy(on, staging16_[i].view(), a.offloaded_bf16(b));
-  } else {
-    Kokkos::deep_copy(on, staging_[i].view(), a.offloaded(b));
-  }
 }
 
 Completion Executor::send(Op op, int chunk, int mb, int peer, int index) {
@@ -370,21 +329,20 @@ Completion Executor::send(Op op, int chunk, int mb, int peer, int index) {
   const int kind = act ? 0 : 1;
   // Every tensor-parallel rank holds the whole residual stream: each sends its 1/tp share
   // and the receivers all-gather it over their tensor-parallel group (Megatron's
-  // scatter/gather), so the pipeline link carries it once, not tp times.
+  // scatter/gather), so the pipeline link carries it once, not tp times. The share is
+  // copied out at issue (the host waits for that copy alone), so that the buffer it came
+  // from is free again as soon as the send is issued, whatever the receiver does.
   const std::int64_t n = words / split_;
   float* out = outgoing_buffer(n);
-  Kokkos::deep_copy(Exec(), as_vec<Exec>(out, n), as_vec<Exec>(data + grid_.tp_rank() % split_ * n, n));
-  Exec().fence();  // the network reads the copy
+  Kokkos::deep_copy(messages_, as_vec<Exec>(out, n), as_vec<Exec>(data + grid_.tp_rank() % split_ * n, n));
+  messages_.fence();
   Completion done;
   const ProcessGrid::Link link = grid_.link(act, grid_.pp_rank(), peer);
   done.add(link.comm->isend(out, n, link.peer, tag(kind, to, mb, 0)));
   outgoing_.push_back({out, n, index});
-  // The sender's virtual time travels with the message, as the bits of a double.
-  const double arrival = clock_ + prices_.p2p;
-  stamps_.emplace_back(2);
-  std::memcpy(stamps_.back().data(), &arrival, sizeof(arrival));
-  stamp_sends_.push_back(grid_.pp_clock().isend(stamps_.back().data(), 2, peer, tag(kind, to, mb, 1)));
-  if (!act) release(chunk, mb);  // the backward of this micro-batch is done here
+  // The sender's virtual time travels with the message, in host memory.
+  stamps_.push_back(clock_ + prices_.p2p);
+  stamp_sends_.push_back(grid_.pp_clock().isend_host(&stamps_.back(), 1, peer, tag(kind, to, mb, 1)));
   return done;
 }
 
@@ -403,7 +361,7 @@ float* Executor::outgoing_buffer(std::int64_t n) {
 
 Completion Executor::recv(Op op, int chunk, int mb, int peer) {
   const bool act = op == Op::recv_activation;
-  LayerRangeActs<Exec>& a = act && !in_use_.count({chunk, mb}) ? acquire(chunk, mb) : slot(chunk, mb);
+  LayerRangeActs<Exec>& a = slot(chunk, mb);
   float* data = act ? a.input.words() : a.dres.data();
   const std::int64_t words = act ? a.input.word_count() : static_cast<std::int64_t>(a.dres.size());
   const int kind = act ? 0 : 1;
@@ -413,17 +371,15 @@ Completion Executor::recv(Op op, int chunk, int mb, int peer) {
   const ProcessGrid::Link link = grid_.link(act, peer, grid_.pp_rank());
   if (split_ > 1) share = send_pool_.acquire(n);
   done.add(link.comm->irecv(share != nullptr ? share : data, n, link.peer, tag(kind, chunk, mb, 0)));
-  stamps_.emplace_back(2);
-  float* stamp = stamps_.back().data();
-  done.add(grid_.pp_clock().irecv(stamp, 2, peer, tag(kind, chunk, mb, 1)));
+  stamps_.push_back(0.0);
+  double* stamp = &stamps_.back();
+  done.add(grid_.pp_clock().irecv_host(stamp, 1, peer, tag(kind, chunk, mb, 1)));
   done.then([this, share, n, out = data, stamp] {
     if (share != nullptr) {
       grid_.tp().all_gather(share, out, n);
       send_pool_.release(share, n);
     }
-    double arrival = 0.0;
-    std::memcpy(&arrival, stamp, sizeof(arrival));
-    clock_ = std::max(clock_, arrival);
+    clock_ = std::max(clock_, *stamp);
   });
   return done;
 }
@@ -433,23 +389,26 @@ double Executor::now() const {
 }
 
 void Executor::wait_for(int index) {
-  const auto k = static_cast<std::size_t>(index);
-  if (waited_[k]) return;
-  waited_[k] = 1;
-  const Instruction& i = schedule_.program(grid_.pp_rank())[k];
-  if (occupies_host(i.op)) {
-    Exec().fence();  // its kernels, on a device that runs them beside the host
-    return;
-  }
-  completions_[k].wait();
-  if (events_[k].completed < 0.0) events_[k].completed = now();
-  in_flight_.erase(std::remove(in_flight_.begin(), in_flight_.end(), index), in_flight_.end());
+  // A stream completes its work in order: its earlier instructions first.
+  const auto s = static_cast<std::size_t>(stream_index((*program_)[static_cast<std::size_t>(index)]));
+  const std::vector<int>& on = on_stream_[s];
+  std::size_t& w = waited_on_[s];
+  auto finish = [this](int k) {
+    const auto u = static_cast<std::size_t>(k);
+    if (waited_[u]) return;
+    waited_[u] = 1;
+    completions_[u].wait();
+    if ((*events_)[u].completed < 0.0) (*events_)[u].completed = now();
+    in_flight_.erase(std::remove(in_flight_.begin(), in_flight_.end(), k), in_flight_.end());
+  };
+  while (w < on.size() && on[w] <= index) finish(on[w++]);
+  finish(index);
 }
 
 void Executor::poll() {
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
     if (completions_[static_cast<std::size_t>(*it)].test()) {
-      events_[static_cast<std::size_t>(*it)].completed = now();
+      (*events_)[static_cast<std::size_t>(*it)].completed = now();
       it = in_flight_.erase(it);
     } else {
       ++it;
@@ -457,36 +416,77 @@ void Executor::poll() {
   }
 }
 
-Completion Executor::execute(const Instruction& i, const MicroBatchLoader& load, float loss_scale) {
+template <class Execute>
+void Executor::run_program(const std::vector<Instruction>& program, std::vector<InstructionEvent>& events,
+                           Execute&& execute) {
+  const std::size_t n = program.size();
+  program_ = &program;
+  events_ = &events;
+  completions_.clear();
+  completions_.resize(n);
+  waited_.assign(n, 0);
+  in_flight_.clear();
+  on_stream_.assign(kStreams, {});
+  waited_on_.assign(kStreams, 0);
+  events.assign(n, InstructionEvent{});
+  for (std::size_t k = 0; k < n; ++k) {
+    const Instruction& i = program[k];
+    InstructionEvent& e = events[k];
+    e.index = static_cast<int>(k);
+    e.reached = now();
+    for (const int j : i.after) wait_for(j);
+    e.issued = now();
+    for (const PoolEvent& p : i.pool)
+      if (p.acquire) take(p);
+    completions_[k] = execute(i, static_cast<int>(k));
+    if (i.stream == Stream::compute && compute_queued) completions_[k].add(StreamEvent::record(Exec()));
+    for (const PoolEvent& p : i.pool) {
+      if (p.acquire) continue;
+      if (p.at_completion) {
+        completions_[k].then([this, p] { give(p); });
+      } else {
+        give(p);
+      }
+    }
+    e.returned = now();
+    on_stream_[static_cast<std::size_t>(stream_index(i))].push_back(static_cast<int>(k));
+    if (holds_host(i, compute_queued) || completions_[k].empty()) {
+      e.completed = e.returned;
+    } else {
+      in_flight_.push_back(static_cast<int>(k));
+    }
+    poll();
+  }
+  // What nobody waited for (sends, flushes, the last reductions' follow-ups), in order.
+  for (std::size_t k = 0; k < n; ++k) wait_for(static_cast<int>(k));
+}
+
+Completion Executor::execute(const Instruction& i, const MicroBatchLoader& load, float loss_scale, int index) {
   const Partition& part = schedule_.partition();
   ParameterStore& store = state_.store();
   Completion done;
   switch (i.op) {
-    case Op::forward: forward(part.chunk(i.chunk), i.layer, i.micro_batch, load); break;
-    case Op::backward: backward(part.chunk(i.chunk), i.layer, i.micro_batch, loss_scale); break;
+    case Op::forward: forward(part.chunk(i.chunk), i.layer, i.micro_batch, i.buffer, load); break;
+    case Op::backward: backward(part.chunk(i.chunk), i.layer, i.micro_batch, i.buffer, loss_scale); break;
     case Op::recompute: recompute(part.chunk(i.chunk), i.layer, i.micro_batch); break;
     case Op::send_activation:
-    case Op::send_gradient: {
-      const auto& program = schedule_.program(grid_.pp_rank());
-      const int index = static_cast<int>(&i - program.data());
-      done = send(i.op, i.chunk, i.micro_batch, i.peer, index);
-      break;
-    }
+    case Op::send_gradient: done = send(i.op, i.chunk, i.micro_batch, i.peer, index); break;
     case Op::recv_activation:
     case Op::recv_gradient: done = recv(i.op, i.chunk, i.micro_batch, i.peer); break;
     case Op::gather_params:
     case Op::prefetch_params: done = store.hold(i.layer); break;
     case Op::release_params: store.release(i.layer); break;
-    case Op::offload_activations: done = offload(part.chunk(i.chunk), i.layer, i.micro_batch); break;
+    case Op::offload_activations:
     case Op::prefetch_activations:
-      done = prefetch_activations(part.chunk(i.chunk), i.layer, i.micro_batch, i.buffer);
-      break;
-    case Op::reload_activations: reload(part.chunk(i.chunk), i.layer, i.micro_batch, i.buffer); break;
-    case Op::offload_checkpoint: done = offload_checkpoint(part.chunk(i.chunk), i.micro_batch); break;
-    case Op::prefetch_checkpoint: done = prefetch_checkpoint(part.chunk(i.chunk), i.micro_batch); break;
+    case Op::reload_activations:
+    case Op::offload_checkpoint:
+    case Op::prefetch_checkpoint: done = copy_activations(i); break;
     case Op::reduce_grads: done = state_.reducer().reduce(i.layer); break;
     case Op::sync_grads: state_.reducer().sync_embedding(); break;
-    case Op::flush_grads: state_.optimizer(i.layer).gradients_ready(state_.reducer().owned(i.layer)); break;
+    case Op::flush_grads:
+      state_.optimizer(i.layer).gradients_ready(state_.reducer().owned(i.layer), state_.streams().d2h);
+      done.add(state_.streams().d2h.mark());
+      break;
     case Op::optimizer_update:
     case Op::publish_params:
     case Op::share_params:
@@ -499,73 +499,46 @@ Completion Executor::execute(const Instruction& i, const MicroBatchLoader& load,
 }
 
 StageResult Executor::run(const MicroBatchLoader& load, float loss_scale) {
-  const std::vector<Instruction>& program = schedule_.program(grid_.pp_rank());
-  const std::size_t n = program.size();
-  clock_ = busy_ = loss_sum_ = 0.0;
+  clock_ = busy_ = 0.0;
   start_ = 0.0;
   start_ = now();
   state_.reducer().zero_grads();
-  completions_.clear();
-  completions_.resize(n);
-  waited_.assign(n, 0);
-  in_flight_.clear();
-  events_.assign(n, InstructionEvent{});
-  for (std::size_t k = 0; k < n; ++k) {
-    const Instruction& i = program[k];
-    InstructionEvent& e = events_[k];
-    e.index = static_cast<int>(k);
-    e.reached = now();
-    for (const int j : i.after) wait_for(j);
-    e.issued = now();
-    const std::vector<FrameEvent>& frames = frame_events_[k];
-    if (!frames.empty()) {
-      // A micro-batch's first frame comes with its slot.
-      const bool opens = i.op == Op::recv_activation ||
-                         (i.op == Op::forward && i.layer == first_layer(schedule_.partition().chunk(i.chunk)));
-      if (opens && !in_use_.count({i.chunk, i.micro_batch})) acquire(i.chunk, i.micro_batch);
-      for (const FrameEvent& f : frames)
-        if (f.acquire) take(f);
-    }
-    completions_[k] = execute(i, load, loss_scale);
-    for (const FrameEvent& f : frames) {
-      if (f.acquire) continue;
-      if (f.at_completion) {
-        completions_[k].then([this, f] { give(f); });
-      } else {
-        give(f);
-      }
-    }
-    e.returned = now();
-    if (occupies_host(i.op) || completions_[k].empty()) {
-      e.completed = e.returned;
-    } else {
-      in_flight_.push_back(static_cast<int>(k));
-    }
-    poll();
-  }
-  // What nobody waited for (sends, flushes, the last reductions' follow-ups), in order.
-  for (std::size_t k = 0; k < n; ++k) wait_for(static_cast<int>(k));
+  Kokkos::deep_copy(Exec(), losses_, 0.0);
+  run_program(schedule_.program(grid_.pp_rank()), step_events_,
+              [&](const Instruction& i, int k) { return execute(i, load, loss_scale, k); });
   for (auto& o : outgoing_) send_pool_.release(o.buffer, o.n);
   outgoing_.clear();
   for (auto& r : stamp_sends_) r.wait();
   stamp_sends_.clear();
   stamps_.clear();
-  return {loss_sum_, clock_, busy_};
+  // The head's losses, read once the step is done (in micro-batch order: the same sum on every run).
+  const auto losses = Kokkos::create_mirror_view(Kokkos::HostSpace(), losses_);
+  Kokkos::deep_copy(Exec(), losses, losses_);
+  Exec().fence();
+  double loss_sum = 0.0;
+  for (std::size_t m = 0; m < losses.extent(0); ++m) loss_sum += losses(m);
+  return {loss_sum, clock_, busy_};
+}
+
+Completion Executor::execute_update(const Instruction& i, const AdamWStep& step) {
+  ParameterStore& store = state_.store();
+  Completion done;
+  switch (i.op) {
+    case Op::optimizer_update:
+      state_.optimizer(i.layer).update(i.subgroup, i.site, step, state_.reducer().owned(i.layer), store);
+      break;
+    case Op::publish_params:
+      state_.optimizer(i.layer).publish(store);
+      if (i.stream == Stream::host_to_device) done.add(state_.streams().h2d.mark());
+      break;
+    case Op::share_params: store.share(i.layer); break;
+    default: throw std::logic_error(std::string("instruction ") + op_name(i.op) + " in an optimizer program");
+  }
+  return done;
 }
 
 void Executor::update(const std::vector<Instruction>& program, const AdamWStep& step) {
-  ParameterStore& store = state_.store();
-  for (const Instruction& i : program) {
-    switch (i.op) {
-      case Op::optimizer_update:
-        state_.optimizer(i.layer).update(i.subgroup, i.site, step, state_.reducer().owned(i.layer), store);
-        break;
-      case Op::publish_params: state_.optimizer(i.layer).publish(store); break;
-      case Op::share_params: store.share(i.layer); break;
-      default: throw std::logic_error(std::string("instruction ") + op_name(i.op) + " in an optimizer program");
-    }
-  }
-  Exec().fence();
+  run_program(program, update_events_, [&](const Instruction& i, int) { return execute_update(i, step); });
 }
 
 }  // namespace lamina

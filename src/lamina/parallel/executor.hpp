@@ -6,14 +6,21 @@
 // micro-batch in flight (as many as the schedule ever has), a scratch where recomputed and
 // bf16-stored blocks run, two staging buffers through which offloaded blocks travel, and a
 // pool of frames that the residual stream of chunks with offloaded checkpoints takes and
-// gives back as Schedule::frame_events says.
+// gives back. Which slot, frame and staging buffer an instruction uses is the instruction
+// list's to say (its pool events and `buffer`): the executor binds them as told.
 //
-// Waiting is the instruction list's business, not the actions': before issuing an
-// instruction the executor waits for those its `after` names (a fence of the compute
-// instance, or a collective's, message's or copy's Completion) and nowhere else, so the
-// collectives, messages and copies the list lets overlap do, exactly as the simulator
-// prices them. Between instructions it polls what is in flight (which is also what moves
-// MPI's non-blocking collectives on). Messages go out on the grid's links.
+// Each instruction runs on its stream and nowhere else: kernels on the compute instance,
+// copies on the rank's copy streams (StageStreams: into the device, out of it, parameter
+// fetches), reductions on the data-parallel communicator, gathers on its copy, messages on
+// their links. Waiting is the instruction list's business, not the actions': before issuing
+// an instruction the executor waits for those its `after` names (each through its own
+// completion: an event after a compute instruction, a copy stream's point, a communicator's
+// request; never a fence of everything queued), and, since a stream completes its work in
+// order, for the earlier instructions of the same stream. It waits nowhere else, so the
+// collectives, messages and copies the list lets overlap do, exactly as the simulator prices
+// them. Between instructions it polls what is in flight (which is also what moves MPI's
+// non-blocking operations on). On a device, compute does not hold the host: kernels are
+// queued and the host goes on.
 //
 // It also keeps a virtual clock: each compute instruction advances it by its price, every
 // pipeline message carries the sender's time, and a receive waits for it, so bubbles are
@@ -27,7 +34,10 @@
 #include <tuple>
 #include <vector>
 
+#include <deque>
+
 #include "lamina/core/buffer_pool.hpp"
+#include "lamina/core/copy_stream.hpp"
 #include "lamina/model/gpt.hpp"
 #include "lamina/parallel/completion.hpp"
 #include "lamina/parallel/rank_state.hpp"
@@ -60,6 +70,8 @@ class Executor {
 
   Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& grid, const Schedule& schedule,
            const Dims& dims, const ClockPrices& prices);
+  // Whether kernels are queued (a device) rather than run in the host's thread.
+  static constexpr bool compute_queued = !Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
@@ -72,7 +84,7 @@ class Executor {
 
   const Workspace<Exec>& workspace() const { return ws_.ws; }
   // One event per instruction of this stage's program, of the last run().
-  const std::vector<InstructionEvent>& events() const { return events_; }
+  const std::vector<InstructionEvent>& events() const { return step_events_; }
 
  private:
   struct Slots {
@@ -87,35 +99,28 @@ class Executor {
     std::int64_t n;
     int index;  // its instruction
   };
+  // Runs a program (the step's or the optimizer's) with its waits; returns once every
+  // instruction has completed.
+  template <class Execute>
+  void run_program(const std::vector<Instruction>& program, std::vector<InstructionEvent>& events, Execute&& execute);
   double now() const;
   void wait_for(int index);
   void poll();
-  Completion execute(const Instruction& i, const MicroBatchLoader& load, float loss_scale);
+  Completion execute(const Instruction& i, const MicroBatchLoader& load, float loss_scale, int index);
+  Completion execute_update(const Instruction& i, const AdamWStep& step);
   float* outgoing_buffer(std::int64_t n);
-  LayerRangeActs<Exec>& acquire(int chunk, int mb);
   LayerRangeActs<Exec>& slot(int chunk, int mb);
-  void release(int chunk, int mb);
+  void take(const PoolEvent& e);
+  void give(const PoolEvent& e);
   int first_layer(const Chunk& c) const { return c.embedding ? 0 : static_cast<int>(c.first_block) + 1; }
-  int last_layer(const Chunk& c) const { return c.head ? final_ : static_cast<int>(c.last_block); }
   ActivationPolicy policy(std::int64_t block) const;
-  void forward(const Chunk& c, int layer, int mb, const MicroBatchLoader& load);
-  void backward(const Chunk& c, int layer, int mb, float loss_scale);
+  void forward(const Chunk& c, int layer, int mb, int buffer, const MicroBatchLoader& load);
+  void backward(const Chunk& c, int layer, int mb, int buffer, float loss_scale);
   void recompute(const Chunk& c, int layer, int mb);
-  Completion offload(const Chunk& c, int layer, int mb);
-  void reload(const Chunk& c, int layer, int mb, int buffer);
-  Completion prefetch_activations(const Chunk& c, int layer, int mb, int buffer);
-  Completion offload_checkpoint(const Chunk& c, int mb);
-  Completion prefetch_checkpoint(const Chunk& c, int mb);
-  // Frames of the pool (Schedule::frame_events): taken and bound to the micro-batch's slot,
-  // or given back.
-  void take(const FrameEvent& e);
-  void give(const FrameEvent& e);
-  // Block b's activations for its backward, as its policy and the instructions before left them.
-  BlockActs<Exec> restored(LayerRangeActs<Exec>& a, std::int64_t b);
-  // Staging buffer i, now holding block b of range a (null: nothing yet).
-  float* staging(int i, LayerRangeActs<Exec>* a, std::int64_t b);
-  // Offloaded block b of range a into staging buffer i, on instance `on`.
-  void copy_in(const Exec& on, int i, LayerRangeActs<Exec>& a, std::int64_t b);
+  // Block b's activations for its backward, as its policy and the instructions before left
+  // them (offloaded ones in staging buffer `buffer`).
+  BlockActs<Exec> restored(LayerRangeActs<Exec>& a, std::int64_t b, int buffer);
+  Completion copy_activations(const Instruction& i);
   Completion send(Op op, int chunk, int mb, int peer, int index);
   Completion recv(Op op, int chunk, int mb, int peer);
   int tag(int kind, int receiving_chunk, int mb, int part) const;
@@ -131,28 +136,31 @@ class Executor {
   std::map<int, Slots> slots_;                 // per local chunk
   std::map<std::pair<int, int>, int> in_use_;  // (chunk, micro-batch) -> slot
   BufferPool<Mem> send_pool_;
-  Exec transfer_;              // instance for activation offload copies
+  Exec messages_;              // where a send copies its message out (the host waits for it at issue)
   std::int64_t inner_size_;    // floats of one block's inner activations
   int split_;                  // pipeline messages travel in this many tensor-parallel shares
   bool bf16_;                  // kept and offloaded inner activations stored as bf16
   Buffer<float, Mem> scratch_;     // recomputed block activations, or bf16 ones widened
   Buffer<float, Mem> staging_[2];  // offloaded blocks on their way in and out
   Buffer<std::uint16_t, Mem> staging16_[2];  // ... as bf16
-  std::pair<LayerRangeActs<Exec>*, std::int64_t> staged_[2] = {{nullptr, -1}, {nullptr, -1}};
   BufferPool<Mem> frames_;
   std::int64_t stream_words_;  // of an input or output frame; a gradient frame has dims_.N() * dims_.C floats
   std::map<std::tuple<int, int, Frame>, float*> framed_;  // (chunk, micro-batch, frame) -> its frame
-  std::vector<std::vector<FrameEvent>> frame_events_;     // per instruction of the stage's program
+  Kokkos::View<double*, Mem> losses_;  // per micro-batch: the sum of its positions' losses (head stages)
   // Per instruction of the running program: what is in flight, and whether it was waited for.
+  const std::vector<Instruction>* program_ = nullptr;
   std::vector<Completion> completions_;
   std::vector<char> waited_;
   std::vector<int> in_flight_;  // instructions whose completion has not been seen yet
+  std::vector<std::vector<int>> on_stream_;  // per stream index: its instructions so far, in order
+  std::vector<std::size_t> waited_on_;       // per stream index: how many of those were waited for
   std::vector<Outgoing> outgoing_;
-  std::vector<std::vector<float>> stamps_;  // virtual-clock timestamps: sent, and received
+  std::deque<double> stamps_;  // virtual-clock timestamps: sent, and received
   std::vector<Request> stamp_sends_;
-  std::vector<InstructionEvent> events_;
+  std::vector<InstructionEvent>* events_ = nullptr;  // of the running program
+  std::vector<InstructionEvent> step_events_, update_events_;
   double start_ = 0.0;
-  double clock_ = 0.0, busy_ = 0.0, loss_sum_ = 0.0;
+  double clock_ = 0.0, busy_ = 0.0;
 };
 
 }  // namespace lamina

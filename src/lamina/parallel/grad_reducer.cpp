@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "lamina/core/exec_instances.hpp"
 #include "lamina/core/tier_views.hpp"
 #include "lamina/optim/grad_norm.hpp"
 
@@ -29,7 +30,7 @@ void add(const Exec& exec, float* dst, const float* src, std::int64_t n) {
 GradientReducer::GradientReducer(MemoryTracker& tracker, const ParamLayout& layout, const ProcessGrid& grid,
                                  const std::vector<int>& held, int zero, Precision precision, std::int64_t bucket,
                                  DevicePools& pools)
-    : layout_(layout), grid_(grid), zero_(zero), bucket_(bucket), pools_(pools) {
+    : layout_(layout), grid_(grid), zero_(zero), bucket_(bucket), pools_(pools), follow_up_(transfer_instance<Exec>()) {
   for (int l : held) {
     const LayerSpec& spec = layout.layers()[static_cast<std::size_t>(l)];
     Slot s;
@@ -80,8 +81,9 @@ Completion GradientReducer::reduce(int layer) {
   done.add(grid_.dp().ireduce_scatter(full, temp, s.shard.shard));
   if (zero_ >= 2) s.full_grads = nullptr;  // the next backward starts a fresh accumulator
   done.then([this, layer, full, temp] {
+    // On an instance of its own: waiting for it waits for nothing queued on the compute's.
     Slot& s = slot(layer);
-    const Exec exec;
+    const Exec& exec = follow_up_;
     if (zero_ == 1) {
       // ZeRO-1 keeps its full gradient buffer; the reduced shard goes back into its place.
       const std::int64_t owned = s.shard.owned_begin(grid_.dp_rank(), zero_);
@@ -98,9 +100,9 @@ Completion GradientReducer::reduce(int layer) {
 
 void GradientReducer::sync_embedding() {
   if (grid_.pp_size() <= 1 || !slots_.count(0)) return;
-  // The tied embedding: the first stage has the lookup's gradient, the last the head's.
+  // The tied embedding: the first stage has the lookup's gradient, the last the head's
+  // (the instruction waits for every reduction, which waited for the backward passes).
   Slot& s = slot(0);
-  Exec().fence();
   if (zero_ == 0) {
     grid_.embedding().allreduce(s.grads.data(), s.shard.padded, ReduceOp::sum);
   } else if (zero_ == 1) {

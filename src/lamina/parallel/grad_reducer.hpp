@@ -73,6 +73,7 @@ class GradientReducer {
   std::int64_t bucket_;
   std::map<int, Slot> slots_;
   DevicePools& pools_;
+  Exec follow_up_;  // where a reduce-scatter's shard is added into the accumulator
 };
 
 }  // namespace lamina

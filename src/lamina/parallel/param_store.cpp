@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "lamina/core/exec_instances.hpp"
 #include "lamina/kernels/bf16.hpp"
 #include "lamina/core/tier_views.hpp"
 
@@ -38,12 +37,8 @@ StoredParams StoredParams::of(const LayerShard& s, const LayerPolicy& p, int zer
 
 ParameterStore::ParameterStore(MemoryTracker& tracker, const ParamLayout& layout, const ProcessGrid& grid,
                                const std::vector<int>& held, const std::vector<LayerPolicy>& blocks, int zero,
-                               Precision precision, DevicePools& pools)
-    : grid_(grid),
-      zero_(zero),
-      bf16_(precision == Precision::bf16),
-      pools_(pools),
-      transfer_(transfer_instance<Exec>()) {
+                               Precision precision, DevicePools& pools, StageStreams& streams)
+    : grid_(grid), zero_(zero), bf16_(precision == Precision::bf16), pools_(pools), streams_(streams) {
   for (int l : held) {
     const LayerSpec& spec = layout.layers()[static_cast<std::size_t>(l)];
     const LayerPolicy& policy = policy_of_layer(blocks, l);
@@ -77,16 +72,17 @@ Completion ParameterStore::fetch(Slot& s) {
   const LayerShard& sh = s.shard;
   s.gathered = pools_.params.acquire(sh.padded);
   Completion done;
+  CopyStream& in = streams_.fetch;
   if (s.tier == MemTier::device) {  // ZeRO-3: from the data-parallel peers
-    done.add(grid_.dp().iall_gather(s.params.data(), s.gathered, sh.shard));
-  } else if (zero_ < 3) {  // host tier: copied in on the transfer instance
-    Kokkos::deep_copy(transfer_, dev(s.gathered, sh.padded), host(s.params_host.data(), sh.padded));
-    done.add(transfer_);
+    done.add(grid_.dp_fetch().iall_gather(s.params.data(), s.gathered, sh.shard));
+  } else if (zero_ < 3) {  // host tier: copied in on the fetch stream
+    in.copy(dev(s.gathered, sh.padded), host(s.params_host.data(), sh.padded));
+    done.add(in.mark());
   } else {  // both: the owned shard in, then the all-gather
     float* mine = pools_.staging.acquire(sh.shard);
-    Kokkos::deep_copy(transfer_, dev(mine, sh.shard), host(s.params_host.data(), sh.shard));
-    transfer_.fence();  // the network reads it
-    done.add(grid_.dp().iall_gather(mine, s.gathered, sh.shard));
+    in.copy(dev(mine, sh.shard), host(s.params_host.data(), sh.shard));
+    in.wait();  // the network reads it
+    done.add(grid_.dp_fetch().iall_gather(mine, s.gathered, sh.shard));
     done.then([this, mine, n = sh.shard] { pools_.staging.release(mine, n); });
   }
   return done;
@@ -96,20 +92,21 @@ Completion ParameterStore::fetch_bf16(Slot& s) {
   const LayerShard& sh = s.shard;
   s.gathered16 = pools_.params16.acquire(sh.padded);
   Completion done;
-  if (zero_ < 3) {  // host tier: copied in on the transfer instance
-    Kokkos::deep_copy(transfer_, dev(s.gathered16, sh.padded), host(s.params16_host.data(), sh.padded));
-    done.add(transfer_);
+  CopyStream& in = streams_.fetch;
+  if (zero_ < 3) {  // host tier: copied in on the fetch stream
+    in.copy(dev(s.gathered16, sh.padded), host(s.params16_host.data(), sh.padded));
+    done.add(in.mark());
     return done;
   }
   // ZeRO-3: the bf16 shards are all-gathered (half the bytes of fp32).
   if (s.tier == MemTier::device) {
-    done.add(all_gather_bf16(grid_.dp(), s.params16.data(), s.gathered16, sh.shard));
+    done.add(all_gather_bf16(grid_.dp_fetch(), s.params16.data(), s.gathered16, sh.shard));
     return done;
   }
   std::uint16_t* mine = pools_.staging16.acquire(sh.shard);
-  Kokkos::deep_copy(transfer_, dev(mine, sh.shard), host(s.params16_host.data(), sh.shard));
-  transfer_.fence();  // the network reads it
-  done.add(all_gather_bf16(grid_.dp(), mine, s.gathered16, sh.shard));
+  in.copy(dev(mine, sh.shard), host(s.params16_host.data(), sh.shard));
+  in.wait();  // the network reads it
+  done.add(all_gather_bf16(grid_.dp_fetch(), mine, s.gathered16, sh.shard));
   done.then([this, mine, n = sh.shard] { pools_.staging16.release(mine, n); });
   return done;
 }
@@ -167,7 +164,7 @@ void ParameterStore::from_host(int layer, std::int64_t begin, std::int64_t end, 
   const std::int64_t n = end - begin;
   const std::int64_t at = begin - stored_begin(s);
   if (!bf16_) {
-    if (s.tier == MemTier::device) Kokkos::deep_copy(Exec(), dev(s.params.data() + at, n), host(values, n));
+    if (s.tier == MemTier::device) streams_.h2d.copy(dev(s.params.data() + at, n), host(values, n));
     return;  // host fp32 parameters are the master weights
   }
   // Rounded on the host, so that half the bytes cross to the device.
@@ -175,26 +172,28 @@ void ParameterStore::from_host(int layer, std::int64_t begin, std::int64_t end, 
       s.tier == MemTier::host ? s.params16_host.data() + at : s.rounded_host.data() + (begin - s.owned_begin);
   to_bf16(hexec, Bf16Vec<HostExec>(host(out, n)), ConstVec<HostExec>(host(values, n)));
   hexec.fence();
-  if (s.tier == MemTier::device) Kokkos::deep_copy(Exec(), dev(s.params16.data() + at, n), host(out, n));
+  if (s.tier == MemTier::device) streams_.h2d.copy(dev(s.params16.data() + at, n), host(out, n));
 }
 
 void ParameterStore::share(int layer) {
+  // The copies around the all-gather run on the fetch stream and the host waits for them:
+  // nothing else queued on the device is waited for.
   Slot& s = slot(layer);
   const LayerShard& sh = s.shard;
-  const Exec exec;
+  CopyStream& on = streams_.fetch;
   if (bf16_) {
     std::uint16_t* mine = pools_.staging16.acquire(sh.shard);
     if (s.tier == MemTier::device) {
-      Kokkos::deep_copy(exec, dev(mine, sh.shard), dev(s.params16.data() + s.owned_begin, sh.shard));
-      exec.fence();
+      on.copy(dev(mine, sh.shard), dev(s.params16.data() + s.owned_begin, sh.shard));
+      on.wait();
       all_gather_bf16(grid_.dp(), mine, s.params16.data(), sh.shard).wait();
     } else {
       std::uint16_t* full = pools_.staging16.acquire(sh.padded);
-      Kokkos::deep_copy(exec, dev(mine, sh.shard), host(s.params16_host.data() + s.owned_begin, sh.shard));
-      exec.fence();
+      on.copy(dev(mine, sh.shard), host(s.params16_host.data() + s.owned_begin, sh.shard));
+      on.wait();
       all_gather_bf16(grid_.dp(), mine, full, sh.shard).wait();
-      Kokkos::deep_copy(exec, host(s.params16_host.data(), sh.padded), dev(full, sh.padded));
-      exec.fence();
+      on.copy(host(s.params16_host.data(), sh.padded), dev(full, sh.padded));
+      on.wait();
       pools_.staging16.release(full, sh.padded);
     }
     pools_.staging16.release(mine, sh.shard);
@@ -202,16 +201,16 @@ void ParameterStore::share(int layer) {
   }
   float* mine = pools_.staging.acquire(sh.shard);
   if (s.tier == MemTier::device) {
-    Kokkos::deep_copy(exec, dev(mine, sh.shard), dev(s.params.data() + s.owned_begin, sh.shard));
-    exec.fence();
+    on.copy(dev(mine, sh.shard), dev(s.params.data() + s.owned_begin, sh.shard));
+    on.wait();
     grid_.dp().all_gather(mine, s.params.data(), sh.shard);
   } else {
     float* full = pools_.staging.acquire(sh.padded);
-    Kokkos::deep_copy(exec, dev(mine, sh.shard), host(s.params_host.data() + s.owned_begin, sh.shard));
-    exec.fence();
+    on.copy(dev(mine, sh.shard), host(s.params_host.data() + s.owned_begin, sh.shard));
+    on.wait();
     grid_.dp().all_gather(mine, full, sh.shard);
-    Kokkos::deep_copy(exec, host(s.params_host.data(), sh.padded), dev(full, sh.padded));
-    exec.fence();
+    on.copy(host(s.params_host.data(), sh.padded), dev(full, sh.padded));
+    on.wait();
     pools_.staging.release(full, sh.padded);
   }
   pools_.staging.release(mine, sh.shard);

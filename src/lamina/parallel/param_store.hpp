@@ -4,9 +4,11 @@
 // parameter offload), in fp32 or bf16. Compute reads the parameters on the device as they
 // are stored (kernels widen bf16 where they must): whole layers in the device tier
 // (resident) directly, the others through hold() ... release(): the first hold starts
-// all-gathering the shards (a non-blocking collective) and/or copying them in from the
-// host tier (on the transfer instance) into a pooled buffer of the storage's format, and
-// returns when that is queued, with its Completion for whoever needs the parameters.
+// all-gathering the shards (a non-blocking collective on the data-parallel group's fetch
+// communicator) and/or copying them in from the host tier (on the fetch stream) into a
+// pooled buffer of the storage's format, and returns when that is queued, with its
+// Completion for whoever needs the parameters. Updated values published from the host go
+// to the device on the rank's host-to-device stream.
 // The optimizer writes updated values back through the ParamSink interface, and ZeRO-1/2
 // ranks share their updated shards with share().
 #include <Kokkos_Core.hpp>
@@ -25,6 +27,7 @@
 #include "lamina/parallel/layout.hpp"
 #include "lamina/parallel/process_grid.hpp"
 #include "lamina/parallel/shard.hpp"
+#include "lamina/parallel/stage_streams.hpp"
 
 namespace lamina {
 
@@ -65,7 +68,7 @@ class ParameterStore : public ParamSink {
   // held: the layers this rank's pipeline stage holds; blocks: the plan's policies.
   ParameterStore(MemoryTracker& tracker, const ParamLayout& layout, const ProcessGrid& grid,
                  const std::vector<int>& held, const std::vector<LayerPolicy>& blocks, int zero, Precision precision,
-                 DevicePools& pools);
+                 DevicePools& pools, StageStreams& streams);
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
 
@@ -88,7 +91,8 @@ class ParameterStore : public ParamSink {
   void from_host(int layer, std::int64_t begin, std::int64_t end, float* values) override;
   float* device_master(int layer) override;
   float* host_master(int layer) override;
-  // ZeRO-1/2: every rank updated its shard of the replicated parameters; all-gather them.
+  // ZeRO-1/2: every rank updated its shard of the replicated parameters; all-gather them
+  // (blocking: the host waits for it).
   void share(int layer);
 
   // The stored parameters as fp32 (bf16 widened): the whole layer, or the shard (ZeRO-3).
@@ -126,7 +130,7 @@ class ParameterStore : public ParamSink {
   bool bf16_;
   std::map<int, Slot> slots_;
   DevicePools& pools_;
-  Exec transfer_;
+  StageStreams& streams_;
 };
 
 }  // namespace lamina

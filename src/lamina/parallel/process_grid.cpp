@@ -124,8 +124,11 @@ ProcessGrid::ProcessGrid(MPI_Comm world, int dp, int tp, int pp, CommBackend bac
   }
   const bool ends = pp_rank_ == 0 || pp_rank_ == pp - 1;
   MPI_Comm_split(world, ends ? tp_rank_ + tp * dp_rank_ : MPI_UNDEFINED, pp_rank_, &emb);
+  MPI_Comm fetch = MPI_COMM_NULL;
+  MPI_Comm_dup(dpc, &fetch);
   tp_comm_ = make_group(tpc, "tp", nccl_);
   dp_comm_ = make_group(dpc, "dp", nccl_);
+  dp_fetch_comm_ = make_group(fetch, "dp fetch", nccl_);
   // Pipeline messages over NCCL travel on the links; the group itself is MPI's.
   pp_comm_ = std::make_unique<MpiCommunicator>(ppc, "pp");
   for (const auto& [key, comm] : pairs) {

@@ -42,6 +42,9 @@ class ProcessGrid {
 
   Communicator& world() const { return *world_comm_; }
   Communicator& dp() const { return *dp_comm_; }
+  // The data-parallel group again, for parameter fetches (ZeRO-3 all-gathers): a stream of
+  // their own beside the gradient reductions', as the simulator prices them.
+  Communicator& dp_fetch() const { return *dp_fetch_comm_; }
   Communicator& tp() const { return *tp_comm_; }
   Communicator& pp() const { return *pp_comm_; }  // over MPI (NCCL messages use link())
   // First and last stage (size 2 when pp > 1, else this rank alone).
@@ -72,7 +75,7 @@ class ProcessGrid {
   int dp_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0, world_rank_ = 0;
   bool nccl_ = false;
   std::string backend_reason_;
-  std::unique_ptr<Communicator> world_comm_, dp_comm_, tp_comm_, pp_comm_, embedding_comm_, pp_clock_comm_;
+  std::unique_ptr<Communicator> world_comm_, dp_comm_, dp_fetch_comm_, tp_comm_, pp_comm_, embedding_comm_, pp_clock_comm_;
   // NCCL: (activation?, the lower stage of the direction's pair s -> s+1) -> communicator
   std::map<std::pair<bool, int>, std::unique_ptr<Communicator>> links_;
 };

@@ -20,7 +20,8 @@ StateKind kind_of(CheckpointPart p) {
 RankState::RankState(const ModelConfig& model, const ParamLayout& layout, const ProcessGrid& grid, int zero,
                      Precision precision, std::unique_ptr<ParameterStore> store,
                      std::unique_ptr<GradientReducer> reducer,
-                     std::map<int, std::unique_ptr<LayerOptimizer>> optimizers, DevicePools& pools)
+                     std::map<int, std::unique_ptr<LayerOptimizer>> optimizers, DevicePools& pools,
+                     StageStreams& streams)
     : model_(model),
       layout_(layout),
       grid_(grid),
@@ -29,7 +30,8 @@ RankState::RankState(const ModelConfig& model, const ParamLayout& layout, const 
       store_(std::move(store)),
       reducer_(std::move(reducer)),
       optimizers_(std::move(optimizers)),
-      pools_(pools) {}
+      pools_(pools),
+      streams_(streams) {}
 
 LayerParams RankState::widened(int layer, const Vec<Exec>& vectors) const {
   LayerParams p = store_->params(layer);

@@ -16,6 +16,7 @@
 #include "lamina/optim/layer_optimizer.hpp"
 #include "lamina/parallel/grad_reducer.hpp"
 #include "lamina/parallel/param_store.hpp"
+#include "lamina/parallel/stage_streams.hpp"
 
 namespace lamina {
 
@@ -26,13 +27,14 @@ class RankState : public ModelStateAccess {
   // optimizers: one per held layer (memory/optimizer_updaters.hpp makes them).
   RankState(const ModelConfig& model, const ParamLayout& layout, const ProcessGrid& grid, int zero,
             Precision precision, std::unique_ptr<ParameterStore> store, std::unique_ptr<GradientReducer> reducer,
-            std::map<int, std::unique_ptr<LayerOptimizer>> optimizers, DevicePools& pools);
+            std::map<int, std::unique_ptr<LayerOptimizer>> optimizers, DevicePools& pools, StageStreams& streams);
 
   const ParamLayout& layout() const { return layout_; }
   const ModelConfig& model() const { return model_; }
   bool bf16() const { return bf16_; }  // parameters stored as bf16
   ParameterStore& store() { return *store_; }
   GradientReducer& reducer() { return *reducer_; }
+  StageStreams& streams() { return streams_; }
   LayerOptimizer& optimizer(int layer) { return *optimizers_.at(layer); }
   const std::map<int, std::unique_ptr<LayerOptimizer>>& optimizers() const { return optimizers_; }
 
@@ -82,6 +84,7 @@ class RankState : public ModelStateAccess {
   std::unique_ptr<GradientReducer> reducer_;
   std::map<int, std::unique_ptr<LayerOptimizer>> optimizers_;
   DevicePools& pools_;
+  StageStreams& streams_;
 };
 
 }  // namespace lamina

@@ -41,25 +41,34 @@ const char* op_name(Op op) {
 const char* stream_name(Stream s) {
   switch (s) {
     case Stream::compute: return "compute";
-    case Stream::collective: return "collective";
-    case Stream::p2p: return "p2p";
     case Stream::host_to_device: return "h2d";
     case Stream::device_to_host: return "d2h";
+    case Stream::fetch: return "fetch";
+    case Stream::collective: return "collective";
+    case Stream::link: return "link";
     case Stream::host: return "host";
   }
   return "?";
 }
 
-bool occupies_host(Op op) {
-  switch (op) {
-    case Op::forward:
-    case Op::backward:
-    case Op::recompute:
-    case Op::reload_activations:
-    case Op::sync_grads:
-      return true;
-    default: return false;
+int stream_index(const Instruction& i) {
+  if (i.stream != Stream::link) return static_cast<int>(i.stream);
+  switch (i.op) {
+    case Op::send_activation: return 6;
+    case Op::recv_activation: return 7;
+    case Op::send_gradient: return 8;
+    default: return 9;
   }
+}
+
+const char* stream_index_name(int index) {
+  static const char* const links[] = {"link act out", "link act in", "link grad out", "link grad in"};
+  return index < 6 ? stream_name(static_cast<Stream>(index)) : links[index - 6];
+}
+
+bool holds_host(const Instruction& i, bool compute_queued) {
+  if (i.op == Op::sync_grads || i.op == Op::share_params) return true;  // blocking collectives
+  return i.stream == Stream::host || (i.stream == Stream::compute && !compute_queued);
 }
 
 std::tuple<int, int, int> message_key(const Instruction& i) {
@@ -361,16 +370,13 @@ class StageBuilder {
  private:
   bool resident(int l) const { return resident_params(spec_, l); }
   bool host_updated(int l) const { return policy_of_layer(spec_.blocks, l).optimizer != OptimizerPlacement::device; }
-  // ZeRO-3 all-gathers; copies from the host tier and bf16 widening run on the transfer instance.
-  Stream gather_stream(int) const {
-    return spec_.layout.zero == 3 ? Stream::collective : Stream::host_to_device;
-  }
   ActivationPolicy policy(std::int64_t block) const {
     return spec_.blocks[static_cast<std::size_t>(block)].activations;
   }
 
-  int emit(const Instruction& i) {
-    p_.push_back(i);
+  int emit(Instruction i) {
+    annotate(i);
+    p_.push_back(std::move(i));
     return static_cast<int>(p_.size()) - 1;
   }
   std::vector<int> after_last_compute() const {
@@ -383,18 +389,21 @@ class StageBuilder {
     if (resident(l)) return;
     if (prefetched_.erase(l)) return;  // the prefetch's hold becomes this use's
     if (holds_[l]++ > 0) return;
-    fetch_[l] = emit(make(Op::gather_params, gather_stream(l), -1, l, -1));
+    fetch_[l] = emit(make(Op::gather_params, Stream::fetch, -1, l, -1));
+    p_.back().pool.push_back({true, gathered(l), false});
   }
   void prefetch(int l) {
     if (resident(l) || holds_[l] > 0) return;
     holds_[l] = 1;
     prefetched_.insert(l);
-    fetch_[l] = emit(make(Op::prefetch_params, gather_stream(l), -1, l, -1));
+    fetch_[l] = emit(make(Op::prefetch_params, Stream::fetch, -1, l, -1));
+    p_.back().pool.push_back({true, gathered(l), false});
   }
   void release(int l) {
     if (resident(l) || --holds_[l] > 0) return;
-    Instruction i = make(Op::release_params, Stream::compute, -1, l, -1);
+    Instruction i = make(Op::release_params, Stream::host, -1, l, -1);
     i.after = after_last_compute();
+    i.pool.push_back({false, gathered(l), false});
     emit(i);
   }
   // Per use, unless a breadth-first run holds the chunk's parameters.
@@ -406,7 +415,7 @@ class StageBuilder {
   }
 
   void receive(Op op, int chunk, int mb, int peer) {
-    Instruction i = make(op, Stream::p2p, chunk, -1, mb);
+    Instruction i = make(op, Stream::link, chunk, -1, mb);
     i.peer = peer;
     i.after = after_last_compute();
     if (op == Op::recv_activation && offloaded_checkpoint(spec_, s_.partition().chunk(chunk))) wait_frame(i);
@@ -418,7 +427,7 @@ class StageBuilder {
     if (checkpoint_offloads_.size() >= 2) i.after.push_back(checkpoint_offloads_[checkpoint_offloads_.size() - 2]);
   }
   void send(Op op, int chunk, int mb, int peer) {
-    Instruction i = make(op, Stream::p2p, chunk, -1, mb);
+    Instruction i = make(op, Stream::link, chunk, -1, mb);
     i.peer = peer;
     i.after = after_last_compute();
     emit(i);
@@ -449,6 +458,7 @@ class StageBuilder {
       if (op == Op::recompute) i.after.push_back(checkpoint_prefetches_.at({c.index, mb}));
     }
     if (block && policy(l - 1) == ActivationPolicy::offload) {
+      i.buffer = op == Op::forward ? 0 : reloaded_;  // where its activations pass
       if (op == Op::forward && last_offload_ >= 0) i.after.push_back(last_offload_);
       if (op == Op::backward) {
         const auto it = restored_.find({c.index, l, mb});
@@ -473,8 +483,16 @@ class StageBuilder {
     Instruction i = make(Op::prefetch_activations, Stream::host_to_device, c.index, l, mb);
     i.buffer = 1 - reloaded_;
     i.after = after_last_compute();
+    into_staging(i, b);
     staged_[i.buffer] = b;
-    restored_[b] = last_acts_prefetch_ = emit(i);
+    restored_[b] = emit(i);
+  }
+  // A copy back into a staging buffer starts once its block's copy out has ended, and once
+  // the copy out of that staging buffer still reading it has too.
+  void into_staging(Instruction& i, const Staged& b) const {
+    const auto own = offloads_.find(b);
+    if (own != offloads_.end()) i.after.push_back(own->second);
+    if (last_offload_ >= 0 && i.buffer == 0) i.after.push_back(last_offload_);
   }
   // A checkpoint back into a device frame (once: the step before may have asked for it).
   void prefetch_checkpoint(const Chunk& c, int mb) {
@@ -492,9 +510,7 @@ class StageBuilder {
       Instruction i = make(Op::reload_activations, Stream::host_to_device, c.index, l, mb);
       i.buffer = 0;
       i.after = after_last_compute();
-      const auto off = offloads_.find(b);
-      if (off != offloads_.end()) i.after.push_back(off->second);
-      if (last_acts_prefetch_ >= 0) i.after.push_back(last_acts_prefetch_);
+      into_staging(i, b);
       k = 0;
       staged_[0] = b;
       restored_[b] = emit(i);
@@ -524,6 +540,7 @@ class StageBuilder {
       }
       if (policy(b) == ActivationPolicy::offload) {
         Instruction i = make(Op::offload_activations, Stream::device_to_host, c.index, l, mb);
+        i.buffer = 0;
         i.after = after_last_compute();
         last_offload_ = emit(i);
         offloads_[{c.index, l, mb}] = last_offload_;
@@ -594,6 +611,180 @@ class StageBuilder {
     flushed_.insert(l);
   }
 
+  // What an instruction touches and the pooled buffers it takes and gives back, as the
+  // executor runs it (executor.cpp).
+  int first_layer(const Chunk& c) const { return c.embedding ? 0 : static_cast<int>(c.first_block) + 1; }
+  bool previous_here(const Chunk& c) const {
+    return c.index > 0 && s_.partition().chunk(c.index - 1).stage == c.stage;
+  }
+  static BufferRef acts(Buf kind, int chunk, int mb, int block = -1) {
+    BufferRef b;
+    b.kind = kind;
+    b.chunk = chunk;
+    b.micro_batch = mb;
+    b.block = block;
+    return b;
+  }
+  static BufferRef of_layer(Buf kind, int layer, int index = -1) {
+    BufferRef b;
+    b.kind = kind;
+    b.layer = layer;
+    b.index = index;
+    return b;
+  }
+  // What the compute reads of a layer's parameters.
+  BufferRef param(int l) const { return of_layer(resident(l) ? Buf::params : Buf::gathered, l); }
+  // A chunk's output: its last block's, or (no blocks) its input.
+  BufferRef chunk_output(const Chunk& c, int mb) const {
+    return c.blocks() > 0 ? acts(Buf::output, c.index, mb, static_cast<int>(c.last_block) - 1)
+                          : acts(Buf::input, c.index, mb);
+  }
+  BufferRef block_input(const Chunk& c, int mb, int b) const {
+    return b == c.first_block ? acts(Buf::input, c.index, mb) : acts(Buf::output, c.index, mb, b - 1);
+  }
+  // Depth-first, a chunk's micro-batches share one residual-gradient buffer.
+  BufferRef grad(const Chunk& c, int mb) const {
+    return acts(Buf::grad, c.index, spec_.layout.layered ? mb : -1);
+  }
+  BufferRef owned_grads(int l) const { return of_layer(spec_.layout.zero >= 2 ? Buf::grad_shard : Buf::grads, l); }
+  static Held slot(int chunk, int mb) {
+    Held h;
+    h.pool = Pool::slots;
+    h.chunk = chunk;
+    h.micro_batch = mb;
+    return h;
+  }
+  static Held gathered(int l) {
+    Held h;
+    h.pool = Pool::gathered;
+    h.layer = l;
+    return h;
+  }
+  static Held full_grads(int l) {
+    Held h;
+    h.pool = Pool::full_grads;
+    h.layer = l;
+    return h;
+  }
+
+  void annotate(Instruction& i) {
+    const Partition& part = s_.partition();
+    const int head = s_.final_layer();
+    auto read = [&](const BufferRef& b) { i.access.push_back({b, false}); };
+    auto write = [&](const BufferRef& b) { i.access.push_back({b, true}); };
+    const int mb = i.micro_batch, l = i.layer, b = l - 1;
+    const Chunk* c = i.chunk >= 0 ? &part.chunk(i.chunk) : nullptr;
+    // A micro-batch's slot opens with its chunk's first forward or its receive; frames bind into it.
+    const bool opens = (i.op == Op::forward && l == first_layer(*c)) || i.op == Op::recv_activation;
+    if (opens && open_.insert({c->index, mb}).second) i.pool.push_back({true, slot(c->index, mb), false});
+    switch (i.op) {
+      case Op::forward:
+        if (l == first_layer(*c) && previous_here(*c)) {
+          read(chunk_output(part.chunk(c->index - 1), mb));
+          write(acts(Buf::input, c->index, mb));
+        }
+        if (l == 0) {
+          read(param(0));
+          write(acts(Buf::input, c->index, mb));
+        } else if (l == head) {
+          read(param(0));
+          read(param(head));
+          read(chunk_output(*c, mb));
+        } else {
+          read(param(l));
+          read(block_input(*c, mb, b));
+          write(acts(Buf::output, c->index, mb, b));
+          if (i.buffer >= 0) write(of_layer(Buf::staging, -1, i.buffer));
+        }
+        break;
+      case Op::recompute:  // its output, the next block's input, is kept: recomputed into the workspace
+        read(param(l));
+        read(block_input(*c, mb, b));
+        break;
+      case Op::backward:
+        if (l == head) {
+          read(param(0));
+          read(param(head));
+          read(chunk_output(*c, mb));
+          begin(i, 0);
+          begin(i, head);
+          write(grad(*c, mb));
+        } else if (l == 0) {
+          read(grad(*c, mb));
+          begin(i, 0);
+        } else {
+          read(param(l));
+          read(block_input(*c, mb, b));
+          if (i.buffer >= 0) read(of_layer(Buf::staging, -1, i.buffer));
+          write(grad(*c, mb));
+          begin(i, l);
+        }
+        if (l == first_layer(*c)) {
+          if (previous_here(*c)) write(grad(part.chunk(c->index - 1), mb));
+          // Without a gradient to send, the micro-batch is done here.
+          if (c->index == 0 || previous_here(*c)) close(i, *c, mb);
+        }
+        break;
+      case Op::offload_activations:
+        read(of_layer(Buf::staging, -1, i.buffer));
+        write(acts(Buf::offloaded, c->index, mb, b));
+        break;
+      case Op::prefetch_activations:
+      case Op::reload_activations:
+        read(acts(Buf::offloaded, c->index, mb, b));
+        write(of_layer(Buf::staging, -1, i.buffer));
+        break;
+      case Op::offload_checkpoint:
+        read(acts(Buf::input, c->index, mb));
+        write(acts(Buf::checkpoint, c->index, mb));
+        break;
+      case Op::prefetch_checkpoint:
+        read(acts(Buf::checkpoint, c->index, mb));
+        write(acts(Buf::input, c->index, mb));
+        break;
+      case Op::send_activation: i.access.push_back({chunk_output(*c, mb), false, true}); break;
+      case Op::recv_activation: write(acts(Buf::input, c->index, mb)); break;
+      case Op::send_gradient:
+        i.access.push_back({grad(*c, mb), false, true});
+        close(i, *c, mb);
+        break;
+      case Op::recv_gradient: write(grad(*c, mb)); break;
+      case Op::gather_params:
+      case Op::prefetch_params:
+        read(of_layer(Buf::params, l));
+        write(of_layer(Buf::gathered, l));
+        break;
+      case Op::reduce_grads:
+        if (spec_.layout.zero >= 2) {
+          read(of_layer(Buf::grads, l));
+          write(of_layer(Buf::grad_shard, l));
+          i.pool.push_back({false, full_grads(l), true});  // the reduce-scatter reads it until done
+          accumulating_.erase(l);
+        } else {
+          write(of_layer(Buf::grads, l));
+        }
+        break;
+      case Op::sync_grads:
+        if (spec_.layout.pp > 1 && users_.count(0)) write(owned_grads(0));
+        break;
+      case Op::flush_grads:
+        read(owned_grads(l));
+        write(of_layer(Buf::host_grads, l));
+        break;
+      default: break;
+    }
+    for (const PoolEvent& e : s_.frame_events(i)) i.pool.push_back(e);
+  }
+  // A backward starts layer l's gradient accumulator (ZeRO-2/3: a full-size one from the pool).
+  void begin(Instruction& i, int l) {
+    if (spec_.layout.zero >= 2 && accumulating_.insert(l).second) i.pool.push_back({true, full_grads(l), false});
+    i.access.push_back({of_layer(Buf::grads, l), true});
+  }
+  void close(Instruction& i, const Chunk& c, int mb) {
+    open_.erase({c.index, mb});
+    i.pool.push_back({false, slot(c.index, mb), false});
+  }
+
   const Schedule& s_;
   const StepSpec& spec_;
   int stage_;
@@ -602,7 +793,7 @@ class StageBuilder {
   std::map<int, int> users_, requested_, backwards_;
   std::map<int, int> holds_, fetch_;  // per layer: holds, the instruction that fetched it
   std::set<int> prefetched_;          // fetched ahead, not yet used
-  int last_compute_ = -1, received_ = -1, last_offload_ = -1, last_acts_prefetch_ = -1;
+  int last_compute_ = -1, received_ = -1, last_offload_ = -1;
   std::map<Staged, int> offloads_, restored_;
   std::vector<int> checkpoint_offloads_;                 // in program order
   std::map<std::pair<int, int>, int> checkpoint_offloaded_, checkpoint_prefetches_;  // (chunk, micro-batch)
@@ -612,6 +803,8 @@ class StageBuilder {
   std::vector<int> reductions_;
   std::vector<int> final_;
   std::set<int> flushed_;
+  std::set<std::pair<int, int>> open_;  // (chunk, micro-batch) whose slot is taken
+  std::set<int> accumulating_;          // ZeRO-2/3: layers holding a full-size accumulator
 };
 
 // Every receive has its send and no stage waits forever: runs the message dependencies.
@@ -798,8 +991,8 @@ int Schedule::max_in_flight(int chunk) const {
 
 std::string Schedule::describe(int stage) const { return lamina::describe(program(stage), final_layer()); }
 
-std::vector<FrameEvent> Schedule::frame_events(const Instruction& i) const {
-  std::vector<FrameEvent> e;
+std::vector<PoolEvent> Schedule::frame_events(const Instruction& i) const {
+  std::vector<PoolEvent> e;
   if (i.chunk < 0) return e;
   const Chunk& c = partition_.chunk(i.chunk);
   auto pooled = [&](int k) { return offloaded_checkpoint(spec_, partition_.chunk(k)); };
@@ -808,8 +1001,16 @@ std::vector<FrameEvent> Schedule::frame_events(const Instruction& i) const {
   const bool messages_in = c.index > 0 && !previous_here;  // its input and its gradient travel
   const int first = c.embedding ? 0 : static_cast<int>(c.first_block) + 1;
   const bool block = i.layer > 0 && i.layer < final_layer();
-  auto take = [&](Frame f, int k) { e.push_back({true, f, k, i.micro_batch, false}); };
-  auto give = [&](Frame f, int k, bool at_completion = false) { e.push_back({false, f, k, i.micro_batch, at_completion}); };
+  auto frame = [&](Frame f, int k) {
+    Held h;
+    h.pool = Pool::frames;
+    h.chunk = k;
+    h.micro_batch = i.micro_batch;
+    h.frame = f;
+    return h;
+  };
+  auto take = [&](Frame f, int k) { e.push_back({true, frame(f, k), false}); };
+  auto give = [&](Frame f, int k, bool at_completion = false) { e.push_back({false, frame(f, k), at_completion}); };
   const bool own = pooled(c.index);
   switch (i.op) {
     case Op::recv_activation:
@@ -824,12 +1025,6 @@ std::vector<FrameEvent> Schedule::frame_events(const Instruction& i) const {
       if (own) give(Frame::output, c.index);
       break;
     case Op::offload_checkpoint: give(Frame::input, c.index, true); break;
-    case Op::recompute:  // the block's output comes again, into a frame of its own while it lasts
-      if (own) {
-        take(Frame::output, c.index);
-        give(Frame::output, c.index);
-      }
-      break;
     case Op::prefetch_checkpoint: take(Frame::input, c.index); break;
     case Op::backward:
       if (i.layer == final_layer() && own) take(Frame::gradient, c.index);
@@ -851,25 +1046,54 @@ std::vector<FrameEvent> Schedule::frame_events(const Instruction& i) const {
 
 std::vector<Instruction> update_program(const std::vector<LayerUpdate>& layers, int zero) {
   std::vector<Instruction> p;
+  auto of_layer = [](Buf kind, int layer, int index = -1) {
+    BufferRef b;
+    b.kind = kind;
+    b.layer = layer;
+    b.index = index;
+    return b;
+  };
+  std::map<int, int> published;
   for (const LayerUpdate& u : layers) {
     if (u.sites.empty()) continue;
+    std::vector<int> updates;
     // Device subgroups first: their copies and kernels are queued on the device and run
     // while the host updates the others.
     for (const UpdateSite pass : {UpdateSite::device, UpdateSite::host}) {
       for (std::size_t g = 0; g < u.sites.size(); ++g) {
         if (u.sites[g] != pass) continue;
-        Instruction i = make(Op::optimizer_update, pass == UpdateSite::device ? Stream::compute : Stream::host, -1,
-                             u.layer, -1);
+        const bool device = pass == UpdateSite::device;
+        Instruction i = make(Op::optimizer_update, device ? Stream::compute : Stream::host, -1, u.layer, -1);
         i.subgroup = static_cast<int>(g);
         i.site = pass;
+        i.access.push_back({of_layer(device ? (zero >= 2 ? Buf::grad_shard : Buf::grads) : Buf::host_grads, u.layer),
+                            false});
+        i.access.push_back({of_layer(Buf::optimizer, u.layer, static_cast<int>(g)), true});
+        updates.push_back(static_cast<int>(p.size()));
         p.push_back(i);
       }
     }
-    const Stream publish = u.placement == OptimizerPlacement::device ? Stream::compute : Stream::host_to_device;
-    p.push_back(make(Op::publish_params, publish, -1, u.layer, -1));
+    // The updated master weights reach the stored parameters (where the master weights are
+    // the stored parameters, the update writes them in place and nothing reads them before).
+    Instruction i = make(Op::publish_params,
+                         u.placement == OptimizerPlacement::device ? Stream::compute : Stream::host_to_device, -1,
+                         u.layer, -1);
+    i.after = updates;
+    for (std::size_t g = 0; g < u.sites.size(); ++g)
+      i.access.push_back({of_layer(Buf::optimizer, u.layer, static_cast<int>(g)), false});
+    i.access.push_back({of_layer(Buf::params, u.layer), true});
+    published[u.layer] = static_cast<int>(p.size());
+    p.push_back(i);
   }
-  if (zero == 1 || zero == 2)
-    for (const LayerUpdate& u : layers) p.push_back(make(Op::share_params, Stream::collective, -1, u.layer, -1));
+  if (zero == 1 || zero == 2) {
+    for (const LayerUpdate& u : layers) {
+      Instruction i = make(Op::share_params, Stream::collective, -1, u.layer, -1);
+      const auto it = published.find(u.layer);
+      if (it != published.end()) i.after.push_back(it->second);
+      i.access.push_back({of_layer(Buf::params, u.layer), true});
+      p.push_back(i);
+    }
+  }
   return p;
 }
 

@@ -16,6 +16,7 @@
 #include "lamina/core/precision.hpp"
 #include "lamina/parallel/layout.hpp"
 #include "lamina/parallel/partition.hpp"
+#include "lamina/parallel/step_buffers.hpp"
 
 namespace lamina {
 
@@ -52,18 +53,23 @@ enum class Op : std::uint8_t {
 };
 const char* op_name(Op op);
 
-// Where an instruction runs: the compute stream, collectives over a group, pipeline
-// messages, copies each way between the memory tiers, or the host's cores.
-enum class Stream : std::uint8_t { compute, collective, p2p, host_to_device, device_to_host, host };
+// Where an instruction runs. Each stream runs its work in order; different streams run side
+// by side: kernels (compute), copies into the device and out of it, parameter fetches (ZeRO-3
+// all-gathers and copies in from the host tier), gradient reductions (collective), pipeline
+// messages (link: one stream per link, see stream_index) and the host's own work (host:
+// host-side optimizer updates, bookkeeping).
+enum class Stream : std::uint8_t { compute, host_to_device, device_to_host, fetch, collective, link, host };
 const char* stream_name(Stream s);
 
 // Which instruction waits for which (docs/architecture.md, "The instruction list"): the
 // host issues a program's instructions in order; before it issues one, it waits until
-// every instruction in `after` has completed. That is the only place the executor waits,
-// and the simulator prices exactly these waits, so what is predicted to overlap is what
-// runs side by side. Instructions that hold the host (occupies_host) end before the next
-// one is issued; the others run beside it on their stream (copies, collectives, messages)
-// until an instruction that needs them names them.
+// every instruction in `after` has completed (and with it every earlier instruction of
+// that stream: a stream completes its work in order). That is the only place the executor
+// waits, and the simulator prices exactly these waits, so what is predicted to overlap is
+// what runs side by side. Instructions that hold the host (holds_host) end before the next
+// one is issued; the others run beside it on their stream until an instruction that needs
+// them names them. What an instruction touches (access) and the pooled buffers it takes and
+// gives back (pool) are the hazard checker's (hazards.hpp) to prove ordered.
 struct Instruction {
   Op op = Op::forward;
   Stream stream = Stream::compute;
@@ -74,14 +80,23 @@ struct Instruction {
   int subgroup = -1;     // optimizer_update: index among the layer's owned subgroups
   UpdateSite site = UpdateSite::device;  // optimizer_update
   bool final = false;    // reduce_grads: the layer's last reduction of the step
-  int buffer = -1;       // prefetch_activations, reload_activations: the staging buffer (0 or 1)
+  int buffer = -1;       // the staging buffer (0 or 1) an offloaded block's activations pass through
   std::vector<int> after;  // indices of earlier instructions of the same program it waits for
+  std::vector<Access> access;    // the buffers it reads and writes
+  std::vector<PoolEvent> pool;   // pooled buffers it takes and gives back, in order
 };
 
-// Step instructions the host thread runs or waits for to the end before it goes on:
-// compute, copies back made on the spot, the end of the step's reductions. (The optimizer
-// program's order is simulate_update's: plan/simulator.hpp.)
-bool occupies_host(Op op);
+// Streams of a stage, as indices: the kinds, with one index per link (activations out, in;
+// gradients out, in: each direction to a neighbour is a link of its own).
+constexpr int kStreams = 10;
+int stream_index(const Instruction& i);
+const char* stream_index_name(int index);
+
+// Whether the host waits for an instruction to end before it issues the next: the host's own
+// work (host-side updates, bookkeeping such as release_params), the blocking collectives
+// sync_grads and share_params, and compute where kernels run in the host's thread; not where
+// they are queued on a device (compute_queued).
+bool holds_host(const Instruction& i, bool compute_queued);
 // What pairs a message with its partner: (0 activation / 1 gradient, receiving chunk, micro-batch).
 std::tuple<int, int, int> message_key(const Instruction& i);
 
@@ -98,16 +113,6 @@ struct StepSpec {
 // micro-batch's residual stream: its input, its output and its gradient take frames from
 // one device pool while they are live (frame_events).
 bool offloaded_checkpoint(const StepSpec& spec, const Chunk& c);
-
-// Frames of the device pool, taken and given back by instructions: what one rule says for
-// the executor, which binds them, and for the memory estimate, which replays them.
-enum class Frame : std::uint8_t { input, output, gradient };
-struct FrameEvent {
-  bool acquire = true;  // taken before the instruction runs; else given back after it
-  Frame frame = Frame::input;
-  int chunk = -1, micro_batch = -1;
-  bool at_completion = false;  // given back when the instruction has completed (an offload's copy)
-};
 
 // Parameters of a layer live whole on the device between uses (in fp32 or bf16, which the
 // compute reads as they are): nothing to gather.
@@ -151,15 +156,16 @@ class Schedule {
   int final_layer() const { return static_cast<int>(spec_.layers) + 1; }
   // One line per instruction group, readable (`-v` prints it).
   std::string describe(int stage) const;
-  // The device frames an instruction takes and gives back (see offloaded_checkpoint):
+  // The device frames an instruction takes and gives back (see offloaded_checkpoint), as
+  // they are in its `pool` events:
   //   input     taken by the chunk's receive or first forward, or by a prefetch_checkpoint;
   //             given back when the offload_checkpoint has completed, or after the block's backward
   //   output    taken by the block's forward; given back once consumed: after the next
-  //             chunk's first forward copied it, its send, or the head's backward; taken
-  //             again by the recomputation, which writes it once more, and given back after
+  //             chunk's first forward copied it, its send (which copies it out at issue), or
+  //             the head's backward
   //   gradient  taken by the receive, the head's backward or the next chunk's first backward
   //             (which writes it); given back after the chunk's first backward, or its send
-  std::vector<FrameEvent> frame_events(const Instruction& i) const;
+  std::vector<PoolEvent> frame_events(const Instruction& i) const;
 
  private:
   std::string name_;

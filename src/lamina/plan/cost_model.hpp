@@ -54,6 +54,9 @@ class CostModel {
   double price(const Instruction& i) const;
   Pricer pricer() const;
   bool serial() const { return machine_.device_is_host; }
+  // Kernels are queued on a device and the host goes on, except where tensor-parallel
+  // all-reduces inside a layer make it wait (the executor's rule, Executor::compute_queued).
+  bool compute_queued() const { return !machine_.device_is_host && plan_.layout.tp == 1; }
 
   // Where a block's time goes, per micro-batch (the roofline's parts; empty where the times
   // were measured): forward and backward of GEMMs, attention products, element-wise

@@ -842,7 +842,7 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     if (need_dev > k.cap.device || (!k.cap.shared && static_cast<double>(c.host_bytes) > k.cap.host)) continue;
     CostModel cost(deck.model, p, machine, options.measured);
     const Schedule schedule = Schedule::build(step_spec(p, deck.model));
-    const Timeline t = simulate(schedule, cost.pricer(), cost.serial());
+    const Timeline t = simulate(schedule, cost.pricer(), cost.serial(), cost.compute_queued());
     double update = 0.0;
     const ParamLayout layout = ParamLayout::gpt2(deck.model, p.layout.tp, 0);
     for (int s = 0; s < schedule.stages(); ++s) {
@@ -850,7 +850,7 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
           plan_rank_optimizers(p, layout, schedule.layers_of_stage(s), 0, dos_model(p), -1);
       cost.set_rank_optimizers(ro);
       update = std::max(update, simulate_update(update_program(ro.updates(), p.layout.zero), cost.pricer(), {},
-                                                cost.serial())
+                                                cost.serial(), cost.compute_queued())
                                     .seconds);
     }
     c.update_s = update;

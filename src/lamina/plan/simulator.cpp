@@ -1,6 +1,7 @@
 #include "lamina/plan/simulator.hpp"
 
 #include <algorithm>
+#include <array>
 #include <stdexcept>
 #include <tuple>
 
@@ -23,21 +24,6 @@ double Timeline::bubble_fraction() const {
 }
 
 namespace {
-
-// The optimizer program's host thread and stream clocks.
-struct StageClock {
-  bool serial = false;  // one timeline for every stream
-  double host = 0.0;
-  std::map<Stream, double> stream;
-
-  // Runs `cost` on stream s from no earlier than `ready`; returns its end.
-  double run(Stream s, double ready, double cost) {
-    double& c = stream[serial ? Stream::compute : s];
-    const double start = std::max({host, c, ready});
-    c = start + cost;
-    return c;
-  }
-};
 
 // A BufferPool's size: per buffer size, the most buffers of it ever held at once.
 class PoolModel {
@@ -81,20 +67,27 @@ class PoolReplay {
     const std::vector<Instruction>& program = schedule.program(stage);
     const int final_layer = schedule.final_layer();
     pending_.assign(program.size(), Done{});
+    std::vector<std::vector<std::size_t>> on_stream(kStreams);
+    std::vector<std::size_t> waited(kStreams, 0);
+    // Waiting for an instruction completes the earlier ones of its stream first (Executor::wait_for).
+    auto wait_for = [&](std::size_t j) {
+      const auto s = static_cast<std::size_t>(stream_index(program[j]));
+      while (waited[s] < on_stream[s].size() && on_stream[s][waited[s]] <= j) complete(on_stream[s][waited[s]++]);
+      complete(j);
+    };
     for (std::size_t k = 0; k < program.size(); ++k) {
       const Instruction& i = program[k];
-      for (int j : i.after) complete(static_cast<std::size_t>(j));
-      const std::vector<FrameEvent> events = schedule.frame_events(i);
-      for (const FrameEvent& e : events)
-        if (e.acquire) frames.acquire(frame_size(e));
-      for (const FrameEvent& e : events) {
-        if (e.acquire) continue;
-        if (e.at_completion) {
+      for (int j : i.after) wait_for(static_cast<std::size_t>(j));
+      for (const PoolEvent& e : schedule.frame_events(i)) {
+        if (e.acquire) {
+          frames.acquire(frame_size(e));
+        } else if (e.at_completion) {
           pending_[k].frames.push_back(frame_size(e));
         } else {
           frames.release(frame_size(e));
         }
       }
+      on_stream[static_cast<std::size_t>(stream_index(i))].push_back(k);
       switch (i.op) {
         case Op::gather_params:
         case Op::prefetch_params: fetch(i.layer, k); break;
@@ -153,8 +146,8 @@ class PoolReplay {
   struct Done {
     std::vector<std::int64_t> staging, staging16, grads, frames;
   };
-  std::int64_t frame_size(const FrameEvent& e) const {
-    return e.frame == Frame::gradient ? gradient_frame_ : stream_frame_;
+  std::int64_t frame_size(const PoolEvent& e) const {
+    return e.held.frame == Frame::gradient ? gradient_frame_ : stream_frame_;
   }
 
   void complete(std::size_t k) {
@@ -233,13 +226,13 @@ PoolPeaks simulate_memory(const Schedule& schedule, int stage, const std::vector
   return p;
 }
 
-Timeline simulate(const Schedule& s, const Pricer& price, bool serial) {
+Timeline simulate(const Schedule& s, const Pricer& price, bool serial, bool compute_queued) {
   const int stages = s.stages();
   std::map<std::tuple<int, int, int>, double> arrivals;  // message_key -> when it has arrived
   struct Stage {
     std::size_t ip = 0;
     double host = 0.0;  // when the host issues the next instruction
-    std::map<Stream, double> free;
+    std::array<double, kStreams> free{};  // when each stream has done what it was given
     std::vector<double> end;  // per instruction
     double busy = 0.0;
   };
@@ -260,25 +253,23 @@ Timeline simulate(const Schedule& s, const Pricer& price, bool serial) {
         const bool recv = ins.op == Op::recv_activation || ins.op == Op::recv_gradient;
         const auto arrival = recv ? arrivals.find(message_key(ins)) : arrivals.end();
         if (recv && arrival == arrivals.end()) break;  // not sent yet: this stage waits for the other
+        if (ins.op == Op::optimizer_update || ins.op == Op::publish_params || ins.op == Op::share_params)
+          throw std::logic_error("the step program of stage " + std::to_string(k) + " holds an optimizer instruction");
         const double cost = price(ins, k);
         // The host waits for what the instruction needs before it issues it.
         for (int j : ins.after) c.host = std::max(c.host, c.end[static_cast<std::size_t>(j)]);
-        double end = 0.0;
+        // Its stream runs its work in order; on a host-only machine every stream shares the cores.
+        double& free = c.free[static_cast<std::size_t>(serial ? 0 : stream_index(ins))];
+        double end = std::max(c.host, free) + (recv ? 0.0 : cost);
         if (recv) {
-          end = std::max(c.host, arrival->second);
+          end = std::max(end, arrival->second);
           arrivals.erase(arrival);
         } else if (ins.op == Op::send_activation || ins.op == Op::send_gradient) {
-          end = c.host + cost;  // messages do not contend for the link
           arrivals[message_key(ins)] = end;
-        } else {
-          double& free = c.free[serial ? Stream::compute : ins.stream];
-          end = std::max(c.host, free) + cost;
-          free = end;
-          if (occupies_host(ins.op)) c.host = end;
-          if (ins.op == Op::forward || ins.op == Op::backward || ins.op == Op::recompute) c.busy += cost;
         }
-        if (ins.op == Op::optimizer_update || ins.op == Op::publish_params || ins.op == Op::share_params)
-          throw std::logic_error("the step program of stage " + std::to_string(k) + " holds an optimizer instruction");
+        free = end;
+        if (holds_host(ins, compute_queued)) c.host = end;
+        if (ins.op == Op::forward || ins.op == Op::backward || ins.op == Op::recompute) c.busy += cost;
         c.end[c.ip] = end;
         t.stream_busy[ins.stream] += cost;
         ++c.ip;
@@ -300,38 +291,33 @@ Timeline simulate(const Schedule& s, const Pricer& price, bool serial) {
 }
 
 UpdateTimeline simulate_update(const std::vector<Instruction>& program, const Pricer& price,
-                               const std::map<int, double>& flushed, bool serial) {
-  StageClock c;
-  c.serial = serial;
+                               const std::map<int, double>& flushed, bool serial, bool compute_queued) {
+  // The executor's rules (simulate's), and a host-updated layer's first host subgroup waits
+  // for its gradients to arrive.
   UpdateTimeline u;
-  int arrived = -1;  // the layer whose host updates have waited for its gradients
-  for (const Instruction& ins : program) {
+  double host = 0.0;
+  std::array<double, kStreams> free{};
+  std::vector<double> end(program.size(), 0.0);
+  int arrived = -1;
+  for (std::size_t k = 0; k < program.size(); ++k) {
+    const Instruction& ins = program[k];
+    if (ins.op != Op::optimizer_update && ins.op != Op::publish_params && ins.op != Op::share_params)
+      throw std::logic_error(std::string("instruction ") + op_name(ins.op) + " in an optimizer program");
     const double cost = price(ins, 0);
-    switch (ins.op) {
-      case Op::optimizer_update:
-        if (ins.site == UpdateSite::host && ins.layer != arrived) {  // the first host subgroup waits for the flush
-          const auto f = flushed.find(ins.layer);
-          if (f != flushed.end()) c.host = std::max(c.host, f->second);
-          arrived = ins.layer;
-        }
-        if (ins.site == UpdateSite::device) {
-          c.run(Stream::compute, 0.0, cost);  // queued: the host goes on
-          u.device += cost;
-        } else {
-          c.host = c.run(Stream::host, 0.0, cost);
-          u.host += cost;
-        }
-        break;
-      case Op::publish_params:
-        c.host = std::max({c.host, c.stream[Stream::compute], c.stream[Stream::host]});
-        c.host = c.run(ins.stream, 0.0, cost);
-        break;
-      case Op::share_params: c.host = c.run(Stream::collective, 0.0, cost); break;
-      default: throw std::logic_error(std::string("instruction ") + op_name(ins.op) + " in an optimizer program");
+    for (int j : ins.after) host = std::max(host, end[static_cast<std::size_t>(j)]);
+    if (ins.op == Op::optimizer_update && ins.site == UpdateSite::host && ins.layer != arrived) {
+      const auto f = flushed.find(ins.layer);
+      if (f != flushed.end()) host = std::max(host, f->second);
+      arrived = ins.layer;
     }
+    double& f = free[static_cast<std::size_t>(serial ? 0 : stream_index(ins))];
+    f = std::max(host, f) + cost;
+    end[k] = f;
+    if (holds_host(ins, compute_queued)) host = f;
+    if (ins.op == Op::optimizer_update) (ins.site == UpdateSite::device ? u.device : u.host) += cost;
   }
-  u.seconds = c.host;
-  for (const auto& kv : c.stream) u.seconds = std::max(u.seconds, kv.second);
+  u.seconds = host;
+  for (const double e : end) u.seconds = std::max(u.seconds, e);
   return u;
 }
 

@@ -1,16 +1,18 @@
 #pragma once
 // Runs a schedule's instruction lists (parallel/schedule.hpp) on a cost model instead of
-// hardware: the same lists the executor interprets, with the same waits. Each pipeline
-// stage has a host thread that issues instructions in program order and one clock per
-// stream (compute, collectives, host-to-device and device-to-host copies, the host's
-// cores). Before it issues an instruction the host waits for the end of every instruction
-// in its `after` list, exactly where the executor waits; the instruction then starts when
-// its stream is free and ends its price later. Compute, copies made on the spot and
-// sync_grads hold the host until they end (occupies_host); prefetches, offloads,
-// collectives and messages run beside it. A message arrives at the sender's time plus its
-// price (no link contention); a receive ends when its message has arrived. With `serial`
-// (a host-only machine) every stream shares one timeline: copies and collectives take
-// the compute's cores and overlap nothing.
+// hardware: the same lists the executor interprets, with the same waits, each instruction
+// on the stream the executor runs it on. Each pipeline stage has a host thread that issues
+// instructions in program order and one clock per stream (stream_index: compute, copies
+// into and out of the device, parameter fetches, reductions, the host's cores, each
+// message link). Before it issues an instruction the host waits for the end of every
+// instruction in its `after` list, exactly where the executor waits; the instruction then
+// starts when its stream is free and ends its price later. Instructions that hold the host
+// (holds_host: compute where kernels run in the host's thread, not on a device that queues
+// them; blocking collectives; the host's own work) end before the next is issued; the rest
+// run beside it. A send occupies its link for its price and its message arrives then; a
+// receive ends when its message has arrived. With `serial` (a host-only machine) every
+// stream shares one timeline: copies and collectives take the compute's cores and overlap
+// nothing.
 // With the default prices (only compute costs time) this is the executor's virtual clock,
 // and bubble fractions equal the closed forms of the papers.
 // simulate_update() does the same for one rank's optimizer program: device subgroups
@@ -41,9 +43,10 @@ struct Timeline {
 };
 
 // serial: every stream runs on the compute's cores (a host-only machine, where copies and
-// collectives take the same cores as the kernels). Throws std::logic_error when a receive
-// has no matching send or the stages deadlock.
-Timeline simulate(const Schedule& schedule, const Pricer& price, bool serial = false);
+// collectives take the same cores as the kernels). compute_queued: kernels are queued on a
+// device and the host goes on. Throws std::logic_error when a receive has no matching send
+// or the stages deadlock.
+Timeline simulate(const Schedule& schedule, const Pricer& price, bool serial = false, bool compute_queued = false);
 
 struct UpdateTimeline {
   double seconds = 0.0;  // the update program's length
@@ -53,7 +56,8 @@ struct UpdateTimeline {
 // flushed: when each host-updated layer's gradients have arrived on the host, relative to
 // the start of the update (0: already there).
 UpdateTimeline simulate_update(const std::vector<Instruction>& program, const Pricer& price,
-                               const std::map<int, double>& flushed = {}, bool serial = false);
+                               const std::map<int, double>& flushed = {}, bool serial = false,
+                               bool compute_queued = false);
 
 // Memory: what one rank allocates for part of a step comes from pools that keep every
 // buffer they allocate and hand out a free one of the same size first (core/buffer_pool.hpp),

@@ -93,7 +93,7 @@ JsonObject bench_step(const Deck& deck, int steps, int warmup, const Log& log) {
   MemoryTracker tracker;
   Plan plan = plan_from_deck(deck, world_size());
   measure_dos_inputs(plan);
-  Runtime rt(tracker, m, deck.optimizer, plan, RunExtras{}, MPI_COMM_WORLD, deck.comm.backend);
+  Runtime rt(tracker, m, deck.optimizer, plan, RunExtras{}, MPI_COMM_WORLD, deck.comm);
   rt.state().init(deck.train.seed);
   const double flops = training_flops_per_token(m) * static_cast<double>(positions);
   const int world = rt.grid().world_size();
@@ -145,7 +145,7 @@ JsonObject bench_memory(Deck deck, int steps, const Log& log) {
   measure_dos_inputs(plan);
   const RunExtras extras = RunExtras::of(deck.checkpoint, deck.output);
   {
-    Runtime rt(tracker, deck.model, deck.optimizer, plan, extras, MPI_COMM_WORLD, deck.comm.backend);
+    Runtime rt(tracker, deck.model, deck.optimizer, plan, extras, MPI_COMM_WORLD, deck.comm);
     stage = rt.grid().pp_rank();
     rt.state().init(deck.train.seed);
     run_synthetic(rt, deck, steps, 0);
@@ -226,7 +226,7 @@ JsonObject bench_dos(Deck deck, int steps, const Log& log) {
     Plan p = plan;
     for (LayerPolicy& b : p.blocks) b.optimizer = placement;
     MemoryTracker tracker;
-    Runtime rt(tracker, deck.model, deck.optimizer, p, RunExtras{}, MPI_COMM_WORLD, deck.comm.backend);
+    Runtime rt(tracker, deck.model, deck.optimizer, p, RunExtras{}, MPI_COMM_WORLD, deck.comm);
     rt.state().init(deck.train.seed);
     const StepTimes t = run_synthetic(rt, deck, steps, 1);
     // The model's update phase: device, host (plus the copy of the parameters back), or the split.

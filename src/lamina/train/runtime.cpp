@@ -28,14 +28,15 @@ void measure_dos_inputs(Plan& plan, bool force) {
 }
 
 Runtime::Runtime(MemoryTracker& tracker, const ModelConfig& model, const OptimizerConfig& optimizer, const Plan& plan,
-                 const RunExtras& extras, MPI_Comm world, CommBackend backend)
+                 const RunExtras& extras, MPI_Comm world, const CommConfig& comm)
     : plan_(plan),
       optimizer_config_(optimizer),
-      grid_(world, plan.layout.dp, plan.layout.tp, plan.layout.pp, backend),
+      grid_(world, plan.layout.dp, plan.layout.tp, plan.layout.pp, comm.backend),
       schedule_(Schedule::build(step_spec(plan, model))),
       layout_(ParamLayout::gpt2(model, grid_.tp_size(), grid_.tp_rank())),
       dims_(Dims::of(model, plan.layout.micro_batch_size, grid_.tp_size(), grid_.tp_rank())),
-      pools_(tracker) {
+      pools_(tracker),
+      streams_(comm.threaded_copies ? HostCopies::threads : HostCopies::inline_) {
   dims_.products = product_math<Kokkos::DefaultExecutionSpace>(plan.precision);
   dims_.bf16 = plan.precision == Precision::bf16;
   if (dims_.products == ProductMath::bf16 && Kokkos::SpaceAccessibility<Kokkos::HostSpace, DeviceMem>::accessible) {
@@ -46,7 +47,7 @@ Runtime::Runtime(MemoryTracker& tracker, const ModelConfig& model, const Optimiz
   const std::int64_t free = dynamic ? dos_device_free(model, plan, extras, grid_.pp_rank()) : -1;
   optimizers_ = plan_rank_optimizers(plan, layout_, held, grid_.dp_rank(), dos_model(plan), free);
   auto store = std::make_unique<ParameterStore>(tracker, layout_, grid_, held, plan.blocks, plan.layout.zero,
-                                                plan.precision, pools_);
+                                                plan.precision, pools_, streams_);
   auto reducer = std::make_unique<GradientReducer>(tracker, layout_, grid_, held, plan.layout.zero, plan.precision,
                                                    plan.subgroup_size, pools_);
   std::map<int, std::unique_ptr<LayerOptimizer>> layer_optimizers;
@@ -55,7 +56,7 @@ Runtime::Runtime(MemoryTracker& tracker, const ModelConfig& model, const Optimiz
                                                optimizer, pools_.dos, optimizers_.dos_stage);
   }
   state_ = std::make_unique<RankState>(model, layout_, grid_, plan.layout.zero, plan.precision, std::move(store),
-                                       std::move(reducer), std::move(layer_optimizers), pools_);
+                                       std::move(reducer), std::move(layer_optimizers), pools_, streams_);
   executor_ = std::make_unique<Executor>(tracker, *state_, grid_, schedule_, dims_, plan.clock);
   update_program_ = lamina::update_program(optimizers_.updates(), plan.layout.zero);
 }
@@ -96,6 +97,8 @@ std::map<std::string, std::int64_t> Runtime::take_comm_bytes() {
     out[c->name()] = c->bytes_sent();
     c->reset_bytes();
   }
+  out["dp"] += grid_.dp_fetch().bytes_sent();  // parameter gathers travel on a copy of the dp group
+  grid_.dp_fetch().reset_bytes();
   // The tied embedding's gradient exchange between the first and last stage, and messages
   // on links of their own, count as pipeline traffic.
   for (Communicator* c : grid_.own_links()) {

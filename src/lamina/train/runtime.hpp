@@ -16,6 +16,7 @@
 #include "lamina/parallel/process_grid.hpp"
 #include "lamina/parallel/rank_state.hpp"
 #include "lamina/parallel/schedule.hpp"
+#include "lamina/parallel/stage_streams.hpp"
 #include "lamina/plan/memory_estimate.hpp"
 #include "lamina/plan/optimizer_plan.hpp"
 #include "lamina/plan/plan.hpp"
@@ -41,7 +42,7 @@ class Runtime {
   // extras: what the run allocates besides its steps (for the memory the Deep Optimizer
   // States schedule may use under a device budget).
   Runtime(MemoryTracker& tracker, const ModelConfig& model, const OptimizerConfig& optimizer, const Plan& plan,
-          const RunExtras& extras, MPI_Comm world, CommBackend backend = CommBackend::automatic);
+          const RunExtras& extras, MPI_Comm world, const CommConfig& comm = CommConfig{});
 
   const Plan& plan() const { return plan_; }
   const ProcessGrid& grid() const { return grid_; }
@@ -76,6 +77,7 @@ class Runtime {
   ParamLayout layout_;
   Dims dims_;
   DevicePools pools_;
+  StageStreams streams_;
   RankOptimizers optimizers_;
   std::unique_ptr<RankState> state_;
   std::unique_ptr<Executor> executor_;

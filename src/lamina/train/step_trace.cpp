@@ -35,8 +35,9 @@ std::string step_trace_json(const std::vector<Instruction>& program, const std::
     const std::string args = strprintf("{\"index\": %d, \"after\": [%s]}", e.index, after.c_str());
     if (!i.after.empty()) put(span("wait", "wait", rank, "host", e.reached, e.issued, args));
     put(span(name, "host", rank, "host", e.issued, e.returned, args));
-    if (!occupies_host(i.op) && e.completed > e.returned) {
-      put(span(name, stream_name(i.stream), rank, stream_name(i.stream), e.issued, e.completed, args));
+    if (!holds_host(i, Executor::compute_queued) && e.completed > e.returned) {
+      const char* stream = stream_index_name(stream_index(i));
+      put(span(name, stream, rank, stream, e.issued, e.completed, args));
     }
   }
   return out + "\n]}\n";

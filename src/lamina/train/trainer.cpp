@@ -147,7 +147,7 @@ class Trainer {
 
     if (!evaluate_only) open_data();
     open_eval_data(evaluate_only);
-    Runtime rt(tracker_, m, deck_.optimizer, plan_, extras, comm_, deck_.comm.backend);
+    Runtime rt(tracker_, m, deck_.optimizer, plan_, extras, comm_, deck_.comm);
     const ParamLayout full = ParamLayout::gpt2(m);
     log_.info(rt.grid().describe());
     log_.info(strprintf("schedule: %s; %s", rt.schedule().name().c_str(), rt.schedule().partition().describe().c_str()));

@@ -111,13 +111,16 @@ TEST(Simulator, UpdateProgramRunsDeviceSubgroupsBesideTheHost) {
     if (i.op == Op::optimizer_update) return i.site == UpdateSite::host ? 2.0 : 3.0;
     return i.op == Op::publish_params ? 0.5 : 0.0;
   };
-  // Device subgroups queue (3 + 3) while the host runs its two (2 + 2); publish waits for both.
-  const UpdateTimeline t = simulate_update(program, price);
+  // On a device, its subgroups queue (3 + 3) while the host runs its two (2 + 2); publish
+  // waits for both.
+  const UpdateTimeline t = simulate_update(program, price, {}, false, true);
   EXPECT_DOUBLE_EQ(t.host, 4.0);
   EXPECT_DOUBLE_EQ(t.device, 6.0);
   EXPECT_DOUBLE_EQ(t.seconds, 6.5);
   // Gradients still arriving delay the host's part.
-  EXPECT_DOUBLE_EQ(simulate_update(program, price, {{1, 5.0}}).seconds, 5.0 + 4.0 + 0.5);
+  EXPECT_DOUBLE_EQ(simulate_update(program, price, {{1, 5.0}}, false, true).seconds, 5.0 + 4.0 + 0.5);
+  // Where kernels run in the host's thread, nothing overlaps.
+  EXPECT_DOUBLE_EQ(simulate_update(program, price).seconds, 3.0 + 3.0 + 2.0 + 2.0 + 0.5);
 }
 
 }  // namespace
