@@ -4,6 +4,8 @@
 // And the analytic memory model predicts what the run allocates.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "lamina/core/buffer.hpp"
 #include "lamina/core/error.hpp"
 #include "lamina/plan/plan.hpp"
@@ -58,6 +60,51 @@ TEST_F(MemoryOptions, EverythingAtOnceTrainsBitIdentically) {
   expect_like_baseline("all", {"memory.activations=[\"recompute\", \"offload\"]", "memory.params=host",
                                "memory.optimizer=dynamic", "memory.dos_split=alternate",
                                "optimizer.subgroup_size=500"});
+}
+
+// Copies between the memory tiers on worker threads beside the host (parallel.host_copies =
+// "threads"), each started up to 300 us late at random, so that they land in every order a
+// device could run them in: a wait the instruction lists lacked would show as other bits.
+class ThreadedCopies : public Training {
+ protected:
+  void SetUp() override {
+    Training::SetUp();
+    setenv("LAMINA_COPY_DELAY_US", "300", 1);
+  }
+  void TearDown() override {
+    unsetenv("LAMINA_COPY_DELAY_US");
+    Training::TearDown();
+  }
+};
+
+TEST_F(ThreadedCopies, EveryPolicyTrainsBitIdenticallyToInlineCopies) {
+  const std::string threads = "parallel.host_copies=threads";
+  expect_like_baseline("threads_mixed", {"memory.activations=[\"offload\", \"recompute\"]", threads});
+  expect_like_baseline("threads_all", {"memory.activations=[\"recompute\", \"offload\"]", "memory.params=host",
+                                       "memory.optimizer=dynamic", "memory.dos_split=alternate",
+                                       "optimizer.subgroup_size=500", threads});
+}
+
+// ZeRO-3 on one rank reduces every micro-batch's gradients: a baseline of its own.
+TEST_F(ThreadedCopies, ZeroThreeTrainsBitIdenticallyToInlineCopies) {
+  expect_like_baseline("threads_zero3_host",
+                       {"memory.activations=offload", "memory.params=host", "memory.optimizer=host",
+                        "parallel.host_copies=threads"},
+                       {"parallel.zero=3"});
+}
+
+TEST_F(ThreadedCopies, OffloadedCheckpointsTrainBitIdenticallyToInlineCopies) {
+  const std::vector<std::string> layered{"parallel.layered=true"};
+  expect_like_baseline("threads_checkpoints",
+                       {"memory.activations=[\"offload_checkpoint\", \"offload\"]", "parallel.host_copies=threads"},
+                       layered);
+}
+
+TEST_F(ThreadedCopies, Bf16TrainsBitIdenticallyToInlineCopies) {
+  const std::vector<std::string> bf16{"train.precision=bf16"};
+  expect_like_baseline("threads_bf16", {"memory.activations=offload", "memory.params=host",
+                                        "memory.optimizer=dynamic", "parallel.host_copies=threads"},
+                       bf16);
 }
 
 TEST_F(MemoryOptions, PredictedPeakMemoryIsWhatTheRunAllocates) {
