@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "lamina/core/error.hpp"
+#include "lamina/plan/race_check.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/model/gpt_activations.hpp"
 #include "lamina/model/param_layout.hpp"
@@ -842,6 +843,7 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     if (need_dev > k.cap.device || (!k.cap.shared && static_cast<double>(c.host_bytes) > k.cap.host)) continue;
     CostModel cost(deck.model, p, machine, options.measured);
     const Schedule schedule = Schedule::build(step_spec(p, deck.model));
+    c.checked_instructions = check_races(p, deck.model, schedule).instructions;  // priced only if it is race-free
     const Timeline t = simulate(schedule, cost.pricer(), cost.serial(), cost.compute_queued());
     double update = 0.0;
     const ParamLayout layout = ParamLayout::gpt2(deck.model, p.layout.tp, 0);

@@ -58,6 +58,7 @@ struct PlanCandidate {
   MemoryEstimate memory;      // exact estimate, the largest stage
   std::int64_t device_bytes = 0, host_bytes = 0;
   std::vector<std::string> sets;  // the deck overrides that give this plan
+  std::size_t checked_instructions = 0;  // proved race-free (plan/race_check.hpp)
 };
 
 struct PlanResult {

@@ -27,6 +27,7 @@
 #include "lamina/model/flops.hpp"
 #include "lamina/optim/grad_norm.hpp"
 #include "lamina/optim/lr_schedule.hpp"
+#include "lamina/plan/race_check.hpp"
 #include "lamina/train/generate.hpp"
 #include "lamina/train/machine.hpp"
 #include "lamina/train/runtime.hpp"
@@ -609,6 +610,10 @@ void check_deck(const Deck& deck, const Log& log, int world) {
   for (int s = 0; s < schedule.stages(); ++s) {
     log.debug(strprintf("stage %d program: %s", s, schedule.describe(s).c_str()));
   }
+  const RaceCheck races = check_races(plan, deck.model, schedule);
+  log.info(strprintf("instruction lists: race-free (%zu instructions of %d stage(s) and their optimizer programs "
+                     "checked)",
+                     races.instructions, races.stages));
   check_output_dirs(deck);
   auto ds = open_dataset(deck.data, deck.model.vocab_size, deck.train.seed);
   SequenceSampler sampler(ds->num_tokens(), deck.model.seq_len, deck.train.seed, deck.data.shuffle);

@@ -129,6 +129,7 @@ TEST(Planner, PlansFitAndRespectTheKeysTheDeckSets) {
     for (const LayerPolicy& b : c.plan.blocks) EXPECT_EQ(b.activations, ActivationPolicy::recompute);
     EXPECT_LE(static_cast<double>(c.device_bytes), machine.device_memory);
     EXPECT_GT(c.step_s, 0.0);
+    EXPECT_GT(c.checked_instructions, 0u);  // proved race-free before it was priced
   }
   for (std::size_t i = 1; i < r.best.size(); ++i) EXPECT_LE(r.best[i - 1].step_s, r.best[i].step_s);
   // The overrides give the plan back.
