@@ -64,7 +64,7 @@ std::string slurp(const std::string& path) {
 class Job {
  public:
   Job(int np, const std::string& args, std::string log) : log_(std::move(log)) {
-    const std::string cmd = "exec mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(np) + " " +
+    const std::string cmd = "exec " LAMINA_MPIRUN " -np " + std::to_string(np) + " " +
                             LAMINA_BINARY + " " + args;
     pid_ = ::fork();
     if (pid_ == 0) {
@@ -87,9 +87,10 @@ class Job {
 
   pid_t mpirun() const { return pid_; }
 
-  // The job's ranks by world rank: processes whose parent is this mpirun.
+  // The job's ranks by world rank: the processes below this mpirun that know their rank
+  // (Open MPI starts them itself; MPICH's hydra through a proxy of its own).
   std::map<int, pid_t> ranks() const {
-    std::map<int, pid_t> out;
+    std::map<pid_t, pid_t> parent;
     for (const auto& e : fs::directory_iterator("/proc")) {
       const std::string name = e.path().filename().string();
       if (name.find_first_not_of("0123456789") != std::string::npos) continue;
@@ -98,12 +99,31 @@ class Job {
       if (close == std::string::npos) continue;
       std::istringstream rest(stat.substr(close + 2));
       char state = 0;
-      pid_t parent = 0;
-      rest >> state >> parent;
-      if (parent != pid_) continue;
-      const std::string env = slurp(e.path().string() + "/environ");
-      const auto at = env.find("OMPI_COMM_WORLD_RANK=");
-      if (at != std::string::npos) out[std::atoi(env.c_str() + at + 21)] = static_cast<pid_t>(std::stol(name));
+      pid_t up = 0;
+      rest >> state >> up;
+      parent[static_cast<pid_t>(std::stol(name))] = up;
+    }
+    auto below = [&](pid_t p) {
+      for (int depth = 0; depth < 4 && parent.count(p); ++depth) {
+        p = parent[p];
+        if (p == pid_) return true;
+      }
+      return false;
+    };
+    std::map<int, pid_t> out;
+    for (const auto& [pid, up] : parent) {
+      (void)up;
+      if (!below(pid)) continue;
+      const std::string env = slurp("/proc/" + std::to_string(pid) + "/environ");
+      for (const std::string var : {"OMPI_COMM_WORLD_RANK=", "PMI_RANK="}) {
+        std::size_t at = env.find(var);
+        // A whole variable: at the start of the environment or after a NUL.
+        while (at != std::string::npos && at > 0 && env[at - 1] != '\0') at = env.find(var, at + 1);
+        if (at != std::string::npos) {
+          out[std::atoi(env.c_str() + at + var.size())] = pid;
+          break;
+        }
+      }
     }
     return out;
   }

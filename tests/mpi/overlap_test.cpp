@@ -72,7 +72,7 @@ class Overlap : public ::testing::Test {
   // Trains the deck on two ranks with the overrides; rank 0's trace of step 2.
   std::vector<Span> trace(const std::string& name, const std::string& sets) {
     const std::string out = dir_ + "/" + name;
-    const std::string cmd = "mpirun --allow-run-as-root --oversubscribe -np 2 " + std::string(LAMINA_BINARY) +
+    const std::string cmd = LAMINA_MPIRUN " -np 2 " + std::string(LAMINA_BINARY) +
                             " train " + dir_ + "/deck.toml --set output.dir=" + out + " " + sets + " 2>&1";
     std::string log;
     FILE* p = ::popen(cmd.c_str(), "r");

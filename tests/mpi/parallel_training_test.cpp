@@ -67,7 +67,7 @@ class ParallelTraining : public ::testing::Test {
   }
 
   static std::string launch(int np, const std::string& args) {
-    return "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(np) + " " + LAMINA_BINARY + " " + args;
+    return std::string(LAMINA_MPIRUN) + " -np " + std::to_string(np) + " " + LAMINA_BINARY + " " + args;
   }
 
   static JobResult run_command(const std::string& cmd) {

@@ -30,6 +30,14 @@ TEST(PlanRanks, OneProcessMeasuresTheRanksItPlansForTogether) {
                     "/inputs/scaling-small.toml --ranks 2 --top 1 --set parallel.dp=2 --set parallel.tp=1 "
                     "--set parallel.pp=1");
   ASSERT_EQ(r.code, 0) << r.out;
+#if !LAMINA_OPEN_MPI
+  // Debian's MPICH (ch4:ucx) cannot start ranks from a process mpiexec did not start: the
+  // fallback the warning explains (the plan is still made, as if one rank had the machine).
+  if (r.out.find("MPI could not start them (MPI_Comm_spawn failed)") != std::string::npos) {
+    EXPECT_NE(r.out.find("\"feasible\": true"), std::string::npos) << r.out;
+    return;
+  }
+#endif
   EXPECT_NE(r.out.find("measuring this machine with the 2 ranks the plan is for running at once"), std::string::npos)
       << r.out;
   // The machine description is of a node of 2 ranks (measured: "all-reduce ... per rank of 2").

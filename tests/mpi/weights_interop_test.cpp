@@ -42,7 +42,7 @@ class WeightsInterop : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string lamina(int ranks, const std::string& args, int& code) const {
-    return sh("mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " " + LAMINA_BINARY + " " + args, code);
+    return sh(std::string(LAMINA_MPIRUN) + " -np " + std::to_string(ranks) + " " + LAMINA_BINARY + " " + args, code);
   }
   std::string dir_;
 };
