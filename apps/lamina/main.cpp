@@ -320,6 +320,7 @@ int main(int argc, char** argv) {
   }
 
   MPI_Init(&argc, &argv);
+  lamina::h5::shut_down_with_mpi();
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);

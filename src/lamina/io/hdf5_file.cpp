@@ -107,6 +107,8 @@ void Id::reset() {
 
 bool file_close_failed() { return close_failed; }
 
+void shut_down_with_mpi() { H5dont_atexit(); }
+
 Id open_read(const std::string& path, MPI_Comm comm) {
   quiet();
   if (::access(path.c_str(), R_OK) != 0) throw InputError(path + ": no such file (or not readable)");

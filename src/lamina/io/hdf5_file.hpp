@@ -41,6 +41,11 @@ void close(Id& file, const std::string& path);  // flushes; a failure is a RunEr
 // MPI_Finalize: the process must end without that (MPI_Abort) to keep its exit code.
 bool file_close_failed();
 
+// Before any other HDF5 call: HDF5 shuts down with MPI (at MPI_Finalize), not again in an
+// exit handler, which an MPI that ends the process through exit() (MPICH's MPI_Abort) runs
+// after MPI is gone, crashing on the file whose close failed.
+void shut_down_with_mpi();
+
 bool exists(hid_t file, const std::string& name);  // also checks intermediate groups
 std::vector<std::int64_t> shape(hid_t file, const std::string& path, const std::string& name);
 

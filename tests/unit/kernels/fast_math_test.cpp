@@ -18,6 +18,10 @@ TEST(FastMath, ExpIsWithinFourUlpsOverTheNormalRange) {
   EXPECT_EQ(fast_exp(0.0f), 1.0f);
   EXPECT_GT(fast_exp(-1000.0f), 0.0f);  // clamped to the smallest normal range, never NaN
   EXPECT_LT(fast_exp(-1000.0f), 1e-37f);
+  // A NaN stays one (a non-finite loss must show), and infinities clamp.
+  EXPECT_TRUE(std::isnan(fast_exp(std::nanf(""))));
+  EXPECT_TRUE(std::isfinite(fast_exp(INFINITY)));
+  EXPECT_EQ(fast_exp(-INFINITY), fast_exp(-1000.0f));
 }
 
 TEST(FastMath, TanhMatchesTanhEverywhere) {
