@@ -2,6 +2,7 @@
 // Spellings that differ between Kokkos 3.4 (Debian) and Kokkos 4.x/5.x (spack).
 // See docs/kokkos-portability.md; everything version-dependent lives here.
 #include <Kokkos_Core.hpp>
+#include <cmath>
 
 #ifndef KOKKOS_VERSION_GREATER_EQUAL
 #define KOKKOS_VERSION_GREATER_EQUAL(M, m, p) (KOKKOS_VERSION >= ((M)*10000 + (m)*100 + (p)))
@@ -43,6 +44,14 @@ using Kokkos::Experimental::log;
 using Kokkos::Experimental::pow;
 using Kokkos::Experimental::sqrt;
 using Kokkos::Experimental::tanh;
+#endif
+
+// A fused multiply-add, rounded once (IEEE 754): the same bits on every machine. Kokkos
+// has it from 3.7; on Kokkos 3.4 (host back-ends only) the C library's.
+#if KOKKOS_VERSION >= 30700
+using Kokkos::fma;
+#else
+KOKKOS_FORCEINLINE_FUNCTION float fma(float a, float b, float c) { return ::fmaf(a, b, c); }
 #endif
 
 // Kokkos 3.4 has no Kokkos::min/max.

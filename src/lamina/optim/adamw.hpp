@@ -35,7 +35,10 @@ inline AdamWStep AdamWStep::make(double lr, double beta1, double beta2, double e
 }
 
 // Elements below `split` decay by `decay_below`, the rest by `decay_above`: one launch updates
-// a subgroup that holds both a layer's matrices and its biases and norm gains.
+// a subgroup that holds both a layer's matrices and its biases and norm gains. Every
+// multiply-add is an explicit fused one: nothing is left for a compiler to contract (nvcc
+// does by default, g++ under -ffp-contract=fast), so that the host and the device, and any
+// two compilers, give the same bits.
 template <class Exec>
 struct AdamWUpdate {
   Vec<Exec> params, m, v;
@@ -44,10 +47,10 @@ struct AdamWUpdate {
   float decay_below, decay_above, one_minus_b1, one_minus_b2, step_size, bc2_sqrt, eps, b2, gs;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
     const float g = grads(i) * gs;
-    const float mi = m(i) + one_minus_b1 * (g - m(i));  // torch: exp_avg.lerp_(grad, 1 - beta1)
-    const float vi = b2 * v(i) + one_minus_b2 * g * g;
+    const float mi = math::fma(one_minus_b1, g - m(i), m(i));  // torch: exp_avg.lerp_(grad, 1 - beta1)
+    const float vi = math::fma(b2, v(i), (one_minus_b2 * g) * g);
     const float denom = math::sqrt(vi) / bc2_sqrt + eps;
-    params(i) = params(i) * (i < split ? decay_below : decay_above) - step_size * (mi / denom);
+    params(i) = math::fma(-step_size, mi / denom, params(i) * (i < split ? decay_below : decay_above));
     m(i) = mi;
     v(i) = vi;
   }
@@ -56,16 +59,32 @@ struct AdamWUpdate {
 namespace detail {
 
 template <class Exec>
+AdamWUpdate<Exec> adamw_functor(const Vec<Exec>& params, const Vec<Exec>& m, const Vec<Exec>& v,
+                                const ConstVec<Exec>& grads, const AdamWStep& s, std::int64_t split, float wd_below,
+                                float wd_above) {
+  return AdamWUpdate<Exec>{params,
+                           m,
+                           v,
+                           grads,
+                           split,
+                           1.0f - s.lr * wd_below,
+                           1.0f - s.lr * wd_above,
+                           1.0f - s.beta1,
+                           1.0f - s.beta2,
+                           s.lr / s.bias_correction1,
+                           s.bias_correction2_sqrt,
+                           s.eps,
+                           s.beta2,
+                           s.grad_scale};
+}
+
+template <class Exec>
 void adamw_launch(const Exec& exec, const Vec<Exec>& params, const Vec<Exec>& m, const Vec<Exec>& v,
                   const ConstVec<Exec>& grads, const AdamWStep& s, std::int64_t split, float wd_below, float wd_above) {
   const std::int64_t n = static_cast<std::int64_t>(params.extent(0));
   if (n == 0) return;
-  const float one_minus_b1 = 1.0f - s.beta1, one_minus_b2 = 1.0f - s.beta2;
-  const float step_size = s.lr / s.bias_correction1;
   Kokkos::parallel_for("lamina::adamw_update", Range<Exec>(exec, 0, n),
-                       AdamWUpdate<Exec>{params, m, v, grads, split, 1.0f - s.lr * wd_below, 1.0f - s.lr * wd_above,
-                                         one_minus_b1, one_minus_b2, step_size, s.bias_correction2_sqrt, s.eps,
-                                         s.beta2, s.grad_scale});
+                       adamw_functor<Exec>(params, m, v, grads, s, split, wd_below, wd_above));
 }
 
 }  // namespace detail

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
+#include "contraction/adamw_step.hpp"
 #include "lamina/optim/grad_norm.hpp"
 #include "test_util.hpp"
 
@@ -78,6 +81,31 @@ TYPED_TEST(AdamWTest, SumOfSquaresMatchesDoubleSum) {
     for (double e : x) want += e * e;
     EXPECT_NEAR(sum_of_squares(Exec(), ConstVec<Exec>(to_device<Exec>(x))), want, 1e-6 * want) << n;
   }
+}
+
+// The claim that host and device updates give the same bits needs the kernel's arithmetic
+// to be what the source says wherever it is compiled: nvcc contracts a * b + c into a fused
+// multiply-add by default, g++ does under -ffp-contract=fast (its default outside strict
+// ISO modes). The same step compiled with contraction on and with it off must agree to the bit.
+TEST(AdamW, TheStepIsTheSameWhetherOrNotTheCompilerContracts) {
+#if !LAMINA_CONTRACTION_FLAGS
+  GTEST_SKIP() << "this compiler takes no -ffp-contract flags (the test's two translation units are alike)";
+#endif
+  AdamWState a;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int i = 0; i < 4096; ++i) {
+    a.params.push_back(normal(rng));
+    a.m.push_back(0.1f * normal(rng));
+    a.v.push_back(0.01f * std::fabs(normal(rng)));
+    a.grads.push_back(normal(rng));
+  }
+  AdamWState b = a;
+  adamw_step_contract_fast(a);
+  adamw_step_contract_off(b);
+  EXPECT_EQ(a.params, b.params);
+  EXPECT_EQ(a.m, b.m);
+  EXPECT_EQ(a.v, b.v);
 }
 
 TEST(GradClip, CoefficientOnlyShrinks) {
