@@ -20,7 +20,7 @@ namespace detail {
 // Iterates (b, h, t, d) with d fastest: contiguous in both layouts, so host loops
 // vectorize and GPU threads coalesce, with no index division per element.
 template <class Exec>
-using HeadsPolicy = Kokkos::MDRangePolicy<Exec, Kokkos::Rank<4>, Kokkos::IndexType<std::int64_t>>;
+using HeadsPolicy = RowMajor<Exec, 4>;
 
 // (B*NH, T, hd) q, k, v -> (B*T, 3C) columns [q | k | v]
 template <class Exec>

@@ -83,6 +83,13 @@ using MatRefArg = typename detail::Identity<MatRef<Exec>>::type;
 
 template <class Exec>
 using Range = Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>;
+// Loops over row-major data in N dimensions: the last index fastest, within a tile and from
+// tile to tile, so that neighbouring threads of a device read neighbouring addresses
+// (Kokkos' default on CUDA walks the first index fastest). Every multi-dimensional loop of
+// lamina is one of these (tests/lint checks).
+template <class Exec, unsigned N>
+using RowMajor = Kokkos::MDRangePolicy<Exec, Kokkos::Rank<N, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
+                                       Kokkos::IndexType<std::int64_t>>;
 template <class Exec>
 using Teams = Kokkos::TeamPolicy<Exec>;
 

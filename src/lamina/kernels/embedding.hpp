@@ -3,6 +3,8 @@
 // The token table may be one vocabulary shard [vocab_begin, vocab_begin + V) of a larger
 // table (Megatron's vocabulary-parallel embedding): tokens outside it contribute zero,
 // and tensor parallelism sums the shards' outputs.
+#include <algorithm>
+
 #include "lamina/kernels/bf16.hpp"
 
 namespace lamina {
@@ -26,7 +28,7 @@ void token_embedding_forward(const Exec& exec, const Mat<Exec>& out, const Token
                              const MatRefArg<Exec>& wte, std::int64_t vocab_begin) {
   const std::int64_t N = static_cast<std::int64_t>(out.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(out.extent(1));
-  const Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>> all(exec, {0, 0}, {N, C});
+  const RowMajor<Exec, 2> all(exec, {0, 0}, {N, C});
   if (wte.bf16()) {
     Kokkos::parallel_for("lamina::token_embedding_forward", all,
                          TokenEmbeddingForward<Exec, std::uint16_t>{out, tokens, wte.b16, vocab_begin, wte.rows()});
@@ -36,31 +38,61 @@ void token_embedding_forward(const Exec& exec, const Mat<Exec>& out, const Token
   }
 }
 
+// A micro-batch's positions grouped by token id, for the token embedding's backward:
+// `order` lists the positions sorted by token (in position order within a token), run r
+// holds positions order[starts[r]] .. order[starts[r + 1] - 1], all of one token.
+template <class Exec>
+struct TokenRuns {
+  Tokens<Exec> order, starts;  // (N), (runs + 1)
+  std::int64_t runs = 0;
+};
+
+// Fills order (n) and starts (n + 1) from n token ids on the host; returns the runs.
+inline std::int64_t build_token_runs(const std::int32_t* tokens, std::int64_t n, std::int32_t* order,
+                                     std::int32_t* starts) {
+  for (std::int64_t i = 0; i < n; ++i) order[i] = static_cast<std::int32_t>(i);
+  std::stable_sort(order, order + n, [tokens](std::int32_t a, std::int32_t b) { return tokens[a] < tokens[b]; });
+  std::int64_t runs = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (i == 0 || tokens[order[i]] != tokens[order[i - 1]]) starts[runs++] = static_cast<std::int32_t>(i);
+  }
+  starts[runs] = static_cast<std::int32_t>(n);
+  return runs;
+}
+
 template <class Exec>
 struct TokenEmbeddingBackward {
   Mat<Exec> dwte;
   ConstMat<Exec> dout;
-  Tokens<Exec> tokens;
-  std::int64_t vocab_begin, N, V;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t c) const {
-    for (std::int64_t i = 0; i < N; ++i) {
-      const std::int64_t row = tokens(i) - vocab_begin;
-      if (row >= 0 && row < V) dwte(row, c) += dout(i, c);
-    }
+  Tokens<Exec> tokens, order, starts;
+  std::int64_t vocab_begin, V, C;
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const std::int64_t r = team.league_rank();
+    const std::int64_t begin = starts(r), end = starts(r + 1);
+    const std::int64_t row = tokens(order(begin)) - vocab_begin;
+    if (row < 0 || row >= V) return;  // another vocabulary shard's token
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C), [&](std::int64_t c) {
+      float s = 0.0f;
+      for (std::int64_t j = begin; j < end; ++j) s += dout(order(j), c);
+      dwte(row, c) += s;
+    });
   }
 };
 
-// dwte: (V, C) +=; dout: (B*T, C).
-// One thread per channel walks all rows in order: no atomics, so repeated tokens sum
-// in a fixed order and the result is bitwise reproducible.
+// dwte: (V, C) +=; dout: (B*T, C); runs: the positions of `tokens` grouped by token.
+// One team per token that occurs, its threads over the channels, each summing the token's
+// positions in order: every row of dwte is written by one team, no atomics, so repeated
+// tokens sum in a fixed order and the result is bitwise reproducible.
 template <class Exec>
 void token_embedding_backward(const Exec& exec, const Mat<Exec>& dwte, const ConstMat<Exec>& dout,
-                              const Tokens<Exec>& tokens, std::int64_t vocab_begin) {
-  const std::int64_t N = static_cast<std::int64_t>(dout.extent(0));
+                              const Tokens<Exec>& tokens, const TokenRuns<Exec>& runs, std::int64_t vocab_begin) {
+  if (runs.runs == 0) return;
   const std::int64_t C = static_cast<std::int64_t>(dout.extent(1));
   const std::int64_t V = static_cast<std::int64_t>(dwte.extent(0));
-  Kokkos::parallel_for("lamina::token_embedding_backward", Range<Exec>(exec, 0, C),
-                       TokenEmbeddingBackward<Exec>{dwte, dout, tokens, vocab_begin, N, V});
+  Kokkos::parallel_for("lamina::token_embedding_backward",
+                       Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(runs.runs), Kokkos::AUTO),
+                       TokenEmbeddingBackward<Exec>{dwte, dout, tokens, runs.order, runs.starts, vocab_begin, V, C});
 }
 
 template <class Exec, class W>
@@ -76,7 +108,7 @@ template <class Exec>
 void position_embedding_forward(const Exec& exec, const Mat<Exec>& out, const MatRefArg<Exec>& wpe, std::int64_t T) {
   const std::int64_t N = static_cast<std::int64_t>(out.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(out.extent(1));
-  const Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>> all(exec, {0, 0}, {N, C});
+  const RowMajor<Exec, 2> all(exec, {0, 0}, {N, C});
   if (wpe.bf16()) {
     Kokkos::parallel_for("lamina::position_embedding_forward", all,
                          PositionEmbeddingForward<Exec, std::uint16_t>{out, wpe.b16, T});
@@ -106,7 +138,7 @@ void position_embedding_backward(const Exec& exec, const Mat<Exec>& dwpe, const 
   const std::int64_t B = N / T;
   Kokkos::parallel_for(
       "lamina::position_embedding_backward",
-      Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {T, C}),
+      RowMajor<Exec, 2>(exec, {0, 0}, {T, C}),
       PositionEmbeddingBackward<Exec>{dwpe, dout, T, B});
 }
 

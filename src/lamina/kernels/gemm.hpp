@@ -140,7 +140,7 @@ void widen_block(const Exec& exec, const Vec<Exec>& dst, const ConstMat16<Exec>&
                  std::int64_t c0, std::int64_t rows, std::int64_t cols) {
   Kokkos::parallel_for(
       "lamina::widen_weights",
-      Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {rows, cols}),
+      RowMajor<Exec, 2>(exec, {0, 0}, {rows, cols}),
       WidenBlock<Exec>{dst, src, r0, c0, cols});
 }
 
@@ -172,7 +172,7 @@ void narrow_rows(const Exec& exec, std::uint16_t* dst, const AV& src, std::int64
   } else {
     Kokkos::parallel_for(
         "lamina::narrow_operand",
-        Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {rows, cols}),
+        RowMajor<Exec, 2>(exec, {0, 0}, {rows, cols}),
         narrow);
   }
 }

@@ -31,7 +31,7 @@ void linear_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>
   // of a second pass over the output.
   Kokkos::parallel_for(
       "lamina::linear_forward_bias",
-      Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(exec, {0, 0}, {N, OC}),
+      RowMajor<Exec, 2>(exec, {0, 0}, {N, OC}),
       LinearBiasBroadcast<Exec>{out, bias});
   gemm(exec, "N", "N", 1.0f, inp, weight, 1.0f, out, math, scratch);
 }

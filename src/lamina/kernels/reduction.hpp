@@ -3,6 +3,8 @@
 // step of the reduction consumes eight elements with independent partial results, so a
 // host thread runs SIMD lanes instead of one long dependency chain, and a GPU team
 // spreads the blocks of eight over its threads.
+#include <vector>
+
 #include "lamina/kernels/common.hpp"
 
 namespace lamina {
@@ -128,5 +130,71 @@ double sum_of_squares(const Exec& exec, const ConstVec<Exec>& x) {
                           tail);
   return body + tail;
 }
+
+// A piece of memory to reduce: n floats from `data` (memory of the execution space).
+struct Span {
+  const float* data = nullptr;
+  std::int64_t n = 0;
+};
+
+// Sums of squares of blocks of eight across several spans: block k of the concatenation
+// lies in the last span whose first block is <= k; blocks past a span's end count zeros.
+template <class Exec>
+struct SumOfSquaresSpans {
+  Kokkos::View<const Span*, typename Exec::memory_space> spans;
+  Kokkos::View<const std::int64_t*, typename Exec::memory_space> first;  // first block of each span, then the total
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k, double& s) const {
+    std::int64_t lo = 0, hi = static_cast<std::int64_t>(spans.extent(0)) - 1;
+    while (lo < hi) {
+      const std::int64_t mid = (lo + hi + 1) / 2;
+      if (first(mid) <= k) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    const Span sp = spans(lo);
+    const std::int64_t at = 8 * (k - first(lo));
+    float t[8];
+    for (int j = 0; j < 8; ++j) t[j] = at + j < sp.n ? sp.data[at + j] * sp.data[at + j] : 0.0f;
+    s += static_cast<double>(((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7])));
+  }
+};
+
+// Several spans summed in one reduction, so that whoever reads the result waits once, not
+// once per span. Built once (the spans' memory stays where it is), run as often as needed.
+template <class Exec>
+class SpansSumOfSquares {
+ public:
+  using Mem = typename Exec::memory_space;
+  SpansSumOfSquares() = default;
+  explicit SpansSumOfSquares(const std::vector<Span>& spans)
+      : spans_("lamina::norm_spans", spans.size()), first_("lamina::norm_span_blocks", spans.size() + 1) {
+    const auto s = Kokkos::create_mirror_view(spans_);
+    const auto f = Kokkos::create_mirror_view(first_);
+    std::int64_t blocks = 0;
+    for (std::size_t i = 0; i < spans.size(); ++i) {
+      s(i) = spans[i];
+      f(i) = blocks;
+      blocks += (spans[i].n + 7) / 8;
+    }
+    f(spans.size()) = blocks_ = blocks;
+    Kokkos::deep_copy(spans_, s);
+    Kokkos::deep_copy(first_, f);
+  }
+  // Waits for the result (its only wait).
+  double operator()(const Exec& exec) const {
+    double sum = 0.0;
+    if (blocks_ == 0) return sum;
+    Kokkos::parallel_reduce("lamina::sum_of_squares_spans", Range<Exec>(exec, 0, blocks_),
+                            SumOfSquaresSpans<Exec>{spans_, first_}, sum);
+    return sum;
+  }
+
+ private:
+  Kokkos::View<Span*, Mem> spans_;
+  Kokkos::View<std::int64_t*, Mem> first_;
+  std::int64_t blocks_ = 0;
+};
 
 }  // namespace lamina

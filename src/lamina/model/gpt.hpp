@@ -55,12 +55,13 @@ void embed_forward(const Exec& exec, const EmbeddingWeights<Exec>& w, const Mat<
   Kokkos::Profiling::popRegion();
 }
 
-// Gradients of the tables from dout = d loss / d(embedding output).
+// Gradients of the tables from dout = d loss / d(embedding output); runs: the inputs'
+// positions grouped by token.
 template <class Exec>
 void embed_backward(const Exec& exec, const EmbeddingTensors<Exec>& g, const ConstMat<Exec>& dout,
-                    const Tokens<Exec>& inputs, const Dims& d) {
+                    const Tokens<Exec>& inputs, const TokenRuns<Exec>& runs, const Dims& d) {
   Kokkos::Profiling::pushRegion("lamina::embed_backward");
-  token_embedding_backward(exec, g.wte, dout, inputs, d.vocab_begin);
+  token_embedding_backward(exec, g.wte, dout, inputs, runs, d.vocab_begin);
   position_embedding_backward(exec, g.wpe, dout, d.T);
   Kokkos::Profiling::popRegion();
 }

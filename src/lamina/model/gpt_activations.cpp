@@ -16,7 +16,7 @@ ActivationSizes activation_sizes(const Dims& d) {
   // lnf: NC; logits: NV; lnf mean/rstd, rowmax, sumexp, target, losses, lse: 7 N
   s.head = N * C + N * d.V + 7 * N;
   s.boundary = N * C;
-  s.tokens = 2 * N;
+  s.tokens = 4 * N + 1;  // inputs, targets, and the inputs grouped by token (TokenRuns)
   // q, k, v, y heads 4 NA, attproj and fcproj 2 NC
   const std::int64_t forward = 3 * N * A + N * A + 2 * N * C;
   // dln, scratch: 2 NC; dfch NF; dqkv 3 NA (holding the staged q, k, v heads first);

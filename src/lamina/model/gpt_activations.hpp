@@ -17,6 +17,7 @@
 #include "lamina/core/error.hpp"
 #include "lamina/kernels/attention.hpp"
 #include "lamina/kernels/common.hpp"
+#include "lamina/kernels/embedding.hpp"
 #include "lamina/model/activation_policy.hpp"
 
 namespace lamina {
@@ -74,7 +75,7 @@ struct ActivationSizes {
   std::int64_t inner = 0;      // the part of `block` that recomputation drops and offloading moves
   std::int64_t head = 0;       // final norm, logits, loss statistics
   std::int64_t boundary = 0;   // a layer range's received input, or its output gradient
-  std::int64_t tokens = 0;     // int32 inputs + targets
+  std::int64_t tokens = 0;     // int32 inputs + targets, and the inputs' positions by token (order, run starts)
   std::int64_t workspace = 0;  // scratch shared by all layers (forward and backward overlap), all of it
   std::int64_t ones = 0;       // a row of ones for column sums
   // of the workspace, where bf16 runs compute a layer: its input and output widened to fp32
@@ -225,6 +226,28 @@ struct Residual {
     return bf16() ? (static_cast<std::int64_t>(b16.size()) + 1) / 2 : static_cast<std::int64_t>(f32.size());
   }
 };
+
+// An fp32 view of a residual boundary: itself, or (bf16) widened into `into`.
+template <class Exec>
+Mat<Exec> widened(const Exec& exec, const Residual<Exec>& r, const Mat<Exec>& into) {
+  if (!r.bf16()) return r.f32;
+  const std::int64_t n = static_cast<std::int64_t>(into.size());
+  from_bf16(exec, as_vec<Exec>(into.data(), n), Bf16Vec<Exec>(r.b16.data(), static_cast<std::size_t>(n)));
+  return into;
+}
+
+// Where a boundary is computed: its storage, or (bf16) `into`, then rounded into it by store().
+template <class Exec>
+Mat<Exec> target(const Residual<Exec>& r, const Mat<Exec>& into) {
+  return r.bf16() ? into : r.f32;
+}
+
+template <class Exec>
+void store(const Exec& exec, const Residual<Exec>& r, const Mat<Exec>& computed) {
+  if (!r.bf16()) return;
+  const std::int64_t n = static_cast<std::int64_t>(computed.size());
+  to_bf16(exec, Bf16Vec<Exec>(r.b16.data(), static_cast<std::size_t>(n)), as_vec<Exec>(computed.data(), n));
+}
 
 // Everything one micro-batch leaves behind in blocks [first, last) of the model, plus the
 // embedding and/or the head when the range includes them. Each block's output (the next
@@ -381,6 +404,25 @@ class LayerRangeActs {
   void bind_output(float* words) { out_.front() = frame(words); }
   void bind_dres(float* p) { dres = as_mat<Exec>(p, dims_.N(), dims_.C); }
   const HostView& checkpoint() const { return checkpoint_.view(); }
+  // A micro-batch's token ids (host memory, N of each) into `inputs` and `targets`, with the
+  // inputs' positions grouped by token for the embedding's backward (token_runs()). The
+  // copy is queued on `exec`; the host arrays may go once this returns (a copy from
+  // pageable memory is staged before the call returns).
+  void set_tokens(const Exec& exec, const std::int32_t* in, const std::int32_t* out) {
+    const std::int64_t N = dims_.N();
+    std::vector<std::int32_t> host(static_cast<std::size_t>(4 * N + 1));
+    std::copy_n(in, N, host.data());
+    std::copy_n(out, N, host.data() + N);
+    runs_ = build_token_runs(in, N, host.data() + 2 * N, host.data() + 3 * N);
+    using Host = Kokkos::View<const std::int32_t*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    Kokkos::deep_copy(exec, tokens_.view(), Host(host.data(), host.size()));
+  }
+  TokenRuns<Exec> token_runs() const {
+    const auto all = tokens_.view();
+    const std::int64_t N = dims_.N();
+    return {Kokkos::subview(all, std::pair<std::int64_t, std::int64_t>(2 * N, 3 * N)),
+            Kokkos::subview(all, std::pair<std::int64_t, std::int64_t>(3 * N, 4 * N + 1)), runs_};
+  }
 
   Residual<Exec> input;
   HeadActs<Exec> head;
@@ -413,6 +455,7 @@ class LayerRangeActs {
   Buffer<float, Mem> buf_;
   Buffer<std::uint16_t, Mem> buf16_;
   Buffer<std::int32_t, Mem> tokens_;
+  std::int64_t runs_ = 0;  // of token_runs()
 };
 
 }  // namespace lamina

@@ -43,22 +43,8 @@ int message_split(int tp, const ActivationSizes& s, bool bf16) {
   return tp > 1 && act % tp == 0 && s.boundary % tp == 0 ? tp : 1;
 }
 
-// An fp32 view of a residual boundary: itself, or (bf16) widened into `into`.
-Mat<Exec> widened(const Residual<Exec>& r, const Mat<Exec>& into) {
-  if (!r.bf16()) return r.f32;
-  const std::int64_t n = static_cast<std::int64_t>(into.size());
-  from_bf16(Exec(), as_vec<Exec>(into.data(), n), Bf16Vec<Exec>(r.b16.data(), static_cast<std::size_t>(n)));
-  return into;
-}
-
-// Where a boundary is computed: its storage, or (bf16) `into`, then rounded into it by store().
-Mat<Exec> target(const Residual<Exec>& r, const Mat<Exec>& into) { return r.bf16() ? into : r.f32; }
-
-void store(const Residual<Exec>& r, const Mat<Exec>& computed) {
-  if (!r.bf16()) return;
-  const std::int64_t n = static_cast<std::int64_t>(computed.size());
-  to_bf16(Exec(), Bf16Vec<Exec>(r.b16.data(), static_cast<std::size_t>(n)), as_vec<Exec>(computed.data(), n));
-}
+Mat<Exec> widened(const Residual<Exec>& r, const Mat<Exec>& into) { return widened(Exec(), r, into); }
+void store(const Residual<Exec>& r, const Mat<Exec>& computed) { store(Exec(), r, computed); }
 
 }  // namespace
 
@@ -182,9 +168,7 @@ void Executor::forward(const Chunk& c, int layer, int mb, int buffer, const Micr
     if (c.embedding || c.head) {
       std::vector<std::int32_t> inputs(static_cast<std::size_t>(dims_.N())), targets(inputs.size());
       load(mb, inputs.data(), targets.data());
-      using Host = Kokkos::View<const std::int32_t*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-      Kokkos::deep_copy(exec, a.inputs, Host(inputs.data(), inputs.size()));
-      Kokkos::deep_copy(exec, a.targets, Host(targets.data(), targets.size()));
+      a.set_tokens(exec, inputs.data(), targets.data());
     }
     const Partition& part = schedule_.partition();
     if (!c.embedding && c.index > 0 && part.chunk(c.index - 1).stage == c.stage) {
@@ -270,7 +254,7 @@ void Executor::backward(const Chunk& c, int layer, int mb, int buffer, float los
                   loss_scale, tp_);
   } else if (layer == 0) {
     grads.begin(0);
-    embed_backward(exec, state_.embedding_grads(), a.dres, a.inputs, dims_);  // needs no parameters
+    embed_backward(exec, state_.embedding_grads(), a.dres, a.inputs, a.token_runs(), dims_);  // needs no parameters
   } else {
     const std::int64_t b = layer - 1;
     grads.begin(layer);

@@ -4,7 +4,7 @@
 
 #include "lamina/core/exec_instances.hpp"
 #include "lamina/core/tier_views.hpp"
-#include "lamina/optim/grad_norm.hpp"
+#include "lamina/kernels/reduction.hpp"
 
 namespace lamina {
 
@@ -42,6 +42,19 @@ GradientReducer::GradientReducer(MemoryTracker& tracker, const ParamLayout& layo
     }
     slots_.emplace(l, std::move(s));
   }
+  // The elements this rank is the one owner of, every tensor's piece of them, summed in one
+  // reduction per step.
+  std::vector<Span> spans;
+  for (const auto& [l, s] : slots_) {
+    if (l == 0 && !grid_.first_stage()) continue;  // the last stage's copy of the tied embedding
+    const std::int64_t begin = grid_.dp_rank() * s.shard.shard, end = std::min(s.shard.numel, begin + s.shard.shard);
+    for (const TensorSpec& t : layout_.layers()[static_cast<std::size_t>(l)].tensors) {
+      if (t.replicated() && grid_.tp_rank() != 0) continue;
+      const std::int64_t b = std::max(begin, t.offset), e = std::min(end, t.offset + t.numel());
+      if (b < e) spans.push_back({zero_ <= 1 ? s.grads.data() + b : s.grad_shard.data() + (b - begin), e - b});
+    }
+  }
+  norm_ = SpansSumOfSquares<Exec>(spans);
 }
 
 void GradientReducer::zero_grads() {
@@ -118,22 +131,7 @@ const float* GradientReducer::owned(int layer) const {
   return zero_ <= 1 ? s.grads.data() + s.shard.owned_begin(grid_.dp_rank(), zero_) : s.grad_shard.data();
 }
 
-double GradientReducer::sq_norm_local() const {
-  const Exec exec;
-  double sum = 0.0;
-  for (const auto& [l, s] : slots_) {
-    if (l == 0 && !grid_.first_stage()) continue;  // the last stage's copy of the tied embedding
-    const std::int64_t begin = grid_.dp_rank() * s.shard.shard, end = std::min(s.shard.numel, begin + s.shard.shard);
-    const DeviceWindow g = zero_ <= 1 ? DeviceWindow{const_cast<float*>(s.grads.data()), 0}
-                                      : DeviceWindow{const_cast<float*>(s.grad_shard.data()), begin};
-    for (const TensorSpec& t : layout_.layers()[static_cast<std::size_t>(l)].tensors) {
-      if (t.replicated() && grid_.tp_rank() != 0) continue;
-      const std::int64_t b = std::max(begin, t.offset), e = std::min(end, t.offset + t.numel());
-      if (b < e) sum += sum_of_squares(exec, ConstVec<Exec>(g(b, e)));
-    }
-  }
-  return sum;
-}
+double GradientReducer::sq_norm_local() const { return norm_(Exec()); }
 
 std::vector<float> GradientReducer::full_host(int layer) const {
   const Slot& s = slot(layer);

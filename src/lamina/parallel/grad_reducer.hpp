@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "lamina/comm/communicator.hpp"
+#include "lamina/kernels/reduction.hpp"
 #include "lamina/model/param_layout.hpp"
 #include "lamina/parallel/completion.hpp"
 #include "lamina/parallel/param_store.hpp"
@@ -53,7 +54,7 @@ class GradientReducer {
   // The reduced gradients of the owned elements, device memory, at the first owned element.
   const float* owned(int layer) const;
   // Sum of squares of the gradients this rank is the one owner of (each element of the
-  // model counted on exactly one rank); the caller sums it over the world.
+  // model counted on exactly one rank), in one reduction; the caller sums it over the world.
   double sq_norm_local() const;
   // A layer's full gradients on the host (below ZeRO-2, one data-parallel rank's view).
   std::vector<float> full_host(int layer) const;
@@ -74,6 +75,7 @@ class GradientReducer {
   std::map<int, Slot> slots_;
   DevicePools& pools_;
   Exec follow_up_;  // where a reduce-scatter's shard is added into the accumulator
+  SpansSumOfSquares<Exec> norm_;
 };
 
 }  // namespace lamina

@@ -5,14 +5,17 @@
 #include <utility>
 
 #include "lamina/core/random.hpp"
+#include "lamina/kernels/gemm.hpp"
 #include "lamina/model/gpt.hpp"
 
 namespace lamina {
 
 namespace {
 
-// One sequence through the whole model with its own fp32 activations (the parameters as
-// stored; bf16 ones read through the workspace), so the training buffers stay as they were.
+// One sequence through the whole model with activations of its own, so the training
+// buffers stay as they were, computed as training computes them: the residual stream
+// stored as the run stores it (bf16 in bf16 runs), the run's products, the parameters as
+// stored (bf16 ones read through the workspace).
 class OneSequence {
  public:
   using Exec = RankState::Exec;
@@ -20,55 +23,64 @@ class OneSequence {
       : state_(state),
         dims_(dims_of(state)),
         acts_(tracker, dims_, 0, state.model().layers, true, true,
-              std::vector<ActivationPolicy>(static_cast<std::size_t>(state.model().layers), ActivationPolicy::keep)),
+              std::vector<ActivationPolicy>(static_cast<std::size_t>(state.model().layers), ActivationPolicy::recompute),
+              state.bf16()),
         ws_(tracker, dims_),
-        inputs_(Kokkos::create_mirror_view(acts_.inputs)) {}
+        inner_(tracker, MemCategory::activations, "lamina::sample_inner", activation_sizes(dims_).inner) {}
 
   // Logits (T x V, row-major) of the first T tokens (fewer: zero padding after them, which
   // causal attention keeps from the positions before).
   Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> forward(const std::int32_t* tokens, std::int64_t len) {
     const ModelConfig& model = state_.model();
     const std::int64_t T = model.seq_len;
-    for (std::int64_t t = 0; t < T; ++t) inputs_(t) = t < len ? tokens[t] : 0;
+    std::vector<std::int32_t> inputs(static_cast<std::size_t>(T), 0), targets(inputs.size(), 0);
+    std::copy_n(tokens, std::min(len, T), inputs.begin());
     const Exec exec;
-    Kokkos::deep_copy(exec, acts_.inputs, inputs_);
-    Kokkos::deep_copy(exec, acts_.targets, 0);
+    acts_.set_tokens(exec, inputs.data(), targets.data());
     // Parameters as training uses them: gathered (or widened from bf16) per layer.
     const int last = state_.layout().final_layer();
     const ShardCombine whole;
+    const Workspace<Exec>& ws = ws_.ws;
     state_.store().hold(0).wait();
-    embed_forward(exec, state_.embedding_weights(), acts_.input.f32, acts_.inputs, dims_, whole);
+    const Mat<Exec> embedded = target(acts_.input, ws.out);
+    embed_forward(exec, state_.embedding_weights(), embedded, acts_.inputs, dims_, whole);
+    store(exec, acts_.input, embedded);
     for (std::int64_t b = 0; b < model.layers; ++b) {
       const int l = state_.layout().block_layer(b);
       state_.store().hold(l).wait();
-      block_forward(exec, state_.block_weights(b, ws_.ws.vectors),
-                    acts_.block(acts_.kept_inner(b), acts_.block_output(b).f32), acts_.block_input(b).f32, dims_.NH,
-                    ws_.ws, whole);
+      const Mat<Exec> out = target(acts_.block_output(b), ws.out);
+      block_forward(exec, state_.block_weights(b, ws.vectors), acts_.block(inner_.data(), out),
+                    widened(exec, acts_.block_input(b), ws.x), dims_.NH, ws, whole);
+      store(exec, acts_.block_output(b), out);
       exec.fence();  // the gathered copy is read before it goes back
       state_.store().release(l);
     }
     state_.store().hold(last).wait();
-    head_forward(exec, state_.embedding_weights(), state_.final_weights(ws_.ws.vectors), acts_.head,
-                 acts_.output().f32, acts_.targets, dims_, ws_.ws, whole);
+    head_forward(exec, state_.embedding_weights(), state_.final_weights(ws.vectors), acts_.head,
+                 widened(exec, acts_.output(), ws.x), acts_.targets, dims_, ws, whole);
     exec.fence();
     state_.store().release(last);
     state_.store().release(0);
     Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> out("logits", T, model.vocab_size);
-    Kokkos::deep_copy(out, acts_.head.logits);
+    Kokkos::deep_copy(exec, out, acts_.head.logits);
+    exec.fence();
     return out;
   }
 
  private:
+  // The run's storage and the run's products: bf16 parameters go to the bf16 engine where
+  // training sends them there (never to a host BLAS that cannot read device memory).
   static Dims dims_of(const RankState& state) {
     Dims d = Dims::of(state.model(), 1);
     d.bf16 = state.bf16();
+    d.products = product_math<Exec>(state.bf16() ? Precision::bf16 : Precision::fp32);
     return d;
   }
   RankState& state_;
   Dims dims_;
   LayerRangeActs<Exec> acts_;
   WorkspaceBuffers<Exec> ws_;
-  decltype(Kokkos::create_mirror_view(std::declval<LayerRangeActs<Exec>&>().inputs)) inputs_;
+  Buffer<float, Exec::memory_space> inner_;  // a block's inner activations, dropped once it has run
 };
 
 }  // namespace

@@ -53,20 +53,31 @@ Measurement measure_gemm_gflops(std::int64_t n, int reps, ProductMath math) {
   return summarize(rates);
 }
 
-Measurement measure_triad_gbytes(std::int64_t n, int reps) {
-  Vec<Exec> a("lamina::triad_a", n), b("lamina::triad_b", n), c("lamina::triad_c", n);
+namespace {
+
+template <class E, class Space>
+Measurement triad(std::int64_t n, int reps) {
+  Kokkos::View<float*, Space> a("lamina::triad_a", n), b("lamina::triad_b", n), c("lamina::triad_c", n);
   Kokkos::deep_copy(b, 1.0f);
   Kokkos::deep_copy(c, 2.0f);
-  const Exec exec;
+  const E exec;
   std::vector<double> rates;
   for (int r = 0; r <= reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     Kokkos::parallel_for(
-        "lamina::stream_triad", Range<Exec>(exec, 0, n), KOKKOS_LAMBDA(std::int64_t i) { a(i) = b(i) + 3.0f * c(i); });
+        "lamina::stream_triad", Kokkos::RangePolicy<E, Kokkos::IndexType<std::int64_t>>(exec, 0, n),
+        KOKKOS_LAMBDA(std::int64_t i) { a(i) = b(i) + 3.0f * c(i); });
     exec.fence();
     if (r > 0) rates.push_back(12.0 * static_cast<double>(n) / seconds_since(t0) / 1e9);
   }
   return summarize(rates);
+}
+
+}  // namespace
+
+Measurement measure_triad_gbytes(std::int64_t n, int reps, bool on_host) {
+  return on_host ? triad<Kokkos::DefaultHostExecutionSpace, HostTierSpace>(n, reps)
+                 : triad<Exec, Exec::memory_space>(n, reps);
 }
 
 namespace {

@@ -14,8 +14,9 @@ struct Measurement {
 
 // float GEMM C = A B on n x n matrices as lamina runs its products (`math`: ProductMath), in GFLOP/s.
 Measurement measure_gemm_gflops(std::int64_t n, int reps, ProductMath math);
-// STREAM triad a = b + s c on float arrays of n elements, in GB/s (12 bytes per element).
-Measurement measure_triad_gbytes(std::int64_t n, int reps);
+// STREAM triad a = b + s c on float arrays of n elements, in GB/s (12 bytes per element), in
+// the default execution space's memory, or (on_host) in host-tier memory by the host's cores.
+Measurement measure_triad_gbytes(std::int64_t n, int reps, bool on_host = false);
 
 // AdamW on n parameters in the default execution space (device) or the default host
 // execution space on host-tier memory (host), in parameters per second; cold: each repetition starts with

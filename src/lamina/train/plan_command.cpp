@@ -50,7 +50,7 @@ int ranks_for(const Deck& deck, const std::vector<std::string>& free, int reques
 // roofline), the slowest rank's.
 MachineSpec measure_for(const Deck& deck, const std::vector<std::string>& free, std::vector<MeasuredCosts>& measured,
                         const Log& log, MPI_Comm comm) {
-  MachineSpec m = measure_machine(comm, log);
+  MachineSpec m = measure_machine(comm, log, deck.comm.backend);
   std::vector<std::int64_t> sizes;
   if (std::find(free.begin(), free.end(), "data.micro_batch_size") != free.end()) {
     for (std::int64_t b = 1; b <= std::min<std::int64_t>(deck.data.batch_size, 8); b *= 2) sizes.push_back(b);

@@ -12,6 +12,7 @@
 #include "lamina/kernels/gemm.hpp"
 #include "lamina/model/gpt.hpp"
 #include "lamina/model/init.hpp"
+#include "lamina/parallel/process_grid.hpp"
 #include "lamina/train/cache_evictor.hpp"
 #include "lamina/train/machine.hpp"
 
@@ -59,7 +60,7 @@ double physical_memory() {
 
 }  // namespace
 
-MachineSpec measure_machine(MPI_Comm comm, const Log& log) {
+MachineSpec measure_machine(MPI_Comm comm, const Log& log, CommBackend backend) {
   int ranks = 1;
   MPI_Comm_size(comm, &ranks);
   MachineSpec m;
@@ -79,23 +80,25 @@ MachineSpec measure_machine(MPI_Comm comm, const Log& log) {
   m.h2d = measure_copy_rate(n, 5, true, true).median;
   m.d2h = measure_copy_rate(n, 5, false, true).median;
   m.host_memory = physical_memory();
-  m.host_bandwidth = m.memory_bandwidth * ranks;
+  // The host's memory, measured by its cores (on a GPU node not the device's): every rank
+  // measures at once, so each sees its share of the node's bandwidth.
+  const double host_share = m.device_is_host ? m.memory_bandwidth : measure_triad_gbytes(1 << 24, 5, true).best * 1e9;
   m.device_memory = m.device_is_host ? m.host_memory / ranks : 0.0;
 #if defined(KOKKOS_ENABLE_CUDA)
   if (!m.device_is_host) m.device_memory = static_cast<double>(Kokkos::Cuda().cuda_device_prop().totalGlobalMem);
 #endif
-  MPI_Comm dup = MPI_COMM_NULL;
-  MPI_Comm_dup(comm, &dup);
-  MpiCommunicator world(dup, "world");
-  measure_allreduce(world, m.intra_bandwidth, m.intra_latency);
+  // The all-reduce of the backend a run uses (NCCL where it would): the ranks as one
+  // data-parallel group.
+  const ProcessGrid grid(comm, ranks, 1, 1, backend);
+  measure_allreduce(grid.dp(), m.intra_bandwidth, m.intra_latency);
   if (ranks == 1) m.intra_bandwidth = m.memory_bandwidth;
   m.inter_bandwidth = m.intra_bandwidth;  // one node
   m.inter_latency = m.intra_latency;
   // The slowest rank's rates, on every rank (contention differs between ranks).
   double v[] = {m.peak_flops_fp32, m.memory_bandwidth, m.host_adamw_rate, m.h2d, m.d2h, m.device_adamw_rate,
-                m.peak_flops_bf16};
+                m.peak_flops_bf16, host_share};
   MPI_Request r = MPI_REQUEST_NULL;
-  MPI_Iallreduce(MPI_IN_PLACE, v, 7, MPI_DOUBLE, MPI_MIN, comm, &r);
+  MPI_Iallreduce(MPI_IN_PLACE, v, 8, MPI_DOUBLE, MPI_MIN, comm, &r);
   wait_bounded(r, "MPI_Iallreduce of the measured rates");
   m.peak_flops_fp32 = v[0];
   m.memory_bandwidth = v[1];
@@ -104,6 +107,7 @@ MachineSpec measure_machine(MPI_Comm comm, const Log& log) {
   m.d2h = v[4];
   m.device_adamw_rate = v[5];
   m.peak_flops_bf16 = v[6];
+  m.host_bandwidth = v[7] * ranks;
   const std::string bf16_rate =
       m.peak_flops_bf16 > 0 ? strprintf("bf16 products %.1f", m.peak_flops_bf16 / 1e9) : "no bf16 products";
   log.info(strprintf("measured: GEMM %.1f GFLOP/s (%s), stream %.1f GB/s, host AdamW %.3g "
@@ -159,8 +163,11 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision prec
     WorkspaceBuffers<Exec> ws(tracker, d);
     const ActivationSizes sizes = activation_sizes(d);
     Buffer<float, Exec::memory_space> inner(tracker, MemCategory::activations, "lamina::profile_inner", sizes.inner);
-    Kokkos::deep_copy(a.inputs, 1);
-    Kokkos::deep_copy(a.targets, 2);
+    // Token ids spread over the vocabulary as text's are (the embedding's backward sums each
+    // id's positions).
+    std::vector<std::int32_t> inputs(static_cast<std::size_t>(d.N())), targets(inputs.size(), 2);
+    for (std::size_t i = 0; i < inputs.size(); ++i) inputs[i] = static_cast<std::int32_t>(i * 7919 % d.V);
+    a.set_tokens(exec, inputs.data(), targets.data());
     // Where a layer reads and writes the residual stream in fp32: its storage, or (bf16) the
     // workspace, with the conversions the executor makes.
     const Workspace<Exec>& w = ws.ws;
@@ -226,7 +233,7 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision prec
         block_backward(exec, gb, block_weights(), a.block(block_inner, out_of(a.block_output(0))), widen_x(a.input),
                        a.dres, d.NH, w, whole);
       });
-      timed(5, [&] { embed_backward(exec, ge, a.dres, a.inputs, d); });
+      timed(5, [&] { embed_backward(exec, ge, a.dres, a.inputs, a.token_runs(), d); });
     }
     MeasuredCosts m;
     m.micro_batch_size = mbs;

@@ -17,7 +17,8 @@
 namespace lamina {
 
 // Collective over `comm`: every rank measures; the slowest rank's rates are returned on all.
-MachineSpec measure_machine(MPI_Comm comm, const Log& log);
+// Collectives are timed on `backend` as a run would choose it (NCCL where it would).
+MachineSpec measure_machine(MPI_Comm comm, const Log& log, CommBackend backend = CommBackend::automatic);
 
 // Forward and backward of one block, the embedding and the head (tensor-parallel degree 1)
 // at each micro-batch size, median of `reps` after a warm-up; products as `precision` runs them.

@@ -6,10 +6,6 @@ namespace lamina::test {
 namespace {
 
 template <class Exec>
-class EmbeddingTest : public ::testing::Test {};
-TYPED_TEST_SUITE(EmbeddingTest, ExecSpaces);
-
-template <class Exec>
 Kokkos::View<std::int32_t*, Kokkos::LayoutRight, typename Exec::memory_space> device_tokens(
     const std::vector<std::int32_t>& tokens) {
   Kokkos::View<std::int32_t*, Kokkos::LayoutRight, typename Exec::memory_space> d("tok", tokens.size());
@@ -18,6 +14,28 @@ Kokkos::View<std::int32_t*, Kokkos::LayoutRight, typename Exec::memory_space> de
   Kokkos::deep_copy(d, h);
   return d;
 }
+
+// The token embedding's backward input: positions grouped by token, as the executor builds them.
+template <class Exec>
+struct DeviceRuns {
+  Kokkos::View<std::int32_t*, Kokkos::LayoutRight, typename Exec::memory_space> order, starts;
+  std::int64_t runs = 0;
+  TokenRuns<Exec> get() const { return {order, starts, runs}; }
+};
+template <class Exec>
+DeviceRuns<Exec> device_runs(const std::vector<std::int32_t>& tokens) {
+  const std::int64_t n = static_cast<std::int64_t>(tokens.size());
+  std::vector<std::int32_t> order(static_cast<std::size_t>(n)), starts(static_cast<std::size_t>(n + 1));
+  DeviceRuns<Exec> r;
+  r.runs = build_token_runs(tokens.data(), n, order.data(), starts.data());
+  r.order = device_tokens<Exec>(order);
+  r.starts = device_tokens<Exec>(starts);
+  return r;
+}
+
+template <class Exec>
+class EmbeddingTest : public ::testing::Test {};
+TYPED_TEST_SUITE(EmbeddingTest, ExecSpaces);
 
 TYPED_TEST(EmbeddingTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifferences) {
   using Exec = TypeParam;
@@ -44,7 +62,9 @@ TYPED_TEST(EmbeddingTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiffere
 
   auto ddout = to_device<Exec>(dout);
   Vec<Exec> dwte("dwte", V * C), dwpe("dwpe", T * C);
-  token_embedding_backward(Exec(), as_mat<Exec>(dwte.data(), V, C), as_mat<Exec>(ddout.data(), N, C), dtok, 0);
+  const DeviceRuns<Exec> runs = device_runs<Exec>(tokens);
+  token_embedding_backward(Exec(), as_mat<Exec>(dwte.data(), V, C), as_mat<Exec>(ddout.data(), N, C), dtok,
+                           runs.get(), 0);
   position_embedding_backward(Exec(), as_mat<Exec>(dwpe.data(), T, C), as_mat<Exec>(ddout.data(), N, C), T);
   EXPECT_LT(rel_error(to_host(dwte), want_dwte), 1e-6);
   EXPECT_LT(rel_error(to_host(dwpe), want_dwpe), 1e-6);
@@ -66,13 +86,29 @@ TYPED_TEST(EmbeddingTest, VocabularyShardsSumToTheFullTable) {
                           as_mat<Exec>(dwte_full.data() + split * C, V - split, C), split);
   const auto hf = to_host(full), ha = to_host(a), hb = to_host(b);
   for (int i = 0; i < N * C; ++i) EXPECT_EQ(hf[i], ha[i] + hb[i]);
+  const DeviceRuns<Exec> runs = device_runs<Exec>(tokens);
   Vec<Exec> g("g", V * C);
-  token_embedding_backward(Exec(), as_mat<Exec>(g.data(), V, C), as_mat<Exec>(ddout.data(), N, C), dtok, 0);
+  token_embedding_backward(Exec(), as_mat<Exec>(g.data(), V, C), as_mat<Exec>(ddout.data(), N, C), dtok, runs.get(), 0);
   Vec<Exec> g2("g2", V * C);
-  token_embedding_backward(Exec(), as_mat<Exec>(g2.data(), split, C), as_mat<Exec>(ddout.data(), N, C), dtok, 0);
+  token_embedding_backward(Exec(), as_mat<Exec>(g2.data(), split, C), as_mat<Exec>(ddout.data(), N, C), dtok,
+                           runs.get(), 0);
   token_embedding_backward(Exec(), as_mat<Exec>(g2.data() + split * C, V - split, C), as_mat<Exec>(ddout.data(), N, C),
-                           dtok, split);
+                           dtok, runs.get(), split);
   EXPECT_EQ(to_host(g), to_host(g2));
+}
+
+// Positions grouped by token: every position once, each run one token in position order.
+TEST(TokenRuns, GroupEveryPositionByTokenInPositionOrder) {
+  const std::vector<std::int32_t> tokens = {5, 1, 5, 5, 0, 1, 9, 0, 5};
+  std::vector<std::int32_t> order(tokens.size()), starts(tokens.size() + 1);
+  const std::int64_t runs = build_token_runs(tokens.data(), static_cast<std::int64_t>(tokens.size()), order.data(),
+                                             starts.data());
+  EXPECT_EQ(runs, 4);
+  EXPECT_EQ(order, (std::vector<std::int32_t>{4, 7, 1, 5, 0, 2, 3, 8, 6}));
+  EXPECT_EQ(std::vector<std::int32_t>(starts.begin(), starts.begin() + runs + 1), (std::vector<std::int32_t>{0, 2, 4, 8, 9}));
+  // One token everywhere: one run over all positions.
+  const std::vector<std::int32_t> same(6, 3);
+  EXPECT_EQ(build_token_runs(same.data(), 6, order.data(), starts.data()), 1);
 }
 
 }  // namespace

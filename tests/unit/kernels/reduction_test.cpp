@@ -57,5 +57,25 @@ TYPED_TEST(RowReductionTest, SerialRowEqualsATeamOfOneBitForBit) {
   }
 }
 
+// The gradient norm's one reduction over many pieces of memory: equal to the double sum
+// of every piece's squares, pieces of any length (empty ones and ones not a multiple of 8).
+TYPED_TEST(RowReductionTest, SpansSumOfSquaresIsTheSumOverEverySpan) {
+  using Exec = TypeParam;
+  const std::vector<std::int64_t> lengths = {13, 0, 8, 1, 0, 300, 7};
+  std::vector<Vec<Exec>> buffers;
+  std::vector<Span> spans;
+  double want = 0.0;
+  std::uint64_t seed = 3;
+  for (const std::int64_t n : lengths) {
+    const std::vector<double> x = random_vector(n, ++seed);
+    for (const double v : x) want += static_cast<double>(static_cast<float>(v)) * static_cast<float>(v);
+    buffers.push_back(to_device<Exec>(x));
+    spans.push_back({buffers.back().data(), n});
+  }
+  const SpansSumOfSquares<Exec> sum(spans);
+  EXPECT_NEAR(sum(Exec()), want, 1e-6 * want);
+  EXPECT_EQ(SpansSumOfSquares<Exec>(std::vector<Span>{})(Exec()), 0.0);
+}
+
 }  // namespace
 }  // namespace lamina::test
