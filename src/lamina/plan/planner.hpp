@@ -45,6 +45,9 @@ struct PlannerOptions {
   // > 0: the batch is not the deck's but, for each layout, the most sequences up to this
   // cap that its data-parallel ranks split evenly; plans then compete on tokens per second.
   std::int64_t batch_cap = 0;
+  // Prove every returned plan race-free (plan/race_check.hpp). The training-time sweep, whose
+  // plans are estimates nobody runs, leaves it off: a plan to run is checked when it is made.
+  bool check_races = true;
 };
 
 // One candidate: the plan, its predicted step and peak memory.
@@ -58,7 +61,7 @@ struct PlanCandidate {
   MemoryEstimate memory;      // exact estimate, the largest stage
   std::int64_t device_bytes = 0, host_bytes = 0;
   std::vector<std::string> sets;  // the deck overrides that give this plan
-  std::size_t checked_instructions = 0;  // proved race-free (plan/race_check.hpp)
+  std::size_t checked_instructions = 0;  // proved race-free (plan/race_check.hpp) before it was returned
 };
 
 struct PlanResult {

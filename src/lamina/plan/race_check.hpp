@@ -2,7 +2,7 @@
 // Proves a plan's instruction lists race-free before anything runs (parallel/hazards.hpp):
 // every pipeline stage's step program, with the optimizer program of its first
 // data-parallel rank. `lamina train --check`, `lamina plan` and the planner (for every plan
-// it prices) run it; a hazard is a bug of the schedule builders, not of the deck.
+// it returns) run it; a hazard is a bug of the schedule builders, not of the deck.
 #include <cstddef>
 
 #include "lamina/core/config.hpp"

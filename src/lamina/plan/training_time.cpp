@@ -55,6 +55,7 @@ ShortestTime shortest_time(const Deck& deck, const MachineSpec& machine, double 
       o.top = 1;
       o.family = family;
       o.batch_cap = r.batch_sequences;
+      o.check_races = false;
       const PlanResult p = plan_search(deck, machine, o);
       SweepRow row;
       row.ranks = n;

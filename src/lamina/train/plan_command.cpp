@@ -361,8 +361,8 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
     }
   }
   const PlanCandidate& best = r.best.front();
-  log.info(strprintf("instruction lists of every plan priced: race-free (%zu instructions of the best plan checked, "
-                     "with its optimizer programs)",
+  log.info(strprintf("instruction lists: race-free (%zu instructions of the best plan and its optimizer programs "
+                     "checked)",
                      best.checked_instructions));
   const Figures f = figures(deck, machine, best, options.ranks, options.measured);
   const ParallelLayout& o = best.plan.layout;

@@ -33,7 +33,10 @@ TYPED_TEST(GeluTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifferences)
   EXPECT_EQ(to_host(pre), want_pre);
   gelu_backward(Exec(), dinp, pre, dd);
   EXPECT_LT(rel_error(to_host(out), want), 1e-6);
-  EXPECT_LT(rel_error(to_host(dinp), want_grad), 1e-6);
+  // The derivative multiplies fast_tanh's error (3.6e-7 absolute) by terms up to about 3:
+  // measured 9.6e-7 at -O3 and 1.05e-6 at -O1 (the sanitizer builds), where the compiler
+  // fuses other multiply-adds.
+  EXPECT_LT(rel_error(to_host(dinp), want_grad), 2e-6);
   auto f = [&](const std::vector<double>& v) {
     auto d = to_device<Exec>(v);
     Vec<Exec> o("o", n);

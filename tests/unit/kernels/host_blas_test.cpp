@@ -42,7 +42,9 @@ double tiled_error(char ta, char tb, std::int64_t m, std::int64_t n, std::int64_
   for (std::int64_t i = 0; i < c.rows; ++i) {
     for (std::int64_t j = 0; j < c.ld; ++j) {
       double s = 0;
-      for (std::int64_t l = 0; l < k; ++l) s += (ta == 'N' ? a.at(i, l) : a.at(l, i)) * (tb == 'N' ? b.at(l, j) : b.at(j, l));
+      for (std::int64_t l = 0; l < k && j < n; ++l) {
+        s += (ta == 'N' ? a.at(i, l) : a.at(l, i)) * (tb == 'N' ? b.at(l, j) : b.at(j, l));
+      }
       // The padding past each row's n columns must stay as it was.
       want.push_back(j < n ? 0.5 * s + 2.0 * c.at(i, j) : c.at(i, j));
       got.push_back(c.data[static_cast<std::size_t>(i * c.ld + j)]);
