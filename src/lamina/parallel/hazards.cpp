@@ -26,7 +26,7 @@ struct Clock {
   std::array<int, kStreams> done;
   Clock() { done.fill(-1); }
   void merge(const Clock& o) {
-    for (int s = 0; s < kStreams; ++s) done[static_cast<std::size_t>(s)] = std::max(done[static_cast<std::size_t>(s)], o.done[static_cast<std::size_t>(s)]);
+    for (std::size_t s = 0; s < done.size(); ++s) done[s] = std::max(done[s], o.done[s]);
   }
   bool ended(int index, int stream) const { return done[static_cast<std::size_t>(stream)] >= index; }
 };

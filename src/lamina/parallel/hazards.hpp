@@ -23,13 +23,14 @@
 
 namespace lamina {
 
+// The two instructions, each as (program: 0 the step, 1 the update, 2 the next step; index
+// in it); where the list breaks a rule of its own (a wait on a later instruction, a pooled
+// buffer used outside its hold), both name that instruction.
 struct Hazard {
-  int program = 0;       // 0 the step, 1 the update, 2 the next step
-  int first = 0;         // the earlier instruction (program, index) ...
-  int first_program = 0;
-  int second = 0;        // ... and the later, in `program`
+  int first_program = 0, first = 0;  // the earlier
+  int program = 0, second = 0;       // the later
   BufferRef buffer;
-  std::string message;   // readable: the two instructions, their streams, the buffer
+  std::string message;  // readable: the two instructions, their streams, the buffer
 };
 
 // Checks one stage's step program (as the schedule builds it, or altered) and the rank's

@@ -231,18 +231,21 @@ Instruction make(Op op, Stream stream, int chunk, int layer, int mb) {
   return i;
 }
 
-// Turns one stage's chunk-level order into its instruction list, with what each
-// instruction waits for (Instruction::after):
+// Turns one stage's chunk-level order into its instruction list, with the stream each
+// instruction runs on, what it touches (annotate) and what it waits for (Instruction::after;
+// the hazard checker, hazards.hpp, proves these enough):
 //   compute      the fetch of every non-resident layer it reads; the message it consumes
 //                (the chunk's input or its output's gradient); for an offloaded block's
 //                forward, the previous copy out of the staging buffer it writes; for its
 //                backward, the copy that brought its activations back
-//   messages     a send, the compute that produced it; a receive, the compute before it
-//                (its buffer may be the one a micro-batch just finished with)
+//   messages     a send, the compute that produced it (it copies its message out at
+//                issue); a receive, the compute before it (its buffer may be the one a
+//                micro-batch just finished with)
 //   parameters   a release, the compute that read the gathered copy
-//   activations  an offload, its block's forward; a prefetch, the backward that last read
-//                the staging buffer it overwrites; a copy made on the spot, the transfers
-//                queued before it
+//   activations  an offload, its block's forward; a prefetch or reload into a staging
+//                buffer, the compute before it (the backward that last read the buffer),
+//                the offload out of that buffer that may still be reading it, and its own
+//                block's offload
 //   checkpoints  an offload_checkpoint, its block's forward; the forward (or receive) that
 //                takes an input frame, the stage's offload_checkpoint before the last (at most
 //                three frames on their way out); a prefetch_checkpoint, its offload and the
