@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "mpi_launcher.hpp"
 #include "checkpoint_tensors.hpp"
 #include "lamina/core/deck.hpp"
 

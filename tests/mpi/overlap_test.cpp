@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "mpi_launcher.hpp"
+
 namespace lamina::test {
 namespace {
 

@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "mpi_launcher.hpp"
 #include "lamina/core/deck.hpp"
 #include <hdf5.h>
 #include "lamina/model/param_layout.hpp"

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "mpi_launcher.hpp"
 #include "lamina/io/safetensors.hpp"
 
 namespace lamina::test {

@@ -48,7 +48,18 @@ struct Dims {
     return attention == AttentionProducts::fused && kAttentionInPlace<Kokkos::DefaultExecutionSpace> ? T : 0;
   }
   std::int64_t A() const { return NH * hd; }  // attention width on this rank (C / tp)
+  // The dims of a run on this build: refuses what the build cannot run.
   static Dims of(const ModelConfig& m, std::int64_t micro_batch, int tp_size = 1, int tp_rank = 0) {
+    const Dims d = shape(m, micro_batch, tp_size, tp_rank);
+    if (d.attention == AttentionProducts::in_place && !kAttentionInPlace<Kokkos::DefaultExecutionSpace>) {
+      throw InputError(std::string("model.attention = \"in_place\" needs host execution and OpenBLAS; this build "
+                                   "runs on ") +
+                       Kokkos::DefaultExecutionSpace::name() + ": choose \"fused\" or \"staged\"");
+    }
+    return d;
+  }
+  // The dims alone, for pricing a machine that need not be this build's.
+  static Dims shape(const ModelConfig& m, std::int64_t micro_batch, int tp_size = 1, int tp_rank = 0) {
     Dims d;
     d.B = micro_batch;
     d.T = m.seq_len;
@@ -59,11 +70,6 @@ struct Dims {
     d.V = m.vocab_size / tp_size;
     d.vocab_begin = tp_rank * d.V;
     d.attention = m.attention.value_or(d.attention);
-    if (d.attention == AttentionProducts::in_place && !kAttentionInPlace<Kokkos::DefaultExecutionSpace>) {
-      throw InputError(std::string("model.attention = \"in_place\" needs host execution and OpenBLAS; this build "
-                                   "runs on ") +
-                       Kokkos::DefaultExecutionSpace::name() + ": choose \"fused\" or \"staged\"");
-    }
     return d;
   }
 };

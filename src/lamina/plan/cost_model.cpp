@@ -26,7 +26,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
     : model_(model), plan_(plan), machine_(machine), bf16_(plan.precision == Precision::bf16) {
   const ParallelLayout& o = plan.layout;
   for (const LayerSpec& l : layout.layers()) numel_.push_back(static_cast<double>(l.numel));
-  const Dims d = Dims::of(model, o.micro_batch_size, o.tp, 0);
+  const Dims d = Dims::shape(model, o.micro_batch_size, o.tp, 0);
   inner_ = static_cast<double>(activation_sizes(d).inner);
 
   // Roofline of one micro-batch (Narayanan et al. 2021 count the same GEMMs: 24 N C^2 in

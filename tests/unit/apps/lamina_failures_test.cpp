@@ -1,6 +1,7 @@
 // The `lamina` command given what cannot work. Decks that describe no valid run, paths in
 // the way and bad options are exit code 2 with a message that says where and what; output
 // that cannot be written (a full disk) is exit code 3 naming the file, never lost quietly.
+#include <Kokkos_Macros.hpp>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -185,9 +186,10 @@ TEST_F(CliFailures, CheckpointCountsPastWhatARunCanReachAreExitCode2NamingTheAtt
 TEST_F(CliFailures, ADeckThatIsNotARegularFileIsExitCode2BeforeItIsRead) {
   const std::string fifo = dir_ + "/deck.fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-#if defined(__SANITIZE_ADDRESS__)
-  // AddressSanitizer reserves terabytes of address space for its shadow memory: no limit on
-  // it then (a read that never ends still runs into the timeout).
+#if defined(__SANITIZE_ADDRESS__) || defined(KOKKOS_ENABLE_CUDA)
+  // AddressSanitizer reserves terabytes of address space for its shadow memory, CUDA's
+  // runtime as much for unified addressing (under the limit its threads could not start and
+  // the run hung): no limit on it then (a read that never ends still runs into the timeout).
   const std::string limit = "timeout 60 ";
 #else
   const std::string limit = "ulimit -v 2000000; timeout 60 ";

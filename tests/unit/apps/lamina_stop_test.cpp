@@ -3,6 +3,7 @@
 // for the machine starts, and before a model that is not finite is saved. Bad input and
 // failed writes: lamina_failures_test.cpp.
 #include <fcntl.h>
+#include <Kokkos_Core.hpp>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -198,12 +199,17 @@ TEST_F(LaminaStop, AModelThatIsNotFiniteIsNeverCheckpointed) {
 // --check says so too.
 TEST_F(LaminaStop, ARunLargerThanTheMachineIsRefusedByTheRunAndByCheck) {
   const std::string sets = "--set data.batch_size=100000 --set data.micro_batch_size=100000 --set model.seq_len=4096";
+  // The memory that is short: the node's on a host build, the device's on a device build.
+  using Memory = Kokkos::DefaultExecutionSpace::memory_space;
+  const std::string shortfall = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Memory>::accessible
+                                    ? "of host memory on this node (1 rank(s) x "
+                                    : std::string("of ") + Kokkos::DefaultExecutionSpace::name() + " memory (1 rank(s) x ";
   for (const char* mode : {"--check", ""}) {
     const std::string log = dir_ + "/huge.log";
     const int code = finish(start(train("huge", sets) + " " + mode, log));
     const std::string out = slurp(log);
     EXPECT_EQ(code, 2) << mode << "\n" << out;
-    EXPECT_NE(out.find("of host memory on this node (1 rank(s) x "), std::string::npos) << mode << "\n" << out;
+    EXPECT_NE(out.find(shortfall), std::string::npos) << mode << "\n" << out;
   }
 }
 
