@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +29,7 @@
 #include "lamina/core/format.hpp"
 #include "lamina/core/log.hpp"
 #include "lamina/core/stop_signal.hpp"
+#include "lamina/io/directory_lock.hpp"
 #include "lamina/io/hdf5_file.hpp"
 #include "lamina/io/model_weights.hpp"
 #include "lamina/kernels/host_blas.hpp"
@@ -43,7 +46,7 @@ struct Options {
   std::string convert_in, convert_out, convert_to, dtype = "fp32", max_shard = "0";
   std::int64_t heads = 0;
   std::vector<std::string> sets;
-  bool check = false, verbose = false, quiet = false;
+  bool check = false, verbose = false, quiet = false, force = false;
   double tolerance = 1e-4;
   int steps = 10, warmup = 2, reps = 20;
   std::int64_t params = 1 << 24;
@@ -180,8 +183,34 @@ std::int64_t parse_bytes(const std::string& text) {
   throw lamina::InputError("--max-shard-size: '" + text + "' is not a size (e.g. 5GB, 500MB, 2GiB)");
 }
 
+// Where convert may write `out`: never onto its input (nor a directory holding it, nor into
+// an input directory), over an existing output only with --force, and never into a
+// directory a running job holds (its lamina.lock). Returns the hold on that directory, kept
+// while writing so that no job starts there meanwhile.
+std::unique_ptr<lamina::DirectoryLock> claim_convert_output(const Options& o) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path in = fs::weakly_canonical(o.convert_in, ec), out = fs::weakly_canonical(o.convert_out, ec);
+  const auto inside = [](const fs::path& a, const fs::path& b) {  // a is b or lies under it
+    const fs::path rel = a.lexically_relative(b);
+    return !rel.empty() && *rel.begin() != "..";
+  };
+  if (inside(in, out) || inside(out, in)) {
+    throw lamina::InputError("convert: " + o.convert_out + " would write onto the input " + o.convert_in +
+                             "; write to another path");
+  }
+  if (fs::exists(fs::symlink_status(o.convert_out, ec)) && !o.force &&
+      !(fs::is_directory(o.convert_out, ec) && fs::is_empty(o.convert_out, ec))) {
+    throw lamina::InputError("convert: " + o.convert_out + " exists; give --force to replace it");
+  }
+  const fs::path dir = fs::is_directory(out, ec) ? out : out.parent_path();
+  if (!fs::exists(dir / "lamina.lock", ec)) return nullptr;
+  return std::make_unique<lamina::DirectoryLock>(dir.string(), "convert's output directory");
+}
+
 int run_convert(const Options& o, const lamina::Log& log) {
   const auto t0 = std::chrono::steady_clock::now();
+  const auto hold = claim_convert_output(o);
   const auto source = lamina::open_weights(o.convert_in);
   log.info("read " + o.convert_in + ": " + source->describe());
   lamina::ModelConfig model = source->model();
@@ -256,6 +285,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   convert->add_option("--heads", o.heads, "attention heads, where the input does not say (a bare .safetensors file)")
       ->check(whole_number(1, 1 << 16));
+  convert->add_flag("--force", o.force, "replace an existing output (never the input)");
   convert->add_option("--max-shard-size", o.max_shard,
                       "HuggingFace: split into shards of at most this size (e.g. 5GB) with an index; default one file");
 

@@ -143,7 +143,7 @@ const std::vector<Section>& schema() {
       {"memory",
        {"device_budget", "host_budget", "activations", "params", "optimizer", "dos_split", "dos_host_rate",
         "dos_device_rate", "dos_h2d", "dos_d2h"}},
-      {"checkpoint", {"dir", "every", "keep", "resume", "save_final"}},
+      {"checkpoint", {"dir", "every", "keep", "resume", "save_final", "newer"}},
       {"output", {"dir", "log_every", "peak_tflops", "sample_tokens", "sample_temperature", "trace_step"}},
   };
   return s;
@@ -669,6 +669,7 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   c.keep = r.integer("checkpoint", "keep", 3, 1, kMax);
   c.resume = r.string("checkpoint", "resume", "");
   c.save_final = r.boolean("checkpoint", "save_final", true);
+  c.newer = r.choice("checkpoint", "newer", "refuse", {"refuse", "keep", "aside"});
 
   // Consistency between keys; each error points at the key most likely to be wrong.
   if (m.heads > 0 && m.d_model > 0 && m.d_model % m.heads != 0) {

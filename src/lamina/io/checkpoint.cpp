@@ -9,6 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "lamina/core/bounded_wait.hpp"
 #include "lamina/core/limits.hpp"
@@ -76,17 +79,32 @@ bool parse_model_signature(const std::string& text, ModelConfig& out) {
   return true;
 }
 
-std::vector<std::string> list_checkpoints(const std::string& dir) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return out;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("step_", 0) == 0 && name.size() > 8 && name.substr(name.size() - 3) == ".h5") {
-      out.push_back(e.path().string());
-    }
+std::string checkpoint_name(std::int64_t step) { return strprintf("step_%08lld.h5", static_cast<long long>(step)); }
+
+std::int64_t checkpoint_step(const std::string& name, const std::string& suffix) {
+  const std::string prefix = "step_", ext = ".h5" + suffix;
+  if (name.size() < prefix.size() + 8 + ext.size() || name.size() > prefix.size() + 13 + ext.size() ||
+      name.compare(0, prefix.size(), prefix) != 0 ||
+      name.compare(name.size() - ext.size(), ext.size(), ext) != 0) {
+    return -1;
   }
-  std::sort(out.begin(), out.end());  // zero-padded step numbers sort in step order
+  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - ext.size());
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return -1;
+  const std::int64_t step = std::stoll(digits);
+  return checkpoint_name(step) + suffix == name ? step : -1;  // zero-padded exactly as written
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return {};
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::int64_t step = checkpoint_step(e.path().filename().string());
+    if (step >= 0 && e.is_regular_file(ec)) found.emplace_back(step, e.path().string());
+  }
+  std::sort(found.begin(), found.end());  // by step: past 10^8 steps the names grow a digit
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
   return out;
 }
 
@@ -94,14 +112,9 @@ std::vector<std::string> remove_partial_checkpoints(const std::string& dir) {
   std::vector<std::string> removed;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return removed;
-  const std::string suffix = ".h5.tmp";
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    const bool step_tmp = name.size() > 5 + suffix.size() && name.rfind("step_", 0) == 0 &&
-                          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-                          std::all_of(name.begin() + 5, name.end() - static_cast<std::ptrdiff_t>(suffix.size()),
-                                      [](char c) { return c >= '0' && c <= '9'; });
-    if (!(step_tmp || name == "latest.tmp") || e.is_directory(ec)) continue;
+    if (!(checkpoint_step(name, ".tmp") >= 0 || name == "latest.tmp") || e.is_directory(ec)) continue;
     if (fs::remove(e.path(), ec)) removed.push_back(e.path().string());
   }
   std::sort(removed.begin(), removed.end());
@@ -115,7 +128,7 @@ CheckpointWriter::CheckpointWriter(const std::string& dir, std::int64_t step, MP
     if (ec) throw RunError(dir + ": cannot create the checkpoint directory: " + ec.message());
   }
   barrier(comm, "to start a checkpoint");
-  final_path_ = dir + "/" + strprintf("step_%08lld.h5", static_cast<long long>(step));
+  final_path_ = dir + "/" + checkpoint_name(step);
   tmp_path_ = final_path_ + ".tmp";
   file_ = h5::create(tmp_path_, comm);
 }
@@ -168,15 +181,17 @@ std::string CheckpointWriter::commit(const CheckpointMeta& meta, std::int64_t ke
     }
   }
   if (rank_of(comm_) == 0 && !dir_.empty()) {
-    const std::string latest = dir_ + "/latest", latest_tmp = latest + ".tmp";
-    write_text_file(latest_tmp, fs::path(final_path_).filename().string() + "\n");
-    fsync_path(latest_tmp);
-    if (std::rename(latest_tmp.c_str(), latest.c_str()) != 0) throw RunError(latest + ": cannot replace");
-    fsync_path(dir_);
-    auto all = list_checkpoints(dir_);
-    for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < all.size(); ++i) {
+    point_latest(dir_, fs::path(final_path_).filename().string());
+    // The newest `keep` of the steps up to this one, this one among them; later steps (a
+    // future the run abandoned, kept at the user's word: checkpoint.newer) are not its own.
+    const std::int64_t step = checkpoint_step(fs::path(final_path_).filename().string());
+    std::vector<std::string> line;
+    for (auto& p : list_checkpoints(dir_)) {
+      if (checkpoint_step(fs::path(p).filename().string()) <= step) line.push_back(std::move(p));
+    }
+    for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < line.size(); ++i) {
       std::error_code ec;
-      fs::remove(all[i], ec);
+      fs::remove(line[i], ec);
     }
   }
   committed_ = true;
@@ -184,8 +199,22 @@ std::string CheckpointWriter::commit(const CheckpointMeta& meta, std::int64_t ke
   return final_path_;
 }
 
+void point_latest(const std::string& dir, const std::string& name) {
+  const std::string latest = dir + "/latest", latest_tmp = latest + ".tmp";
+  write_text_file(latest_tmp, name + "\n");
+  fsync_path(latest_tmp);
+  if (std::rename(latest_tmp.c_str(), latest.c_str()) != 0) throw RunError(latest + ": cannot replace");
+  fsync_path(dir);
+}
+
 std::string resolve_checkpoint(const std::string& resume, const std::string& dir) {
   if (resume != "latest") {
+    const std::string tmp = ".tmp";
+    if (resume.size() > tmp.size() && resume.compare(resume.size() - tmp.size(), tmp.size(), tmp) == 0) {
+      throw InputError("checkpoint.resume: " + resume +
+                       " is an unfinished write (a job stopped while writing it), not a checkpoint; resume from "
+                       "a completed one (\"latest\", or a step_*.h5 file)");
+    }
     if (!fs::exists(resume)) throw InputError("checkpoint.resume: " + resume + ": no such file");
     return resume;
   }

@@ -96,14 +96,23 @@ std::string model_signature(const ModelConfig& m);
 bool parse_model_signature(const std::string& text, ModelConfig& out);
 
 // Resolves checkpoint.resume: "latest" (the file `<dir>/latest` names) or a path.
-// Throws InputError when nothing usable is there.
+// Throws InputError when nothing usable is there, and for an unfinished write (`.tmp`).
 std::string resolve_checkpoint(const std::string& resume, const std::string& dir);
 
-// Checkpoint files in a directory, oldest first.
+// Points `<dir>/latest` at checkpoint file `name` in dir, atomically (a temporary file renamed).
+void point_latest(const std::string& dir, const std::string& name);
+
+// The file name the writer gives step `step`'s checkpoint: `step_<at least 8 digits>.h5`.
+std::string checkpoint_name(std::int64_t step);
+// The step of a name the writer made (checkpoint_name(step) + `suffix`), -1 for any other
+// name: a user's `step_00000003_best.h5` or `step_notes.h5` is not lamina's.
+std::int64_t checkpoint_step(const std::string& name, const std::string& suffix = "");
+
+// Checkpoint files in a directory (names the writer makes), oldest first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
 
-// Removes the temporary files of unfinished checkpoint writes in `dir`
-// (`step_<digits>.h5.tmp`, `latest.tmp`) and nothing else; returns their paths.
+// Removes the temporary files of unfinished checkpoint writes in `dir` (checkpoint names
+// with `.tmp`, `latest.tmp`) and nothing else; returns their paths.
 std::vector<std::string> remove_partial_checkpoints(const std::string& dir);
 
 }  // namespace lamina

@@ -105,8 +105,22 @@ std::string DirectoryLock::identity() {
 }
 
 DirectoryLock::DirectoryLock(const std::string& dir, const std::string& key, Mode mode) : path_(dir + "/lamina.lock") {
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Never through a link: truncating a lock that points at a checkpoint would empty it.
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (fd_ < 0 && errno == ELOOP) {
+    throw InputError(key + " = " + dir + ": " + path_ +
+                     " is a symbolic link, not a lock lamina made; remove it (what it points to is left alone)");
+  }
+  const std::string not_a_file =
+      key + " = " + dir + ": " + path_ + " is not a regular file, not a lock lamina made; remove it";
+  if (fd_ < 0 && errno == EISDIR) throw InputError(not_a_file);
   if (fd_ < 0) throw InputError(key + " = " + dir + ": cannot create " + path_ + ": " + std::strerror(errno));
+  struct stat kind {};
+  if (::fstat(fd_, &kind) != 0 || !S_ISREG(kind.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    throw InputError(not_a_file);
+  }
   const auto refuse = [&](const std::string& holder, const std::string& note) {
     ::close(fd_);
     fd_ = -1;

@@ -3,7 +3,10 @@
 #include "lamina/train/step_trace.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <cmath>
 #include <filesystem>
@@ -130,6 +133,11 @@ class Trainer {
     }
 
     check_output_dirs(deck_);
+    // Before anything is cleaned up: a resume that names an unfinished write is refused
+    // with that file still there.
+    if (!deck_.checkpoint.resume.empty()) {
+      resume_path_ = resolve_checkpoint(deck_.checkpoint.resume, deck_.checkpoint.dir);
+    }
     std::error_code ec;
     if (rank == 0) fs::create_directories(deck_.output.dir, ec);
     if (ec) throw RunError(deck_.output.dir + ": cannot create the output directory: " + ec.message());
@@ -171,6 +179,7 @@ class Trainer {
     if (!deck_.checkpoint.resume.empty()) {
       if (!m.init.empty()) log_.info("model.init = " + m.init + " is not read: the run resumes from its checkpoint");
       start_step = resume(rt);
+      if (!evaluate_only) set_aside_newer_checkpoints(start_step);
     } else {
       rt.state().init(deck_.train.seed);
       if (!m.init.empty()) initialise_from(rt, m.init);
@@ -477,17 +486,16 @@ class Trainer {
 
   // The stop signal any rank received (the largest number), 0 if none: every rank stops
   // after the same step.
-  // The hold on output.dir, and on checkpoint.dir where it lies outside output.dir, for the
-  // job's lifetime (io/directory_lock.hpp).
+  // The hold on output.dir and on checkpoint.dir, for the job's lifetime
+  // (io/directory_lock.hpp). Both, wherever they lie: a checkpoint.dir inside another job's
+  // output.dir meets that job's hold on it, and that job, started later, meets this one's.
   void take_directories() {
     locks_.push_back(std::make_unique<DirectoryLock>(deck_.output.dir, "output.dir"));
     std::error_code ec;
-    const fs::path out = fs::weakly_canonical(deck_.output.dir, ec);
-    const fs::path ckpt = fs::weakly_canonical(deck_.checkpoint.dir, ec);
-    const auto rel = ckpt.lexically_relative(out);
-    if (!rel.empty() && *rel.begin() != "..") return;
     fs::create_directories(deck_.checkpoint.dir, ec);
     if (ec) throw RunError(deck_.checkpoint.dir + ": cannot create the checkpoint directory: " + ec.message());
+    // One lock per file: closing a second descriptor of it would drop the process's lock.
+    if (fs::equivalent(deck_.output.dir, deck_.checkpoint.dir, ec)) return;
     locks_.push_back(std::make_unique<DirectoryLock>(deck_.checkpoint.dir, "checkpoint.dir"));
   }
 
@@ -497,8 +505,52 @@ class Trainer {
     return static_cast<int>(sig);
   }
 
+  // Checkpoints of steps after `step` in checkpoint.dir: a future this run abandons. The
+  // run's retention never deletes them; what becomes of them is the user's word
+  // (checkpoint.newer), never a silent choice.
+  void set_aside_newer_checkpoints(std::int64_t step) {
+    std::vector<std::string> newer;
+    for (const auto& p : list_checkpoints(deck_.checkpoint.dir)) {
+      if (checkpoint_step(fs::path(p).filename().string()) > step) newer.push_back(p);
+    }
+    if (newer.empty()) return;
+    std::string list;
+    for (const auto& p : newer) list += "\n  " + p;
+    const std::string policy = deck_.checkpoint.newer;
+    if (policy == "refuse") {
+      throw InputError(strprintf("checkpoint.resume = %s continues from step %lld, but %s holds checkpoints of later "
+                                 "steps, which `latest` and retention would leave behind:%s\nset checkpoint.newer = "
+                                 "\"keep\" (leave them) or \"aside\" (rename them *.abandoned), or resume from "
+                                 "\"latest\"",
+                                 deck_.checkpoint.resume.c_str(), static_cast<long long>(step),
+                                 deck_.checkpoint.dir.c_str(), list.c_str()));
+    }
+    if (policy == "aside") {
+      if (log_.rank() == 0) {
+        for (const auto& p : newer) {
+          std::string aside = p + ".abandoned";  // an earlier abandoned one keeps its name
+          for (int n = 1; fs::exists(fs::symlink_status(aside)); ++n) aside = p + strprintf(".abandoned.%d", n);
+          if (std::rename(p.c_str(), aside.c_str()) != 0) {
+            throw RunError(p + ": cannot rename to " + aside + ": " + std::strerror(errno));
+          }
+        }
+        // `latest` named one of them: now the checkpoint resumed from, where it is in dir.
+        const fs::path from = fs::weakly_canonical(resume_path_);
+        if (from.parent_path() == fs::weakly_canonical(deck_.checkpoint.dir)) {
+          point_latest(deck_.checkpoint.dir, from.filename().string());
+        } else {
+          fs::remove(deck_.checkpoint.dir + "/latest");
+        }
+      }
+      log_.warn("checkpoints of later steps renamed aside (checkpoint.newer = \"aside\"): *.abandoned of" + list);
+    } else {
+      log_.warn("checkpoints of later steps kept (checkpoint.newer = \"keep\"); `latest` will name this run's:" +
+                list);
+    }
+  }
+
   std::int64_t resume(Runtime& rt) {
-    const std::string path = resolve_checkpoint(deck_.checkpoint.resume, deck_.checkpoint.dir);
+    const std::string& path = resume_path_;
     const BlockingSection section("the other ranks to read the checkpoint " + path);
     CheckpointReader reader(path, comm_);
     const CheckpointMeta& meta = reader.meta();
@@ -571,6 +623,7 @@ class Trainer {
   }
 
   std::vector<std::unique_ptr<DirectoryLock>> locks_;
+  std::string resume_path_;  // checkpoint.resume resolved
   const Deck& deck_;
   Plan plan_;
   const Log& log_;

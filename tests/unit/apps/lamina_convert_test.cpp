@@ -6,9 +6,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "cli_fixture.hpp"
+#include "lamina/io/directory_lock.hpp"
 #include "lamina/io/model_weights.hpp"
 #include "lamina/io/safetensors.hpp"
 #include "lamina/model/param_layout.hpp"
@@ -146,6 +148,38 @@ TEST_F(Convert, WeightsThatDoNotFitTheDeckAreExit2) {
   EXPECT_NE(r.out.find("give --heads"), std::string::npos) << r.out;
   r = run("eval " + dir_ + "/d.toml --set data.eval_path=[]");
   EXPECT_EQ(r.code, 2) << r.out;
+}
+
+using ConvertOutput = Cli;
+
+// convert never writes onto its input (its own checkpoint once became a step-0 file with
+// zeroed optimizer state), replaces an existing output only with --force, and never writes
+// into a directory that a running job holds.
+TEST_F(ConvertOutput, NeverOntoItsInputOverAnOutputWithoutForceOrIntoAJobsDirectory) {
+  const std::string in = kWeights + "/llmc.bin", h5 = dir_ + "/w.h5";
+  ASSERT_EQ(run("convert " + in + " " + h5).code, 0);
+  const std::string before = slurp(h5);
+  Result r = run("convert " + h5 + " " + h5 + " --force");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("convert: " + h5 + " would write onto the input " + h5), std::string::npos) << r.out;
+  r = run("convert " + h5 + " " + dir_ + " --to hf --force");  // a directory holding the input
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(slurp(h5), before);
+  r = run("convert " + in + " " + h5);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("convert: " + h5 + " exists; give --force to replace it"), std::string::npos) << r.out;
+  EXPECT_EQ(run("convert " + in + " " + h5 + " --force").code, 0);
+  const std::string held = dir_ + "/ckpt";
+  std::filesystem::create_directories(held);
+  {
+    const DirectoryLock job(held, "checkpoint.dir");  // as a running job holds its checkpoint.dir
+    r = run("convert " + in + " " + held + "/w.h5");
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("convert's output directory = " + held + " is in use by a job on host "), std::string::npos)
+        << r.out;
+    EXPECT_FALSE(std::filesystem::exists(held + "/w.h5"));
+  }
+  EXPECT_EQ(run("convert " + in + " " + held + "/w.h5").code, 0);
 }
 
 }  // namespace

@@ -14,6 +14,8 @@
 
 #include "apps/cli_fixture.hpp"
 #include "io/file_damage.hpp"
+#include "lamina/core/format.hpp"
+#include "lamina/io/checkpoint.hpp"
 #include "lamina/io/hdf5_file.hpp"
 
 namespace lamina::test {
@@ -122,7 +124,10 @@ TEST_F(CliFailures, CheckpointThatCannotBeWrittenIsExitCode3AndLeavesNoTemporary
   const Result r = shell("trap '' XFSZ; ulimit -f 32768; " + kLamina + " train " + deck + " --set output.dir=" + out +
                          " 2>&1");
   expect_exit3_with(r, "error: cannot write " + out + "/checkpoints/step_00000001.h5.tmp (");
-  EXPECT_TRUE(fs::is_empty(out + "/checkpoints")) << r.out;
+  // Nothing but the job's (emptied) hold on the directory.
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(out + "/checkpoints")) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"lamina.lock"}) << r.out;
 }
 
 TEST_F(CliFailures, UnfinishedCheckpointWritesOfAnEarlierRunAreRemoved) {
@@ -141,6 +146,46 @@ TEST_F(CliFailures, UnfinishedCheckpointWritesOfAnEarlierRunAreRemoved) {
   EXPECT_FALSE(fs::exists(ckpt + "/latest.tmp"));
   EXPECT_TRUE(fs::exists(ckpt + "/notes.tmp"));
   EXPECT_TRUE(fs::exists(ckpt + "/step_00000007.h5.tmp.bak"));
+}
+
+// Resuming an earlier step of a run that went further: its later checkpoints are the
+// user's to decide on (refused by default, naming them; kept; or renamed aside), never
+// deleted by retention, and `latest` always names a file that exists.
+TEST_F(CliFailures, ResumingAnEarlierStepLeavesTheLaterCheckpointsToTheUser) {
+  const std::string deck = file("future.toml", kDeck + "[output]\npeak_tflops = 1\n[checkpoint]\nevery = 1\n");
+  const std::string out = dir_ + "/out", ck = out + "/checkpoints";
+  const auto step = [&](int s) { return ck + strprintf("/step_%08d.h5", s); };
+  ASSERT_EQ(run("train " + deck + " --set output.dir=" + out + " --set train.steps=6 --set checkpoint.keep=10").code, 0);
+  const std::string from3 = "train " + deck + " --set output.dir=" + out +
+                            " --set train.steps=4 --set checkpoint.keep=1 --set checkpoint.resume=" + step(3);
+  expect_exit2_with(run(from3), "holds checkpoints of later steps, which `latest` and retention would leave behind:\n  " +
+                                    step(4) + "\n  " + step(5) + "\n  " + step(6) + "\nset checkpoint.newer");
+  for (int s : {3, 4, 5, 6}) EXPECT_TRUE(fs::exists(step(s))) << s;
+  const Result kept = run(from3 + " --set checkpoint.newer=keep");
+  ASSERT_EQ(kept.code, 0) << kept.out;
+  EXPECT_FALSE(fs::exists(step(3)));  // keep = 1 of the steps up to the one written
+  for (int s : {4, 5, 6}) EXPECT_TRUE(fs::exists(step(s))) << s;
+  EXPECT_EQ(resolve_checkpoint("latest", ck), step(4));
+  const Result aside = run("train " + deck + " --set output.dir=" + out + " --set train.steps=5 --set checkpoint.keep=1 " +
+                           "--set checkpoint.resume=" + step(4) + " --set checkpoint.newer=aside");
+  ASSERT_EQ(aside.code, 0) << aside.out;
+  EXPECT_TRUE(fs::exists(step(5) + ".abandoned"));
+  EXPECT_TRUE(fs::exists(step(6) + ".abandoned"));
+  EXPECT_TRUE(fs::exists(step(5)));  // this run's own step 5
+  EXPECT_EQ(resolve_checkpoint("latest", ck), step(5));
+}
+
+// A resume that names an unfinished write is refused before the clean-up that would
+// delete it, and the file is still there.
+TEST_F(CliFailures, ResumingFromATmpFileIsExitCode2AndDeletesNothing) {
+  const std::string deck = file("tmp.toml", kDeck + "[output]\npeak_tflops = 1\n");
+  const std::string out = dir_ + "/out", tmp = out + "/checkpoints/step_00000001.h5.tmp";
+  ASSERT_EQ(run("train " + deck + " --set output.dir=" + out).code, 0);
+  fs::copy_file(out + "/checkpoints/step_00000001.h5", tmp);
+  expect_exit2_with(run("train " + deck + " --set output.dir=" + out + " --set train.steps=2 --set checkpoint.resume=" +
+                        tmp),
+                    "error: checkpoint.resume: " + tmp + " is an unfinished write");
+  EXPECT_TRUE(fs::exists(tmp));
 }
 
 TEST_F(CliFailures, ResumingFromADamagedCheckpointIsExitCode2NamingTheTensor) {

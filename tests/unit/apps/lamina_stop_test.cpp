@@ -110,6 +110,25 @@ TEST_F(LaminaStop, ASecondJobOnTheSameOutputDirExits2AndAKilledJobsLockDoesNotBl
   EXPECT_EQ(slurp(lock), "");  // released at the end
 }
 
+// A checkpoint.dir inside another job's output.dir meets that job's hold on it (its
+// retention once deleted the other job's checkpoints), and so does convert writing there.
+TEST_F(LaminaStop, ACheckpointDirInsideARunningJobsOutputDirIsRefused) {
+  const pid_t first = start(train("owner", ""), dir_ + "/owner.log");
+  const std::string metrics = dir_ + "/owner/metrics.jsonl", theirs = dir_ + "/owner/checkpoints";
+  for (int i = 0; i < 3000 && !(fs::exists(metrics) && fs::file_size(metrics) > 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // A few steps: were it let in, it would end soon anyway.
+  const pid_t second =
+      start(train("intruder", "--set train.steps=20 --set checkpoint.dir=" + theirs), dir_ + "/intruder.log");
+  EXPECT_EQ(finish(second), 2) << slurp(dir_ + "/intruder.log");
+  const std::string said = slurp(dir_ + "/intruder.log");
+  EXPECT_NE(said.find("checkpoint.dir = " + theirs + " is in use by a job on host "), std::string::npos) << said;
+  EXPECT_NE(said.find(", pid " + std::to_string(first) + " (started "), std::string::npos) << said;
+  ::kill(first, SIGKILL);
+  finish(first);
+}
+
 // The race of the issue that asked for the lock: two jobs started 50 ms apart with different
 // seeds. One runs to the end, the other exits 2; the directory holds the winner's deck and
 // an unbroken metrics.jsonl of its steps alone.

@@ -118,6 +118,52 @@ TEST_F(CheckpointFiles, KeepsOnlyTheNewestAndLatestPointsAtTheLast) {
   EXPECT_EQ(resolve_checkpoint("latest", dir_), dir_ + "/step_00000040.h5");
 }
 
+// Only names the writer makes are checkpoints: a user's files beside them are neither
+// counted by retention nor deleted by it, and steps past 10^8 (a ninth digit) sort by step.
+TEST_F(CheckpointFiles, RetentionTouchesOnlyTheNamesTheWriterMakes) {
+  fs::create_directories(dir_);
+  const std::vector<std::string> users = {"step_00000003_best.h5", "step_notes.h5", "step_3.h5", "step_00000003.h5.bak",
+                                          "step_+0000003.h5"};
+  for (const auto& n : users) std::ofstream(dir_ + "/" + n) << "x";
+  std::vector<float> a(4, 1.0f);
+  for (std::int64_t step : {5, 6, 7}) write_one(dir_, step, {whole("model/a", {4}, a.data())}, 1);
+  for (const auto& n : users) EXPECT_TRUE(fs::exists(dir_ + "/" + n)) << n;
+  EXPECT_EQ(list_checkpoints(dir_), std::vector<std::string>{dir_ + "/step_00000007.h5"});
+  EXPECT_EQ(checkpoint_step("step_00000007.h5"), 7);
+  EXPECT_EQ(checkpoint_step("step_123456789.h5"), 123456789);
+  EXPECT_EQ(checkpoint_step("step_00000007.h5.tmp", ".tmp"), 7);
+  for (const auto& n : users) EXPECT_EQ(checkpoint_step(n), -1) << n;
+  EXPECT_EQ(checkpoint_step("step_0123456789.h5"), -1);  // not how the writer pads
+  write_one(dir_, 123456789, {whole("model/a", {4}, a.data())}, 2);
+  EXPECT_EQ(list_checkpoints(dir_),
+            (std::vector<std::string>{dir_ + "/step_00000007.h5", dir_ + "/step_123456789.h5"}));
+}
+
+// Resuming an earlier step leaves checkpoints of later ones in the directory: retention
+// counts the steps up to the one it wrote and never deletes a later one.
+TEST_F(CheckpointFiles, RetentionNeverDeletesTheCheckpointJustWrittenNorLaterOnes) {
+  std::vector<float> a(4, 1.0f);
+  for (std::int64_t step : {1, 2, 3, 4, 5, 6}) write_one(dir_, step, {whole("model/a", {4}, a.data())}, 10);
+  EXPECT_EQ(write_one(dir_, 4, {whole("model/a", {4}, a.data())}, 1), dir_ + "/step_00000004.h5");
+  EXPECT_EQ(list_checkpoints(dir_), (std::vector<std::string>{dir_ + "/step_00000004.h5", dir_ + "/step_00000005.h5",
+                                                              dir_ + "/step_00000006.h5"}));
+  EXPECT_EQ(resolve_checkpoint("latest", dir_), dir_ + "/step_00000004.h5");
+}
+
+// An unfinished write named in checkpoint.resume is refused, and left where it is.
+TEST_F(CheckpointFiles, ResumingFromAnUnfinishedWriteIsRefused) {
+  fs::create_directories(dir_);
+  const std::string tmp = dir_ + "/step_00000006.h5.tmp";
+  std::ofstream(tmp) << "x";
+  try {
+    resolve_checkpoint(tmp, dir_);
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(tmp + " is an unfinished write"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::exists(tmp));
+}
+
 TEST_F(CheckpointFiles, ShapeMismatchMissingTensorAndTruncationAreInputErrors) {
   std::vector<float> a(6, 2.0f);
   const std::string path = write_one(dir_, 1, {whole("model/a", {2, 3}, a.data())}, 1);

@@ -125,5 +125,20 @@ TEST_F(DirectoryLocks, TheFileNamesTheHolderWhileHeldAndIsEmptiedAfter) {
   EXPECT_EQ(slurp(dir_ + "/lamina.lock"), "");
 }
 
+// A lamina.lock that is a link (to a checkpoint, say) is refused and its target left as it
+// was: a lock followed through a link was written and emptied on exit. One that is not a
+// regular file is refused too.
+TEST_F(DirectoryLocks, ALockThatIsALinkOrNotAFileIsRefusedAndItsTargetUntouched) {
+  const std::string target = dir_ + "/step_00000006.h5";
+  std::ofstream(target) << "weights";
+  fs::create_directories(dir_ + "/run");
+  fs::create_symlink(target, dir_ + "/run/lamina.lock");
+  EXPECT_NE(refusal(dir_ + "/run", Mode::record_lock).find("/run/lamina.lock is a symbolic link"), std::string::npos);
+  EXPECT_EQ(slurp(target), "weights");
+  fs::create_directories(dir_ + "/other/lamina.lock");
+  EXPECT_NE(refusal(dir_ + "/other", Mode::record_lock).find("/other/lamina.lock is not a regular file"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace lamina::test
