@@ -34,6 +34,7 @@
 #include "lamina/io/model_weights.hpp"
 #include "lamina/kernels/host_blas.hpp"
 #include "lamina/train/bench.hpp"
+#include "lamina/train/deck_agreement.hpp"
 #include "lamina/train/plan_command.hpp"
 #include "lamina/train/profile.hpp"
 #include "lamina/train/trainer.hpp"
@@ -366,6 +367,7 @@ int main(int argc, char** argv) {
     if (train->parsed()) {
       lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
       apply_comm(deck);
+      lamina::check_ranks_agree(deck, MPI_COMM_WORLD);
       if (!deck.automatic.empty()) {  // the planner chooses these keys for the ranks this runs on
         std::vector<std::string> sets = o.sets;
         for (const auto& s : lamina::plan_auto_keys(deck, log, MPI_COMM_WORLD)) sets.push_back(s);
@@ -382,6 +384,7 @@ int main(int argc, char** argv) {
     } else if (eval->parsed()) {
       const lamina::Deck deck = lamina::load_deck(o.deck, o.sets);
       apply_comm(deck);
+      lamina::check_ranks_agree(deck, MPI_COMM_WORLD);
       log.info(build_info() + lamina::strprintf(", %d rank(s)", world));
       lamina::run_evaluation(deck, log, MPI_COMM_WORLD);
     } else if (convert->parsed()) {

@@ -185,6 +185,22 @@ class JobFailures : public ::testing::Test {
 
 std::string JobFailures::dir_;
 
+// Ranks started with different decks (here a --set that differs between the two halves of
+// one launch) are refused at start-up, naming the first line that differs, instead of
+// diverging silently and hanging in their first checkpoint.
+TEST_F(JobFailures, RanksWithDifferentDecksAreRefusedNamingTheFirstDifference) {
+  const std::string a = args("decks", {"parallel.dp=2", "train.steps=2"});
+  Job job(1, a + " --set optimizer.lr=1e-3 : -np 1 " + std::string(LAMINA_BINARY) + " " + a +
+                 " --set optimizer.lr=2e-3",
+          dir_ + "/decks.log");
+  EXPECT_EQ(job.wait(60), 2) << job.output();
+  EXPECT_NE(job.output().find("ranks run different decks or data: [optimizer] `lr = 0.001` on rank 0, "
+                              "`lr = 0.002` on rank 1"),
+            std::string::npos)
+      << job.output();
+  EXPECT_FALSE(fs::exists(metrics("decks")));
+}
+
 TEST_F(JobFailures, AKilledRankEndsTheJobWithinSeconds) {
   Job job(2, args("killed", {"parallel.dp=2"}), dir_ + "/killed.log");
   ASSERT_TRUE(job.wait_for_start(2, metrics("killed"), 60)) << job.output();
