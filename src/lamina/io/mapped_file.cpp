@@ -1,15 +1,21 @@
 #include "lamina/io/mapped_file.hpp"
 
 #include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csetjmp>
+#include <csignal>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <utility>
 
 #include "lamina/core/error.hpp"
+#include "lamina/core/format.hpp"
 
 namespace lamina {
 
@@ -32,7 +38,7 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     }
     data_ = static_cast<const std::uint8_t*>(p);
   }
-  ::close(fd);
+  fd_ = fd;
 }
 
 MappedFile::MappedFile(MappedFile&& o) noexcept { *this = std::move(o); }
@@ -41,11 +47,67 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   std::swap(path_, o.path_);
   std::swap(data_, o.data_);
   std::swap(size_, o.size_);
+  std::swap(fd_, o.fd_);
   return *this;
 }
 
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<std::uint8_t*>(data_), static_cast<std::size_t>(size_));
+  if (fd_ >= 0) ::close(fd_);
+}
+
+namespace {
+
+// The read in progress on this thread, if any: where a SIGBUS returns to.
+thread_local sigjmp_buf* t_guard = nullptr;
+struct sigaction g_previous {};
+
+void on_sigbus(int sig, siginfo_t* info, void* context) {
+  if (t_guard != nullptr) siglongjmp(*t_guard, 1);
+  // Not a guarded read: what would have happened without this handler.
+  ::sigaction(sig, &g_previous, nullptr);
+  if ((g_previous.sa_flags & SA_SIGINFO) != 0 && g_previous.sa_sigaction != nullptr) {
+    g_previous.sa_sigaction(sig, info, context);
+  } else if (g_previous.sa_handler != SIG_IGN && g_previous.sa_handler != SIG_DFL) {
+    g_previous.sa_handler(sig);
+  } else {
+    ::raise(sig);
+  }
+}
+
+void install_sigbus_guard() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous);
+  });
+}
+
+}  // namespace
+
+void MappedFile::read_checked(std::int64_t end, void (*read)(void*), void* context) const {
+  const auto shrank = [&](std::int64_t now) {
+    return RunError(path_ + strprintf(": the file now holds %lld bytes, %lld when the run opened it (rewritten or "
+                                      "truncated while the run reads it?): the run cannot read the tokens below byte "
+                                      "%lld; restore the file and resume from the last checkpoint",
+                                      static_cast<long long>(now), static_cast<long long>(size_),
+                                      static_cast<long long>(end)));
+  };
+  struct stat st {};
+  if (::fstat(fd_, &st) == 0 && static_cast<std::int64_t>(st.st_size) < end) throw shrank(st.st_size);
+  install_sigbus_guard();
+  sigjmp_buf jump;
+  sigjmp_buf* const outer = t_guard;
+  if (sigsetjmp(jump, 1) != 0) {
+    t_guard = outer;
+    throw shrank(::fstat(fd_, &st) == 0 ? static_cast<std::int64_t>(st.st_size) : -1);
+  }
+  t_guard = &jump;
+  read(context);
+  t_guard = outer;
 }
 
 }  // namespace lamina

@@ -21,10 +21,22 @@ class MappedFile {
   std::int64_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
+  // Calls read(), which reads the map below byte `end`, once the file still holds that many
+  // bytes. A file that shrank since it was mapped (rewritten or truncated under the run)
+  // is a RunError naming it, also where it shrinks during the read: the SIGBUS of a read
+  // past its end is caught. read() must not throw (it would leave the SIGBUS guard set).
+  template <class F>
+  void read_checked(std::int64_t end, F& read) const {
+    read_checked(end, [](void* f) { (*static_cast<F*>(f))(); }, &read);
+  }
+
  private:
+  void read_checked(std::int64_t end, void (*read)(void*), void* context) const;
+
   std::string path_;
   const std::uint8_t* data_ = nullptr;
   std::int64_t size_ = 0;
+  int fd_ = -1;  // kept open to see the file's size now
 };
 
 }  // namespace lamina

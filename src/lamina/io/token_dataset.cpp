@@ -87,16 +87,25 @@ void FileTokenDataset::read(std::int64_t start, std::int64_t count, std::int32_t
     const std::int64_t n = std::min(count - done, starts_[r] + run.tokens - pos);
     const std::int64_t first = run.byte_offset + (pos - starts_[r]) * w;
     const std::uint8_t* p = run.file->data() + first;
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t tok = token_at(p + i * w, run.type);
-      if (tok < 0 || tok >= vocab_) {
-        throw InputError(strprintf("%s: byte offset %lld: token id %lld is outside the vocabulary [0, %lld) "
-                                   "(model.vocab_size too small, or the file is not %s tokens)",
-                                   run.file->path().c_str(), static_cast<long long>(first + i * w),
-                                   static_cast<long long>(tok), static_cast<long long>(vocab_),
-                                   token_type_name(run.type)));
+    std::int64_t bad = -1, bad_token = 0;  // the first token outside the vocabulary
+    auto convert = [&] {
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t tok = token_at(p + i * w, run.type);
+        if (tok < 0 || tok >= vocab_) {
+          bad = i;
+          bad_token = tok;
+          return;
+        }
+        out[done + i] = static_cast<std::int32_t>(tok);
       }
-      out[done + i] = static_cast<std::int32_t>(tok);
+    };
+    run.file->read_checked(first + n * w, convert);
+    if (bad >= 0) {
+      throw InputError(strprintf("%s: byte offset %lld: token id %lld is outside the vocabulary [0, %lld) "
+                                 "(model.vocab_size too small, or the file is not %s tokens)",
+                                 run.file->path().c_str(), static_cast<long long>(first + bad * w),
+                                 static_cast<long long>(bad_token), static_cast<long long>(vocab_),
+                                 token_type_name(run.type)));
     }
     done += n;
     pos += n;

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "lamina/core/error.hpp"
+#include "lamina/io/mapped_file.hpp"
 
 namespace lamina::test {
 namespace {
@@ -81,6 +82,46 @@ TEST_F(DataFiles, TextFilesAreConcatenatedBytes) {
   std::vector<std::int32_t> out(4);
   ds->read(1, 4, out.data());
   EXPECT_EQ(out, (std::vector<std::int32_t>{'b', 'c', 'd', 'e'}));
+}
+
+// A data file that shrinks under the run (rewritten, truncated): reading a window past its
+// new end is a RunError naming the file, not a SIGBUS that kills the job unsaved.
+TEST_F(DataFiles, AFileThatShrinksUnderTheRunIsARunErrorNamingIt) {
+  write("a.txt", std::vector<char>(3 * 4096, 'x'));
+  auto ds = open_text_dataset({path("a.txt")}, 256);
+  std::vector<std::int32_t> out(8);
+  ds->read(2 * 4096, 8, out.data());
+  fs::resize_file(path("a.txt"), 4096);
+  try {
+    ds->read(2 * 4096, 8, out.data());
+    ADD_FAILURE() << "no error";
+  } catch (const RunError& e) {
+    EXPECT_NE(std::string(e.what()).find(path("a.txt") + ": the file now holds 4096 bytes, 12288 when the run opened it"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// The same when the file shrinks between the size check and the read: the read's SIGBUS
+// is caught, and reads go on working afterwards.
+TEST_F(DataFiles, ASigbusDuringAReadIsARunErrorNamingTheFile) {
+  write("a.txt", std::vector<char>(3 * 4096, 'y'));
+  const MappedFile f(path("a.txt"));
+  volatile std::uint8_t last = 0;
+  auto shrink_then_read = [&] {
+    fs::resize_file(path("a.txt"), 4096);
+    last = f.data()[2 * 4096];
+  };
+  try {
+    f.read_checked(3 * 4096, shrink_then_read);
+    ADD_FAILURE() << "no error";
+  } catch (const RunError& e) {
+    EXPECT_NE(std::string(e.what()).find(path("a.txt") + ": the file now holds 4096 bytes"), std::string::npos)
+        << e.what();
+  }
+  auto first_page = [&] { last = f.data()[0]; };
+  f.read_checked(4096, first_page);
+  EXPECT_EQ(last, 'y');
 }
 
 TEST_F(DataFiles, LlmcShardsAreReadAcrossFiles) {
