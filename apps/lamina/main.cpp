@@ -209,6 +209,36 @@ std::unique_ptr<lamina::DirectoryLock> claim_convert_output(const Options& o) {
   return std::make_unique<lamina::DirectoryLock>(dir.string(), "convert's output directory");
 }
 
+// "unknown command 'frobnicate' (did you mean ...?); the commands: ..." where the first
+// word that names a command (of lamina, or of the command it follows) names none; else "".
+std::string unknown_command(const CLI::App& app, const std::vector<char*>& args) {
+  const CLI::App* level = &app;
+  std::string path = "lamina";
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    const std::string word = args[i];
+    if (word.empty() || word[0] == '-') return "";  // options come after the command words
+    const auto subs = level->get_subcommands([](const CLI::App*) { return true; });
+    if (subs.empty()) return "";
+    const CLI::App* next = nullptr;
+    std::string names, best;
+    std::size_t best_d = std::string::npos;
+    for (const CLI::App* c : subs) {
+      if (c->get_name() == word) next = c;
+      names += (names.empty() ? "" : ", ") + c->get_name();
+      const std::size_t d = lamina::edit_distance(word, c->get_name());
+      if (d < best_d) best_d = d, best = c->get_name();
+    }
+    if (next == nullptr) {
+      const bool close = best_d <= std::max<std::size_t>(2, word.size() / 2);
+      return "error: " + path + ": unknown command '" + word + "'" + (close ? " (did you mean '" + best + "'?)" : "") +
+             "; the commands: " + names;
+    }
+    level = next;
+    path += " " + word;
+  }
+  return "";
+}
+
 int run_convert(const Options& o, const lamina::Log& log) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto hold = claim_convert_output(o);
@@ -235,6 +265,12 @@ int run_convert(const Options& o, const lamina::Log& log) {
                                           : lamina::WeightsFormat::huggingface;
   lamina::parse_stored_float(o.dtype, out.type);
   out.max_shard_bytes = parse_bytes(o.max_shard);
+  {  // The directory an output file goes in is made, as a HuggingFace output directory is.
+    const std::filesystem::path parent = std::filesystem::path(o.convert_out).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    if (ec) throw lamina::RunError(parent.string() + ": cannot create the output's directory: " + ec.message());
+  }
   const auto files = lamina::write_weights(o.convert_out, *source, model, out);
   std::string list;
   for (const auto& f : files) list += "\n  " + f;
@@ -346,6 +382,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(static_cast<int>(app_args.size()), app_args.data());
   } catch (const CLI::ParseError& e) {
+    if (const std::string word = unknown_command(app, app_args); !word.empty()) {
+      std::fprintf(stderr, "%s\n", word.c_str());
+      return static_cast<int>(lamina::ExitCode::bad_input);
+    }
     const int code = app.exit(e);
     return code == 0 ? 0 : static_cast<int>(lamina::ExitCode::bad_input);
   }

@@ -245,7 +245,7 @@ class DeckReader {
 
   // A float in [lo, hi] (or (lo, hi] when lo_open). Integers are accepted.
   double real(const std::string& sec, const std::string& key, double def, double lo, double hi, bool lo_open = false,
-              bool required = false) {
+              bool required = false, bool hi_open = false) {
     const toml::node* n = find(sec, key);
     double v = def;
     if (n == nullptr) {
@@ -254,10 +254,11 @@ class DeckReader {
       wrong_type(sec, key, *n, "a number");
     } else {
       v = *n->value<double>();
-      const bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi;
+      const bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
       if (!ok) {
         std::string range = std::isinf(hi) ? strprintf("must be %s %g", lo_open ? ">" : ">=", lo)
-                                           : strprintf("must be in %s%g, %g]", lo_open ? "(" : "[", lo, hi);
+                                           : strprintf("must be in %s%g, %g%s", lo_open ? "(" : "[", lo, hi,
+                                                       hi_open ? ")" : "]");
         error_at(sec, key, strprintf("%g is out of range: ", v) + range);
         v = def;
       }
@@ -567,7 +568,8 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
                                    : DataFormat::text;
   const bool byte_vocab = dc.format == DataFormat::text;
   m.vocab_size = r.integer("model", "vocab_size", byte_vocab ? 256 : 0, 2, 1 << 30, !byte_vocab);
-  m.init_std = r.real("model", "init_std", 0.02, 0.0, kInf, true);
+  // GPT-2 uses 0.02; a standard deviation above 1 is a typo, not an initialisation.
+  m.init_std = r.real("model", "init_std", 0.02, 0.0, 1.0, true);
   const std::string attention = r.choice("model", "attention", "auto", {"auto", "in_place", "staged", "fused"});
   for (const AttentionProducts a : {AttentionProducts::in_place, AttentionProducts::staged, AttentionProducts::fused}) {
     if (attention == attention_products_name(a)) m.attention = a;
@@ -627,8 +629,9 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   o.lr = r.real("optimizer", "lr", 3e-4, 0.0, kInf, true);
   o.min_lr = r.real("optimizer", "min_lr", 0.1 * o.lr, 0.0, kInf);
   o.weight_decay = r.real("optimizer", "weight_decay", 0.1, 0.0, kInf);
-  o.beta1 = r.real("optimizer", "beta1", 0.9, 0.0, 1.0);
-  o.beta2 = r.real("optimizer", "beta2", 0.95, 0.0, 1.0);
+  // 1 is refused: AdamW's bias correction 1 - beta^t would divide by zero.
+  o.beta1 = r.real("optimizer", "beta1", 0.9, 0.0, 1.0, false, false, true);
+  o.beta2 = r.real("optimizer", "beta2", 0.95, 0.0, 1.0, false, false, true);
   o.eps = r.real("optimizer", "eps", 1e-8, 0.0, kInf, true);
   o.grad_clip = r.real("optimizer", "grad_clip", 1.0, 0.0, kInf);
   o.warmup_steps = r.integer("optimizer", "warmup_steps", 0, 0, kMaxSteps);

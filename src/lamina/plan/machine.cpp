@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -135,15 +136,16 @@ MachineSpec parse_machine(const std::string& text, const std::string& source) {
           }
           break;
         case Kind::bytes: {
+          // Sizes and rates alike are > 0: a bandwidth of 0 would price communication as free.
           std::int64_t b = 0;
-          if (n->is_integer() && *n->value<std::int64_t>() >= 0) {
+          if (n->is_integer() && *n->value<std::int64_t>() > 0) {
             m.*key.real = static_cast<double>(*n->value<std::int64_t>());
-          } else if (n->is_floating_point() && *n->value<double>() >= 0.0) {
+          } else if (n->is_floating_point() && *n->value<double>() > 0.0 && std::isfinite(*n->value<double>())) {
             m.*key.real = *n->value<double>();
-          } else if (n->is_string() && parse_bytes(*n->value<std::string>(), b)) {
+          } else if (n->is_string() && parse_bytes(*n->value<std::string>(), b) && b > 0) {
             m.*key.real = static_cast<double>(b);
           } else {
-            errors.push_back(where + " must be a byte count (a number or a string such as \"80GiB\" or \"25GB\")");
+            errors.push_back(where + " must be a byte count > 0 (a number or a string such as \"80GiB\" or \"25GB\")");
           }
           break;
         }

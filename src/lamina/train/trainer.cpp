@@ -671,6 +671,11 @@ void check_deck(const Deck& deck, const Log& log, int world) {
   auto ds = open_dataset(deck.data, deck.model.vocab_size, deck.train.seed);
   SequenceSampler sampler(ds->num_tokens(), deck.model.seq_len, deck.train.seed, deck.data.shuffle);
   log.info("data: " + ds->describe());
+  if (!deck.data.eval_paths.empty()) {  // a missing held-out file would end the run at its first evaluation
+    DataConfig eval = deck.data;
+    eval.paths = eval.eval_paths;
+    log.info("eval data: " + open_dataset(eval, deck.model.vocab_size, deck.train.seed)->describe());
+  }
   if (!deck.checkpoint.resume.empty()) {
     const std::string path = resolve_checkpoint(deck.checkpoint.resume, deck.checkpoint.dir);
     const CheckpointReader reader(path, MPI_COMM_SELF);

@@ -180,6 +180,10 @@ TEST_F(ConvertOutput, NeverOntoItsInputOverAnOutputWithoutForceOrIntoAJobsDirect
     EXPECT_FALSE(std::filesystem::exists(held + "/w.h5"));
   }
   EXPECT_EQ(run("convert " + in + " " + held + "/w.h5").code, 0);
+  // A file into a directory that does not exist yet: made, as for a HuggingFace directory.
+  r = run("convert " + in + " " + dir_ + "/new/dir/w.h5");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/new/dir/w.h5"));
 }
 
 }  // namespace

@@ -35,6 +35,23 @@ void expect_exit2_with(const Result& r, const std::string& text) {
   EXPECT_NE(r.out.find(text), std::string::npos) << "expected '" << text << "' in:\n" << r.out;
 }
 
+// A command word that names no command is named, with the nearest one and the list.
+TEST_F(CliFailures, AnUnknownCommandIsNamedWithTheNearestOne) {
+  expect_exit2_with(run("frobnicate"), "error: lamina: unknown command 'frobnicate'; the commands: train, eval, convert");
+  expect_exit2_with(run("trian x.toml"), "error: lamina: unknown command 'trian' (did you mean 'train'?)");
+  expect_exit2_with(run("bench stpe"), "error: lamina bench: unknown command 'stpe' (did you mean 'step'?)");
+}
+
+// --check opens the held-out data too: a missing data.eval_path ended the run at its
+// first evaluation.
+TEST_F(CliFailures, CheckNamesAMissingEvalFile) {
+  const std::string deck = file("eval.toml", kDeck + "[output]\npeak_tflops = 1\n");
+  const Result r = run("train " + deck + " --check --set data.format=\\\"text\\\" --set data.path=" + deck +
+                       " --set data.eval_path=" + dir_ + "/missing.txt --set model.vocab_size=256");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(dir_ + "/missing.txt"), std::string::npos) << r.out;
+}
+
 TEST_F(CliFailures, PipelinePartitionErrorsNameTheDeckLine) {
   const std::string deck = file("pp.toml", kDeck + "pp = 2\n");
   expect_exit2_with(run("train " + deck + " --set model.layers=3"),

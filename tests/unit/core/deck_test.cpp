@@ -123,7 +123,12 @@ INSTANTIATE_TEST_SUITE_P(
                 {"deck.toml:3:10: model.layers: 0 is out of range: must be in [1, 100000]"}},
         BadDeck{"negative_lr", with("lr = 1e-3", "lr = -1e-3"), {}, {"optimizer.lr: -0.001 is out of range: must be > 0"}},
         BadDeck{"beta_above_one", with("lr = 1e-3", "lr = 1e-3\nbeta2 = 1.5"), {},
-                {"deck.toml:19:9: optimizer.beta2: 1.5 is out of range: must be in [0, 1]"}},
+                {"deck.toml:19:9: optimizer.beta2: 1.5 is out of range: must be in [0, 1)"}},
+        // AdamW's bias correction divides by 1 - beta^t: 1 trained into NaN.
+        BadDeck{"beta_of_one", with("lr = 1e-3", "lr = 1e-3\nbeta1 = 1.0"), {},
+                {"deck.toml:19:9: optimizer.beta1: 1 is out of range: must be in [0, 1)"}},
+        BadDeck{"init_std_above_one", kGood, {"model.init_std=2"},
+                {"--set model.init_std=2: model.init_std: 2 is out of range: must be in (0, 1]"}},
         BadDeck{"heads_do_not_divide", with("heads = 4", "heads = 5"), {},
                 {"deck.toml:5:9: model.heads: d_model (64) must be divisible by heads (5)"}},
         BadDeck{"missing_required", with("steps = 100", ""), {}, {"missing required key train.steps (an integer)"}},

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "lamina/core/error.hpp"
@@ -33,6 +35,23 @@ TEST(Machine, MistakesAreLocated) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("m.toml:4:1: unknown key 'memroy' in device (did you mean 'memory'?)"), std::string::npos) << msg;
     EXPECT_NE(msg.find("missing device.peak_tflops_fp32"), std::string::npos) << msg;
+  }
+}
+
+// A bandwidth of 0 priced communication as free; sizes and rates are > 0.
+TEST(Machine, ZeroBandwidthsAreMistakes) {
+  std::ifstream in(std::string(LAMINA_SOURCE_DIR) + "/inputs/machines/dgx-h100.toml");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string key = "inter_node_bandwidth = ";
+  const std::size_t at = text.find(key);
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at + key.size(), text.find('\n', at) - at - key.size(), "0");
+  try {
+    parse_machine(text, "m.toml");
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("network.inter_node_bandwidth must be a byte count > 0"), std::string::npos)
+        << e.what();
   }
 }
 
