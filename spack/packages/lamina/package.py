@@ -43,9 +43,12 @@ class Lamina(CMakePackage, CudaPackage, ROCmPackage):
     depends_on("cmake@3.16:", type="build")
 
     # Kokkos 4 builds as C++17 and Kokkos 5 as C++20; lamina's sources compile as both.
-    # Kokkos Kernels' recipe pins Kokkos to its own version, so the two stay in step.
     depends_on("kokkos@4:5")
     depends_on("kokkos-kernels@4:5")
+    # Kokkos Kernels works with the Kokkos of its own minor version; some releases of its
+    # recipe do not say so, and the solver then paired kokkos-kernels 4.7 with kokkos 4.2.
+    for minor in ("4.0", "4.1", "4.2", "4.3", "4.4", "4.5", "4.6", "4.7", "5.0"):
+        depends_on(f"kokkos@{minor}", when=f"^kokkos-kernels@{minor}")
     depends_on("kokkos+openmp", when="+openmp")
     depends_on("kokkos-kernels+execspace_openmp", when="+openmp")
     depends_on("kokkos-kernels+execspace_serial", when="~openmp")
@@ -60,8 +63,10 @@ class Lamina(CMakePackage, CudaPackage, ROCmPackage):
     with when("+cuda"):
         # Kokkos' nvcc_wrapper is lamina's C++ compiler in CUDA builds (see cmake_args).
         depends_on("kokkos+cuda+wrapper")
-        # Kokkos 5 always has device lambdas and no longer has this variant.
-        depends_on("kokkos+cuda_lambda", when="^kokkos@:4")
+        # Kokkos 5 always has device lambdas and no longer has this variant. A requirement,
+        # not a dependency: a depends_on("kokkos...") conditioned on ^kokkos refers to itself
+        # (`spack audit packages` rejects it).
+        requires("^kokkos+cuda_lambda", when="^kokkos@:4")
         # Kokkos builds with CUDA 13 from 4.7.01 on (its recipe conflicts with it up to 4.7.0).
         depends_on("kokkos@4.7.01:", when="^cuda@13:")
         # cuBLAS for device GEMMs; pre-instantiate Kokkos Kernels for Cuda as its own CMake
