@@ -608,7 +608,8 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   dc.shuffle = r.boolean("data", "shuffle", true);
 
   auto& t = d.train;
-  t.steps = r.integer("train", "steps", 0, 1, kMaxSteps, true);
+  // 0: no step; the run writes the initial weights as the step-0 checkpoint and ends.
+  t.steps = r.integer("train", "steps", 0, 0, kMaxSteps, true);
   // The samples and tokens the run counts must fit: steps x batch x (seq_len + 1) tokens.
   if (const std::int64_t per_step = dc.batch_size > kMaxTokens / (m.seq_len + 1) ? kMaxTokens
                                                                                  : dc.batch_size * (m.seq_len + 1);

@@ -196,6 +196,12 @@ class Trainer {
       summary.final_loss = evaluate(rt, start_step);
       return summary;
     }
+    if (deck_.train.steps == 0 && deck_.checkpoint.resume.empty()) {
+      // A fresh model's weights (seeded, or model.init's), to start another trainer from.
+      const std::string path = save(rt, 0);
+      log_.info("train.steps = 0: the initial weights are in " + path);
+      return summary;
+    }
     if (start_step >= deck_.train.steps) {
       log_.info(strprintf("the checkpoint is at step %lld and train.steps = %lld: nothing to do",
                           static_cast<long long>(start_step), static_cast<long long>(deck_.train.steps)));

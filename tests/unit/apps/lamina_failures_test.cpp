@@ -276,7 +276,7 @@ TEST_F(CliFailures, MessagesNameTheSetArgumentTheRangeAndTheRankCountsThatWork) 
                     "--set train.steps=3...: the value spans several lines");
   expect_exit2_with(run("train " + deck + " --set output.dir= --check"), "error: --set output.dir=: output.dir: is empty");
   expect_exit2_with(run("train " + deck + " --set train.steps=4611686018427387904 --check"),
-                    "train.steps: 4611686018427387904 is out of range: must be in [1, 1099511627776]");
+                    "train.steps: 4611686018427387904 is out of range: must be in [0, 1099511627776]");
   const Result ranks = run("plan " + deck + " --ranks 0");
   EXPECT_NE(ranks.code, 0);
   EXPECT_NE(ranks.out.find("--ranks: must be a whole number from 1 to 2147483647, got 0"), std::string::npos) << ranks.out;

@@ -54,6 +54,30 @@ TEST_F(Cli, CheckPrintsResolvedDeckAndMemoryEstimate) {
   }
 }
 
+// train.steps = 0 writes a fresh model's weights as the step-0 checkpoint, so that another
+// trainer and lamina can start from the same ones; a run from them (model.init) trains as
+// the run from the seed does.
+TEST_F(Cli, ZeroStepsWriteTheInitialWeights) {
+  const std::string deck = file("zero.toml", "[model]\nlayers = 2\nd_model = 32\nheads = 2\nseq_len = 8\n"
+                                             "vocab_size = 64\n[data]\nformat = \"synthetic\"\nbatch_size = 4\n"
+                                             "[train]\nsteps = 0\n[output]\npeak_tflops = 1\n");
+  const Result r = run("train " + deck + " --set output.dir=" + dir_ + "/zero");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string weights = dir_ + "/zero/checkpoints/step_00000000.h5";
+  EXPECT_NE(r.out.find("train.steps = 0: the initial weights are in " + weights), std::string::npos) << r.out;
+  const auto losses = [&](const std::string& name, const std::string& sets) {
+    const Result t = run("train " + deck + " --set train.steps=2 --set output.dir=" + dir_ + "/" + name + " " + sets);
+    EXPECT_EQ(t.code, 0) << t.out;
+    std::ifstream in(dir_ + "/" + name + "/metrics.jsonl");
+    std::string line, all;
+    while (std::getline(in, line)) all += line.substr(0, line.find(", \"lr\"")) + "\n";  // step and loss
+    return all;
+  };
+  const std::string seeded = losses("seeded", ""), loaded = losses("loaded", "--set model.init=\\\"" + weights + "\\\"");
+  EXPECT_NE(seeded.find("\"loss\""), std::string::npos) << seeded;
+  EXPECT_EQ(loaded, seeded);
+}
+
 TEST_F(Cli, MissingDataFileIsExitCode2) {
   const std::string deck = file("nodata.toml", "[model]\nlayers = 1\nd_model = 32\nheads = 2\nseq_len = 8\n"
                                                "[data]\npath = \"/nonexistent/corpus.txt\"\nbatch_size = 2\n"
