@@ -731,6 +731,14 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
 
 }  // namespace
 
+std::vector<std::string> deck_keys() {
+  std::vector<std::string> out;
+  for (const Section& s : schema()) {
+    for (const std::string& k : s.keys) out.push_back(s.name + "." + k);
+  }
+  return out;
+}
+
 Deck parse_deck(const std::string& text, const std::string& source_name, const std::vector<std::string>& overrides) {
   toml::table root;
   try {

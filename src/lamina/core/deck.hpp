@@ -81,6 +81,9 @@ Deck parse_deck(const std::string& text, const std::string& source_name,
 // Parses "12GiB", "512MB", "1e9" or a plain integer into bytes; returns false when malformed.
 bool parse_bytes(const std::string& text, std::int64_t& bytes);
 
+// Every key a deck accepts, as "section.key", in the schema's order.
+std::vector<std::string> deck_keys();
+
 // Edit distance, for "did you mean" suggestions.
 std::size_t edit_distance(const std::string& a, const std::string& b);
 

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "lamina/core/error.hpp"
 
@@ -182,6 +185,32 @@ TEST(Deck, DirectoryIsAnInputErrorSayingSo) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find(dir + ": is a directory, not a deck file"), std::string::npos) << e.what();
   }
+}
+
+// The README's deck table lists every key the parser accepts, and no other: the table is
+// the rows of "## Input decks" whose first cell names keys (`section.key`, then `key`s of
+// the same section).
+TEST(Deck, TheReadmeTableListsEveryKeyAndNoOther) {
+  std::ifstream in(std::string(LAMINA_SOURCE_DIR) + "/README.md");
+  std::string line;
+  bool inside = false;
+  std::set<std::string> documented;
+  while (std::getline(in, line)) {
+    if (line.rfind("## ", 0) == 0) inside = line == "## Input decks";
+    if (!inside || line.rfind("| `", 0) != 0) continue;
+    const std::string cell = line.substr(2, line.find('|', 2) - 2);
+    std::string section;
+    for (std::size_t at = cell.find('`'); at != std::string::npos; at = cell.find('`', cell.find('`', at + 1) + 1)) {
+      const std::string name = cell.substr(at + 1, cell.find('`', at + 1) - at - 1);
+      const std::size_t dot = name.find('.');
+      if (dot != std::string::npos) section = name.substr(0, dot);
+      documented.insert(dot != std::string::npos ? name : section + "." + name);
+    }
+  }
+  const std::vector<std::string> keys = deck_keys();
+  const std::set<std::string> parsed(keys.begin(), keys.end());
+  for (const auto& k : parsed) EXPECT_TRUE(documented.count(k)) << k << " is missing from the README's deck table";
+  for (const auto& k : documented) EXPECT_TRUE(parsed.count(k)) << k << " is in the README's deck table, not in the parser";
 }
 
 TEST(Deck, EditDistance) {
