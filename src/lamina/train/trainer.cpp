@@ -104,6 +104,19 @@ std::string check_memory(const Plan& plan, const MemoryEstimate& estimate, const
   return check_memory_fits(estimate, system, node_share(comm, system), source);
 }
 
+// The windows of `ds`, the data `key` names; a dataset too short for one window is an
+// InputError naming the key, where the deck sets it, and its files.
+std::unique_ptr<SequenceSampler> sampler_of(const TokenDataset& ds, const Deck& deck, const std::string& key,
+                                            const std::vector<std::string>& paths, bool shuffle) {
+  try {
+    return std::make_unique<SequenceSampler>(ds.num_tokens(), deck.model.seq_len, deck.train.seed, shuffle);
+  } catch (const InputError& e) {
+    std::string files;
+    for (const auto& p : paths) files += (files.empty() ? "" : ", ") + p;
+    throw InputError(deck.where(key) + ": " + key + " = " + files + ": " + e.what());
+  }
+}
+
 class Trainer {
  public:
   Trainer(const Deck& deck, const Log& log, MPI_Comm comm) : deck_(deck), log_(log), comm_(comm) {
@@ -311,8 +324,7 @@ class Trainer {
     DataConfig eval = deck_.data;
     eval.paths = eval.eval_paths;
     eval_dataset_ = open_dataset(eval, deck_.model.vocab_size, deck_.train.seed);
-    eval_sampler_ = std::make_unique<SequenceSampler>(eval_dataset_->num_tokens(), deck_.model.seq_len,
-                                                      deck_.train.seed, false);
+    eval_sampler_ = sampler_of(*eval_dataset_, deck_, "data.eval_path", deck_.data.eval_paths, false);
     const std::int64_t all = eval_sampler_->num_windows() / deck_.data.batch_size;
     if (all == 0) {
       throw InputError(strprintf("data.eval_path: %s holds %lld windows of %lld+1 tokens, fewer than one batch "
@@ -372,8 +384,7 @@ class Trainer {
   void open_data() {
     const auto t0 = std::chrono::steady_clock::now();
     dataset_ = open_dataset(deck_.data, deck_.model.vocab_size, deck_.train.seed);
-    sampler_ = std::make_unique<SequenceSampler>(dataset_->num_tokens(), deck_.model.seq_len, deck_.train.seed,
-                                                 deck_.data.shuffle);
+    sampler_ = sampler_of(*dataset_, deck_, "data.path", deck_.data.paths, deck_.data.shuffle);
     std::string line = "data: " + dataset_->describe() +
                        strprintf(", %s windows of %lld+1 tokens", human_count(static_cast<double>(sampler_->num_windows())).c_str(),
                                  static_cast<long long>(deck_.model.seq_len));
@@ -675,7 +686,7 @@ void check_deck(const Deck& deck, const Log& log, int world) {
                      races.instructions, races.stages));
   check_output_dirs(deck);
   auto ds = open_dataset(deck.data, deck.model.vocab_size, deck.train.seed);
-  SequenceSampler sampler(ds->num_tokens(), deck.model.seq_len, deck.train.seed, deck.data.shuffle);
+  sampler_of(*ds, deck, "data.path", deck.data.paths, deck.data.shuffle);
   log.info("data: " + ds->describe());
   if (!deck.data.eval_paths.empty()) {  // a missing held-out file would end the run at its first evaluation
     DataConfig eval = deck.data;

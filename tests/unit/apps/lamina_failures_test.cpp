@@ -52,6 +52,18 @@ TEST_F(CliFailures, CheckNamesAMissingEvalFile) {
   EXPECT_NE(r.out.find(dir_ + "/missing.txt"), std::string::npos) << r.out;
 }
 
+// Data too short for one window names the key and its files (it named neither).
+TEST_F(CliFailures, DataTooShortNamesTheKeyAndTheFile) {
+  const std::string data = file("short.txt", "abc");
+  const std::string deck = file("short.toml", "[model]\nlayers = 2\nd_model = 32\nheads = 2\nseq_len = 8\n"
+                                              "vocab_size = 256\n[data]\nformat = \"text\"\npath = \"" + data +
+                                              "\"\nbatch_size = 4\n[train]\nsteps = 1\n");
+  for (const char* mode : {" --check", ""}) {
+    expect_exit2_with(run("train " + deck + mode + " --set output.dir=" + dir_ + "/short"),
+                      deck + ":9:8: data.path = " + data + ": the data holds 3 tokens, fewer than model.seq_len + 1 = 9");
+  }
+}
+
 TEST_F(CliFailures, PipelinePartitionErrorsNameTheDeckLine) {
   const std::string deck = file("pp.toml", kDeck + "pp = 2\n");
   expect_exit2_with(run("train " + deck + " --set model.layers=3"),
