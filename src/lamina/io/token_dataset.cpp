@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
@@ -266,7 +267,9 @@ std::unique_ptr<TokenDataset> open_megatron_dataset(const std::vector<std::strin
 std::vector<std::string> expand_paths(const std::vector<std::string>& patterns) {
   std::vector<std::string> out;
   for (const auto& p : patterns) {
-    if (p.find_first_of("*?[") == std::string::npos) {
+    // A file named as it is (`run[1].bin`) is that file, whatever its name holds.
+    std::error_code ec;
+    if (p.find_first_of("*?[") == std::string::npos || std::filesystem::exists(p, ec)) {
       out.push_back(p);
       continue;
     }
@@ -274,7 +277,10 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& patterns) 
     const int rc = ::glob(p.c_str(), 0, nullptr, &g);
     if (rc != 0) {
       ::globfree(&g);
-      throw InputError("data.path: no file matches '" + p + "'");
+      throw InputError("no data file matches '" + p + "'" +
+                       (p.find('[') != std::string::npos
+                            ? " (a shell pattern, where '[...]' matches one of the characters inside)"
+                            : ""));
     }
     for (std::size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);  // glob sorts
     ::globfree(&g);

@@ -207,7 +207,13 @@ TEST_F(DataFiles, PathPatternsExpandInSortedOrder) {
   const auto paths = expand_paths({path("shard_*.bin")});
   ASSERT_EQ(paths.size(), 2u);
   EXPECT_EQ(paths[0], path("shard_0.bin"));
-  EXPECT_NE(error_of([&] { expand_paths({path("none_*.bin")}); }).find("no file matches"), std::string::npos);
+  EXPECT_NE(error_of([&] { expand_paths({path("none_*.bin")}); }).find("no data file matches"), std::string::npos);
+  // A file whose name holds pattern characters is taken as named; a pattern with '[' that
+  // matches nothing says how the shell reads it.
+  write("run[1].bin", {'x'});
+  EXPECT_EQ(expand_paths({path("run[1].bin")}), std::vector<std::string>{path("run[1].bin")});
+  EXPECT_NE(error_of([&] { expand_paths({path("run[2].bin")}); }).find("'[...]' matches one of the characters inside"),
+            std::string::npos);
 }
 
 TEST_F(DataFiles, UnigramEntropy) {
