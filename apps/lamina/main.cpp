@@ -220,18 +220,17 @@ std::string unknown_command(const CLI::App& app, const std::vector<char*>& args)
     const auto subs = level->get_subcommands([](const CLI::App*) { return true; });
     if (subs.empty()) return "";
     const CLI::App* next = nullptr;
-    std::string names, best;
-    std::size_t best_d = std::string::npos;
+    std::vector<std::string> names;
     for (const CLI::App* c : subs) {
       if (c->get_name() == word) next = c;
-      names += (names.empty() ? "" : ", ") + c->get_name();
-      const std::size_t d = lamina::edit_distance(word, c->get_name());
-      if (d < best_d) best_d = d, best = c->get_name();
+      names.push_back(c->get_name());
     }
     if (next == nullptr) {
-      const bool close = best_d <= std::max<std::size_t>(2, word.size() / 2);
-      return "error: " + path + ": unknown command '" + word + "'" + (close ? " (did you mean '" + best + "'?)" : "") +
-             "; the commands: " + names;
+      const std::string best = lamina::closest(word, names);
+      std::string list;
+      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+      return "error: " + path + ": unknown command '" + word + "'" +
+             (best.empty() ? "" : " (did you mean '" + best + "'?)") + "; the commands: " + list;
     }
     level = next;
     path += " " + word;

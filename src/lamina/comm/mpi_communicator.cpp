@@ -1,7 +1,8 @@
 #include "lamina/comm/mpi_communicator.hpp"
 
 // Open MPI declares its CUDA-awareness query in an extension header of its own; MPICH (and
-// Cray MPICH, Intel MPI) 4.x declare theirs in mpi.h.
+// Cray MPICH, Intel MPI) 4.x declare theirs in mpi.h, which says which MPI this is.
+#include <mpi.h>
 #if defined(OPEN_MPI) && OPEN_MPI
 #include <mpi-ext.h>
 #endif

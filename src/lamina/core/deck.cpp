@@ -93,8 +93,6 @@ bool parse_bytes(const std::string& text, std::int64_t& bytes) {
   return true;
 }
 
-namespace {
-
 std::string closest(const std::string& word, const std::vector<std::string>& candidates) {
   std::string best;
   std::size_t best_d = std::numeric_limits<std::size_t>::max();
@@ -110,6 +108,8 @@ std::string closest(const std::string& word, const std::vector<std::string>& can
   const std::size_t limit = std::max<std::size_t>(2, word.size() / 2);
   return best_d <= limit ? best : std::string();
 }
+
+namespace {
 
 std::string describe_node(const toml::node& n) {
   switch (n.type()) {

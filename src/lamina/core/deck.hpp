@@ -86,5 +86,7 @@ std::vector<std::string> deck_keys();
 
 // Edit distance, for "did you mean" suggestions.
 std::size_t edit_distance(const std::string& a, const std::string& b);
+// The candidate a mistyped word most likely meant, "" if none is close.
+std::string closest(const std::string& word, const std::vector<std::string>& candidates);
 
 }  // namespace lamina

@@ -192,7 +192,7 @@ class Trainer {
     if (!deck_.checkpoint.resume.empty()) {
       if (!m.init.empty()) log_.info("model.init = " + m.init + " is not read: the run resumes from its checkpoint");
       start_step = resume(rt);
-      if (!evaluate_only) set_aside_newer_checkpoints(start_step);
+      if (!evaluate_only) settle_newer_checkpoints(start_step);
     } else {
       rt.state().init(deck_.train.seed);
       if (!m.init.empty()) initialise_from(rt, m.init);
@@ -501,8 +501,6 @@ class Trainer {
     metrics_.write(j);
   }
 
-  // The stop signal any rank received (the largest number), 0 if none: every rank stops
-  // after the same step.
   // The hold on output.dir and on checkpoint.dir, for the job's lifetime
   // (io/directory_lock.hpp). Both, wherever they lie: a checkpoint.dir inside another job's
   // output.dir meets that job's hold on it, and that job, started later, meets this one's.
@@ -516,6 +514,8 @@ class Trainer {
     locks_.push_back(std::make_unique<DirectoryLock>(deck_.checkpoint.dir, "checkpoint.dir"));
   }
 
+  // The stop signal any rank received (the largest number), 0 if none: every rank stops
+  // after the same step.
   static int agreed_stop_signal(Runtime& rt) {
     double sig = stop_requested();
     rt.grid().world().allreduce(&sig, 1, ReduceOp::max);
@@ -525,7 +525,7 @@ class Trainer {
   // Checkpoints of steps after `step` in checkpoint.dir: a future this run abandons. The
   // run's retention never deletes them; what becomes of them is the user's word
   // (checkpoint.newer), never a silent choice.
-  void set_aside_newer_checkpoints(std::int64_t step) {
+  void settle_newer_checkpoints(std::int64_t step) {
     std::vector<std::string> newer;
     for (const auto& p : list_checkpoints(deck_.checkpoint.dir)) {
       if (checkpoint_step(fs::path(p).filename().string()) > step) newer.push_back(p);
