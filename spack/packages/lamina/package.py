@@ -79,6 +79,10 @@ class Lamina(CMakePackage, CudaPackage, ROCmPackage):
 
     with when("+rocm"):
         depends_on("kokkos+rocm")
+        # Left alone, the solver picks Kokkos 4.2 here, only because its recipe adds rocthrust
+        # to the build from 4.3 on. 4.6 is the oldest Kokkos lamina's device path has been
+        # built and run with (CUDA, on an H100).
+        depends_on("kokkos@4.6:")
         depends_on("kokkos-kernels+rocblas")
         # Kokkos takes a single amdgpu_target, like cuda_arch above.
         for target in ROCmPackage.amdgpu_targets:
