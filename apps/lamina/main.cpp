@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "lamina/core/format.hpp"
 #include "lamina/core/log.hpp"
 #include "lamina/core/stop_signal.hpp"
+#include "lamina/core/system_memory.hpp"
 #include "lamina/io/directory_lock.hpp"
 #include "lamina/io/hdf5_file.hpp"
 #include "lamina/io/model_weights.hpp"
@@ -281,6 +283,7 @@ int run_convert(const Options& o, const lamina::Log& log) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  lamina::watch_host_allocations();
   // Kokkos' own options (--kokkos-...) go to Kokkos, the rest to the command-line parser.
   std::vector<char*> kokkos_args = {argv[0]}, app_args;
   for (int i = 0; i < argc; ++i) {
@@ -485,6 +488,10 @@ int main(int argc, char** argv) {
   } catch (const lamina::Error& e) {
     log.error(e.what());
     code = static_cast<int>(e.code());
+  } catch (const std::bad_alloc&) {
+    // The tracked buffers say what they were allocating (core/buffer.hpp); this is the rest.
+    log.error(lamina::host_allocation_failure());
+    code = static_cast<int>(lamina::ExitCode::run_failed);
   } catch (const std::exception& e) {
     log.error(std::string("internal error: ") + e.what());
     code = static_cast<int>(lamina::ExitCode::internal);

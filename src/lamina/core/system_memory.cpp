@@ -1,10 +1,17 @@
 #include "lamina/core/system_memory.hpp"
 
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <Kokkos_Core.hpp>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <new>
 #include <sstream>
+
+#include "lamina/core/format.hpp"
 #if defined(KOKKOS_ENABLE_CUDA)
 #include <cuda_runtime.h>
 #endif
@@ -13,9 +20,9 @@ namespace lamina {
 
 namespace {
 
-// A "Key: N kB" line of /proc/meminfo in bytes, 0 if absent.
-std::int64_t meminfo(const std::string& key) {
-  std::ifstream in("/proc/meminfo");
+// A "Key: N kB" line of /proc/meminfo (or another such file) in bytes, 0 if absent.
+std::int64_t meminfo(const std::string& key, const char* file = "/proc/meminfo") {
+  std::ifstream in(file);
   for (std::string line; std::getline(in, line);) {
     if (line.compare(0, key.size() + 1, key + ":") != 0) continue;
     std::istringstream v(line.substr(key.size() + 1));
@@ -65,6 +72,52 @@ SystemMemory system_memory() {
   }
 #endif
   return m;
+}
+
+namespace {
+
+std::int64_t g_failed_mapped = 0, g_failed_resident = 0;
+
+// "Key:   N kB" in a /proc status text, in bytes; 0 if absent.
+std::int64_t status_bytes(const char* text, const char* key) {
+  const char* at = std::strstr(text, key);
+  return at == nullptr ? 0 : std::strtoll(at + std::strlen(key), nullptr, 10) * 1024;
+}
+
+// Reads /proc/self/status into a stack buffer (nothing to allocate when memory has run
+// out), notes the sizes, and lets the allocation fail as it would have.
+void note_failed_allocation() {
+  char text[4096] = {};
+  const int fd = open("/proc/self/status", O_RDONLY);
+  if (fd >= 0) {
+    const ssize_t n = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (n > 0) {
+      g_failed_mapped = status_bytes(text, "VmSize:");
+      g_failed_resident = status_bytes(text, "VmRSS:");
+    }
+  }
+  throw std::bad_alloc();
+}
+
+}  // namespace
+
+void watch_host_allocations() { std::set_new_handler(note_failed_allocation); }
+
+std::string host_allocation_failure() {
+  const SystemMemory m = system_memory();
+  std::string what = "out of host memory: an allocation outside lamina's tracked buffers failed";
+  if (g_failed_mapped > 0) {
+    what += strprintf(" with %s mapped and %s resident in this process",
+                      human_bytes(static_cast<double>(g_failed_mapped)).c_str(),
+                      human_bytes(static_cast<double>(g_failed_resident)).c_str());
+  }
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+    what += strprintf(", under an address-space limit of %s (ulimit -v)", human_bytes(static_cast<double>(as.rlim_cur)).c_str());
+  }
+  return what + strprintf("; %s available of %s (%s)", human_bytes(static_cast<double>(m.host_available)).c_str(),
+                          human_bytes(static_cast<double>(m.host_limit)).c_str(), m.host_limit_source.c_str());
 }
 
 }  // namespace lamina

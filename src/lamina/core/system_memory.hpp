@@ -19,4 +19,12 @@ struct SystemMemory {
 // the device's free memory.
 SystemMemory system_memory();
 
+// Host allocations outside the tracked buffers (scratch vectors of initialization,
+// checkpoints, conversion, data) throw std::bad_alloc, which says nothing. Once installed,
+// a failing one first notes this process's mapped and resident bytes, as they were then
+// (the unwinding frees much of it); host_allocation_failure() says what was noted, with the
+// address-space limit (ulimit -v) and the host's available memory.
+void watch_host_allocations();
+std::string host_allocation_failure();
+
 }  // namespace lamina
