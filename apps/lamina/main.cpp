@@ -420,7 +420,6 @@ int main(int argc, char** argv) {
       } else {
         log.info(build_info() + lamina::strprintf(", %d rank(s)", world));
         log.info(host_threads);
-        lamina::install_stop_handlers();
         lamina::run_training(deck, log, MPI_COMM_WORLD);
       }
     } else if (eval->parsed()) {

@@ -199,6 +199,18 @@ TEST_F(JobFailures, RanksWithDifferentDecksAreRefusedNamingTheFirstDifference) {
   EXPECT_FALSE(fs::exists(metrics("decks")));
 }
 
+// Bad input found by the ranks as they set up: exit 2 with the message, and no rank takes
+// the others' MPI_Abort (a SIGTERM) for a request to stop and save.
+TEST_F(JobFailures, BadInputUnderMpiIsNotTakenForAStopRequest) {
+  std::ofstream(dir_ + "/short.txt") << "abc";
+  Job job(2, args("short", {"parallel.dp=2", "data.format=text", "data.path=" + dir_ + "/short.txt", "model.vocab_size=256"}),
+          dir_ + "/short.log");
+  EXPECT_EQ(job.wait(60), 2) << job.output();
+  const std::string out = job.output();
+  EXPECT_NE(out.find("the data holds 3 tokens, fewer than model.seq_len + 1 = 17"), std::string::npos) << out;
+  EXPECT_EQ(out.find("stop requested"), std::string::npos) << out;
+}
+
 TEST_F(JobFailures, AKilledRankEndsTheJobWithinSeconds) {
   Job job(2, args("killed", {"parallel.dp=2"}), dir_ + "/killed.log");
   ASSERT_TRUE(job.wait_for_start(2, metrics("killed"), 60)) << job.output();

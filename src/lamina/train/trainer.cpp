@@ -221,6 +221,9 @@ class Trainer {
       return summary;
     }
 
+    // From here on a signal has work to save. Not before: when one rank finds bad input, its
+    // MPI_Abort ends the others with SIGTERM, which must not read as a stop request.
+    install_stop_handlers();
     if (rank == 0) metrics_ = MetricsWriter(metrics_path, start_step);
     measure_peak();
     if (eval_dataset_ != nullptr && start_step == 0) evaluate(rt, 0);  // the baseline
