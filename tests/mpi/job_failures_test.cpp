@@ -64,8 +64,9 @@ std::string slurp(const std::string& path) {
 // pid, and so its own ranks: the children of that mpirun.
 class Job {
  public:
-  Job(int np, const std::string& args, std::string log) : log_(std::move(log)) {
-    const std::string cmd = "exec " LAMINA_MPIRUN " -np " + std::to_string(np) + " " +
+  // shell: what the shell runs before it becomes mpirun (limits, say)
+  Job(int np, const std::string& args, std::string log, const std::string& shell = "") : log_(std::move(log)) {
+    const std::string cmd = shell + "exec " LAMINA_MPIRUN " -np " + std::to_string(np) + " " +
                             LAMINA_BINARY + " " + args;
     pid_ = ::fork();
     if (pid_ == 0) {
@@ -209,6 +210,36 @@ TEST_F(JobFailures, BadInputUnderMpiIsNotTakenForAStopRequest) {
   const std::string out = job.output();
   EXPECT_NE(out.find("the data holds 3 tokens, fewer than model.seq_len + 1 = 17"), std::string::npos) << out;
   EXPECT_EQ(out.find("stop requested"), std::string::npos) << out;
+}
+
+// A checkpoint the file system cannot take (a file-size limit stands in for a full disk:
+// ulimit -f, SIGXFSZ ignored) ends every rank at once with exit 3, naming the file system
+// and the bytes, instead of leaving them in HDF5's collective calls until parallel.timeout;
+// no .tmp is left and `latest` still names the last checkpoint that was written.
+TEST_F(JobFailures, ACheckpointThatDoesNotFitEndsEveryRankAtOnce) {
+  std::vector<std::string> sets = {"parallel.dp=2", "model.layers=2", "model.d_model=512", "checkpoint.save_final=true",
+                                   "optimizer.warmup_steps=0", "parallel.timeout=120"};
+  auto one = sets;
+  one.push_back("train.steps=1");
+  Job first(2, args("full", one), dir_ + "/full1.log");
+  ASSERT_EQ(first.wait(120), 0) << first.output();
+  for (const char* s : {"train.steps=2", "checkpoint.resume=latest"}) sets.push_back(s);
+  const auto t0 = Clock::now();
+  Job job(2, args("full", sets), dir_ + "/full2.log", "trap '' XFSZ; ulimit -f 32768; ");
+  EXPECT_EQ(job.wait(120), 3) << job.output();
+  EXPECT_LT(since(t0), 60.0);
+  const std::string out = job.output();
+  const std::string ckpt = dir_ + "/full/checkpoints";
+  EXPECT_NE(out.find("error: cannot write " + ckpt + "/step_00000002.h5.tmp (the checkpoint needs about 78.90 MiB): "),
+            std::string::npos)
+      << out;
+  // sh counts ulimit -f in 512-byte blocks
+  EXPECT_NE(out.find(" free of "), std::string::npos) << out;
+  EXPECT_NE(out.find(", under a file-size limit of 16.00 MiB (ulimit -f)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("waited more than parallel.timeout"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(ckpt + "/step_00000002.h5.tmp"));
+  EXPECT_EQ(slurp(ckpt + "/latest"), "step_00000001.h5\n");
+  EXPECT_TRUE(fs::exists(ckpt + "/step_00000001.h5"));
 }
 
 TEST_F(JobFailures, AKilledRankEndsTheJobWithinSeconds) {

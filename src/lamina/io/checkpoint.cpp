@@ -1,10 +1,15 @@
 #include "lamina/io/checkpoint.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -46,6 +51,51 @@ void barrier(MPI_Comm comm, const char* what) {
         return done != 0;
       },
       [&] { return std::string("the other ranks ") + what; });
+}
+
+// Where a write into `path` goes, for a message about a write refused: the file system's
+// mount point and type, its free bytes, and this process's file-size limit if it has one.
+std::string file_system_of(const std::string& path) {
+  std::error_code ec;
+  const std::string dir = fs::weakly_canonical(fs::path(path).parent_path(), ec).string();
+  std::string mount = "/", type = "?";
+  std::ifstream mounts("/proc/self/mounts");
+  for (std::string device, point, kind, rest; mounts >> device >> point >> kind && std::getline(mounts, rest);) {
+    const bool inside = dir == point || point == "/" ||
+                        (dir.compare(0, point.size(), point) == 0 && dir.size() > point.size() && dir[point.size()] == '/');
+    if (inside && point.size() >= mount.size()) {
+      mount = point;
+      type = kind;
+    }
+  }
+  std::string what = "on " + mount + " (" + type + ")";
+  struct statvfs v{};
+  if (::statvfs(dir.c_str(), &v) == 0) {
+    what += strprintf(", %s free of %s", human_bytes(static_cast<double>(v.f_bavail) * v.f_frsize).c_str(),
+                      human_bytes(static_cast<double>(v.f_blocks) * v.f_frsize).c_str());
+  }
+  rlimit fsize{};
+  if (::getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY) {
+    what += strprintf(", under a file-size limit of %s (ulimit -f)", human_bytes(static_cast<double>(fsize.rlim_cur)).c_str());
+  }
+  return what;
+}
+
+// Every rank learns of a write that failed on any of them, at once: a rank that stopped at
+// its own failure would leave the others waiting in the next collective call until
+// parallel.timeout. Throws on every rank when one failed (`failure`: this rank's message,
+// empty if its share was written).
+void agree_on_write(MPI_Comm comm, const std::string& failure, const std::string& path, std::int64_t written) {
+  int failed = failure.empty() ? INT_MAX : rank_of(comm);
+  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MIN, comm);
+  if (failed == INT_MAX) return;
+  const std::string where =
+      written > 0 ? strprintf(" (%s written by this rank; %s)", human_bytes(static_cast<double>(written)).c_str(),
+                              file_system_of(path).c_str())
+                  : "; " + file_system_of(path);
+  if (!failure.empty()) throw RunError(failure + where);
+  throw RunError(strprintf("cannot write %s: rank %d's write failed; the checkpoint is abandoned", path.c_str(), failed) +
+                 where);
 }
 
 void fsync_path(const std::string& path) {
@@ -149,13 +199,43 @@ CheckpointWriter::~CheckpointWriter() {
   }
 }
 
+void CheckpointWriter::reserve(std::int64_t data_bytes) {
+  // Chunk indexes, checksums and object headers: a few KiB per dataset, measured well under this.
+  const std::int64_t need = data_bytes + data_bytes / 32 + (std::int64_t{4} << 20);
+  const std::string about = strprintf("cannot write %s (the checkpoint needs about %s): ", tmp_path_.c_str(),
+                                      human_bytes(static_cast<double>(need)).c_str());
+  std::string failure;
+  rlimit fsize{};
+  if (::getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY &&
+      static_cast<std::uint64_t>(need) > static_cast<std::uint64_t>(fsize.rlim_cur)) {
+    failure = about + "more than this process may write into one file";
+  }
+  if (failure.empty() && rank_of(comm_) == 0) {
+    // Blocks reserved beyond the file's end: writes into them cannot run out of space.
+    const int fd = ::open(tmp_path_.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      if (::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, need) != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
+        failure = about + std::strerror(errno);
+      }
+      ::close(fd);
+    }
+  }
+  agree_on_write(comm_, failure, tmp_path_, 0);
+}
+
 void CheckpointWriter::write(const TensorSlab& s) {
   if (s.data != nullptr && nonfinite_.empty()) {
     std::int64_t n = 1;
     for (const auto c : s.local_shape) n *= c;
     if (!std::all_of(s.data, s.data + n, [](float v) { return std::isfinite(v); })) nonfinite_ = s.name;
   }
-  h5::write_slab(file_, tmp_path_, s.name, s.global_shape, s.pieces, s.local_shape, s.data);
+  std::string failure;
+  try {
+    h5::write_slab(file_, tmp_path_, s.name, s.global_shape, s.pieces, s.local_shape, s.data);
+  } catch (const RunError& e) {
+    failure = e.what();
+  }
+  agree_on_write(comm_, failure, tmp_path_, bytes_);
   for (const auto& p : s.pieces) {
     std::int64_t n = 4;
     for (const auto c : p.count) n *= c;
@@ -172,9 +252,20 @@ std::string CheckpointWriter::commit(const CheckpointMeta& meta, std::int64_t ke
   h5::set_attr(file_, "deck", meta.deck);
   h5::set_attr(file_, "layout", meta.layout);
   h5::set_attr(file_, "model", meta.model);
-  h5::close(file_, tmp_path_);
+  std::string failure;
+  try {
+    h5::flush(file_, tmp_path_);
+  } catch (const RunError& e) {
+    failure = e.what();
+  }
+  agree_on_write(comm_, failure, tmp_path_, bytes_);
+  file_.reset();
   barrier(comm_, "to close the checkpoint");
   if (rank_of(comm_) == 0) {
+    // Truncating to its own size gives back the blocks reserve() left beyond the end.
+    std::error_code ec;
+    const auto size = fs::file_size(tmp_path_, ec);
+    if (!ec) fs::resize_file(tmp_path_, size, ec);
     fsync_path(tmp_path_);
     if (std::rename(tmp_path_.c_str(), final_path_.c_str()) != 0) {
       throw RunError(tmp_path_ + ": cannot rename to " + final_path_);

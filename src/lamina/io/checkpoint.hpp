@@ -51,6 +51,13 @@ class CheckpointWriter {
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+  // Before the first tensor, on every rank: makes sure the file system takes `data_bytes`
+  // of tensors and HDF5's own structures (space reserved where the file system can, the
+  // file-size limit checked), or throws on every rank at once naming the file system and
+  // the bytes. A collective HDF5 call that fails on one rank only would leave the others
+  // waiting in it until parallel.timeout.
+  void reserve(std::int64_t data_bytes);
+  // Writes one tensor's pieces; a failure on any rank throws on every rank.
   void write(const TensorSlab& slab);
   // Writes the metadata, closes, renames, points `latest` at it, drops old files; returns the path.
   std::string commit(const CheckpointMeta& meta, std::int64_t keep);

@@ -132,8 +132,12 @@ Id create(const std::string& path, MPI_Comm comm) {
   return f;
 }
 
-void close(Id& file, const std::string& path) {
+void flush(hid_t file, const std::string& path) {
   if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) throw RunError("cannot write " + path + ": " + kWriteFailed);
+}
+
+void close(Id& file, const std::string& path) {
+  flush(file, path);
   file.reset();
 }
 

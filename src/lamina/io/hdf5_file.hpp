@@ -34,6 +34,7 @@ class Id {
 // Opening a file that is missing, truncated or not HDF5 throws InputError naming it.
 Id open_read(const std::string& path, MPI_Comm comm);
 Id create(const std::string& path, MPI_Comm comm);
+void flush(hid_t file, const std::string& path);  // a failure is a RunError
 void close(Id& file, const std::string& path);  // flushes; a failure is a RunError
 
 // Whether closing a file has failed (its writes did not reach the disk). HDF5 1.10 then

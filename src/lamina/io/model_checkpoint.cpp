@@ -18,6 +18,15 @@ constexpr CheckpointPart kParts[] = {CheckpointPart::params, CheckpointPart::exp
 }  // namespace
 
 void write_model_state(CheckpointWriter& writer, const ParamLayout& layout, ModelStateAccess& state) {
+  std::int64_t bytes = 0;
+  for (const LayerSpec& spec : layout.layers()) {
+    for (const TensorSpec& t : spec.tensors) {
+      std::int64_t n = 4 * static_cast<std::int64_t>(std::size(kParts));
+      for (const auto c : t.global_shape) n *= c;
+      bytes += n;
+    }
+  }
+  writer.reserve(bytes);
   std::vector<float> full;
   for (int l = 0; l < layout.num_layers(); ++l) {
     const bool held = state.holds(l);
