@@ -88,22 +88,28 @@ void install_sigbus_guard() {
 
 }  // namespace
 
-void MappedFile::read_checked(std::int64_t end, void (*read)(void*), void* context) const {
-  const auto shrank = [&](std::int64_t now) {
-    return RunError(path_ + strprintf(": the file now holds %lld bytes, %lld when the run opened it (rewritten or "
-                                      "truncated while the run reads it?): the run cannot read the tokens below byte "
-                                      "%lld; restore the file and resume from the last checkpoint",
-                                      static_cast<long long>(now), static_cast<long long>(size_),
-                                      static_cast<long long>(end)));
-  };
+std::string MappedFile::shrank(std::int64_t now, std::int64_t end) const {
+  return path_ + strprintf(": the file now holds %lld bytes, %lld when the run opened it (rewritten or truncated while "
+                           "the run reads it?): the run cannot read the tokens below byte %lld; restore the file and "
+                           "resume from the last checkpoint",
+                           static_cast<long long>(now), static_cast<long long>(size_), static_cast<long long>(end));
+}
+
+std::string MappedFile::shrinkage() const {
   struct stat st {};
-  if (::fstat(fd_, &st) == 0 && static_cast<std::int64_t>(st.st_size) < end) throw shrank(st.st_size);
+  if (fd_ < 0 || ::fstat(fd_, &st) != 0 || static_cast<std::int64_t>(st.st_size) >= size_) return "";
+  return shrank(st.st_size, size_);
+}
+
+void MappedFile::read_checked(std::int64_t end, void (*read)(void*), void* context) const {
+  struct stat st {};
+  if (::fstat(fd_, &st) == 0 && static_cast<std::int64_t>(st.st_size) < end) throw RunError(shrank(st.st_size, end));
   install_sigbus_guard();
   sigjmp_buf jump;
   sigjmp_buf* const outer = t_guard;
   if (sigsetjmp(jump, 1) != 0) {
     t_guard = outer;
-    throw shrank(::fstat(fd_, &st) == 0 ? static_cast<std::int64_t>(st.st_size) : -1);
+    throw RunError(shrank(::fstat(fd_, &st) == 0 ? static_cast<std::int64_t>(st.st_size) : -1, end));
   }
   t_guard = &jump;
   read(context);

@@ -30,7 +30,12 @@ class MappedFile {
     read_checked(end, [](void* f) { (*static_cast<F*>(f))(); }, &read);
   }
 
+  // "" while the file holds every byte it held when mapped; else what read_checked() would
+  // throw for a read of the whole map.
+  std::string shrinkage() const;
+
  private:
+  std::string shrank(std::int64_t now, std::int64_t end) const;
   void read_checked(std::int64_t end, void (*read)(void*), void* context) const;
 
   std::string path_;

@@ -73,6 +73,16 @@ FileTokenDataset::FileTokenDataset(std::vector<TokenRun> runs, std::int64_t voca
   }
 }
 
+std::string FileTokenDataset::shrinkage() const {
+  const MappedFile* last = nullptr;
+  for (const TokenRun& run : runs_) {
+    if (run.file.get() == last) continue;  // runs of one file are neighbours
+    last = run.file.get();
+    if (std::string what = last->shrinkage(); !what.empty()) return what;
+  }
+  return "";
+}
+
 void FileTokenDataset::read(std::int64_t start, std::int64_t count, std::int32_t* out) const {
   if (start < 0 || count < 0 || start + count > total_) {
     throw std::out_of_range(strprintf("token range [%lld, %lld) outside a dataset of %lld tokens",

@@ -23,6 +23,8 @@ class TokenDataset {
   // Copies tokens [start, start + count) into out; every id must be in [0, vocab).
   virtual void read(std::int64_t start, std::int64_t count, std::int32_t* out) const = 0;
   virtual std::string describe() const = 0;
+  // "" while every file still holds what it held when opened; else the first that shrank.
+  virtual std::string shrinkage() const { return ""; }
 };
 
 // One mapped file holding a run of fixed-width tokens.
@@ -40,6 +42,7 @@ class FileTokenDataset : public TokenDataset {
   std::int64_t num_tokens() const override { return total_; }
   void read(std::int64_t start, std::int64_t count, std::int32_t* out) const override;
   std::string describe() const override { return description_; }
+  std::string shrinkage() const override;
 
  private:
   std::vector<TokenRun> runs_;

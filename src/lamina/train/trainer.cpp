@@ -242,7 +242,17 @@ class Trainer {
       const MicroBatchLoader load = [&](int mb, std::int32_t* inputs, std::int32_t* targets) {
         load_micro_batch(first + mb * plan_.layout.micro_batch_size, inputs, targets, window);
       };
-      const Runtime::StepResult r = rt.forward_backward(load, positions_per_step_);
+      Runtime::StepResult r;
+      try {
+        r = rt.forward_backward(load, positions_per_step_);
+      } catch (const RunError& e) {
+        // A data file that shrank while this step read it. Alone, the rank still holds the
+        // state after the previous step (the optimizer has not run): save it. Ranks of a job
+        // learn of it together at the end of a step (agreed_stop) instead.
+        if (world > 1 || dataset_->shrinkage().empty()) throw;
+        throw RunError(strprintf("%s; the run stopped after step %lld, saved in %s", e.what(),
+                                 static_cast<long long>(step), save(rt, step).c_str()));
+      }
       if (step + 1 == deck_.output.trace_step) write_trace(rt, step + 1);
       const double lr = learning_rate(deck_.optimizer, step, deck_.train.steps);
       const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
@@ -284,9 +294,18 @@ class Trainer {
         evaluate(rt, step + 1);
       }
       const bool periodic = deck_.checkpoint.every > 0 && (step + 1) % deck_.checkpoint.every == 0;
-      const int stop = last ? 0 : agreed_stop_signal(rt);
+      const Stop stop_why = last ? Stop{} : agreed_stop(rt);
+      const int stop = stop_why.signal;
       std::string saved;
-      if (periodic || (last && deck_.checkpoint.save_final) || stop != 0) saved = save(rt, step + 1);
+      if (periodic || (last && deck_.checkpoint.save_final) || stop != 0 || stop_why.data_shrank) {
+        saved = save(rt, step + 1);
+      }
+      if (stop_why.data_shrank) {
+        const std::string what = dataset_->shrinkage();
+        throw RunError(strprintf("%s; the run stopped after step %lld, saved in %s",
+                                 what.empty() ? "a data file shrank under another rank" : what.c_str(),
+                                 static_cast<long long>(step + 1), saved.c_str()));
+      }
       if (stop != 0) {
         throw Interrupted(stop, strprintf("stopped by %s after step %lld, saved in %s; to resume, run the same deck "
                                           "with --set checkpoint.resume=latest",
@@ -517,12 +536,18 @@ class Trainer {
     locks_.push_back(std::make_unique<DirectoryLock>(deck_.checkpoint.dir, "checkpoint.dir"));
   }
 
-  // The stop signal any rank received (the largest number), 0 if none: every rank stops
-  // after the same step.
-  static int agreed_stop_signal(Runtime& rt) {
-    double sig = stop_requested();
-    rt.grid().world().allreduce(&sig, 1, ReduceOp::max);
-    return static_cast<int>(sig);
+  // Why the run stops after this step, agreed by every rank in one reduction: the stop
+  // signal any rank received (the largest number), and whether a data file shrank under
+  // any of them (rewritten or truncated: the next step's reads would fail), so that every
+  // rank saves and stops after the same step.
+  struct Stop {
+    int signal = 0;
+    bool data_shrank = false;
+  };
+  Stop agreed_stop(Runtime& rt) const {
+    double v[2] = {static_cast<double>(stop_requested()), dataset_->shrinkage().empty() ? 0.0 : 1.0};
+    rt.grid().world().allreduce(v, 2, ReduceOp::max);
+    return {static_cast<int>(v[0]), v[1] != 0.0};
   }
 
   // Checkpoints of steps after `step` in checkpoint.dir: a future this run abandons. The

@@ -154,6 +154,36 @@ TEST_F(LaminaStop, TwoJobsStarted50msApartOnOneOutputDirLeaveOneRunsFiles) {
   EXPECT_EQ(expect, 20001);
 }
 
+// A data file truncated under the run: the run saves what it has trained and exits 3 naming
+// the file and the checkpoint, which resumes once the file is restored.
+TEST_F(LaminaStop, ADataFileThatShrinksUnderTheRunSavesTheWorkAndExits3) {
+  const std::string data = dir_ + "/corpus.txt", text(1 << 20, 'a');
+  std::ofstream(data) << text;
+  const std::string sets = "--set data.format=text --set data.path=" + data + " --set model.vocab_size=256";
+  const std::string log = dir_ + "/shrunk.log";
+  const pid_t pid = start(train("shrunk", sets), log);
+  const std::string metrics = dir_ + "/shrunk/metrics.jsonl";
+  for (int i = 0; i < 3000 && !(fs::exists(metrics) && fs::file_size(metrics) > 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  fs::resize_file(data, 100);
+  ASSERT_EQ(finish(pid), 3) << slurp(log);
+  const std::string out = slurp(log);
+  EXPECT_NE(out.find("error: " + data + ": the file now holds 100 bytes, 1048576 when the run opened it"),
+            std::string::npos)
+      << out;
+  const std::string latest = slurp(dir_ + "/shrunk/checkpoints/latest");
+  ASSERT_FALSE(latest.empty()) << out;
+  EXPECT_NE(out.find("; the run stopped after step " + std::to_string(std::atol(latest.c_str() + 5)) + ", saved in " +
+                     dir_ + "/shrunk/checkpoints/" + latest.substr(0, latest.size() - 1)),
+            std::string::npos)
+      << out;
+  std::ofstream(data) << text;
+  const std::string resume = sets + " --set checkpoint.resume=latest --set train.steps=" +
+                             std::to_string(std::atol(latest.c_str() + 5) + 1);
+  EXPECT_EQ(finish(start(train("shrunk", resume), dir_ + "/resumed.log")), 0) << slurp(dir_ + "/resumed.log");
+}
+
 // Ctrl-C: the step finishes, a checkpoint is written, exit 130; two more steps from it
 // equal, byte for byte, two more steps of a run that was never stopped.
 TEST_F(LaminaStop, SigintSavesACheckpointThatResumesBitForBit) {
