@@ -252,6 +252,7 @@ std::string CheckpointWriter::commit(const CheckpointMeta& meta, std::int64_t ke
   h5::set_attr(file_, "deck", meta.deck);
   h5::set_attr(file_, "layout", meta.layout);
   h5::set_attr(file_, "model", meta.model);
+  if (meta.data_tokens > 0) h5::set_attr(file_, "data_tokens", meta.data_tokens);
   std::string failure;
   try {
     h5::flush(file_, tmp_path_);
@@ -346,6 +347,8 @@ CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm) : pat
   meta_.deck = h5::attr_string(file_, path, "deck");
   meta_.layout = h5::attr_string(file_, path, "layout");
   meta_.model = h5::attr_string(file_, path, "model");
+  // Written since lamina recorded it; 0 in older files.
+  if (h5::has_attr(file_, "data_tokens")) meta_.data_tokens = std::max<std::int64_t>(0, h5::attr_int(file_, path, "data_tokens"));
 }
 
 std::vector<std::int64_t> CheckpointReader::shape(const std::string& name) const {

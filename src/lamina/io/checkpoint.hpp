@@ -38,6 +38,7 @@ struct CheckpointMeta {
   std::string deck;                   // resolved deck, TOML
   std::string layout;                 // process layout that wrote it, for the log
   std::string model;                  // "layers=.. d_model=.. heads=.. seq_len=.. vocab_size=.."
+  std::int64_t data_tokens = 0;       // tokens in the training data then (0: not recorded, or none)
 };
 
 class CheckpointWriter {

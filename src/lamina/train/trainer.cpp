@@ -624,6 +624,13 @@ class Trainer {
                                  path.c_str(), static_cast<long long>(meta.samples_consumed),
                                  static_cast<long long>(to_come), static_cast<long long>(per_sample)));
     }
+    if (dataset_ != nullptr && meta.data_tokens > 0 && meta.data_tokens != dataset_->num_tokens()) {
+      log_.warn(strprintf("%s: the training data held %lld tokens when step %lld was written and holds %lld now (%s): "
+                          "the run goes on, but its samples are drawn from the new data in a new order, not as the "
+                          "run before the checkpoint would have drawn them",
+                          path.c_str(), static_cast<long long>(meta.data_tokens), static_cast<long long>(meta.step),
+                          static_cast<long long>(dataset_->num_tokens()), dataset_->describe().c_str()));
+    }
     rt.set_optimizer_t(meta.optimizer_step);
     samples_ = meta.samples_consumed;
     log_.info(strprintf("resumed from %s: step %lld, %lld samples consumed, written with %s, read with %s [%.2f s]",
@@ -658,6 +665,7 @@ class Trainer {
     meta.deck = deck_.resolved_toml;
     meta.layout = plan_summary(plan_);
     meta.model = model_signature(deck_.model);
+    meta.data_tokens = dataset_ != nullptr ? dataset_->num_tokens() : 0;
     double bytes = static_cast<double>(writer.bytes_written());
     rt.grid().world().allreduce(&bytes, 1, ReduceOp::sum);
     const std::string path = writer.commit(meta, deck_.checkpoint.keep);

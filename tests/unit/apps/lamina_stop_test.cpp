@@ -182,6 +182,14 @@ TEST_F(LaminaStop, ADataFileThatShrinksUnderTheRunSavesTheWorkAndExits3) {
   const std::string resume = sets + " --set checkpoint.resume=latest --set train.steps=" +
                              std::to_string(std::atol(latest.c_str() + 5) + 1);
   EXPECT_EQ(finish(start(train("shrunk", resume), dir_ + "/resumed.log")), 0) << slurp(dir_ + "/resumed.log");
+  EXPECT_EQ(slurp(dir_ + "/resumed.log").find("warning:"), std::string::npos) << slurp(dir_ + "/resumed.log");
+  // Restored with other contents of another length: the run goes on, and says so.
+  std::ofstream(data) << text << text;
+  const std::string longer = sets + " --set checkpoint.resume=latest --set train.steps=" +
+                             std::to_string(std::atol(latest.c_str() + 5) + 2);
+  EXPECT_EQ(finish(start(train("shrunk", longer), dir_ + "/longer.log")), 0) << slurp(dir_ + "/longer.log");
+  EXPECT_NE(slurp(dir_ + "/longer.log").find("the training data held 1048576 tokens when step "), std::string::npos)
+      << slurp(dir_ + "/longer.log");
 }
 
 // Ctrl-C: the step finishes, a checkpoint is written, exit 130; two more steps from it
