@@ -26,7 +26,8 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw InputError(path + ": not a regular file (a data file is a file of tokens or text)");
+    // Mapped files are data, weights and their shards: say what it is instead.
+    throw InputError(path + (S_ISDIR(st.st_mode) ? ": is a directory, not a file" : ": not a regular file"));
   }
   size_ = static_cast<std::int64_t>(st.st_size);
   if (size_ > 0) {

@@ -140,6 +140,15 @@ class SafetensorsSource : public WeightsSource {
       files = index ? shards_of(path) : std::vector<std::string>{path};
     }
     for (const auto& f : files) shards_.push_back(std::make_unique<SafetensorsFile>(f));
+    // The index must say where each tensor is: a key it names in a shard that lacks it is a
+    // stale or edited index, whatever the other shards hold.
+    for (const auto& [key, file] : index_) {
+      const auto shard = std::find_if(shards_.begin(), shards_.end(), [&](const auto& s) { return s->path() == file; });
+      if (shard != shards_.end() && (*shard)->tensors().count(key) == 0) {
+        throw InputError(index_path_ + ": weight_map[\"" + key + "\"] names " + fs::path(file).filename().string() +
+                         ", which does not hold it (a stale or edited index?)");
+      }
+    }
     std::set<std::int64_t> blocks;
     for (std::size_t s = 0; s < shards_.size(); ++s) {
       for (const auto& [key, t] : shards_[s]->tensors()) {
@@ -211,6 +220,9 @@ class SafetensorsSource : public WeightsSource {
       throw InputError(index + ": no \"weight_map\" object (not a safetensors index)");
     }
     std::set<std::string> names;
+    std::string dir = fs::path(index).parent_path().string();
+    if (dir.empty()) dir = ".";
+    index_path_ = index;
     for (const auto& [key, file] : j["weight_map"].items()) {
       const std::string f = file.is_string() ? file.get<std::string>() : "";
       // Shards sit beside the index: a name with a directory in it is not one of them.
@@ -218,9 +230,8 @@ class SafetensorsSource : public WeightsSource {
         throw InputError(index + ": weight_map[\"" + key + "\"] is not a file name beside the index");
       }
       names.insert(f);
+      index_.emplace_back(key, dir + "/" + f);
     }
-    std::string dir = fs::path(index).parent_path().string();
-    if (dir.empty()) dir = ".";
     std::vector<std::string> out;
     for (const auto& n : names) out.push_back(dir + "/" + n);
     return out;
@@ -274,6 +285,8 @@ class SafetensorsSource : public WeightsSource {
 
   std::string path_, config_, dtype_;
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;
+  std::string index_path_;                                  // the sharded index read, if any
+  std::vector<std::pair<std::string, std::string>> index_;  // its weight_map: tensor, shard path
   std::map<std::string, std::pair<std::size_t, std::string>> where_;  // lamina name -> (shard, key)
   ModelConfig model_;
 };

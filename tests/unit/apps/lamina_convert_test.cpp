@@ -150,6 +150,32 @@ TEST_F(Convert, WeightsThatDoNotFitTheDeckAreExit2) {
   EXPECT_EQ(r.code, 2) << r.out;
 }
 
+// A sharded index is taken at its word: a tensor it places in a shard that lacks it is an
+// error naming both, and a shard that is a directory is named as one.
+TEST_F(Convert, ASkewedShardIndexOrADirectoryShardIsExit2NamingIt) {
+  namespace fs = std::filesystem;
+  const std::string d = dir_ + "/skewed";
+  fs::copy(kWeights + "/sharded", d);
+  const std::string index = d + "/model.safetensors.index.json";
+  std::string text = slurp(index);
+  const std::string entry = "\"transformer.wpe.weight\": \"model-00001-of-00002.safetensors\"";
+  const auto at = text.find(entry);
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, entry.size(), "\"transformer.wpe.weight\": \"model-00002-of-00002.safetensors\"");
+  std::ofstream(index) << text;
+  Result r = run("convert " + d + " " + dir_ + "/skewed.h5");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(index + ": weight_map[\"transformer.wpe.weight\"] names model-00002-of-00002.safetensors, which "
+                               "does not hold it"),
+            std::string::npos)
+      << r.out;
+  fs::remove(d + "/model-00002-of-00002.safetensors");
+  fs::create_directory(d + "/model-00002-of-00002.safetensors");
+  r = run("convert " + d + " " + dir_ + "/skewed.h5");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(d + "/model-00002-of-00002.safetensors: is a directory, not a file"), std::string::npos) << r.out;
+}
+
 using ConvertOutput = Cli;
 
 // convert never writes onto its input (its own checkpoint once became a step-0 file with
