@@ -156,7 +156,7 @@ class Trainer {
     if (ec) throw RunError(deck_.output.dir + ": cannot create the output directory: " + ec.message());
     if (rank == 0) {
       // Before anything is written or cleaned up: the directories are this job's alone.
-      take_directories();
+      take_directories(evaluate_only);
     }
     if (rank == 0 && !evaluate_only) {
       write_text_file(deck_.output.dir + "/deck.resolved.toml",
@@ -526,8 +526,12 @@ class Trainer {
   // The hold on output.dir and on checkpoint.dir, for the job's lifetime
   // (io/directory_lock.hpp). Both, wherever they lie: a checkpoint.dir inside another job's
   // output.dir meets that job's hold on it, and that job, started later, meets this one's.
-  void take_directories() {
+  // An evaluation only reads checkpoint.dir (a file `latest` names is complete, and stays
+  // readable once opened whatever retention does): it may evaluate a running job's
+  // checkpoints, so it holds output.dir alone.
+  void take_directories(bool evaluate_only) {
     locks_.push_back(std::make_unique<DirectoryLock>(deck_.output.dir, "output.dir"));
+    if (evaluate_only) return;
     std::error_code ec;
     fs::create_directories(deck_.checkpoint.dir, ec);
     if (ec) throw RunError(deck_.checkpoint.dir + ": cannot create the checkpoint directory: " + ec.message());

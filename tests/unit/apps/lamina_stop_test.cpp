@@ -192,6 +192,26 @@ TEST_F(LaminaStop, ADataFileThatShrinksUnderTheRunSavesTheWorkAndExits3) {
       << slurp(dir_ + "/longer.log");
 }
 
+// `lamina eval` reads checkpoint.dir and holds only its own output.dir: it evaluates the
+// checkpoints of a job that is still training there.
+TEST_F(LaminaStop, EvalReadsTheCheckpointsOfAJobThatStillTrains) {
+  const std::string data = dir_ + "/corpus.txt";
+  std::ofstream(data) << std::string(1 << 16, 'b');
+  const std::string sets = "--set data.format=text --set data.path=" + data + " --set data.eval_path=" + data +
+                           " --set model.vocab_size=256 --set checkpoint.every=1 --set checkpoint.keep=1000";
+  const pid_t job = start(train("running", sets), dir_ + "/running.log");
+  const std::string latest = dir_ + "/running/checkpoints/latest";
+  for (int i = 0; i < 3000 && !fs::exists(latest); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(fs::exists(latest)) << slurp(dir_ + "/running.log");
+  const std::string eval = "eval " + dir_ + "/deck.toml --set output.dir=" + dir_ + "/evaluated " + sets +
+                           " --set checkpoint.dir=" + dir_ + "/running/checkpoints --set checkpoint.resume=latest";
+  const int code = finish(start(eval, dir_ + "/eval.log"));
+  ::kill(job, SIGKILL);
+  finish(job);
+  EXPECT_EQ(code, 0) << slurp(dir_ + "/eval.log");
+  EXPECT_NE(slurp(dir_ + "/evaluated/metrics.jsonl").find("\"eval_loss\": "), std::string::npos) << slurp(dir_ + "/eval.log");
+}
+
 // Ctrl-C: the step finishes, a checkpoint is written, exit 130; two more steps from it
 // equal, byte for byte, two more steps of a run that was never stopped.
 TEST_F(LaminaStop, SigintSavesACheckpointThatResumesBitForBit) {
