@@ -628,7 +628,7 @@ class Trainer {
                                  path.c_str(), static_cast<long long>(meta.samples_consumed),
                                  static_cast<long long>(to_come), static_cast<long long>(per_sample)));
     }
-    if (dataset_ != nullptr && meta.data_tokens > 0 && meta.data_tokens != dataset_->num_tokens()) {
+    if (log_.rank() == 0 && dataset_ != nullptr && meta.data_tokens > 0 && meta.data_tokens != dataset_->num_tokens()) {
       log_.warn(strprintf("%s: the training data held %lld tokens when step %lld was written and holds %lld now (%s): "
                           "the run goes on, but its samples are drawn from the new data in a new order, not as the "
                           "run before the checkpoint would have drawn them",
