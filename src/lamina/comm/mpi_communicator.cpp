@@ -1,11 +1,7 @@
 #include "lamina/comm/mpi_communicator.hpp"
 
-// Open MPI declares its CUDA-awareness query in an extension header of its own; MPICH (and
-// Cray MPICH, Intel MPI) 4.x declare theirs in mpi.h, which says which MPI this is.
+#include <dlfcn.h>
 #include <mpi.h>
-#if defined(OPEN_MPI) && OPEN_MPI
-#include <mpi-ext.h>
-#endif
 
 #include <Kokkos_Core.hpp>
 #include <atomic>
@@ -158,14 +154,18 @@ std::atomic<int> g_device_buffers{static_cast<int>(MpiDeviceBuffers::automatic)}
 
 // What the MPI library says of itself, where it has a way to say it.
 bool library_reads_device_memory() {
-#if defined(KOKKOS_ENABLE_CUDA) && defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
-  return MPIX_Query_cuda_support() == 1;  // Open MPI
-#elif defined(KOKKOS_ENABLE_CUDA) && defined(MPIX_GPU_SUPPORT_CUDA)
-  int yes = 0;  // MPICH 4 and its derivatives
+#if defined(KOKKOS_ENABLE_CUDA) && defined(MPIX_GPU_SUPPORT_CUDA)
+  int yes = 0;  // MPICH 4 and its derivatives (Cray MPICH, Intel MPI) declare it in mpi.h
   return MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &yes) == MPI_SUCCESS && yes != 0;
 #elif defined(KOKKOS_ENABLE_HIP) && defined(MPIX_GPU_SUPPORT_HIP)
   int yes = 0;
   return MPIX_GPU_query_support(MPIX_GPU_SUPPORT_HIP, &yes) == MPI_SUCCESS && yes != 0;
+#elif defined(KOKKOS_ENABLE_CUDA)
+  // Open MPI declares MPIX_Query_cuda_support only in an extension header of its own, which
+  // other MPIs lack: looked up by name instead, present where its CUDA extension was built.
+  using Query = int (*)();
+  const auto query = reinterpret_cast<Query>(::dlsym(RTLD_DEFAULT, "MPIX_Query_cuda_support"));
+  return query != nullptr && query() == 1;
 #else
   return false;  // no query: staged, unless the deck or LAMINA_MPI_DEVICE_BUFFERS says otherwise
 #endif
