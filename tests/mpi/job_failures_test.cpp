@@ -60,6 +60,18 @@ std::string slurp(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+// A file under /proc of a process that may exit while it is read: reading fails with ESRCH
+// then (which std::ifstream turns into an exception), and the process counts as gone.
+std::string read_proc(const std::string& path) {
+  std::string out;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
+  return out;
+}
+
 // One `mpirun lamina ...` in the background, its output in a file. It knows its mpirun's
 // pid, and so its own ranks: the children of that mpirun.
 class Job {
@@ -94,7 +106,7 @@ class Job {
     for (const auto& e : fs::directory_iterator("/proc")) {
       const std::string name = e.path().filename().string();
       if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      const std::string stat = slurp(e.path().string() + "/stat");
+      const std::string stat = read_proc(e.path().string() + "/stat");
       const auto close = stat.rfind(')');
       if (close == std::string::npos) continue;
       std::istringstream rest(stat.substr(close + 2));
@@ -114,7 +126,7 @@ class Job {
     for (const auto& [pid, up] : parent) {
       (void)up;
       if (!below(pid)) continue;
-      const std::string env = slurp("/proc/" + std::to_string(pid) + "/environ");
+      const std::string env = read_proc("/proc/" + std::to_string(pid) + "/environ");
       for (const std::string var : {"OMPI_COMM_WORLD_RANK=", "PMI_RANK="}) {
         std::size_t at = env.find(var);
         // A whole variable: at the start of the environment or after a NUL.
