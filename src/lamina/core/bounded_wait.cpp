@@ -20,11 +20,17 @@ std::atomic<double> g_timeout{600.0};
 
 using Clock = std::chrono::steady_clock;
 
-// The open blocking sections and the thread that watches them. Never destroyed: the thread
-// is detached and may still look at it while the process exits.
+// The open blocking sections of every thread (a background checkpoint writer has its own
+// beside the training thread's) and the thread that watches them. Never destroyed: the
+// thread is detached and may still look at it while the process exits.
 struct Watchdog {
+  struct Section {
+    std::thread::id thread;
+    Clock::time_point start;
+    std::string what;
+  };
   std::mutex mutex;
-  std::vector<std::pair<Clock::time_point, std::string>> open;  // outermost first
+  std::vector<Section> open;  // in the order they opened; a thread's outermost first
 
   static Watchdog& get() {
     static Watchdog* w = [] {
@@ -40,13 +46,20 @@ struct Watchdog {
       std::this_thread::sleep_for(std::chrono::milliseconds(250));
       std::lock_guard<std::mutex> lock(mutex);
       const double limit = g_timeout;
-      if (open.empty() || limit <= 0.0) continue;
-      const double waited = std::chrono::duration<double>(Clock::now() - open.front().first).count();
-      if (waited <= limit) continue;
-      const std::string msg = "error: " + timeout_message(open.back().second) + "\n";
-      const ssize_t ignored = write(STDERR_FILENO, msg.data(), msg.size());
-      (void)ignored;
-      _exit(3);
+      if (limit <= 0.0) continue;
+      for (const Section& outer : open) {
+        // A thread's nest lasts from its outermost section; its innermost names the wait.
+        const double waited = std::chrono::duration<double>(Clock::now() - outer.start).count();
+        if (waited <= limit) continue;
+        const Section* inner = &outer;
+        for (const Section& s : open) {
+          if (s.thread == outer.thread) inner = &s;
+        }
+        const std::string msg = "error: " + timeout_message(inner->what) + "\n";
+        const ssize_t ignored = write(STDERR_FILENO, msg.data(), msg.size());
+        (void)ignored;
+        _exit(3);
+      }
     }
   }
 };
@@ -66,13 +79,19 @@ std::string timeout_message(const std::string& what) {
 BlockingSection::BlockingSection(std::string what) {
   Watchdog& w = Watchdog::get();
   std::lock_guard<std::mutex> lock(w.mutex);
-  w.open.emplace_back(Clock::now(), std::move(what));
+  w.open.push_back({std::this_thread::get_id(), Clock::now(), std::move(what)});
 }
 
 BlockingSection::~BlockingSection() {
   Watchdog& w = Watchdog::get();
   std::lock_guard<std::mutex> lock(w.mutex);
-  w.open.pop_back();
+  // This thread's innermost section; other threads' may have opened after it.
+  for (auto it = w.open.end(); it != w.open.begin();) {
+    if ((--it)->thread == std::this_thread::get_id()) {
+      w.open.erase(it);
+      return;
+    }
+  }
 }
 
 }  // namespace lamina

@@ -53,7 +53,7 @@ void bounded_wait(Done&& done, What&& what) {
 
 // While alive, a watchdog thread ends the process with exit 3 and the timeout's message if
 // the section lasts longer than wait_timeout() (the launcher then takes the job down).
-// Sections nest; the innermost names the wait.
+// Sections nest, per thread; the innermost names the wait.
 class BlockingSection {
  public:
   explicit BlockingSection(std::string what);

@@ -59,6 +59,27 @@ TEST_F(BoundedWait, ABlockingSectionPastTheTimeoutEndsTheProcessWithExit3) {
       ::testing::ExitedWithCode(3), "waited more than parallel.timeout = 0.3 s for a collective that never returns");
 }
 
+// A background checkpoint writer waits in sections of its own beside the training thread:
+// the timeout counts from each thread's outermost section and names that thread's wait.
+TEST_F(BoundedWait, EachThreadsSectionsAreTimedAndNamedOnTheirOwn) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        set_wait_timeout(0.5);
+        std::thread writer([] {
+          const BlockingSection section("the background write");
+          std::this_thread::sleep_for(std::chrono::seconds(20));
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        // Opened later, on this thread: the writer's section is the one past the timeout.
+        const BlockingSection section("the training thread's collective");
+        std::this_thread::sleep_for(std::chrono::seconds(20));
+        writer.join();
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(3), "waited more than parallel.timeout = 0.5 s for the background write");
+}
+
 TEST_F(BoundedWait, ABlockingSectionThatEndsInTimeDoesNothing) {
   set_wait_timeout(0.3);
   { const BlockingSection section("a short collective"); }
