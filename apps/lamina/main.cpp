@@ -392,7 +392,10 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : static_cast<int>(lamina::ExitCode::bad_input);
   }
 
-  MPI_Init(&argc, &argv);
+  // Background checkpoints write from a thread of their own while training communicates;
+  // an MPI that grants less has them written synchronously (checkpoint.async).
+  int granted = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &granted);
   lamina::h5::shut_down_with_mpi();
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

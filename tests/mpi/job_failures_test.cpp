@@ -254,6 +254,34 @@ TEST_F(JobFailures, ACheckpointThatDoesNotFitEndsEveryRankAtOnce) {
   EXPECT_TRUE(fs::exists(ckpt + "/step_00000001.h5"));
 }
 
+// The same written in the background (a periodic checkpoint while training goes on): the
+// ranks' writers agree on the failure, and every rank stops after the same step with it.
+TEST_F(JobFailures, ABackgroundCheckpointThatDoesNotFitStopsEveryRank) {
+  std::vector<std::string> sets = {"parallel.dp=2", "model.layers=2", "model.d_model=512", "optimizer.warmup_steps=0",
+                                   "parallel.timeout=120"};
+  auto one = sets;
+  for (const char* s : {"train.steps=1", "checkpoint.save_final=true"}) one.push_back(s);
+  Job first(2, args("full_async", one), dir_ + "/full_async1.log");
+  ASSERT_EQ(first.wait(120), 0) << first.output();
+  for (const char* s : {"train.steps=6", "checkpoint.every=1", "checkpoint.resume=latest"}) sets.push_back(s);
+  Job job(2, args("full_async", sets), dir_ + "/full_async2.log", "trap '' XFSZ; ulimit -f 32768; ");
+  EXPECT_EQ(job.wait(120), 3) << job.output();
+  const std::string out = job.output();
+  const std::string ckpt = dir_ + "/full_async/checkpoints";
+  EXPECT_NE(out.find("checkpoint: step 2 copied to host memory"), std::string::npos) << out;
+  EXPECT_NE(out.find("error: cannot write " + ckpt + "/step_00000002.h5.tmp (the checkpoint needs about 78.90 MiB): "),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("; the background checkpoint of step 2 is not written (the last one in " + ckpt +
+                     " is kept), and the run stops"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("step 6/6"), std::string::npos) << out;
+  EXPECT_EQ(out.find("waited more than parallel.timeout"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(ckpt + "/step_00000002.h5.tmp"));
+  EXPECT_EQ(slurp(ckpt + "/latest"), "step_00000001.h5\n");
+}
+
 TEST_F(JobFailures, AKilledRankEndsTheJobWithinSeconds) {
   Job job(2, args("killed", {"parallel.dp=2"}), dir_ + "/killed.log");
   ASSERT_TRUE(job.wait_for_start(2, metrics("killed"), 60)) << job.output();
@@ -302,8 +330,15 @@ INSTANTIATE_TEST_SUITE_P(Layouts, StoppedRank,
 TEST_F(JobFailures, APreemptionSignalSavesACheckpointThatResumesBitForBit) {
   const std::vector<std::string> layout = {"parallel.pp=2"};
   auto sets = layout;
+  // A checkpoint every step, written in the background: the signal comes while one is
+  // written, which the ranks finish before they save the last.
+  sets.push_back("checkpoint.every=1");
   Job job(2, args("preempted", sets), dir_ + "/preempted.log");
   ASSERT_TRUE(job.wait_for_start(2, metrics("preempted"), 60)) << job.output();
+  // Step 1's checkpoint is complete, so the ranks have passed step 1's end.
+  for (int i = 0; i < 3000 && !fs::exists(dir_ + "/preempted/checkpoints/latest"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   for (const auto& [rank, pid] : job.ranks()) ::kill(pid, SIGUSR1);
   const int code = job.wait(60);
   const std::string out = job.output();
@@ -312,7 +347,14 @@ TEST_F(JobFailures, APreemptionSignalSavesACheckpointThatResumesBitForBit) {
   const std::string latest = slurp(dir_ + "/preempted/checkpoints/latest");
   ASSERT_FALSE(latest.empty()) << out;
   const long stopped = std::atol(latest.c_str() + latest.find('_') + 1);
-  ASSERT_GT(stopped, 0) << latest;
+  ASSERT_GT(stopped, 1) << latest;
+  char previous[64];
+  std::snprintf(previous, sizeof previous, "step_%08ld.h5 written in the background", stopped - 1);
+  EXPECT_NE(out.find(previous), std::string::npos) << out;
+  EXPECT_LT(out.find(previous), out.find("stopped by SIGUSR1 after step ")) << out;
+  for (const auto& e : fs::directory_iterator(dir_ + "/preempted/checkpoints")) {
+    EXPECT_NE(e.path().extension(), ".tmp") << e.path();
+  }
 
   // Two more steps from the checkpoint, and the same number from scratch.
   const std::string total = "train.steps=" + std::to_string(stopped + 2);

@@ -96,6 +96,9 @@ struct CheckpointConfig {
   std::int64_t keep = 3;      // newest checkpoints kept on disk
   std::string resume;         // "", "latest" or a checkpoint file
   bool save_final = true;
+  // Periodic checkpoints written by a thread of their own while training goes on, where
+  // MPI grants MPI_THREAD_MULTIPLE and host memory holds a copy of this rank's pieces.
+  bool async = true;
   // Checkpoints in dir of steps after the one resumed from (a future the resumed run
   // abandons): "refuse" to start, "keep" them, or rename them "aside" (`.abandoned`).
   std::string newer = "refuse";

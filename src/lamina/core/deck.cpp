@@ -143,7 +143,7 @@ const std::vector<Section>& schema() {
       {"memory",
        {"device_budget", "host_budget", "activations", "params", "optimizer", "dos_split", "dos_host_rate",
         "dos_device_rate", "dos_h2d", "dos_d2h"}},
-      {"checkpoint", {"dir", "every", "keep", "resume", "save_final", "newer"}},
+      {"checkpoint", {"dir", "every", "keep", "resume", "save_final", "newer", "async"}},
       {"output", {"dir", "log_every", "peak_tflops", "sample_tokens", "sample_temperature", "trace_step"}},
   };
   return s;
@@ -673,6 +673,7 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   c.keep = r.integer("checkpoint", "keep", 3, 1, kMax);
   c.resume = r.string("checkpoint", "resume", "");
   c.save_final = r.boolean("checkpoint", "save_final", true);
+  c.async = r.boolean("checkpoint", "async", true);
   c.newer = r.choice("checkpoint", "newer", "refuse", {"refuse", "keep", "aside"});
 
   // Consistency between keys; each error points at the key most likely to be wrong.

@@ -1,5 +1,7 @@
 #include "lamina/core/stop_signal.hpp"
 
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -33,6 +35,13 @@ void install_stop_handlers() {
   // Restart interrupted system calls (reads, writes, MPI's polls) instead of failing them.
   sa.sa_flags = SA_RESTART;
   for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaction(sig, &sa, nullptr);
+}
+
+void block_stop_signals_in_this_thread() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&set, sig);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
 int stop_requested() { return g_signal; }

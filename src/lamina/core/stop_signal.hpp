@@ -11,6 +11,10 @@ namespace lamina {
 // to its ranks).
 void install_stop_handlers();
 
+// Leaves those signals to the process's other threads (a background checkpoint writer's
+// system calls are not interrupted, and the training thread sees the request).
+void block_stop_signals_in_this_thread();
+
 // The signal that asked this process to stop, 0 if none.
 int stop_requested();
 

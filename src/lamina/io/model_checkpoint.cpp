@@ -1,5 +1,8 @@
 #include "lamina/io/model_checkpoint.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 namespace lamina {
 
 namespace {
@@ -17,7 +20,7 @@ constexpr CheckpointPart kParts[] = {CheckpointPart::params, CheckpointPart::exp
 
 }  // namespace
 
-void write_model_state(CheckpointWriter& writer, const ParamLayout& layout, ModelStateAccess& state) {
+std::int64_t model_state_bytes(const ParamLayout& layout) {
   std::int64_t bytes = 0;
   for (const LayerSpec& spec : layout.layers()) {
     for (const TensorSpec& t : spec.tensors) {
@@ -26,7 +29,16 @@ void write_model_state(CheckpointWriter& writer, const ParamLayout& layout, Mode
       bytes += n;
     }
   }
-  writer.reserve(bytes);
+  return bytes;
+}
+
+namespace {
+
+// Every tensor of the model state in the checkpoint's order, as this rank sees it: `visit`
+// gets each one's slab, with pieces where this rank writes them. Collective over the
+// data-parallel group (assemble).
+template <class Visit>
+void walk_model_state(const ParamLayout& layout, ModelStateAccess& state, Visit&& visit) {
   std::vector<float> full;
   for (int l = 0; l < layout.num_layers(); ++l) {
     const bool held = state.holds(l);
@@ -44,9 +56,53 @@ void write_model_state(CheckpointWriter& writer, const ParamLayout& layout, Mode
         if (writer_rank && (!t.replicated() || state.tp_rank() == 0)) {
           for (const SlabMap& m : t.slabs()) slab.pieces.push_back({m.global_offset, m.count});
         }
-        writer.write(slab);
+        visit(slab);
       }
     }
+  }
+}
+
+}  // namespace
+
+void write_model_state(CheckpointWriter& writer, const ParamLayout& layout, ModelStateAccess& state) {
+  writer.reserve(model_state_bytes(layout));
+  walk_model_state(layout, state, [&](const TensorSlab& slab) { writer.write(slab); });
+}
+
+ModelStateSnapshot::ModelStateSnapshot(const ParamLayout& layout, ModelStateAccess& state)
+    : total_bytes_(model_state_bytes(layout)) {
+  walk_model_state(layout, state, [&](TensorSlab slab) {
+    if (!slab.pieces.empty()) {
+      std::int64_t n = 1;
+      for (const auto c : slab.local_shape) n *= c;
+      std::vector<float>& copy = data_.emplace_back(slab.data, slab.data + n);
+      if (nonfinite_.empty() && !std::all_of(copy.begin(), copy.end(), [](float v) { return std::isfinite(v); })) {
+        nonfinite_ = slab.name;
+      }
+      bytes_ += 4 * n;
+    }
+    slab.data = nullptr;  // set by write(): data_ may still move
+    slabs_.push_back(std::move(slab));
+  });
+}
+
+std::int64_t ModelStateSnapshot::bytes_of(const ParamLayout& layout, const ModelStateAccess& state) {
+  std::int64_t bytes = 0;
+  for (int l = 0; l < layout.num_layers(); ++l) {
+    if (!state.holds(l) || !state.writes(l)) continue;
+    for (const TensorSpec& t : layout.layers()[static_cast<std::size_t>(l)].tensors) {
+      if (!t.replicated() || state.tp_rank() == 0) bytes += 4 * static_cast<std::int64_t>(std::size(kParts)) * t.numel();
+    }
+  }
+  return bytes;
+}
+
+void ModelStateSnapshot::write(CheckpointWriter& writer) const {
+  writer.reserve(total_bytes_);
+  std::size_t copy = 0;
+  for (TensorSlab slab : slabs_) {
+    if (!slab.pieces.empty()) slab.data = const_cast<float*>(data_[copy++].data());
+    writer.write(slab);
   }
 }
 

@@ -5,6 +5,7 @@
 // whole contents from shards and tiers, or scatters them back, is the ModelStateAccess it
 // passes (parallel/rank_state.hpp).
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "lamina/io/checkpoint.hpp"
@@ -32,6 +33,31 @@ class ModelStateAccess {
 
 // Collective over the checkpoint's communicator: every rank walks every tensor.
 void write_model_state(CheckpointWriter& writer, const ParamLayout& layout, ModelStateAccess& state);
+
+// Bytes of the whole model state in a checkpoint (parameters and both moments, global shapes).
+std::int64_t model_state_bytes(const ParamLayout& layout);
+
+// The pieces this rank writes, copied into host memory at a step boundary, so that a
+// background thread can write them (write()) while training changes the state. Taking it
+// is collective over the data-parallel group, like write_model_state; writing it is
+// collective over the checkpoint's communicator, and touches nothing of the run.
+class ModelStateSnapshot {
+ public:
+  ModelStateSnapshot(const ParamLayout& layout, ModelStateAccess& state);
+  void write(CheckpointWriter& writer) const;  // what write_model_state writes
+  std::int64_t bytes() const { return bytes_; }  // host memory it holds
+  // What a snapshot of `state` would hold, without taking one.
+  static std::int64_t bytes_of(const ParamLayout& layout, const ModelStateAccess& state);
+  // The first tensor it holds with a NaN or an infinity, "" if none.
+  const std::string& first_nonfinite() const { return nonfinite_; }
+
+ private:
+  std::int64_t total_bytes_ = 0;  // the whole checkpoint's, for reserve()
+  std::int64_t bytes_ = 0;
+  std::vector<TensorSlab> slabs_;  // every tensor in order; data set at write()
+  std::vector<std::vector<float>> data_;  // the pieces of those with pieces, in order
+  std::string nonfinite_;
+};
 void read_model_state(CheckpointReader& reader, const ParamLayout& layout, ModelStateAccess& state);
 
 // Parameters only, from a weights file (model.init); the optimizer state is left as it is.

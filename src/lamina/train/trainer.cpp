@@ -31,6 +31,7 @@
 #include "lamina/optim/grad_norm.hpp"
 #include "lamina/optim/lr_schedule.hpp"
 #include "lamina/plan/race_check.hpp"
+#include "lamina/train/background_checkpoint.hpp"
 #include "lamina/train/generate.hpp"
 #include "lamina/train/machine.hpp"
 #include "lamina/train/runtime.hpp"
@@ -221,6 +222,7 @@ class Trainer {
       return summary;
     }
 
+    set_up_background_checkpoints(rt);
     // From here on a signal has work to save. Not before: when one rank finds bad input, its
     // MPI_Abort ends the others with SIGTERM, which must not read as a stop request.
     install_stop_handlers();
@@ -296,9 +298,13 @@ class Trainer {
       const bool periodic = deck_.checkpoint.every > 0 && (step + 1) % deck_.checkpoint.every == 0;
       const Stop stop_why = last ? Stop{} : agreed_stop(rt);
       const int stop = stop_why.signal;
+      if (stop_why.write_failed) finish_background();  // throws that write's error
       std::string saved;
       if (periodic || (last && deck_.checkpoint.save_final) || stop != 0 || stop_why.data_shrank) {
-        saved = save(rt, step + 1);
+        // The run goes on after a periodic checkpoint only: the others are written before it ends.
+        saved = save(rt, step + 1, periodic && !last && stop == 0 && !stop_why.data_shrank);
+      } else if (background_ != nullptr && background_->done()) {
+        finish_background();  // to report it
       }
       if (stop_why.data_shrank) {
         const std::string what = dataset_->shrinkage();
@@ -312,6 +318,7 @@ class Trainer {
                                           signal_name(stop), static_cast<long long>(step + 1), saved.c_str()));
       }
     }
+    finish_background();
     metrics_.close();
     summary.mean_step_ms = total_ms / static_cast<double>(std::max<std::int64_t>(1, timed));
     if (deck_.output.sample_tokens > 0) print_sample(rt, summary.last_step);
@@ -544,14 +551,70 @@ class Trainer {
   // signal any rank received (the largest number), and whether a data file shrank under
   // any of them (rewritten or truncated: the next step's reads would fail), so that every
   // rank saves and stops after the same step.
+  // And whether a background checkpoint failed on any rank (each learns of its writer's
+  // end at its own time), so that every rank reports it after the same step.
   struct Stop {
     int signal = 0;
     bool data_shrank = false;
+    bool write_failed = false;
   };
   Stop agreed_stop(Runtime& rt) const {
-    double v[2] = {static_cast<double>(stop_requested()), dataset_->shrinkage().empty() ? 0.0 : 1.0};
-    rt.grid().world().allreduce(v, 2, ReduceOp::max);
-    return {static_cast<int>(v[0]), v[1] != 0.0};
+    double v[3] = {static_cast<double>(stop_requested()), dataset_->shrinkage().empty() ? 0.0 : 1.0,
+                   background_ != nullptr && background_->failed() ? 1.0 : 0.0};
+    rt.grid().world().allreduce(v, 3, ReduceOp::max);
+    return {static_cast<int>(v[0]), v[1] != 0.0, v[2] != 0.0};
+  }
+
+  // checkpoint.async where it can be: MPI lets a second thread communicate, and the copies
+  // of the ranks on this node fit in the host memory available now (after the run's own
+  // allocations). All ranks decide alike: the writers' communicator is collective.
+  void set_up_background_checkpoints(Runtime& rt) {
+    if (!deck_.checkpoint.async || deck_.checkpoint.every <= 0) return;
+    const std::int64_t copy = ModelStateSnapshot::bytes_of(rt.state().layout(), rt.state());
+    const SystemMemory system = system_memory();
+    const NodeShare share = node_share(comm_, system);
+    std::string why;
+    if (!BackgroundCheckpoint::thread_multiple()) {
+      why = "MPI does not grant MPI_THREAD_MULTIPLE (with Cray MPICH, export MPICH_MAX_THREAD_SAFETY=multiple)";
+    } else if (copy * share.ranks_on_node > system.host_available) {
+      why = strprintf("the copies of this node's %d rank(s), %s each, need more than the %s of host memory available",
+                      share.ranks_on_node, human_bytes(static_cast<double>(copy)).c_str(),
+                      human_bytes(static_cast<double>(system.host_available)).c_str());
+    }
+    double unable = why.empty() ? 0.0 : 1.0;
+    rt.grid().world().allreduce(&unable, 1, ReduceOp::max);
+    if (unable != 0.0) {
+      log_.info("checkpoint.async: checkpoints are written synchronously: " +
+                (why.empty() ? std::string("another rank cannot write in the background") : why));
+      return;
+    }
+    background_ = std::make_unique<BackgroundCheckpoint>(comm_);
+    log_.info(strprintf("checkpoint.async: periodic checkpoints are written in the background (a copy of %s of "
+                        "host memory on rank 0)",
+                        human_bytes(static_cast<double>(copy)).c_str()));
+  }
+
+  // Waits for the background write in flight, reports it, and ends the run with its error.
+  void finish_background() {
+    if (background_ == nullptr || !background_->busy()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    BackgroundCheckpoint::Written w;
+    try {
+      w = background_->finish();
+    } catch (const std::exception& e) {
+      throw RunError(strprintf("%s; the background checkpoint of step %lld is not written (the last one in %s is "
+                               "kept), and the run stops",
+                               e.what(), static_cast<long long>(background_step_), deck_.checkpoint.dir.c_str()));
+    }
+    if (w.path.empty()) {  // this rank's write ended well, another's did not
+      throw RunError(strprintf("another rank's background checkpoint of step %lld failed; the run stops",
+                               static_cast<long long>(background_step_)));
+    }
+    const double waited = seconds_since(t0);
+    log_.info(strprintf("checkpoint: %s written in the background in %.2f s (%s, %.0f MB/s)%s", w.path.c_str(),
+                        w.seconds, human_bytes(static_cast<double>(w.bytes)).c_str(),
+                        static_cast<double>(w.bytes) / w.seconds / 1e6,
+                        waited >= 0.005 ? strprintf("; training waited %.2f s for it", waited).c_str() : ""));
   }
 
   // Checkpoints of steps after `step` in checkpoint.dir: a future this run abandons. The
@@ -643,8 +706,24 @@ class Trainer {
     return meta.step;
   }
 
-  std::string save(Runtime& rt, std::int64_t step) {
+  // Saves step `step`'s state, after finishing a background write in flight. background:
+  // the run goes on, so a background writer (where set up) may write it; returns the
+  // checkpoint's path, "" for one written in the background (reported when finished).
+  std::string save(Runtime& rt, std::int64_t step, bool background = false) {
+    finish_background();
     const auto t0 = std::chrono::steady_clock::now();
+    if (background && background_ != nullptr) {
+      ModelStateSnapshot snapshot(rt.state().layout(), rt.state());
+      refuse_nonfinite(rt, step, snapshot.first_nonfinite());
+      const std::int64_t bytes = snapshot.bytes();
+      background_->start(std::move(snapshot), meta_of(rt, step), deck_.checkpoint.dir, deck_.checkpoint.keep);
+      background_step_ = step;
+      log_.info(strprintf("checkpoint: step %lld copied to host memory in %.2f s (%s on rank 0); writing it to %s "
+                          "in the background",
+                          static_cast<long long>(step), seconds_since(t0), human_bytes(static_cast<double>(bytes)).c_str(),
+                          deck_.checkpoint.dir.c_str()));
+      return "";
+    }
     log_.info(strprintf("checkpoint: writing step %lld to %s ...", static_cast<long long>(step),
                         deck_.checkpoint.dir.c_str()));
     // HDF5's collective file operations cannot poll; a watchdog bounds them instead.
@@ -652,15 +731,29 @@ class Trainer {
                                             static_cast<long long>(step)));
     CheckpointWriter writer(deck_.checkpoint.dir, step, comm_);
     write_model_state(writer, rt.state().layout(), rt.state());
-    double nonfinite = writer.first_nonfinite().empty() ? 0.0 : 1.0;
+    refuse_nonfinite(rt, step, writer.first_nonfinite());
+    double bytes = static_cast<double>(writer.bytes_written());
+    rt.grid().world().allreduce(&bytes, 1, ReduceOp::sum);
+    const std::string path = writer.commit(meta_of(rt, step), deck_.checkpoint.keep);
+    const double s = seconds_since(t0);
+    log_.info(strprintf("checkpoint: %s written in %.2f s (%s, %.0f MB/s)", path.c_str(), s, human_bytes(bytes).c_str(),
+                        bytes / s / 1e6));
+    return path;
+  }
+
+  // A diverged model must not replace the last good checkpoint. tensor: this rank's first
+  // with a value that is not finite, "" if none; collective.
+  void refuse_nonfinite(Runtime& rt, std::int64_t step, const std::string& tensor) {
+    double nonfinite = tensor.empty() ? 0.0 : 1.0;
     rt.grid().world().allreduce(&nonfinite, 1, ReduceOp::max);
-    if (nonfinite != 0.0) {
-      const std::string& tensor = writer.first_nonfinite();
-      throw RunError(strprintf("step %lld: the model holds values that are not finite%s; the checkpoint is not "
-                               "written (the last one in %s is kept): resume from it with a lower optimizer.lr",
-                               static_cast<long long>(step), tensor.empty() ? "" : (" (" + tensor + ")").c_str(),
-                               deck_.checkpoint.dir.c_str()));
-    }
+    if (nonfinite == 0.0) return;
+    throw RunError(strprintf("step %lld: the model holds values that are not finite%s; the checkpoint is not "
+                             "written (the last one in %s is kept): resume from it with a lower optimizer.lr",
+                             static_cast<long long>(step), tensor.empty() ? "" : (" (" + tensor + ")").c_str(),
+                             deck_.checkpoint.dir.c_str()));
+  }
+
+  CheckpointMeta meta_of(Runtime& rt, std::int64_t step) const {
     CheckpointMeta meta;
     meta.step = step;
     meta.samples_consumed = samples_;
@@ -670,13 +763,7 @@ class Trainer {
     meta.layout = plan_summary(plan_);
     meta.model = model_signature(deck_.model);
     meta.data_tokens = dataset_ != nullptr ? dataset_->num_tokens() : 0;
-    double bytes = static_cast<double>(writer.bytes_written());
-    rt.grid().world().allreduce(&bytes, 1, ReduceOp::sum);
-    const std::string path = writer.commit(meta, deck_.checkpoint.keep);
-    const double s = seconds_since(t0);
-    log_.info(strprintf("checkpoint: %s written in %.2f s (%s, %.0f MB/s)", path.c_str(), s, human_bytes(bytes).c_str(),
-                        bytes / s / 1e6));
-    return path;
+    return meta;
   }
 
   std::vector<std::unique_ptr<DirectoryLock>> locks_;
@@ -690,6 +777,10 @@ class Trainer {
   std::unique_ptr<SequenceSampler> sampler_;
   std::unique_ptr<TokenDataset> eval_dataset_;
   std::unique_ptr<SequenceSampler> eval_sampler_;
+  // Its writer touches only its own copy and communicator, so it may outlive the run's
+  // runtime; it is destroyed (finishing its write) before the directory locks.
+  std::unique_ptr<BackgroundCheckpoint> background_;
+  std::int64_t background_step_ = 0;  // the step it writes
   std::int64_t eval_batches_ = 0;
   MetricsWriter metrics_;
   std::int64_t positions_per_step_ = 0;
