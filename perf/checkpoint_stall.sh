@@ -54,7 +54,8 @@ for r in $(seq "$rounds"); do
   declare -A wall=()
   for mode in none sync async; do wall[$mode]=$(run "$mode" "$r"); done
   for mode in sync async; do
-    stall=$(python3 -c "print(f'{($2 - $3) / $1:.2f}')" "$checkpoints" "${wall[$mode]}" "${wall[none]}")
+    stall=$(python3 -c 'import sys; n, w, w0 = map(float, sys.argv[1:]); print(f"{(w - w0) / n:.2f}")' \
+            "$checkpoints" "${wall[$mode]}" "${wall[none]}")
     extra=$(python3 - "$work/${mode}_$r.log" <<'PY'
 import re, sys
 t = open(sys.argv[1]).read()

@@ -35,17 +35,22 @@ std::int64_t model_state_bytes(const ParamLayout& layout) {
 namespace {
 
 // Every tensor of the model state in the checkpoint's order, as this rank sees it: `visit`
-// gets each one's slab, with pieces where this rank writes them. Collective over the
-// data-parallel group (assemble).
-template <class Visit>
-void walk_model_state(const ParamLayout& layout, ModelStateAccess& state, Visit&& visit) {
-  std::vector<float> full;
+// gets each one's slab, with pieces where this rank writes them; each layer's part is
+// assembled into buffer(layer, part). Collective over the data-parallel group (assemble).
+template <class Buffer, class Visit>
+void walk_model_state(const ParamLayout& layout, ModelStateAccess& state, Buffer&& buffer, Visit&& visit) {
   for (int l = 0; l < layout.num_layers(); ++l) {
     const bool held = state.holds(l);
     const bool writer_rank = held && state.writes(l);
     const LayerSpec& spec = layout.layers()[static_cast<std::size_t>(l)];
     for (const CheckpointPart part : kParts) {
-      const float* data = held ? state.assemble(l, part, full) : nullptr;
+      const float* data = nullptr;
+      if (held) {
+        std::vector<float>& out = buffer(l, part);
+        data = state.assemble(l, part, out);
+        if (data != out.data()) out.assign(data, data + state.padded(l));  // a buffer of the state's own
+        data = out.data();
+      }
       for (const TensorSpec& t : spec.tensors) {
         TensorSlab slab;
         slab.name = prefix(part) + t.name;
@@ -66,44 +71,70 @@ void walk_model_state(const ParamLayout& layout, ModelStateAccess& state, Visit&
 
 void write_model_state(CheckpointWriter& writer, const ParamLayout& layout, ModelStateAccess& state) {
   writer.reserve(model_state_bytes(layout));
-  walk_model_state(layout, state, [&](const TensorSlab& slab) { writer.write(slab); });
+  std::vector<float> full;
+  walk_model_state(
+      layout, state, [&](int, CheckpointPart) -> std::vector<float>& { return full; },
+      [&](const TensorSlab& slab) { writer.write(slab); });
 }
 
-ModelStateSnapshot::ModelStateSnapshot(const ParamLayout& layout, ModelStateAccess& state)
-    : total_bytes_(model_state_bytes(layout)) {
-  walk_model_state(layout, state, [&](TensorSlab slab) {
-    if (!slab.pieces.empty()) {
-      std::int64_t n = 1;
-      for (const auto c : slab.local_shape) n *= c;
-      std::vector<float>& copy = data_.emplace_back(slab.data, slab.data + n);
-      if (nonfinite_.empty() && !std::all_of(copy.begin(), copy.end(), [](float v) { return std::isfinite(v); })) {
-        nonfinite_ = slab.name;
-      }
-      bytes_ += 4 * n;
+void ModelStateSnapshot::reserve(const ParamLayout& layout, const ModelStateAccess& state) {
+  layers_.resize(static_cast<std::size_t>(layout.num_layers()) * std::size(kParts));
+  bytes_ = 0;
+  for (int l = 0; l < layout.num_layers(); ++l) {
+    if (!state.holds(l)) continue;
+    const auto n = static_cast<std::size_t>(state.padded(l));
+    if (!state.writes(l)) {
+      scratch_.resize(std::max(scratch_.size(), n));
+      continue;
     }
-    slab.data = nullptr;  // set by write(): data_ may still move
-    slabs_.push_back(std::move(slab));
-  });
+    for (std::size_t p = 0; p < std::size(kParts); ++p) layers_[static_cast<std::size_t>(l) * std::size(kParts) + p].resize(n);
+    bytes_ += 4 * static_cast<std::int64_t>(std::size(kParts) * n);
+  }
+}
+
+void ModelStateSnapshot::take(const ParamLayout& layout, ModelStateAccess& state) {
+  total_bytes_ = model_state_bytes(layout);
+  bytes_ = 0;
+  slabs_.clear();
+  nonfinite_.clear();
+  layers_.resize(static_cast<std::size_t>(layout.num_layers()) * std::size(kParts));
+  // The buffers of the layers this rank writes are kept from one snapshot to the next (no
+  // page faults after the first); a layer it only helps assemble passes through scratch_.
+  walk_model_state(
+      layout, state,
+      [&](int l, CheckpointPart part) -> std::vector<float>& {
+        if (!state.writes(l)) return scratch_;
+        bytes_ += 4 * state.padded(l);
+        return layers_[static_cast<std::size_t>(l) * std::size(kParts) + static_cast<std::size_t>(part)];
+      },
+      [&](TensorSlab slab) {
+        if (slab.pieces.empty()) {
+          slab.data = nullptr;  // nothing of it written here
+        } else if (nonfinite_.empty()) {
+          std::int64_t n = 1;
+          for (const auto c : slab.local_shape) n *= c;
+          if (!std::all_of(slab.data, slab.data + n, [](float v) { return std::isfinite(v); })) nonfinite_ = slab.name;
+        }
+        slabs_.push_back(std::move(slab));
+      });
 }
 
 std::int64_t ModelStateSnapshot::bytes_of(const ParamLayout& layout, const ModelStateAccess& state) {
-  std::int64_t bytes = 0;
+  std::int64_t bytes = 0, scratch = 0;
   for (int l = 0; l < layout.num_layers(); ++l) {
-    if (!state.holds(l) || !state.writes(l)) continue;
-    for (const TensorSpec& t : layout.layers()[static_cast<std::size_t>(l)].tensors) {
-      if (!t.replicated() || state.tp_rank() == 0) bytes += 4 * static_cast<std::int64_t>(std::size(kParts)) * t.numel();
+    if (!state.holds(l)) continue;
+    if (state.writes(l)) {
+      bytes += 4 * static_cast<std::int64_t>(std::size(kParts)) * state.padded(l);
+    } else {
+      scratch = std::max(scratch, 4 * state.padded(l));
     }
   }
-  return bytes;
+  return bytes + scratch;
 }
 
 void ModelStateSnapshot::write(CheckpointWriter& writer) const {
   writer.reserve(total_bytes_);
-  std::size_t copy = 0;
-  for (TensorSlab slab : slabs_) {
-    if (!slab.pieces.empty()) slab.data = const_cast<float*>(data_[copy++].data());
-    writer.write(slab);
-  }
+  for (const TensorSlab& slab : slabs_) writer.write(slab);
 }
 
 void read_model_state(CheckpointReader& reader, const ParamLayout& layout, ModelStateAccess& state) {

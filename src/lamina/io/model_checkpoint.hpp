@@ -37,27 +37,33 @@ void write_model_state(CheckpointWriter& writer, const ParamLayout& layout, Mode
 // Bytes of the whole model state in a checkpoint (parameters and both moments, global shapes).
 std::int64_t model_state_bytes(const ParamLayout& layout);
 
-// The pieces this rank writes, copied into host memory at a step boundary, so that a
+// The layers this rank writes, copied into host memory at a step boundary, so that a
 // background thread can write them (write()) while training changes the state. Taking it
-// is collective over the data-parallel group, like write_model_state; writing it is
-// collective over the checkpoint's communicator, and touches nothing of the run.
+// is collective over the data-parallel group, like write_model_state, and reuses the
+// buffers of the previous one; writing it is collective over the checkpoint's
+// communicator and touches nothing of the run.
 class ModelStateSnapshot {
  public:
-  ModelStateSnapshot(const ParamLayout& layout, ModelStateAccess& state);
+  // Allocates (and touches) the buffers take() fills, so that the first checkpoint does
+  // not pay for the pages; bytes() is then what they hold.
+  void reserve(const ParamLayout& layout, const ModelStateAccess& state);
+  void take(const ParamLayout& layout, ModelStateAccess& state);
   void write(CheckpointWriter& writer) const;  // what write_model_state writes
   std::int64_t bytes() const { return bytes_; }  // host memory it holds
-  // What a snapshot of `state` would hold, without taking one.
-  static std::int64_t bytes_of(const ParamLayout& layout, const ModelStateAccess& state);
   // The first tensor it holds with a NaN or an infinity, "" if none.
   const std::string& first_nonfinite() const { return nonfinite_; }
+  // What a snapshot of `state` holds, without taking one.
+  static std::int64_t bytes_of(const ParamLayout& layout, const ModelStateAccess& state);
 
  private:
   std::int64_t total_bytes_ = 0;  // the whole checkpoint's, for reserve()
   std::int64_t bytes_ = 0;
-  std::vector<TensorSlab> slabs_;  // every tensor in order; data set at write()
-  std::vector<std::vector<float>> data_;  // the pieces of those with pieces, in order
+  std::vector<TensorSlab> slabs_;  // every tensor in order, into layers_
+  std::vector<std::vector<float>> layers_;  // by layer and part: the layers this rank writes
+  std::vector<float> scratch_;               // a layer this rank only helps assemble
   std::string nonfinite_;
 };
+
 void read_model_state(CheckpointReader& reader, const ParamLayout& layout, ModelStateAccess& state);
 
 // Parameters only, from a weights file (model.init); the optimizer state is left as it is.

@@ -1,6 +1,7 @@
 #include "lamina/train/background_checkpoint.hpp"
 
 #include <chrono>
+#include <stdexcept>
 #include <utility>
 
 #include "lamina/core/bounded_wait.hpp"
@@ -9,7 +10,8 @@
 
 namespace lamina {
 
-BackgroundCheckpoint::BackgroundCheckpoint(MPI_Comm comm) {
+BackgroundCheckpoint::BackgroundCheckpoint(MPI_Comm comm, const ParamLayout& layout, const ModelStateAccess& state) {
+  snapshot_.reserve(layout, state);
   const BlockingSection section("the other ranks to set up background checkpoints");
   MPI_Comm_dup(comm, &comm_);
 }
@@ -25,17 +27,22 @@ bool BackgroundCheckpoint::thread_multiple() {
   return level == MPI_THREAD_MULTIPLE;
 }
 
-void BackgroundCheckpoint::start(ModelStateSnapshot snapshot, const CheckpointMeta& meta, const std::string& dir,
-                                 std::int64_t keep) {
+const std::string& BackgroundCheckpoint::take_snapshot(const ParamLayout& layout, ModelStateAccess& state) {
+  if (thread_.joinable()) throw std::logic_error("a background checkpoint's copy taken while it is written");
+  snapshot_.take(layout, state);
+  return snapshot_.first_nonfinite();
+}
+
+void BackgroundCheckpoint::start(const CheckpointMeta& meta, const std::string& dir, std::int64_t keep) {
   if (thread_.joinable()) throw std::logic_error("a background checkpoint started before the previous one finished");
   done_ = false;
   failed_ = false;
   error_ = nullptr;
   written_ = {};
-  thread_ = std::thread([this, snapshot = std::move(snapshot), meta, dir, keep] {
+  thread_ = std::thread([this, meta, dir, keep] {
     block_stop_signals_in_this_thread();
     try {
-      write(snapshot, meta, dir, keep);
+      write(meta, dir, keep);
     } catch (...) {
       error_ = std::current_exception();
       failed_ = true;
@@ -44,13 +51,12 @@ void BackgroundCheckpoint::start(ModelStateSnapshot snapshot, const CheckpointMe
   });
 }
 
-void BackgroundCheckpoint::write(const ModelStateSnapshot& snapshot, const CheckpointMeta& meta,
-                                 const std::string& dir, std::int64_t keep) {
+void BackgroundCheckpoint::write(const CheckpointMeta& meta, const std::string& dir, std::int64_t keep) {
   const auto t0 = std::chrono::steady_clock::now();
   const BlockingSection section(strprintf("the other ranks to write the checkpoint of step %lld in the background",
                                           static_cast<long long>(meta.step)));
   CheckpointWriter writer(dir, meta.step, comm_);
-  snapshot.write(writer);
+  snapshot_.write(writer);
   double bytes = static_cast<double>(writer.bytes_written());
   MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_SUM, comm_);
   written_.path = writer.commit(meta, keep);

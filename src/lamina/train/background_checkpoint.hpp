@@ -24,7 +24,8 @@ namespace lamina {
 class BackgroundCheckpoint {
  public:
   // Collective over `comm` (duplicates it). Needs MPI_THREAD_MULTIPLE (thread_multiple()).
-  explicit BackgroundCheckpoint(MPI_Comm comm);
+  // Allocates the host copy of the layers of `state` that this rank writes.
+  BackgroundCheckpoint(MPI_Comm comm, const ParamLayout& layout, const ModelStateAccess& state);
   // Finishes a write in flight (a job that stops on an error keeps the checkpoint it was
   // writing); an error of that write is dropped: the job already ends on another.
   ~BackgroundCheckpoint();
@@ -34,8 +35,13 @@ class BackgroundCheckpoint {
   // Whether this process's MPI lets a second thread communicate.
   static bool thread_multiple();
 
-  // Starts writing step `meta.step`'s checkpoint into `dir`; no write may be in flight.
-  void start(ModelStateSnapshot snapshot, const CheckpointMeta& meta, const std::string& dir, std::int64_t keep);
+  // Copies the layers of the state that this rank writes into host memory (collective over
+  // the data-parallel group, as a synchronous write's gathers are); no write may be in
+  // flight. Returns the first tensor it copied with a NaN or an infinity, "" if none.
+  const std::string& take_snapshot(const ParamLayout& layout, ModelStateAccess& state);
+  // Starts writing that copy as step `meta.step`'s checkpoint into `dir`.
+  void start(const CheckpointMeta& meta, const std::string& dir, std::int64_t keep);
+  std::int64_t snapshot_bytes() const { return snapshot_.bytes(); }
   bool busy() const { return thread_.joinable(); }
   // The write in flight has ended (finish() then returns at once), or ended with an error.
   // Any thread may ask at any time; the ranks agree on a write's outcome, but each learns
@@ -52,9 +58,9 @@ class BackgroundCheckpoint {
   Written finish();
 
  private:
-  void write(const ModelStateSnapshot& snapshot, const CheckpointMeta& meta, const std::string& dir,
-             std::int64_t keep);
+  void write(const CheckpointMeta& meta, const std::string& dir, std::int64_t keep);
   MPI_Comm comm_ = MPI_COMM_NULL;
+  ModelStateSnapshot snapshot_;  // its buffers serve every checkpoint of the run
   std::thread thread_;
   std::atomic<bool> done_{false}, failed_{false};
   std::exception_ptr error_;

@@ -588,10 +588,11 @@ class Trainer {
                 (why.empty() ? std::string("another rank cannot write in the background") : why));
       return;
     }
-    background_ = std::make_unique<BackgroundCheckpoint>(comm_);
-    log_.info(strprintf("checkpoint.async: periodic checkpoints are written in the background (a copy of %s of "
-                        "host memory on rank 0)",
-                        human_bytes(static_cast<double>(copy)).c_str()));
+    const auto t0 = std::chrono::steady_clock::now();
+    background_ = std::make_unique<BackgroundCheckpoint>(comm_, rt.state().layout(), rt.state());
+    log_.info(strprintf("checkpoint.async: periodic checkpoints are written in the background (a host copy of %s on rank 0, "
+                        "allocated in %.2f s)",
+                        human_bytes(static_cast<double>(copy)).c_str(), seconds_since(t0)));
   }
 
   // Waits for the background write in flight, reports it, and ends the run with its error.
@@ -713,10 +714,9 @@ class Trainer {
     finish_background();
     const auto t0 = std::chrono::steady_clock::now();
     if (background && background_ != nullptr) {
-      ModelStateSnapshot snapshot(rt.state().layout(), rt.state());
-      refuse_nonfinite(rt, step, snapshot.first_nonfinite());
-      const std::int64_t bytes = snapshot.bytes();
-      background_->start(std::move(snapshot), meta_of(rt, step), deck_.checkpoint.dir, deck_.checkpoint.keep);
+      refuse_nonfinite(rt, step, background_->take_snapshot(rt.state().layout(), rt.state()));
+      background_->start(meta_of(rt, step), deck_.checkpoint.dir, deck_.checkpoint.keep);
+      const std::int64_t bytes = background_->snapshot_bytes();
       background_step_ = step;
       log_.info(strprintf("checkpoint: step %lld copied to host memory in %.2f s (%s on rank 0); writing it to %s "
                           "in the background",
