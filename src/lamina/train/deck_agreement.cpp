@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "lamina/comm/mpi_communicator.hpp"
+#include "lamina/core/bounded_wait.hpp"
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
 #include "lamina/io/token_dataset.hpp"
@@ -95,6 +96,14 @@ void check_ranks_agree(const Deck& deck, MPI_Comm comm) {
     wait_bounded(r, "MPI_Isend of this rank's deck to rank 0");
   }
   if (rank != 0) {
+    // Rank 0 names the difference and takes the job down. An abort from here could end
+    // rank 0 before it prints: wait for it (a barrier rank 0 never enters), and report
+    // alone only if it does not come.
+    MPI_Ibarrier(comm, &r);
+    try {
+      wait_bounded(r, "rank 0 to report how the ranks' decks differ");
+    } catch (const TimeoutError&) {
+    }
     throw InputError(strprintf("rank %d's deck or data differ from rank 0's (rank 0 names the first difference): %s",
                                first, advice.c_str()));
   }
