@@ -487,6 +487,10 @@ int main(int argc, char** argv) {
     if (rank == 0) log.warn(e.what());  // every rank stops here after saving: an orderly exit, not an abort
     code = static_cast<int>(e.code());
     stopped = true;
+  } catch (const lamina::JobWideError& e) {
+    log.error(e.what());  // every rank ends here with it: an orderly exit, not an abort
+    code = static_cast<int>(e.code());
+    stopped = true;
   } catch (const lamina::Error& e) {
     log.error(e.what());
     code = static_cast<int>(e.code());
@@ -505,7 +509,8 @@ int main(int argc, char** argv) {
     code = static_cast<int>(lamina::ExitCode::run_failed);
   }
   std::fflush(stderr);
-  // Take the other ranks down with this one (after a signal they all stopped together);
+  // Take the other ranks down with this one (after a signal, or a failure they agreed on,
+  // they all stopped together);
   // alone, skip a shutdown that would crash.
   if (code != 0 && ((world > 1 && !stopped) || lamina::h5::file_close_failed())) MPI_Abort(MPI_COMM_WORLD, code);
   Kokkos::finalize();

@@ -30,4 +30,12 @@ class RunError : public Error {
   explicit RunError(const std::string& what) : Error(ExitCode::run_failed, what) {}
 };
 
+// A failure every rank of the job met at the same point, having agreed on it (a checkpoint
+// write that failed): each rank exits with it in order. An abort could end the job before
+// the launcher passed on the ranks' messages.
+class JobWideError : public RunError {
+ public:
+  explicit JobWideError(const std::string& what) : RunError(what) {}
+};
+
 }  // namespace lamina

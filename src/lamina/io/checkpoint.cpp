@@ -93,9 +93,10 @@ void agree_on_write(MPI_Comm comm, const std::string& failure, const std::string
       written > 0 ? strprintf(" (%s written by this rank; %s)", human_bytes(static_cast<double>(written)).c_str(),
                               file_system_of(path).c_str())
                   : "; " + file_system_of(path);
-  if (!failure.empty()) throw RunError(failure + where);
-  throw RunError(strprintf("cannot write %s: rank %d's write failed; the checkpoint is abandoned", path.c_str(), failed) +
-                 where);
+  if (!failure.empty()) throw JobWideError(failure + where);
+  throw JobWideError(strprintf("cannot write %s: rank %d's write failed; the checkpoint is abandoned", path.c_str(),
+                               failed) +
+                     where);
 }
 
 void fsync_path(const std::string& path) {

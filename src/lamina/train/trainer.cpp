@@ -600,12 +600,17 @@ class Trainer {
     if (background_ == nullptr || !background_->busy()) return;
     const auto t0 = std::chrono::steady_clock::now();
     BackgroundCheckpoint::Written w;
+    const auto why = [&](const std::exception& e) {
+      return strprintf("%s; the background checkpoint of step %lld is not written (the last one in %s is kept), and "
+                       "the run stops",
+                       e.what(), static_cast<long long>(background_step_), deck_.checkpoint.dir.c_str());
+    };
     try {
       w = background_->finish();
+    } catch (const JobWideError& e) {
+      throw JobWideError(why(e));  // every rank's writer failed with it
     } catch (const std::exception& e) {
-      throw RunError(strprintf("%s; the background checkpoint of step %lld is not written (the last one in %s is "
-                               "kept), and the run stops",
-                               e.what(), static_cast<long long>(background_step_), deck_.checkpoint.dir.c_str()));
+      throw RunError(why(e));
     }
     if (w.path.empty()) {  // this rank's write ended well, another's did not
       throw RunError(strprintf("another rank's background checkpoint of step %lld failed; the run stops",
