@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "lamina/kernels/bf16.hpp"
 #include "lamina/kernels/common.hpp"
 
 namespace lamina::test {
@@ -59,6 +60,29 @@ std::vector<double> to_host(const View& d) {
   std::vector<double> v(h.size());
   const auto* p = h.data();
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(p[i]);
+  return v;
+}
+
+// The values bf16 storage holds for v (rounded to nearest-even).
+inline std::vector<double> bf16_values(std::vector<double> v) {
+  for (auto& e : v) e = from_bf16(to_bf16(static_cast<float>(e)));
+  return v;
+}
+
+// v stored as bf16 on Exec, and bf16 storage read back as doubles.
+template <class Exec>
+Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, typename Exec::memory_space> to_device_bf16(
+    const std::vector<double>& v) {
+  Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, typename Exec::memory_space> d("test_bf16", v.size());
+  auto h = Kokkos::create_mirror_view(d);
+  for (std::size_t i = 0; i < v.size(); ++i) h(i) = to_bf16(static_cast<float>(v[i]));
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+template <class View>
+std::vector<double> widened_to_host(const View& d) {
+  std::vector<double> v = to_host(d);
+  for (auto& e : v) e = from_bf16(static_cast<std::uint16_t>(e));
   return v;
 }
 

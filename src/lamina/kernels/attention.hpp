@@ -324,26 +324,34 @@ void for_each_causal_block(const Exec& exec, const char* label, std::int64_t bat
 }
 
 // Attention's products in bf16 on a host's oneDNN (bf16 runs on a CPU with bf16
-// instructions), with the numerics of PyTorch's bf16 autocast and of cuBLAS: operands rounded
-// to bf16, sums in fp32. Each product covers a block of query rows of every sequence and head
-// at once (oneDNN threads it) and skips what the causal mask zeroes, as the host BLAS's row
-// blocks do. They read bf16 copies of the qkv rows and of dy, made once per pass, and of a
-// block's probabilities and score gradients, written as the softmax writes its rows.
+// instructions), with the numerics of PyTorch's bf16 autocast and of cuBLAS: operands in bf16,
+// sums in fp32. Each product covers a block of query rows of every sequence and head at once
+// (oneDNN threads it) and skips what the causal mask zeroes, as the host BLAS's row blocks do.
+// They read q, k and v as the run stores them (bf16 rows), the probabilities as saved (bf16,
+// in place) or (fused) a block's bf16 copy, a bf16 copy of dy made once per backward pass, and
+// a block's score gradients rounded as the softmax's backward writes its rows. Scores and
+// probabilities are computed in fp32 (a block's in the score gradients' workspace, which the
+// forward pass does not use; fused: AttentionWorkspace::probs), and the output in fp32 rows
+// (AttentionWorkspace::y's memory) rounded into its storage at the end.
 // Rows per block: at T = 256 and 1024 (bench-torch, GPT-2 124M; 2 cores) 64 and 128 gave
 // the same step times within their noise (5 %), 32 was slower; 64 wastes less on the mask.
 constexpr std::int64_t kBf16RowBlock = 64;
 
-// The bf16 copies, in AttentionWorkspace::narrowed.
+// The bf16 copies, in AttentionWorkspace::narrowed,
+// and a block's fp32 scores (in place, forward).
 struct Bf16Operands {
-  std::uint16_t* qkv;  // (B*T, 3A) rows
-  std::uint16_t* dy;   // (B*T, A) rows (backward)
-  std::uint16_t* p;    // (B*NH, kBf16RowBlock, T) a row block's probabilities
-  std::uint16_t* ds;   // (B*NH, kBf16RowBlock, T) and their gradients (backward)
+  std::uint16_t* dy;  // (B*T, A) rows (backward)
+  std::uint16_t* p;   // (B*NH, kBf16RowBlock, T) a row block's probabilities (fused)
+  std::uint16_t* ds;  // (B*NH, kBf16RowBlock, T) a row block's score gradients (backward)
+  float* scores;      // (B*NH, kBf16RowBlock, T) a row block's scores (in place, forward)
 
   static std::int64_t block(std::int64_t BNH, std::int64_t T) { return BNH * kBf16RowBlock * T; }
+  static std::int64_t copies(std::int64_t B, std::int64_t T, std::int64_t NH, std::int64_t hd) {
+    return (B * T * NH * hd + 2 * block(B * NH, T) + 1) / 2;  // floats
+  }
   // floats
   static std::int64_t size(std::int64_t B, std::int64_t T, std::int64_t NH, std::int64_t hd) {
-    return (4 * B * T * NH * hd + 2 * block(B * NH, T) + 1) / 2;
+    return copies(B, T, NH, hd) + block(B * NH, T);
   }
   static Bf16Operands in(float* narrowed, std::int64_t floats, std::int64_t B, std::int64_t T, std::int64_t NH,
                          std::int64_t hd) {
@@ -352,11 +360,11 @@ struct Bf16Operands {
     }
     std::uint16_t* p = reinterpret_cast<std::uint16_t*>(narrowed);
     const std::int64_t NA = B * T * NH * hd;
-    return {p, p + 3 * NA, p + 4 * NA, p + 4 * NA + block(B * NH, T)};
+    return {p, p + NA, p + NA + block(B * NH, T), narrowed + copies(B, T, NH, hd)};
   }
 };
 
-// Matrix (s, h) of a bf16 copy, as HeadMatrices.
+// Matrix (s, h) of bf16 rows or scores, as HeadMatrices.
 struct HeadMatrices16 {
   const std::uint16_t* data = nullptr;
   std::int64_t ld = 0, seq_stride = 0, head_stride = 0;
@@ -401,60 +409,87 @@ inline void narrow_row(std::uint16_t* dst, const float* src, std::int64_t n) {
   for (std::int64_t j = 0; j < n; ++j) dst[j] = to_bf16(src[j]);
 }
 
+// A row's log-sum-exp saved as two bf16 values: the high part and the rest (as
+// save_log_sum_exp's fp32 pair rounded into bf16 storage).
+inline void save_log_sum_exp16(std::uint16_t* saved, float lse) {
+  saved[0] = to_bf16(lse);
+  saved[1] = to_bf16(lse - from_bf16(saved[0]));
+}
+inline float load_log_sum_exp16(const std::uint16_t* saved) { return from_bf16(saved[0]) + from_bf16(saved[1]); }
+
 // Rows r0..r0+m of every (sequence, head), one item per row.
 struct Bf16Rows {
   std::int64_t NH, T, r0, m, r1;
   std::int64_t bh(std::int64_t i) const { return i / m; }
   std::int64_t t(std::int64_t i) const { return r0 + i % m; }
   float* row(const HeadMatrices& x, std::int64_t i) const { return x.at(bh(i) / NH, bh(i) % NH) + t(i) * x.ld; }
-  // Columns 0..r1 of the row in a block's bf16 copy (B*NH, kBf16RowBlock, T).
-  std::uint16_t* copy(std::uint16_t* x, std::int64_t i) const { return x + (bh(i) * kBf16RowBlock + i % m) * T; }
-  float* log_sum_exp(float* lse, std::int64_t i) const { return lse + (bh(i) * T + t(i)) * 2; }
-};
-
-// Softmax of a block's (unscaled) score rows into probabilities, rounded into the block's
-// bf16 copy; with lse (fused products) their log-sum-exps saved there. The products leave
-// attention's scale to the rows: oneDNN 2's bf16 kernels would not fuse it.
-struct Bf16SoftmaxRows {
-  Bf16Rows rows;
-  HeadMatrices P;
-  std::uint16_t* p16;
-  float* lse;
-  float scale;
-  void operator()(const std::int64_t i) const {
-    float* row = rows.row(P, i);
-    const RowSoftmax r = causal_softmax_row(SerialRow{}, row, rows.t(i), rows.T, scale);
-    if (lse != nullptr) save_log_sum_exp(rows.log_sum_exp(lse, i), r.max + math::log(r.sum));
-    narrow_row(rows.copy(p16, i), row, rows.r1);
+  // Row i of a block (B*NH, kBf16RowBlock, T): a block's bf16 copy, or its fp32 scores.
+  template <class T_>
+  T_* in_block(T_* x, std::int64_t i) const {
+    return x + (bh(i) * kBf16RowBlock + i % m) * T;
+  }
+  // Row t of (sequence, head) in saved (B*NH, T, width) rows.
+  std::uint16_t* saved(std::uint16_t* x, std::int64_t width, std::int64_t i) const {
+    return x + (bh(i) * T + t(i)) * width;
   }
 };
 
-// Score gradients of a block's rows from their probabilities (with lse, recomputed first
-// from the unscaled scores there and the saved log-sum-exps), rounded into the block's
-// copies with the gradients times `scale`, which dq and dk carry.
+// Softmax of a block's (unscaled) score rows into probabilities, rounded into the saved
+// probabilities (in place: scores in a block scratch), or (fused: scores in the rows of
+// `P`) into the block's bf16 copy with the rows' log-sum-exps saved. The products leave
+// attention's scale to the rows: oneDNN 2's bf16 kernels would not fuse it.
+struct Bf16SoftmaxRows {
+  Bf16Rows rows;
+  HeadMatrices P;   // fused
+  float* scores;    // in place
+  std::uint16_t* saved;  // probabilities (in place) or log-sum-exps (fused)
+  std::uint16_t* p16;
+  float scale;
+  void operator()(const std::int64_t i) const {
+    float* row = scores != nullptr ? rows.in_block(scores, i) : rows.row(P, i);
+    const RowSoftmax r = causal_softmax_row(SerialRow{}, row, rows.t(i), rows.T, scale);
+    if (scores != nullptr) {
+      narrow_row(rows.saved(saved, rows.T, i), row, rows.T);
+    } else {
+      save_log_sum_exp16(rows.saved(saved, 2, i), r.max + math::log(r.sum));
+      narrow_row(rows.in_block(p16, i), row, rows.r1);
+    }
+  }
+};
+
+// Score gradients of a block's rows (dP in dS's rows) from their probabilities: the saved
+// bf16 ones (in place), or (fused) recomputed from the unscaled scores in P's rows and the
+// saved log-sum-exps and rounded into the block's copy; the gradients times `scale`, which
+// dq and dk carry, rounded into the block's copy.
 struct Bf16SoftmaxBackwardRows {
   Bf16Rows rows;
   HeadMatrices P, dS;
+  std::uint16_t* saved;  // probabilities (in place) or log-sum-exps (fused)
+  bool fused;
   std::uint16_t *p16, *ds16;
-  float* lse;
   float scale;
   void operator()(const std::int64_t i) const {
     const std::int64_t t = rows.t(i);
-    float* prow = rows.row(P, i);
     float* drow = rows.row(dS, i);
-    if (lse != nullptr) {
-      const float l = load_log_sum_exp(rows.log_sum_exp(lse, i));
+    std::uint16_t* d16 = rows.in_block(ds16, i);
+    if (fused) {
+      float* prow = rows.row(P, i);
+      const float l = load_log_sum_exp16(rows.saved(saved, 2, i));
       for (std::int64_t j = 0; j <= t; ++j) prow[j] = fast_exp(scale * prow[j] - l);
       for (std::int64_t j = t + 1; j < rows.T; ++j) prow[j] = 0.0f;
+      causal_softmax_row_backward(SerialRow{}, drow, prow, t, rows.T);
+      narrow_row(rows.in_block(p16, i), prow, rows.r1);
+    } else {
+      const std::uint16_t* prow = rows.saved(saved, rows.T, i);
+      float dot = 0.0f;
+      for (std::int64_t j = 0; j <= t; ++j) dot += from_bf16(prow[j]) * drow[j];
+      for (std::int64_t j = 0; j < rows.T; ++j) drow[j] = j <= t ? from_bf16(prow[j]) * (drow[j] - dot) : 0.0f;
     }
-    causal_softmax_row_backward(SerialRow{}, drow, prow, t, rows.T);
-    narrow_row(rows.copy(p16, i), prow, rows.r1);
-    std::uint16_t* d16 = rows.copy(ds16, i);
     for (std::int64_t j = 0; j < rows.r1; ++j) d16[j] = to_bf16(scale * drow[j]);
   }
 };
 
-// Matrix (s, h) of a bf16 copy of (B*T, width) rows: part `part` (width / parts columns).
+// Matrix (s, h) of bf16 (B*T, width) rows: part `part` (width / parts columns).
 inline HeadMatrices16 row_heads16(const std::uint16_t* rows, std::int64_t width, std::int64_t parts,
                                   std::int64_t part, std::int64_t T, std::int64_t hd) {
   return {rows + part * width / parts, width, T * width, hd};
@@ -465,6 +500,11 @@ inline HeadMatrices16 block_heads16(const std::uint16_t* block, std::int64_t NH,
   return {block, T, NH * kBf16RowBlock * T, kBf16RowBlock * T};
 }
 
+// Saved (B*NH, T, T) bf16 probabilities.
+inline HeadMatrices16 score_heads16(const std::uint16_t* saved, std::int64_t NH, std::int64_t T) {
+  return {saved, T, NH * T * T, T * T};
+}
+
 template <class Exec, class Item>
 void for_each_row(const Exec& exec, const char* label, std::int64_t BNH, const Item& item) {
   Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, BNH * item.rows.m),
@@ -472,76 +512,81 @@ void for_each_row(const Exec& exec, const char* label, std::int64_t BNH, const I
   exec.fence();  // oneDNN reads what the rows wrote
 }
 
-// y = softmax(scale q k^T) v by row blocks; P: the (T, T) probabilities of each (sequence,
-// head), lse: fused products' log-sum-exps, else null.
-// What both passes start from: the shapes, the softmax scale, the bf16 operands in
-// `narrowed` and q, k, v rounded into them (the caller fences before oneDNN reads them).
+// What both passes start from: the shapes, the softmax scale, q, k, v in the stored rows.
 struct Bf16Pass {
   std::int64_t N, B, A, hd;
   float scale;
-  Bf16Operands o;
   HeadMatrices16 q, k, v;
 
-  template <class Exec>
-  Bf16Pass(const Exec& exec, const Mat<Exec>& qkv, const Vec<Exec>& narrowed, std::int64_t NH, std::int64_t T)
+  template <class V>
+  Bf16Pass(const V& qkv, std::int64_t NH, std::int64_t T)
       : N(static_cast<std::int64_t>(qkv.extent(0))),
         B(N / T),
         A(static_cast<std::int64_t>(qkv.extent(1)) / 3),
         hd(A / NH),
         scale(1.0f / math::sqrt(static_cast<float>(hd))),
-        o(Bf16Operands::in(narrowed.data(), static_cast<std::int64_t>(narrowed.extent(0)), B, T, NH, hd)),
-        q(row_heads16(o.qkv, 3 * A, 3, 0, T, hd)),
-        k(row_heads16(o.qkv, 3 * A, 3, 1, T, hd)),
-        v(row_heads16(o.qkv, 3 * A, 3, 2, T, hd)) {
-    to_bf16(exec, Bf16Vec<Exec>(o.qkv, N * 3 * A), ConstVec<Exec>(qkv.data(), N * 3 * A));
-  }
+        q(row_heads16(qkv.data(), 3 * A, 3, 0, T, hd)),
+        k(row_heads16(qkv.data(), 3 * A, 3, 1, T, hd)),
+        v(row_heads16(qkv.data(), 3 * A, 3, 2, T, hd)) {}
 };
 
+// y = softmax(scale q k^T) v by row blocks into `out` (bf16). in place: the probabilities
+// saved in `att` (B*NH, T, T); fused: P (T, T) fp32 of each (sequence, head), the
+// log-sum-exps saved in `att` (B*NH, T, 2). y_rows: (B*T, A) fp32.
 template <class Exec>
-void bf16_attention_forward(const Exec& exec, const Mat<Exec>& out, const HeadMatrices& P, float* lse,
-                            const Mat<Exec>& qkv, const Vec<Exec>& narrowed, std::int64_t NH, std::int64_t T) {
-  const Bf16Pass b(exec, qkv, narrowed, NH, T);
-  exec.fence();
+void bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Exec>& att, const Mat16<Exec>& qkv,
+                            bool fused, const HeadMatrices& P, const Mat<Exec>& y_rows, const Vec<Exec>& narrowed,
+                            std::int64_t NH, std::int64_t T) {
+  const Bf16Pass b(qkv, NH, T);
   const std::int64_t B = b.B, hd = b.hd;
-  const HeadMatrices16 &q = b.q, &k = b.k, &v = b.v, p = block_heads16(b.o.p, NH, T);
-  const HeadMatrices y = row_heads<Exec>(out, 1, 0, T, hd);
+  const Bf16Operands o = Bf16Operands::in(narrowed.data(), static_cast<std::int64_t>(narrowed.extent(0)), B, T, NH, hd);
+  std::uint16_t* p16 = fused ? o.p : nullptr;
+  float* scores = o.scores;
+  const HeadMatrices16 &q = b.q, &k = b.k, &v = b.v;
+  const HeadMatrices16 p = fused ? block_heads16(p16, NH, T) : score_heads16(att.data(), NH, T);
+  const HeadMatrices block{scores, T, NH * kBf16RowBlock * T, kBf16RowBlock * T};
+  const HeadMatrices y = row_heads<Exec>(y_rows, 1, 0, T, hd);
+  exec.fence();  // q, k, v written
   for (std::int64_t r0 = 0; r0 < T; r0 += kBf16RowBlock) {
     const std::int64_t r1 = std::min(T, r0 + kBf16RowBlock), m = r1 - r0;
-    head_products(B, NH, 'N', 'T', m, r1, hd, 1.0f, from_row(q, r0), k, 0.0f, from_row(P, r0));
+    head_products(B, NH, 'N', 'T', m, r1, hd, 1.0f, from_row(q, r0), k, 0.0f, fused ? from_row(P, r0) : block);
     for_each_row(exec, "lamina::attention_forward_bf16_rows", B * NH,
-                 Bf16SoftmaxRows{{NH, T, r0, m, r1}, P, b.o.p, lse, b.scale});
-    head_products(B, NH, 'N', 'N', m, hd, r1, 1.0f, p, v, 0.0f, from_row(y, r0));
+                 Bf16SoftmaxRows{{NH, T, r0, m, r1}, P, fused ? nullptr : scores, att.data(), p16, b.scale});
+    head_products(B, NH, 'N', 'N', m, hd, r1, 1.0f, fused ? p : from_row(p, r0), v, 0.0f, from_row(y, r0));
   }
+  const std::int64_t n = static_cast<std::int64_t>(out.size());
+  to_bf16(exec, Bf16Vec<Exec>(out.data(), static_cast<std::size_t>(n)), ConstVec<Exec>(y_rows.data(), n));
 }
 
 // dqkv from dy = dout by row blocks, last first: dP = dy v^T, dS = the softmax's backward,
 // dq = (scale dS) k for the block's rows; dv += P^T dy and dk += (scale dS)^T q for the rows up
-// to the block's last (the last block covers them all and starts the sums). P: the
-// probabilities (lse: fused products, recomputed into P from the saved log-sum-exps); dS:
-// (T, T) scratch of each (sequence, head).
+// to the block's last (the last block covers them all and starts the sums). att: the saved
+// probabilities, or (fused) log-sum-exps, with the probabilities recomputed into P; dS:
+// (T, T) fp32 scratch of each (sequence, head).
 template <class Exec>
 void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const HeadMatrices& dS, const Mat<Exec>& dout,
-                             const Mat<Exec>& qkv, const HeadMatrices& P, float* lse, const Vec<Exec>& narrowed,
-                             std::int64_t NH, std::int64_t T) {
-  const Bf16Pass b(exec, qkv, narrowed, NH, T);
-  const Bf16Operands& o = b.o;
+                             const Mat16<Exec>& qkv, const Mats16<Exec>& att, bool fused, const HeadMatrices& P,
+                             const Vec<Exec>& narrowed, std::int64_t NH, std::int64_t T) {
+  const Bf16Pass b(qkv, NH, T);
   const std::int64_t B = b.B, A = b.A, hd = b.hd;
+  const Bf16Operands o = Bf16Operands::in(narrowed.data(), static_cast<std::int64_t>(narrowed.extent(0)), B, T, NH, hd);
   to_bf16(exec, Bf16Vec<Exec>(o.dy, b.N * A), ConstVec<Exec>(dout.data(), b.N * A));
   exec.fence();
   const HeadMatrices16 &q = b.q, &k = b.k, &v = b.v, dy = row_heads16(o.dy, A, 1, 0, T, hd),
-                       p = block_heads16(o.p, NH, T), ds = block_heads16(o.ds, NH, T);
+                       p = fused ? block_heads16(o.p, NH, T) : score_heads16(att.data(), NH, T),
+                       ds = block_heads16(o.ds, NH, T);
   const HeadMatrices dq = row_heads<Exec>(dqkv, 3, 0, T, hd), dk = row_heads<Exec>(dqkv, 3, 1, T, hd),
                      dv = row_heads<Exec>(dqkv, 3, 2, T, hd);
   const std::int64_t last = (T - 1) / kBf16RowBlock * kBf16RowBlock;
   for (std::int64_t r0 = last; r0 >= 0; r0 -= kBf16RowBlock) {
     const std::int64_t r1 = std::min(T, r0 + kBf16RowBlock), m = r1 - r0;
     const float sums = r0 == last ? 0.0f : 1.0f;
-    if (lse != nullptr) head_products(B, NH, 'N', 'T', m, r1, hd, 1.0f, from_row(q, r0), k, 0.0f, from_row(P, r0));
+    if (fused) head_products(B, NH, 'N', 'T', m, r1, hd, 1.0f, from_row(q, r0), k, 0.0f, from_row(P, r0));
     head_products(B, NH, 'N', 'T', m, r1, hd, 1.0f, from_row(dy, r0), v, 0.0f, from_row(dS, r0));
     for_each_row(exec, "lamina::attention_backward_bf16_rows", B * NH,
-                 Bf16SoftmaxBackwardRows{{NH, T, r0, m, r1}, P, dS, o.p, o.ds, lse, b.scale});
+                 Bf16SoftmaxBackwardRows{{NH, T, r0, m, r1}, P, dS, att.data(), fused, o.p, o.ds, b.scale});
     head_products(B, NH, 'N', 'N', m, hd, r1, 1.0f, ds, k, 0.0f, from_row(dq, r0));
-    head_products(B, NH, 'T', 'N', r1, hd, m, 1.0f, p, from_row(dy, r0), sums, dv);
+    head_products(B, NH, 'T', 'N', r1, hd, m, 1.0f, fused ? p : from_row(p, r0), from_row(dy, r0), sums, dv);
     head_products(B, NH, 'T', 'N', r1, hd, m, 1.0f, ds, from_row(q, r0), sums, dk);
   }
 }
@@ -556,9 +601,9 @@ void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Head
 // AttentionWorkspace::probs; on a device in kernels that keep them in team scratch
 // (kernels/flash_attention.hpp). staged: per-head copies in AttentionWorkspace, whole
 // batched products and a softmax kernel of one team per row (a host with another BLAS); its
-// products take `math` (ProductMath: on CUDA, bf16 tensor cores). in_place and fused on a
-// host run their products in bf16 on oneDNN where `math` is bf16 (a CPU with bf16
-// instructions), by row blocks batched over sequences and heads; device kernels are fp32.
+// products take `math` (ProductMath: on CUDA, bf16 tensor cores). On bf16 storage, in_place
+// and fused on a host run their products in bf16 on oneDNN where `math` is bf16 (a CPU with
+// bf16 instructions), by row blocks batched over sequences and heads; device kernels are fp32.
 // The default is what the backend runs fastest; in_place needs a host BLAS it can call.
 template <class Exec>
 constexpr AttentionProducts kAttentionProducts =
@@ -581,12 +626,17 @@ constexpr std::int64_t saved_attention_columns(AttentionProducts how, std::int64
 // and dq, dk, dv. Fused products on a host BLAS: probs, (B*NH, T, T) probabilities. bf16
 // products on a host's oneDNN: narrowed, their operands rounded to bf16
 // (attention_scratch() floats). The other ways leave them untouched.
+// Where attention on bf16 storage has no bf16 way of its own (attention_stores_bf16 false),
+// qkv32, y32 and att32: fp32 copies of q, k, v, the output and what is saved, on which it runs
+// as an fp32 run does.
 template <class Exec>
 struct AttentionWorkspace {
   Mats<Exec> q, k, v, y;
   Mats<Exec> dq, dk, dv;
   Mats<Exec> probs;
   Vec<Exec> narrowed;
+  Mat<Exec> qkv32, y32;
+  Mats<Exec> att32;
 };
 
 // Whether attention run `how` with products in `math` on Exec has its products on a host's
@@ -595,6 +645,20 @@ template <class Exec>
 bool attention_on_host_bf16(AttentionProducts how, ProductMath math) {
   return kAttentionInPlace<Exec> && how != AttentionProducts::staged && math == ProductMath::bf16 &&
          detail::bf16_engine<Exec>();
+}
+
+// Whether attention reads and writes bf16 storage as it is (else through fp32 copies).
+template <class Exec>
+bool attention_stores_bf16(AttentionProducts how, ProductMath math) {
+  return attention_on_host_bf16<Exec>(how, math);
+}
+
+// Floats of the fp32 copies (qkv32, y32, att32) that attention on bf16 storage takes.
+template <class Exec>
+std::int64_t attention_copies(AttentionProducts how, ProductMath math, std::int64_t B, std::int64_t T, std::int64_t NH,
+                              std::int64_t hd) {
+  if (attention_stores_bf16<Exec>(how, math)) return 0;
+  return 4 * B * T * NH * hd + B * NH * T * saved_attention_columns(how, T);
 }
 
 // Floats of AttentionWorkspace::narrowed that attention takes on Exec (0: none).
@@ -616,12 +680,6 @@ void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>&
   const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
   if constexpr (kAttentionInPlace<Exec>) {
-    if (attention_on_host_bf16<Exec>(how, math)) {
-      const bool fused = how == AttentionProducts::fused;
-      detail::bf16_attention_forward(exec, out, detail::score_heads<Exec>(fused ? ws.probs : att, NH),
-                                     fused ? att.data() : nullptr, qkv, ws.narrowed, NH, T);
-      return;
-    }
     if (how != AttentionProducts::staged) {
       using detail::row_heads;
       const bool fused = how == AttentionProducts::fused;
@@ -659,13 +717,6 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
   const std::int64_t hd = static_cast<std::int64_t>(dout.extent(1)) / NH;
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
   if constexpr (kAttentionInPlace<Exec>) {
-    if (attention_on_host_bf16<Exec>(how, math)) {
-      const bool fused = how == AttentionProducts::fused;
-      detail::bf16_attention_backward(exec, dqkv, detail::score_heads<Exec>(datt, NH), dout, qkv,
-                                      detail::score_heads<Exec>(fused ? ws.probs : att, NH),
-                                      fused ? att.data() : nullptr, ws.narrowed, NH, T);
-      return;
-    }
     if (how != AttentionProducts::staged) {
       using detail::row_heads;
       const detail::CausalBlocks blocks(NH, T, hd);
@@ -701,6 +752,56 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
   batched_gemm<Exec>(exec, "N", "N", scale, datt, ws.k, 0.0f, ws.dq, math);   // dq = scale dS k
   batched_gemm<Exec>(exec, "T", "N", scale, datt, ws.q, 0.0f, ws.dk, math);   // dk = scale dS^T q
   detail::permute_heads(exec, "lamina::attention_backward_merge", dqkv, ws.dq, ws.dk, ws.dv, NH, true);
+}
+
+// Attention on bf16 storage (bf16 runs): qkv, out and att as attention_forward's, stored in
+// bf16. On a host's oneDNN they are read and written as they are; elsewhere attention runs
+// on fp32 copies of them in AttentionWorkspace (qkv32, y32, att32).
+template <class Exec>
+void attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Exec>& att, const Mat16<Exec>& qkv,
+                       const AttentionWorkspace<Exec>& ws, std::int64_t NH,
+                       AttentionProducts how = kAttentionProducts<Exec>, ProductMath math = ProductMath::fp32) {
+  const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
+  if constexpr (kAttentionInPlace<Exec>) {
+    if (attention_stores_bf16<Exec>(how, math)) {
+      const bool fused = how == AttentionProducts::fused;
+      detail::bf16_attention_forward(exec, out, att, qkv, fused,
+                                     fused ? detail::score_heads<Exec>(ws.probs, NH) : detail::HeadMatrices{},
+                                     as_mat<Exec>(ws.y.data(), static_cast<std::int64_t>(out.extent(0)),
+                                                  static_cast<std::int64_t>(out.extent(1))),
+                                     ws.narrowed, NH, T);
+      return;
+    }
+  }
+  from_bf16(exec, as_vec<Exec>(ws.qkv32.data(), static_cast<std::int64_t>(qkv.size())),
+            Bf16Vec<Exec>(qkv.data(), qkv.size()));
+  attention_forward(exec, ws.y32, ws.att32, ws.qkv32, ws, NH, how, math);
+  to_bf16(exec, Bf16Vec<Exec>(att.data(), att.size()), ConstVec<Exec>(ws.att32.data(), static_cast<std::int64_t>(att.size())));
+  to_bf16(exec, Bf16Vec<Exec>(out.data(), out.size()), ConstVec<Exec>(ws.y32.data(), static_cast<std::int64_t>(out.size())));
+}
+
+template <class Exec>
+void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& datt, const Mat<Exec>& dout,
+                        const Mat16<Exec>& qkv, const Mat16<Exec>& out, const Mats16<Exec>& att,
+                        const AttentionWorkspace<Exec>& ws, std::int64_t NH,
+                        AttentionProducts how = kAttentionProducts<Exec>, ProductMath math = ProductMath::fp32) {
+  const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
+  if constexpr (kAttentionInPlace<Exec>) {
+    if (attention_stores_bf16<Exec>(how, math)) {
+      const bool fused = how == AttentionProducts::fused;
+      detail::bf16_attention_backward(exec, dqkv, detail::score_heads<Exec>(datt, NH), dout, qkv, att, fused,
+                                      fused ? detail::score_heads<Exec>(ws.probs, NH) : detail::HeadMatrices{},
+                                      ws.narrowed, NH, T);
+      return;
+    }
+  }
+  from_bf16(exec, as_vec<Exec>(ws.qkv32.data(), static_cast<std::int64_t>(qkv.size())),
+            Bf16Vec<Exec>(qkv.data(), qkv.size()));
+  from_bf16(exec, as_vec<Exec>(ws.att32.data(), static_cast<std::int64_t>(att.size())),
+            Bf16Vec<Exec>(att.data(), att.size()));
+  from_bf16(exec, as_vec<Exec>(ws.y32.data(), static_cast<std::int64_t>(out.size())),
+            Bf16Vec<Exec>(out.data(), out.size()));
+  attention_backward(exec, dqkv, datt, dout, ws.qkv32, ws.y32, ws.att32, ws, NH, how, math);
 }
 
 // Gradient of the fused QKV bias, dbias: (3C) +=, from dqkv: (N, 3C).

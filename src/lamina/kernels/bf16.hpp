@@ -28,6 +28,9 @@ KOKKOS_FORCEINLINE_FUNCTION float from_bf16(std::uint16_t b) {
 // A stored value as float, whichever format it is stored in (for kernels templated on it).
 KOKKOS_FORCEINLINE_FUNCTION float widen(float x) { return x; }
 KOKKOS_FORCEINLINE_FUNCTION float widen(std::uint16_t b) { return from_bf16(b); }
+// A computed value into its storage: as it is, or rounded to bf16.
+KOKKOS_FORCEINLINE_FUNCTION void put(float& dst, float x) { dst = x; }
+KOKKOS_FORCEINLINE_FUNCTION void put(std::uint16_t& dst, float x) { dst = to_bf16(x); }
 
 template <class Exec>
 using Bf16Vec = Kokkos::View<std::uint16_t*, Kokkos::LayoutRight, typename Exec::memory_space>;

@@ -28,6 +28,7 @@
 //     whose pointers are still null (the CUDA adamw_update crash). Functors are plain types.
 #include <Kokkos_Core.hpp>
 #include <cstdint>
+#include <type_traits>
 
 #include "lamina/core/kokkos_compat.hpp"
 
@@ -53,6 +54,18 @@ template <class Exec>
 using Mat16 = Kokkos::View<std::uint16_t**, Kokkos::LayoutRight, typename Exec::memory_space>;
 template <class Exec>
 using ConstMat16 = Kokkos::View<const std::uint16_t**, Kokkos::LayoutRight, typename Exec::memory_space>;
+template <class Exec>
+using Mats16 = Kokkos::View<std::uint16_t***, Kokkos::LayoutRight, typename Exec::memory_space>;
+// Views of activations in their storage type T: float, or std::uint16_t (bf16 runs).
+template <class Exec, class T>
+using MatOf = Kokkos::View<T**, Kokkos::LayoutRight, typename Exec::memory_space>;
+template <class Exec, class T>
+using VecOf = Kokkos::View<T*, Kokkos::LayoutRight, typename Exec::memory_space>;
+template <class Exec, class T>
+using MatsOf = Kokkos::View<T***, Kokkos::LayoutRight, typename Exec::memory_space>;
+// The storage type of a view's elements (without const).
+template <class V>
+using StoredType = std::remove_const_t<typename V::value_type>;
 
 // A read-only row-major matrix stored in fp32, or in bf16 (the parameters of bf16 runs):
 // how kernels read weights. Products take either (gemm.hpp); element-wise kernels read
@@ -108,6 +121,22 @@ template <class Exec>
 Mats<Exec> as_mats(float* data, std::int64_t batch, std::int64_t rows, std::int64_t cols) {
   return Kokkos::View<float***, Kokkos::LayoutRight, typename Exec::memory_space,
                       Kokkos::MemoryTraits<Kokkos::Unmanaged>>(data, batch, rows, cols);
+}
+// The same over storage of either type.
+template <class Exec, class T>
+MatOf<Exec, T> as_mat_of(T* data, std::int64_t rows, std::int64_t cols) {
+  return Kokkos::View<T**, Kokkos::LayoutRight, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+      data, rows, cols);
+}
+template <class Exec, class T>
+VecOf<Exec, T> as_vec_of(T* data, std::int64_t n) {
+  return Kokkos::View<T*, Kokkos::LayoutRight, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+      data, n);
+}
+template <class Exec, class T>
+MatsOf<Exec, T> as_mats_of(T* data, std::int64_t batch, std::int64_t rows, std::int64_t cols) {
+  return Kokkos::View<T***, Kokkos::LayoutRight, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+      data, batch, rows, cols);
 }
 
 }  // namespace lamina

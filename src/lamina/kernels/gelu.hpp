@@ -1,7 +1,7 @@
 #pragma once
 // GELU, tanh approximation (GPT-2; PyTorch approximate="tanh"):
 //   gelu(x) = 0.5 x (1 + tanh(s (x + 0.044715 x^3))),  s = sqrt(2 / pi)
-#include "lamina/kernels/common.hpp"
+#include "lamina/kernels/bf16.hpp"
 #include "lamina/kernels/fast_math.hpp"
 
 namespace lamina {
@@ -13,47 +13,52 @@ KOKKOS_INLINE_FUNCTION float gelu(float x) {
   return 0.5f * x * (1.0f + fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x)));
 }
 
-// The MLP's bias and activation in one pass, one team per row.
-template <class Exec>
+// The MLP's bias and activation in one pass, one team per row: the product's fp32 output
+// in, the pre-activation and the activation out in their storage type T.
+template <class Exec, class T>
 struct BiasGeluForward {
-  Mat<Exec> pre, out;
+  ConstMat<Exec> product;
+  MatOf<Exec, T> pre, out;
   ConstVec<Exec> bias;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
     const std::int64_t i = team.league_rank();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, static_cast<std::int64_t>(pre.extent(1))),
                          [&](std::int64_t j) {
-                           const float x = pre(i, j) + bias(j);
-                           pre(i, j) = x;
-                           out(i, j) = gelu(x);
+                           const float x = product(i, j) + bias(j);
+                           put(pre(i, j), x);
+                           put(out(i, j), gelu(x));
                          });
   }
 };
 
-// pre: (N, F) the product without its bias, += bias (kept for backward); out: (N, F) = gelu(pre)
-template <class Exec>
-void bias_gelu_forward(const Exec& exec, const Mat<Exec>& pre, const Mat<Exec>& out, const ConstVec<Exec>& bias) {
+// pre: (N, F) = product + bias (kept for backward); out: (N, F) = gelu(pre), both as stored;
+// product: (N, F) the product without its bias, fp32 (it may be pre itself in fp32 runs)
+template <class Exec, class V>
+void bias_gelu_forward(const Exec& exec, const V& pre, const V& out, const ConstMat<Exec>& product,
+                       const ConstVec<Exec>& bias) {
   Kokkos::parallel_for("lamina::bias_gelu_forward",
                        Teams<Exec>(exec, static_cast<std::int64_t>(pre.extent(0)), Kokkos::AUTO),
-                       BiasGeluForward<Exec>{pre, out, bias});
+                       BiasGeluForward<Exec, StoredType<V>>{product, pre, out, bias});
 }
 
-template <class Exec>
+template <class Exec, class T>
 struct GeluBackward {
   Vec<Exec> dinp;
-  ConstVec<Exec> inp, dout;
+  VecOf<Exec, const T> inp;
+  ConstVec<Exec> dout;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
-    const float x = inp(i);
+    const float x = widen(inp(i));
     const float th = fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x));
     const float dth = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x) * (1.0f - th * th);
     dinp(i) = (0.5f * (1.0f + th) + 0.5f * x * dth) * dout(i);
   }
 };
 
-// dinp = gelu'(inp) * dout; dinp, dout, inp: (n) flattened
-template <class Exec>
-void gelu_backward(const Exec& exec, const Vec<Exec>& dinp, const ConstVec<Exec>& inp, const ConstVec<Exec>& dout) {
+// dinp = gelu'(inp) * dout; dinp, dout, inp: (n) flattened, inp as stored (float or bf16)
+template <class Exec, class InV>
+void gelu_backward(const Exec& exec, const Vec<Exec>& dinp, const InV& inp, const ConstVec<Exec>& dout) {
   Kokkos::parallel_for("lamina::gelu_backward", Range<Exec>(exec, 0, static_cast<std::int64_t>(dinp.extent(0))),
-                       GeluBackward<Exec>{dinp, inp, dout});
+                       GeluBackward<Exec, StoredType<InV>>{dinp, inp, dout});
 }
 
 }  // namespace lamina

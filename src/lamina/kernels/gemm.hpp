@@ -188,14 +188,15 @@ ProductMath product_math(Precision p) {
 
 // Elements of the fp32 scratch of a bf16 run's products on Exec, whose weights (op(B)) have
 // at most `largest` elements and `largest_k` rows. A bf16 engine rounds its fp32 operands
-// into it 2^23 bf16 values at a time; a host BLAS gets the weights widened 2^22 floats at a
-// time; a BLAS reached only through Kokkos Kernels takes a whole widened weight.
+// (gradients) into it 2^23 bf16 values at a time. Without one, half of it takes the weights
+// widened, 2^22 floats at a time on a host BLAS, whole for a BLAS reached only through Kokkos
+// Kernels, and the other half a block of rows of the bf16 activation they multiply, widened.
 constexpr std::int64_t kProductChunk = std::int64_t{1} << 22;
 template <class Exec>
 std::int64_t product_scratch(std::int64_t largest, std::int64_t largest_k) {
-  if (!detail::kStridedProducts<Exec>) return largest;
   const std::int64_t chunk = std::max(largest_k, kProductChunk);
-  return detail::bf16_engine<Exec>() ? chunk : std::min(chunk, largest);
+  if (detail::kStridedProducts<Exec> && detail::bf16_engine<Exec>()) return chunk;
+  return 2 * (detail::kStridedProducts<Exec> ? std::min(chunk, largest) : largest);
 }
 
 namespace detail {
@@ -337,63 +338,123 @@ void gemm(const Exec& exec, const char* ta, const char* tb, float alpha, const A
   }
 }
 
+// C = alpha * A @ op(B) + beta * C with A stored in bf16 (a bf16 run's saved activation)
+// and B a weight, bf16 as a bf16 run stores it. A bf16 engine reads both as they are;
+// without one, A is widened a block of rows at a time into the first half of `scratch`
+// (product_scratch() elements), and B goes through the second half.
+template <class Exec>
+void gemm(const Exec& exec, const char* tb, float alpha, const ConstMat16<Exec>& A, const MatRefArg<Exec>& B,
+          float beta, const Mat<Exec>& C, ProductMath math, const Vec<Exec>& scratch) {
+  const std::int64_t M = static_cast<std::int64_t>(A.extent(0)), K = static_cast<std::int64_t>(A.extent(1));
+  if (math == ProductMath::bf16 && detail::bf16_engine<Exec>()) {
+    if (!B.bf16()) throw std::logic_error("lamina::gemm: a bf16 activation times an fp32 weight");
+    RowMajorGemm g;
+    g.ta = 'N';
+    g.tb = *tb;
+    g.m = M;
+    g.n = static_cast<std::int64_t>(C.extent(1));
+    g.k = K;
+    g.alpha = alpha;
+    g.lda = static_cast<std::int64_t>(A.stride_0());
+    g.ldb = static_cast<std::int64_t>(B.b16.stride_0());
+    g.beta = beta;
+    g.c = C.data();
+    g.ldc = static_cast<std::int64_t>(C.stride_0());
+    detail::bf16_product(exec, g, A.data(), B.b16.data());
+    return;
+  }
+  const std::int64_t half = static_cast<std::int64_t>(scratch.extent(0)) / 2;
+  const std::int64_t rows = half / std::max<std::int64_t>(K, 1);
+  if (rows < 1) throw std::logic_error("lamina::gemm: the scratch holds less than a row of a bf16 activation");
+  const Vec<Exec> rest = as_vec<Exec>(scratch.data() + half, half);
+  for (std::int64_t r0 = 0; r0 < M; r0 += rows) {
+    const std::int64_t r = std::min(rows, M - r0);
+    detail::widen_block(exec, scratch, A, r0, 0, r, K);
+    const Mat<Exec> c = Kokkos::subview(C, std::pair<std::int64_t, std::int64_t>(r0, r0 + r), Kokkos::ALL);
+    gemm(exec, "N", tb, alpha, as_mat<Exec>(scratch.data(), r, K), B, beta, c, math, rest);
+  }
+}
+
 // The weight gradient of a layer's backward: dW += X^T dY (a linear layer, W: in x out) or
 // dY^T X (the tied LM head, W: vocabulary x in).
 enum class WeightGradient { xt_dy, dyt_x };
 
 // A layer's two backward products: dX = dY op(W) (overwritten) and dW += the `form` of X
-// and dY. On a host's bf16 engine with W stored in bf16, each block of rows of dY and X is
-// rounded once for both products (dY, the larger, would otherwise be rounded twice); else
-// two gemm() calls. `scratch`: product_scratch() elements.
+// and dY. X is fp32, or (xt_dy only) bf16 as a bf16 run stores its activations. On a bf16
+// engine with W stored in bf16, each block of rows of dY (and of an fp32 X) is rounded once
+// for both products (dY, the larger, would otherwise be rounded twice), and a bf16 X is read
+// as it is; else two gemm() calls, a bf16 X widened a block of rows at a time.
+// `scratch`: product_scratch() elements.
 template <class Exec, class DV, class XV>
 void backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& W, const DV& dY, const XV& X,
                        const Mat<Exec>& dX, const Mat<Exec>& dW, WeightGradient form, ProductMath math,
                        const Vec<Exec>& scratch) {
-  if constexpr (detail::kOnHost<Exec>) {
-    if (math == ProductMath::bf16 && W.bf16() && detail::bf16_engine<Exec>()) {
-      const std::int64_t N = static_cast<std::int64_t>(dY.extent(0));
-      const std::int64_t a = static_cast<std::int64_t>(dY.extent(1)), b = static_cast<std::int64_t>(X.extent(1));
-      const std::int64_t rows = 2 * static_cast<std::int64_t>(scratch.extent(0)) / (a + b);
-      if (rows < 1) throw std::logic_error("lamina::backward_products: the bf16 scratch holds less than a row");
-      std::uint16_t* dy16 = reinterpret_cast<std::uint16_t*>(scratch.data());
-      RowMajorGemm gx;  // dX rows = dY16 rows op(W)
-      gx.ta = 'N';
-      gx.tb = *tw;
-      gx.n = static_cast<std::int64_t>(dX.extent(1));
-      gx.k = a;
-      gx.lda = a;
-      gx.ldb = static_cast<std::int64_t>(W.b16.stride_0());
-      gx.ldc = static_cast<std::int64_t>(dX.stride_0());
-      RowMajorGemm gw;  // dW += (rows of one)^T (rows of the other)
-      gw.ta = 'T';
-      gw.tb = 'N';
-      gw.m = form == WeightGradient::xt_dy ? b : a;
-      gw.n = form == WeightGradient::xt_dy ? a : b;
-      gw.lda = gw.m;
-      gw.ldb = gw.n;
-      gw.beta = 1.0f;
-      gw.c = dW.data();
-      gw.ldc = static_cast<std::int64_t>(dW.stride_0());
-      for (std::int64_t r0 = 0; r0 < N; r0 += rows) {
-        const std::int64_t r = std::min(rows, N - r0);
-        std::uint16_t* x16 = dy16 + r * a;
-        detail::narrow_rows(exec, dy16, dY, r0, r);
-        detail::narrow_rows(exec, x16, X, r0, r);
-        gx.m = r;
-        gx.c = dX.data() + r0 * gx.ldc;
-        detail::bf16_product(exec, gx, dy16, W.b16.data());
-        gw.k = r;
-        if (form == WeightGradient::xt_dy) {
-          detail::bf16_product(exec, gw, x16, dy16);
-        } else {
-          detail::bf16_product(exec, gw, dy16, x16);
-        }
-      }
-      return;
+  constexpr bool x16 = std::is_same<StoredType<XV>, std::uint16_t>::value;
+  const std::int64_t N = static_cast<std::int64_t>(dY.extent(0));
+  const std::int64_t a = static_cast<std::int64_t>(dY.extent(1)), b = static_cast<std::int64_t>(X.extent(1));
+  if constexpr (x16) {
+    if (form != WeightGradient::xt_dy || static_cast<std::int64_t>(X.stride_0()) != b) {
+      throw std::logic_error("lamina::backward_products: a bf16 X is a whole linear layer's input");
     }
   }
+  if (math == ProductMath::bf16 && W.bf16() && detail::bf16_engine<Exec>()) {
+    const std::int64_t rows = 2 * static_cast<std::int64_t>(scratch.extent(0)) / (x16 ? a : a + b);
+    if (rows < 1) throw std::logic_error("lamina::backward_products: the bf16 scratch holds less than a row");
+    std::uint16_t* dy16 = reinterpret_cast<std::uint16_t*>(scratch.data());
+    RowMajorGemm gx;  // dX rows = dY16 rows op(W)
+    gx.ta = 'N';
+    gx.tb = *tw;
+    gx.n = static_cast<std::int64_t>(dX.extent(1));
+    gx.k = a;
+    gx.lda = a;
+    gx.ldb = static_cast<std::int64_t>(W.b16.stride_0());
+    gx.ldc = static_cast<std::int64_t>(dX.stride_0());
+    RowMajorGemm gw;  // dW += (rows of one)^T (rows of the other)
+    gw.ta = 'T';
+    gw.tb = 'N';
+    gw.m = form == WeightGradient::xt_dy ? b : a;
+    gw.n = form == WeightGradient::xt_dy ? a : b;
+    gw.lda = gw.m;
+    gw.ldb = gw.n;
+    gw.beta = 1.0f;
+    gw.c = dW.data();
+    gw.ldc = static_cast<std::int64_t>(dW.stride_0());
+    for (std::int64_t r0 = 0; r0 < N; r0 += rows) {
+      const std::int64_t r = std::min(rows, N - r0);
+      detail::narrow_rows(exec, dy16, dY, r0, r);
+      const std::uint16_t* xr;
+      if constexpr (x16) {
+        xr = X.data() + r0 * b;
+      } else {
+        detail::narrow_rows(exec, dy16 + r * a, X, r0, r);
+        xr = dy16 + r * a;
+      }
+      gx.m = r;
+      gx.c = dX.data() + r0 * gx.ldc;
+      detail::bf16_product(exec, gx, dy16, W.b16.data());
+      gw.k = r;
+      if (form == WeightGradient::xt_dy) {
+        detail::bf16_product(exec, gw, xr, dy16);
+      } else {
+        detail::bf16_product(exec, gw, dy16, xr);
+      }
+    }
+    return;
+  }
   gemm(exec, "N", tw, 1.0f, dY, W, 0.0f, dX, math, scratch);
-  if (form == WeightGradient::xt_dy) {
+  if constexpr (x16) {
+    if (math == ProductMath::bf16 && detail::bf16_engine<Exec>()) {
+      throw std::logic_error("lamina::backward_products: a bf16 activation with an fp32 weight");
+    }
+    const std::int64_t rows = static_cast<std::int64_t>(scratch.extent(0)) / std::max<std::int64_t>(b, 1);
+    if (rows < 1) throw std::logic_error("lamina::backward_products: the scratch holds less than a row of X");
+    for (std::int64_t r0 = 0; r0 < N; r0 += rows) {
+      const std::int64_t r = std::min(rows, N - r0);
+      detail::widen_block(exec, scratch, X, r0, 0, r, b);
+      gemm(exec, "T", "N", 1.0f, as_mat<Exec>(scratch.data(), r, b),
+           Kokkos::subview(dY, std::pair<std::int64_t, std::int64_t>(r0, r0 + r), Kokkos::ALL), 1.0f, dW);
+    }
+  } else if (form == WeightGradient::xt_dy) {
     gemm(exec, "T", "N", 1.0f, X, dY, 1.0f, dW, math, scratch);
   } else {
     gemm(exec, "T", "N", 1.0f, dY, X, 1.0f, dW, math, scratch);

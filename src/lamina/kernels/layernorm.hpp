@@ -1,6 +1,9 @@
 #pragma once
 // LayerNorm over the last dimension (eps 1e-5, as GPT-2 and PyTorch):
 //   out = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps), biased variance.
+// x, out and the saved mean and rstd are read and written in their storage type (float,
+// or bf16 in bf16 runs), with fp32 arithmetic; gradients are fp32.
+#include "lamina/kernels/bf16.hpp"
 #include "lamina/kernels/gemm.hpp"
 #include "lamina/kernels/reduction.hpp"
 
@@ -8,59 +11,66 @@ namespace lamina {
 
 constexpr float kLayerNormEps = 1e-5f;
 
-// One team per row.
-template <class Exec>
+// One team per row. X: the input's storage type, Y: the output's and the saved statistics'.
+template <class Exec, class X, class Y>
 struct LayernormForward {
-  Mat<Exec> out;
-  Vec<Exec> mean, rstd;
-  ConstMat<Exec> inp;
+  MatOf<Exec, Y> out;
+  VecOf<Exec, Y> mean, rstd;
+  MatOf<Exec, const X> inp;
   ConstVec<Exec> weight, bias;
   std::int64_t C;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
     const std::int64_t i = team.league_rank();
-    const float m = team_sum(team, C, [&](std::int64_t c) { return inp(i, c); }) / C;
+    const float m = team_sum(team, C, [&](std::int64_t c) { return widen(inp(i, c)); }) / C;
     const float sq = team_sum(team, C, [&](std::int64_t c) {
-      const float d = inp(i, c) - m;
+      const float d = widen(inp(i, c)) - m;
       return d * d;
     });
     const float r = 1.0f / math::sqrt(sq / C + kLayerNormEps);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C),
-                         [&](std::int64_t c) { out(i, c) = (inp(i, c) - m) * r * weight(c) + bias(c); });
+                         [&](std::int64_t c) { put(out(i, c), (widen(inp(i, c)) - m) * r * weight(c) + bias(c)); });
     Kokkos::single(Kokkos::PerTeam(team), [&]() {
-      mean(i) = m;
-      rstd(i) = r;
+      put(mean(i), m);
+      put(rstd(i), r);
     });
   }
 };
 
-// out: (N, C); mean, rstd: (N), saved for backward; inp: (N, C); weight, bias: (C)
-template <class Exec>
-void layernorm_forward(const Exec& exec, const Mat<Exec>& out, const Vec<Exec>& mean, const Vec<Exec>& rstd,
-                       const ConstMat<Exec>& inp, const ConstVec<Exec>& weight, const ConstVec<Exec>& bias) {
+// out: (N, C); mean, rstd: (N), saved for backward (as out is stored); inp: (N, C);
+// weight, bias: (C)
+template <class Exec, class OutV, class StatV, class InV>
+void layernorm_forward(const Exec& exec, const OutV& out, const StatV& mean, const StatV& rstd, const InV& inp,
+                       const ConstVec<Exec>& weight, const ConstVec<Exec>& bias) {
+  using X = StoredType<InV>;
+  using Y = StoredType<OutV>;
+  static_assert(std::is_same<StoredType<StatV>, Y>::value, "layernorm_forward: statistics are stored as its output");
   const std::int64_t N = static_cast<std::int64_t>(inp.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(inp.extent(1));
   Kokkos::parallel_for("lamina::layernorm_forward", Teams<Exec>(exec, N, Kokkos::AUTO),
-                       LayernormForward<Exec>{out, mean, rstd, inp, weight, bias, C});
+                       LayernormForward<Exec, X, Y>{out, mean, rstd, inp, weight, bias, C});
 }
 
 // One team per row; writes dinp and, into scratch, dout * xhat for the weight gradient.
-template <class Exec>
+// X: the input's storage type, S: the saved statistics'.
+template <class Exec, class X, class S>
 struct LayernormBackward {
   Mat<Exec> dinp;
-  ConstMat<Exec> dout, dskip, inp;
-  ConstVec<Exec> weight, mean, rstd;
+  ConstMat<Exec> dout, dskip;
+  MatOf<Exec, const X> inp;
+  ConstVec<Exec> weight;
+  VecOf<Exec, const S> mean, rstd;
   Mat<Exec> scratch;
   std::int64_t C;
   bool has_skip;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
     const std::int64_t i = team.league_rank();
-    const float m = mean(i), r = rstd(i);
+    const float m = widen(mean(i)), r = widen(rstd(i));
     // dnorm = dout * weight; dinp = r * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
     const float s1 = team_sum(team, C, [&](std::int64_t c) { return dout(i, c) * weight(c); }) / C;
     const float s2 =
-        team_sum(team, C, [&](std::int64_t c) { return dout(i, c) * weight(c) * (inp(i, c) - m) * r; }) / C;
+        team_sum(team, C, [&](std::int64_t c) { return dout(i, c) * weight(c) * (widen(inp(i, c)) - m) * r; }) / C;
     auto local = [&](std::int64_t c) {
-      const float xhat = (inp(i, c) - m) * r;
+      const float xhat = (widen(inp(i, c)) - m) * r;
       scratch(i, c) = dout(i, c) * xhat;
       return r * (dout(i, c) * weight(c) - s1 - xhat * s2);
     };
@@ -78,16 +88,19 @@ struct LayernormBackward {
 // (dskip) joins here; dinp may alias dskip, and an empty dskip means zero.
 // dweight, dbias: (C) +=.
 // scratch: (N, C) workspace; ones: (>=N) ones, for the column sums.
-template <class Exec>
+// inp, mean, rstd: as the forward pass read and saved them (float or bf16).
+template <class Exec, class InV, class StatV>
 void layernorm_backward(const Exec& exec, const Mat<Exec>& dinp, const Vec<Exec>& dweight, const Vec<Exec>& dbias,
-                        const ConstMat<Exec>& dout, const ConstMat<Exec>& dskip, const ConstMat<Exec>& inp,
-                        const ConstVec<Exec>& weight, const ConstVec<Exec>& mean, const ConstVec<Exec>& rstd,
+                        const ConstMat<Exec>& dout, const ConstMat<Exec>& dskip, const InV& inp,
+                        const ConstVec<Exec>& weight, const StatV& mean, const StatV& rstd,
                         const Mat<Exec>& scratch, const ConstVec<Exec>& ones) {
   const std::int64_t N = static_cast<std::int64_t>(inp.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(inp.extent(1));
   const bool has_skip = dskip.data() != nullptr;
-  Kokkos::parallel_for("lamina::layernorm_backward", Teams<Exec>(exec, N, Kokkos::AUTO),
-                       LayernormBackward<Exec>{dinp, dout, dskip, inp, weight, mean, rstd, scratch, C, has_skip});
+  Kokkos::parallel_for(
+      "lamina::layernorm_backward", Teams<Exec>(exec, N, Kokkos::AUTO),
+      LayernormBackward<Exec, StoredType<InV>, StoredType<StatV>>{dinp, dout, dskip, inp, weight, mean, rstd, scratch,
+                                                                  C, has_skip});
   add_column_sums(exec, dweight, scratch, ones);
   add_column_sums(exec, dbias, dout, ones);
 }

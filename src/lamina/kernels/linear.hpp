@@ -12,19 +12,44 @@ struct LinearBiasBroadcast {
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t j) const { out(i, j) = bias(j); }
 };
 
-// Every product takes `math` (ProductMath): bf16 reads its operands rounded to bf16 where the
-// execution space has a bf16 engine (gemm.hpp), and always sums in fp32. Weights are fp32 or bf16 (MatRef); `scratch`
-// (gemm.hpp, product_scratch) is where products convert bf16 weights or operands.
-
-// out: (N, OC); inp: (N, IC); weight: (IC, OC); bias: (OC), or empty for none (where the
-// kernel reading out adds it: residual_forward, bias_gelu_forward)
+// out = product + bias, rounded into bf16 storage: a product's epilogue.
 template <class Exec>
-void linear_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>& inp, const MatRefArg<Exec>& weight,
+struct LinearBiasStore {
+  Mat16<Exec> out;
+  ConstMat<Exec> product;
+  ConstVec<Exec> bias;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t j) const {
+    out(i, j) = to_bf16(product(i, j) + bias(j));
+  }
+};
+
+// Every product takes `math` (ProductMath): bf16 reads its operands rounded to bf16 where the
+// execution space has a bf16 engine (gemm.hpp), and always sums in fp32. Weights are fp32 or
+// bf16 (MatRef), activations fp32 or bf16 as the run stores them; `scratch` (gemm.hpp,
+// product_scratch) is where products convert what their engine cannot read as it is.
+
+namespace detail {
+// out = inp @ weight (+ beta out): inp as stored.
+template <class Exec, class InV>
+void linear_product(const Exec& exec, const Mat<Exec>& out, const InV& inp, const MatRefArg<Exec>& weight,
+                    float beta, ProductMath math, const Vec<Exec>& scratch) {
+  if constexpr (std::is_same<StoredType<InV>, std::uint16_t>::value) {
+    gemm(exec, "N", 1.0f, ConstMat16<Exec>(inp), weight, beta, out, math, scratch);
+  } else {
+    gemm(exec, "N", "N", 1.0f, inp, weight, beta, out, math, scratch);
+  }
+}
+}  // namespace detail
+
+// out: (N, OC) fp32; inp: (N, IC) fp32 or bf16; weight: (IC, OC); bias: (OC), or empty for
+// none (where the kernel reading out adds it: residual_forward, bias_gelu_forward)
+template <class Exec, class InV>
+void linear_forward(const Exec& exec, const Mat<Exec>& out, const InV& inp, const MatRefArg<Exec>& weight,
                     const ConstVec<Exec>& bias, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
   const std::int64_t N = static_cast<std::int64_t>(out.extent(0));
   const std::int64_t OC = static_cast<std::int64_t>(out.extent(1));
   if (bias.data() == nullptr) {
-    gemm(exec, "N", "N", 1.0f, inp, weight, 0.0f, out, math, scratch);
+    detail::linear_product(exec, out, inp, weight, 0.0f, math, scratch);
     return;
   }
   // Broadcasting the bias first lets the product accumulate onto it (beta = 1) instead
@@ -33,14 +58,26 @@ void linear_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>
       "lamina::linear_forward_bias",
       RowMajor<Exec, 2>(exec, {0, 0}, {N, OC}),
       LinearBiasBroadcast<Exec>{out, bias});
-  gemm(exec, "N", "N", 1.0f, inp, weight, 1.0f, out, math, scratch);
+  detail::linear_product(exec, out, inp, weight, 1.0f, math, scratch);
+}
+
+// The same with out stored in bf16: the product into `product` (N, OC) fp32, then its bias
+// added as it is rounded into out, in one pass.
+template <class Exec, class InV>
+void linear_forward(const Exec& exec, const Mat16<Exec>& out, const InV& inp, const MatRefArg<Exec>& weight,
+                    const ConstVec<Exec>& bias, ProductMath math, const Vec<Exec>& scratch, const Mat<Exec>& product) {
+  const std::int64_t N = static_cast<std::int64_t>(out.extent(0));
+  const std::int64_t OC = static_cast<std::int64_t>(out.extent(1));
+  detail::linear_product(exec, product, inp, weight, 0.0f, math, scratch);
+  Kokkos::parallel_for("lamina::linear_forward_bias_bf16", RowMajor<Exec, 2>(exec, {0, 0}, {N, OC}),
+                       LinearBiasStore<Exec>{out, product, bias});
 }
 
 // dinp: (N, IC) overwritten; dweight: (IC, OC) +=; dbias: (OC) +=, or empty when the
-// caller reduces the bias gradient itself; ones: (>=N) ones
-template <class Exec>
+// caller reduces the bias gradient itself; inp: as stored; ones: (>=N) ones
+template <class Exec, class InV>
 void linear_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
-                     const ConstMat<Exec>& dout, const ConstMat<Exec>& inp, const MatRefArg<Exec>& weight,
+                     const ConstMat<Exec>& dout, const InV& inp, const MatRefArg<Exec>& weight,
                      const ConstVec<Exec>& ones, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
   backward_products(exec, "T", weight, dout, inp, dinp, dweight, WeightGradient::xt_dy, math, scratch);
   if (dbias.data() != nullptr) add_column_sums(exec, dbias, dout, ones);

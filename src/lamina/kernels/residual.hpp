@@ -4,31 +4,35 @@
 // shards' partial products are summed, so every rank adds it once). Its backward is the
 // identity on both branches: the model hands the same gradient to both, and the skip
 // branch joins the other one inside layernorm_backward (its `dskip` argument), which saves
-// a pass over memory; the bias gradient is the projection's (linear_backward).
-#include "lamina/kernels/common.hpp"
+// a pass over memory; the bias gradient is the projection's (linear_backward). The residual
+// stream (a, out) is read and written in its storage type (float, or bf16 in bf16 runs).
+#include "lamina/kernels/bf16.hpp"
 
 namespace lamina {
 
 // One team per row.
-template <class Exec>
+template <class Exec, class T>
 struct ResidualForward {
-  Mat<Exec> out;
-  ConstMat<Exec> a, b;
+  MatOf<Exec, T> out;
+  MatOf<Exec, const T> a;
+  ConstMat<Exec> b;
   ConstVec<Exec> bias;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
     const std::int64_t i = team.league_rank();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, static_cast<std::int64_t>(out.extent(1))),
-                         [&](std::int64_t j) { out(i, j) = a(i, j) + (b(i, j) + bias(j)); });
+                         [&](std::int64_t j) { put(out(i, j), widen(a(i, j)) + (b(i, j) + bias(j))); });
   }
 };
 
-// out, a, b: (N, C); bias: (C)
-template <class Exec>
-void residual_forward(const Exec& exec, const Mat<Exec>& out, const ConstMat<Exec>& a, const ConstMat<Exec>& b,
+// out, a: (N, C) as stored; b: (N, C) fp32; bias: (C)
+template <class Exec, class OutV, class AV>
+void residual_forward(const Exec& exec, const OutV& out, const AV& a, const ConstMat<Exec>& b,
                       const ConstVec<Exec>& bias) {
+  using T = StoredType<OutV>;
+  static_assert(std::is_same<StoredType<AV>, T>::value, "residual_forward: the stream is stored in one type");
   Kokkos::parallel_for("lamina::residual_forward",
                        Teams<Exec>(exec, static_cast<std::int64_t>(out.extent(0)), Kokkos::AUTO),
-                       ResidualForward<Exec>{out, a, b, bias});
+                       ResidualForward<Exec, T>{out, a, b, bias});
 }
 
 }  // namespace lamina

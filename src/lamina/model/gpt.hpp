@@ -27,11 +27,24 @@ namespace detail {
 
 // A matrix seen as a flat vector (elementwise ops do not care about shape).
 template <class V>
-Kokkos::View<float*, Kokkos::LayoutRight, typename V::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> flat(
-    const V& m) {
-  using Flat =
-      Kokkos::View<float*, Kokkos::LayoutRight, typename V::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+Kokkos::View<typename V::value_type*, Kokkos::LayoutRight, typename V::memory_space,
+             Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+flat(const V& m) {
+  using Flat = Kokkos::View<typename V::value_type*, Kokkos::LayoutRight, typename V::memory_space,
+                            Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   return Flat(m.data(), m.size());
+}
+
+// Where a product whose epilogue writes `kept` computes: kept itself (fp32), or (bf16) the
+// workspace's fp32 stage.
+template <class Exec, class T>
+Mat<Exec> product_out(const MatOf<Exec, T>& kept, const Workspace<Exec>& ws) {
+  if constexpr (std::is_same<T, float>::value) {
+    return kept;
+  } else {
+    return as_mat<Exec>(ws.stage.data(), static_cast<std::int64_t>(kept.extent(0)),
+                        static_cast<std::int64_t>(kept.extent(1)));
+  }
 }
 
 // Runs a combine step on a view once the kernels that wrote it are done.
@@ -66,21 +79,27 @@ void embed_backward(const Exec& exec, const EmbeddingTensors<Exec>& g, const Con
   Kokkos::Profiling::popRegion();
 }
 
-// A transformer block: x -> s.out, keeping in s what backward needs. nh: heads here.
-template <class Exec>
-void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockActs<Exec>& s, const ConstMat<Exec>& x,
-                   std::int64_t nh, const Workspace<Exec>& ws, const ShardCombine& tp) {
+// A transformer block: x -> s.out, keeping in s what backward needs; x and s stored as T
+// (float, or std::uint16_t in bf16 runs). nh: heads here.
+template <class Exec, class T>
+void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockActs<Exec, T>& s,
+                   const MatOf<Exec, T>& x, std::int64_t nh, const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_forward");
   layernorm_forward(exec, s.ln1, s.ln1_mean, s.ln1_rstd, x, w.ln1_w, w.ln1_b);
-  linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b, s.products, ws.widened);
+  if constexpr (std::is_same<T, float>::value) {
+    linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b, s.products, ws.widened);
+  } else {
+    linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b, s.products, ws.widened, detail::product_out<Exec>(s.qkv, ws));
+  }
   attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, nh, s.attention, s.products);
   // The projections' biases join the residual, the MLP's its activation (no pass of their own).
   linear_forward(exec, ws.attproj, s.atty, w.proj_w, ConstVec<Exec>(), s.products, ws.widened);
   detail::combine(exec, tp.sum, ws.attproj);
   residual_forward(exec, s.x2, x, ws.attproj, w.proj_b);
   layernorm_forward(exec, s.ln2, s.ln2_mean, s.ln2_rstd, s.x2, w.ln2_w, w.ln2_b);
-  linear_forward(exec, s.fch, s.ln2, w.fc_w, ConstVec<Exec>(), s.products, ws.widened);
-  bias_gelu_forward(exec, s.fch, s.fch_gelu, w.fc_b);
+  const Mat<Exec> fc = detail::product_out<Exec>(s.fch, ws);
+  linear_forward(exec, fc, s.ln2, w.fc_w, ConstVec<Exec>(), s.products, ws.widened);
+  bias_gelu_forward(exec, s.fch, s.fch_gelu, fc, w.fc_b);
   linear_forward(exec, ws.fcproj, s.fch_gelu, w.fcproj_w, ConstVec<Exec>(), s.products, ws.widened);
   detail::combine(exec, tp.sum, ws.fcproj);
   residual_forward(exec, s.out, s.x2, ws.fcproj, w.fcproj_b);
@@ -89,9 +108,9 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
 
 // On entry dres holds d loss / d(block output); on exit d loss / d(its input x).
 // Parameter gradients accumulate into g.
-template <class Exec>
+template <class Exec, class T>
 void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWeights<Exec>& w,
-                    const BlockActs<Exec>& s, const ConstMat<Exec>& x, const Mat<Exec>& dres, std::int64_t nh,
+                    const BlockActs<Exec, T>& s, const MatOf<Exec, T>& x, const Mat<Exec>& dres, std::int64_t nh,
                     const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_backward");
   // MLP branch: out = x2 + c_proj(gelu(c_fc(ln_2(x2))))
@@ -113,10 +132,11 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   Kokkos::Profiling::popRegion();
 }
 
-// Final norm, tied LM head and per-position losses (h.losses) of x, the last block's output.
-template <class Exec>
+// Final norm, tied LM head and per-position losses (h.losses) of x, the last block's output
+// as stored.
+template <class Exec, class XV>
 void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const FinalNormTensors<Exec>& w,
-                  const HeadActs<Exec>& h, const ConstMat<Exec>& x, const Tokens<Exec>& targets, const Dims& d,
+                  const HeadActs<Exec>& h, const XV& x, const Tokens<Exec>& targets, const Dims& d,
                   const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::head_forward");
   layernorm_forward(exec, h.lnf, h.lnf_mean, h.lnf_rstd, x, w.w, w.b);
@@ -133,10 +153,10 @@ void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const Final
 
 // loss_scale: d(objective)/d(loss_i), e.g. 1 / (positions in the global batch).
 // Leaves d objective / d(x) in dres.
-template <class Exec>
+template <class Exec, class XV>
 void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const FinalNormTensors<Exec>& g,
                    const EmbeddingWeights<Exec>& e, const FinalNormTensors<Exec>& w, const HeadActs<Exec>& h,
-                   const ConstMat<Exec>& x, const Mat<Exec>& dres, const Tokens<Exec>& targets, const Dims& d,
+                   const XV& x, const Mat<Exec>& dres, const Tokens<Exec>& targets, const Dims& d,
                    const Workspace<Exec>& ws, float loss_scale, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::head_backward");
   cross_entropy_backward(exec, h.logits, h.logits, h.lse, targets, d.vocab_begin, loss_scale);
@@ -145,6 +165,70 @@ void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const Fin
   layernorm_backward(exec, dres, g.w, g.b, ws.dln, ConstMat<Exec>(), x, w.w, h.lnf_mean, h.lnf_rstd, ws.scratch,
                      ws.ones);
   Kokkos::Profiling::popRegion();
+}
+
+// Block l of a range: its forward on the activations as the range stores them, its inner
+// part at `inner`, its output into the range (`output` false: nowhere, a recomputation).
+template <class Exec>
+void range_block_forward(const Exec& exec, const BlockWeights<Exec>& w, const LayerRangeActs<Exec>& a,
+                         std::int64_t l, const InnerActs& inner, bool output, const Workspace<Exec>& ws,
+                         const ShardCombine& tp) {
+  const std::int64_t nh = a.dims().NH;
+  if (a.bf16()) {
+    block_forward(exec, w, a.template block<std::uint16_t>(inner.b16, l, output),
+                  a.block_input(l).template as<std::uint16_t>(), nh, ws, tp);
+  } else {
+    block_forward(exec, w, a.template block<float>(inner.f32, l, output), a.block_input(l).template as<float>(), nh,
+                  ws, tp);
+  }
+}
+
+// Its backward: on entry dres holds d loss / d(its output), on exit d loss / d(its input).
+template <class Exec>
+void range_block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWeights<Exec>& w,
+                          const LayerRangeActs<Exec>& a, std::int64_t l, const InnerActs& inner, const Mat<Exec>& dres,
+                          const Workspace<Exec>& ws, const ShardCombine& tp) {
+  const std::int64_t nh = a.dims().NH;
+  if (a.bf16()) {
+    block_backward(exec, g, w, a.template block<std::uint16_t>(inner.b16, l, false),
+                   a.block_input(l).template as<std::uint16_t>(), dres, nh, ws, tp);
+  } else {
+    block_backward(exec, g, w, a.template block<float>(inner.f32, l, false), a.block_input(l).template as<float>(),
+                   dres, nh, ws, tp);
+  }
+}
+
+// The embedding into the range's input: computed in fp32 (summed over tensor-parallel ranks
+// in fp32), rounded into it in bf16 runs.
+template <class Exec>
+void range_embed_forward(const Exec& exec, const EmbeddingWeights<Exec>& w, const LayerRangeActs<Exec>& a,
+                         const Workspace<Exec>& ws, const ShardCombine& tp) {
+  const Mat<Exec> out = target(a.input, ws.stage);
+  embed_forward(exec, w, out, a.inputs, a.dims(), tp);
+  store(exec, a.input, out);
+}
+
+// The head on the range's output as stored.
+template <class Exec>
+void range_head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const FinalNormTensors<Exec>& w,
+                        const LayerRangeActs<Exec>& a, const Workspace<Exec>& ws, const ShardCombine& tp) {
+  if (a.bf16()) {
+    head_forward(exec, e, w, a.head, a.output().b16, a.targets, a.dims(), ws, tp);
+  } else {
+    head_forward(exec, e, w, a.head, a.output().f32, a.targets, a.dims(), ws, tp);
+  }
+}
+
+template <class Exec>
+void range_head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const FinalNormTensors<Exec>& g,
+                         const EmbeddingWeights<Exec>& e, const FinalNormTensors<Exec>& w,
+                         const LayerRangeActs<Exec>& a, const Mat<Exec>& dres, const Workspace<Exec>& ws,
+                         float loss_scale, const ShardCombine& tp) {
+  if (a.bf16()) {
+    head_backward(exec, ge, g, e, w, a.head, a.output().b16, dres, a.targets, a.dims(), ws, loss_scale, tp);
+  } else {
+    head_backward(exec, ge, g, e, w, a.head, a.output().f32, dres, a.targets, a.dims(), ws, loss_scale, tp);
+  }
 }
 
 template <class Exec>

@@ -26,17 +26,18 @@ ActivationSizes activation_sizes(const Dims& d) {
   s.workspace = std::max(forward, backward);
   s.ones = N;
   if (d.bf16) {
-    s.residual_scratch = 2 * N * C;
+    s.product_out = N * std::max({3 * A, F, C});  // within the shared part's backward: 2 NC + NF + 8 NA
+    using Exec = Kokkos::DefaultExecutionSpace;
+    const ProductMath math = product_math<Exec>(Precision::bf16);
+    s.attention_copies = attention_copies<Exec>(d.attention, math, d.B, d.T, d.NH, d.hd);
     s.param_vectors = 6 * C + 3 * A + F;  // a block's; the final norm's 2C fit
     // Weights products read as bf16 (op(B) of K rows): the projections both ways, the head's.
     const std::int64_t largest = std::max({C * 3 * A, A * C, C * F, d.V * C});
     const std::int64_t largest_k = std::max({C, 3 * A, F, d.V});
     // Attention's products round their operands into it too where they run on a host's oneDNN.
-    using Exec = Kokkos::DefaultExecutionSpace;
-    s.product_scratch = std::max(product_scratch<Exec>(largest, largest_k),
-                                 attention_scratch<Exec>(d.attention, product_math<Exec>(Precision::bf16), d.B, d.T,
-                                                         d.NH, d.hd));
-    s.workspace += s.residual_scratch + s.param_vectors + s.product_scratch;
+    s.product_scratch =
+        std::max(product_scratch<Exec>(largest, largest_k), attention_scratch<Exec>(d.attention, math, d.B, d.T, d.NH, d.hd));
+    s.workspace += s.attention_copies + s.param_vectors + s.product_scratch;
   }
   return s;
 }

@@ -6,7 +6,9 @@
 // activation_sizes() and LayerRangeActs::bytes(), which the memory estimate shares, so
 // predicted and allocated bytes cannot drift apart. All shapes are this rank's
 // tensor-parallel shard. In bf16 runs the residual stream and the saved activations are
-// stored as bf16 (Megatron's mixed precision); a layer computes in fp32 in the workspace.
+// stored as bf16 (Megatron's mixed precision): the kernels read and write them as they are,
+// with fp32 arithmetic, and products write fp32 into the workspace (their epilogues round
+// what is kept). Gradients are fp32.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -84,26 +86,31 @@ struct ActivationSizes {
   std::int64_t tokens = 0;     // int32 inputs + targets, and the inputs' positions by token (order, run starts)
   std::int64_t workspace = 0;  // scratch shared by all layers (forward and backward overlap), all of it
   std::int64_t ones = 0;       // a row of ones for column sums
-  // of the workspace, where bf16 runs compute a layer: its input and output widened to fp32
-  // (2 NC), its norm gains and biases widened (param_vectors), and the products' conversions
-  std::int64_t residual_scratch = 0, param_vectors = 0, product_scratch = 0;
+  // of the workspace, in bf16 runs: attention's fp32 copies where it cannot read bf16 as it is
+  // (attention_copies), a layer's norm gains and biases widened (param_vectors), and the
+  // products' conversions
+  std::int64_t attention_copies = 0, param_vectors = 0, product_scratch = 0;
+  // of the shared workspace, in bf16 runs: the fp32 output of a product whose epilogue
+  // rounds it into storage (the QKV projection, the MLP's first, the embedding's sum)
+  std::int64_t product_out = 0;
 };
 ActivationSizes activation_sizes(const Dims& d);
 
-template <class Exec>
+// T: how they are stored, float, or std::uint16_t (bf16 runs).
+template <class Exec, class T = float>
 struct BlockActs {
-  Mat<Exec> ln1;                 // (N, C)
-  Vec<Exec> ln1_mean, ln1_rstd;  // (N)
-  Mat<Exec> qkv;                 // (N, 3A) output of the QKV projection: [q | k | v]
-  Mats<Exec> att;                // (B*NH, T, T) softmax probabilities; fused: (B*NH, T, 2) log-sum-exps
+  MatOf<Exec, T> ln1;                 // (N, C)
+  VecOf<Exec, T> ln1_mean, ln1_rstd;  // (N)
+  MatOf<Exec, T> qkv;                 // (N, 3A) output of the QKV projection: [q | k | v]
+  MatsOf<Exec, T> att;                // (B*NH, T, T) softmax probabilities; fused: (B*NH, T, 2) log-sum-exps
   AttentionProducts attention = kAttentionProducts<Exec>;  // how attention ran
   ProductMath products = ProductMath::fp32;                 // how its BLAS products ran
-  Mat<Exec> atty;                // (N, A) attention output before projection
-  Mat<Exec> x2;                  // (N, C) residual after attention
-  Mat<Exec> ln2;                 // (N, C)
-  Vec<Exec> ln2_mean, ln2_rstd;  // (N)
-  Mat<Exec> fch, fch_gelu;       // (N, F)
-  Mat<Exec> out;                 // (N, C) block output: residual after the MLP
+  MatOf<Exec, T> atty;                // (N, A) attention output before projection
+  MatOf<Exec, T> x2;                  // (N, C) residual after attention
+  MatOf<Exec, T> ln2;                 // (N, C)
+  VecOf<Exec, T> ln2_mean, ln2_rstd;  // (N)
+  MatOf<Exec, T> fch, fch_gelu;       // (N, F)
+  MatOf<Exec, T> out;                 // (N, C) block output: residual after the MLP
 };
 
 template <class Exec>
@@ -118,7 +125,7 @@ struct HeadActs {
 template <class Exec>
 struct Workspace {
   // bf16 runs (empty otherwise)
-  Mat<Exec> x, out;      // (N, C): a block's input widened from bf16, its output before rounding
+  Vec<Exec> stage;       // a product's fp32 output before its epilogue rounds it (product_out)
   Vec<Exec> vectors;     // a layer's norm gains and biases, widened
   Vec<Exec> widened;     // products' conversions of bf16 weights or operands (gemm.hpp, attention.hpp)
   // forward
@@ -170,13 +177,16 @@ class WorkspaceBuffers {
     ws.datty = as_mat<Exec>(p += BNH * T * d.recomputed_probability_columns(), N, A);
     ws.scratch = as_mat<Exec>(p += N * A, N, C);
     ws.qkv_bias_sums = as_vec<Exec>(p += N * C, 3 * A);
+    // A product's output lives until its epilogue, while nothing else in the workspace does.
+    ws.stage = as_vec<Exec>(buf_.data(), s.product_out);
     // The bf16 conversions after the shared part, which they outlive within a layer.
-    p = buf_.data() + s.workspace - s.residual_scratch - s.param_vectors - s.product_scratch;
-    if (s.residual_scratch > 0) {
-      ws.x = as_mat<Exec>(p, N, C);
-      ws.out = as_mat<Exec>(p + N * C, N, C);
+    p = buf_.data() + s.workspace - s.attention_copies - s.param_vectors - s.product_scratch;
+    if (s.attention_copies > 0) {
+      ws.heads.qkv32 = ws.dheads.qkv32 = as_mat<Exec>(p, N, 3 * A);
+      ws.heads.y32 = ws.dheads.y32 = as_mat<Exec>(p + 3 * N * A, N, A);
+      ws.heads.att32 = ws.dheads.att32 = as_mats<Exec>(p + 4 * N * A, BNH, T, d.saved_attention_columns());
     }
-    ws.vectors = as_vec<Exec>(p += s.residual_scratch, s.param_vectors);
+    ws.vectors = as_vec<Exec>(p += s.attention_copies, s.param_vectors);
     ws.widened = as_vec<Exec>(p += s.param_vectors, s.product_scratch);
     ws.heads.narrowed = ws.dheads.narrowed = ws.widened;  // between products, never during one
     ones_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::ones", s.ones);
@@ -189,32 +199,32 @@ class WorkspaceBuffers {
   Buffer<float, Mem> buf_, ones_;
 };
 
-// A block's inner activations laid out in `inner` (activation_sizes().inner floats),
+// A block's inner activations laid out in `inner` (activation_sizes().inner values of T),
 // with its output in `out`.
-template <class Exec>
-BlockActs<Exec> bind_block_acts(float* inner, const Mat<Exec>& out, const Dims& d) {
-  const std::int64_t N = d.N(), C = d.C, A = d.A(), F = d.F, BNH = d.B * d.NH, T = d.T;
-  float* p = inner;
+template <class Exec, class T>
+BlockActs<Exec, T> bind_block_acts(T* inner, const MatOf<Exec, T>& out, const Dims& d) {
+  const std::int64_t N = d.N(), C = d.C, A = d.A(), F = d.F, BNH = d.B * d.NH;
+  T* p = inner;
   auto take = [&p](std::int64_t n) {
-    float* q = p;
+    T* q = p;
     p += n;
     return q;
   };
-  BlockActs<Exec> a;
-  a.ln1 = as_mat<Exec>(take(N * C), N, C);
-  a.ln1_mean = as_vec<Exec>(take(N), N);
-  a.ln1_rstd = as_vec<Exec>(take(N), N);
-  a.qkv = as_mat<Exec>(take(3 * N * A), N, 3 * A);
-  a.att = as_mats<Exec>(take(BNH * T * d.saved_attention_columns()), BNH, T, d.saved_attention_columns());
+  BlockActs<Exec, T> a;
+  a.ln1 = as_mat_of<Exec>(take(N * C), N, C);
+  a.ln1_mean = as_vec_of<Exec>(take(N), N);
+  a.ln1_rstd = as_vec_of<Exec>(take(N), N);
+  a.qkv = as_mat_of<Exec>(take(3 * N * A), N, 3 * A);
+  a.att = as_mats_of<Exec>(take(BNH * d.T * d.saved_attention_columns()), BNH, d.T, d.saved_attention_columns());
   a.attention = d.attention;
   a.products = d.products;
-  a.atty = as_mat<Exec>(take(N * A), N, A);
-  a.x2 = as_mat<Exec>(take(N * C), N, C);
-  a.ln2 = as_mat<Exec>(take(N * C), N, C);
-  a.ln2_mean = as_vec<Exec>(take(N), N);
-  a.ln2_rstd = as_vec<Exec>(take(N), N);
-  a.fch = as_mat<Exec>(take(N * F), N, F);
-  a.fch_gelu = as_mat<Exec>(take(N * F), N, F);
+  a.atty = as_mat_of<Exec>(take(N * A), N, A);
+  a.x2 = as_mat_of<Exec>(take(N * C), N, C);
+  a.ln2 = as_mat_of<Exec>(take(N * C), N, C);
+  a.ln2_mean = as_vec_of<Exec>(take(N), N);
+  a.ln2_rstd = as_vec_of<Exec>(take(N), N);
+  a.fch = as_mat_of<Exec>(take(N * F), N, F);
+  a.fch_gelu = as_mat_of<Exec>(take(N * F), N, F);
   a.out = out;
   return a;
 }
@@ -226,6 +236,15 @@ struct Residual {
   Mat<Exec> f32;
   Mat16<Exec> b16;
   bool bf16() const { return b16.data() != nullptr; }
+  // The storage as a view of its type T (float or std::uint16_t).
+  template <class T>
+  MatOf<Exec, T> as() const {
+    if constexpr (std::is_same<T, float>::value) {
+      return f32;
+    } else {
+      return b16;
+    }
+  }
   // The storage as a message of float words (bf16 pairs; boundaries have an even length).
   float* words() const { return bf16() ? reinterpret_cast<float*>(b16.data()) : f32.data(); }
   std::int64_t word_count() const {
@@ -233,19 +252,13 @@ struct Residual {
   }
 };
 
-// An fp32 view of a residual boundary: itself, or (bf16) widened into `into`.
+// Where a boundary is computed in fp32 (the embedding's output, summed over tensor-parallel
+// ranks in fp32): its storage, or (bf16) `into`, then rounded into it by store().
 template <class Exec>
-Mat<Exec> widened(const Exec& exec, const Residual<Exec>& r, const Mat<Exec>& into) {
-  if (!r.bf16()) return r.f32;
-  const std::int64_t n = static_cast<std::int64_t>(into.size());
-  from_bf16(exec, as_vec<Exec>(into.data(), n), Bf16Vec<Exec>(r.b16.data(), static_cast<std::size_t>(n)));
-  return into;
-}
-
-// Where a boundary is computed: its storage, or (bf16) `into`, then rounded into it by store().
-template <class Exec>
-Mat<Exec> target(const Residual<Exec>& r, const Mat<Exec>& into) {
-  return r.bf16() ? into : r.f32;
+Mat<Exec> target(const Residual<Exec>& r, const Vec<Exec>& into) {
+  return r.bf16() ? as_mat<Exec>(into.data(), static_cast<std::int64_t>(r.b16.extent(0)),
+                                 static_cast<std::int64_t>(r.b16.extent(1)))
+                  : r.f32;
 }
 
 template <class Exec>
@@ -255,6 +268,21 @@ void store(const Exec& exec, const Residual<Exec>& r, const Mat<Exec>& computed)
   to_bf16(exec, Bf16Vec<Exec>(r.b16.data(), static_cast<std::size_t>(n)), as_vec<Exec>(computed.data(), n));
 }
 
+// Where a block's inner activations are (activation_sizes().inner values), in the range's
+// storage type: f32, or b16 in bf16 runs.
+struct InnerActs {
+  float* f32 = nullptr;
+  std::uint16_t* b16 = nullptr;
+  template <class T>
+  T* as() const {
+    if constexpr (std::is_same<T, float>::value) {
+      return f32;
+    } else {
+      return b16;
+    }
+  }
+};
+
 // Everything one micro-batch leaves behind in blocks [first, last) of the model, plus the
 // embedding and/or the head when the range includes them. Each block's output (the next
 // block's input: the checkpoint recomputation restarts from) is always kept; its inner
@@ -262,10 +290,9 @@ void store(const Exec& exec, const Residual<Exec>& r, const Mat<Exec>& computed)
 // before backward, in a scratch the executor owns), or offloaded to a host-tier buffer
 // kept here and copied back through staging the executor owns. Under bf16 mixed precision
 // the residual stream (the range's input and every block's output) and kept and offloaded
-// inner activations are stored as bf16: a block computes in fp32 (its input widened into
-// the workspace, its inner activations into the executor's scratch) and what it keeps is
-// rounded. The head's activations (final norm, logits, loss statistics) and the residual
-// stream's gradient stay fp32.
+// inner activations are stored as bf16, which a block's kernels read and write as they are.
+// The head's activations (final norm, logits, loss statistics) and the residual stream's
+// gradient stay fp32.
 //
 // A range of one block whose policy is offload_checkpoint is pooled: it owns no device
 // memory for its input, its output or its residual gradient. The executor binds frames
@@ -395,12 +422,16 @@ class LayerRangeActs {
   const Residual<Exec>& block_output(std::int64_t l) const { return out_[l - first_]; }
   // Output of the range's last block (the input of the head or of the next range).
   const Residual<Exec>& output() const { return out_.empty() ? input : out_.back(); }
-  // A block's activations with its inner part at `inner` (its own storage when kept) and
-  // its output computed into `out` (its storage in fp32 runs).
-  BlockActs<Exec> block(float* inner, const Mat<Exec>& out) const { return bind_block_acts<Exec>(inner, out, dims_); }
-  float* kept_inner(std::int64_t l) const { return inner_[l - first_]; }
-  // Kept as bf16 (null otherwise): activation_sizes().inner values.
-  std::uint16_t* kept_inner_bf16(std::int64_t l) const { return inner16_[l - first_]; }
+  bool bf16() const { return bf16_; }
+  // Block l's activations, stored as T (float, or std::uint16_t in bf16 runs), with its inner
+  // part at `inner` (its own storage when kept) and its output in its storage, or (`output`
+  // false: a recomputation, whose output is kept already) nowhere.
+  template <class T>
+  BlockActs<Exec, T> block(T* inner, std::int64_t l, bool output = true) const {
+    return bind_block_acts<Exec, T>(inner, output ? block_output(l).template as<T>() : MatOf<Exec, T>(), dims_);
+  }
+  // Kept inner activations (null for other policies).
+  InnerActs kept_inner(std::int64_t l) const { return {inner_[l - first_], inner16_[l - first_]}; }
   const HostView& offloaded(std::int64_t l) const { return host_[l - first_].view(); }
   const HostView16& offloaded_bf16(std::int64_t l) const { return host16_[l - first_].view(); }
   // Pooled ranges: frames of stream_words (input, output) or N C floats (dres), and the

@@ -43,8 +43,6 @@ int message_split(int tp, const ActivationSizes& s, bool bf16) {
   return tp > 1 && act % tp == 0 && s.boundary % tp == 0 ? tp : 1;
 }
 
-Mat<Exec> widened(const Residual<Exec>& r, const Mat<Exec>& into) { return widened(Exec(), r, into); }
-void store(const Residual<Exec>& r, const Mat<Exec>& computed) { store(Exec(), r, computed); }
 
 }  // namespace
 
@@ -74,7 +72,7 @@ Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& 
     std::vector<ActivationPolicy> policy;
     for (std::int64_t b = k.first_block; b < k.last_block; ++b) policy.push_back(this->policy(b));
     for (const auto p : policy) {
-      scratch = scratch || recomputed(p) || bf16_;
+      scratch = scratch || recomputed(p);
       offload = offload || p == ActivationPolicy::offload;
     }
     // Depth-first, a chunk runs one micro-batch's backward at a time: one residual-gradient
@@ -91,7 +89,11 @@ Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& 
       s.free.push_back(n - 1 - i);
     }
   }
-  if (scratch) scratch_ = Buffer<float, Mem>(tracker, MemCategory::activations, "lamina::acts_scratch", inner_size_);
+  if (scratch && bf16_) {
+    scratch16_ = Buffer<std::uint16_t, Mem>(tracker, MemCategory::activations, "lamina::acts_scratch", inner_size_);
+  } else if (scratch) {
+    scratch_ = Buffer<float, Mem>(tracker, MemCategory::activations, "lamina::acts_scratch", inner_size_);
+  }
   for (int i = 0; i < 2 && offload; ++i) {
     if (bf16_) {
       staging16_[i] =
@@ -177,66 +179,48 @@ void Executor::forward(const Chunk& c, int layer, int mb, int buffer, const Micr
   }
   const Workspace<Exec>& ws = ws_.ws;
   if (layer == 0) {
-    const Mat<Exec> out = target(a.input, ws.out);
-    embed_forward(exec, state_.embedding_weights(), out, a.inputs, dims_, tp_);
-    store(a.input, out);
+    range_embed_forward(exec, state_.embedding_weights(), a, ws, tp_);
   } else if (layer == final_) {
-    head_forward(exec, state_.embedding_weights(), state_.final_weights(ws.vectors), a.head, widened(a.output(), ws.x),
-                 a.targets, dims_, ws, tp_);
+    range_head_forward(exec, state_.embedding_weights(), state_.final_weights(ws.vectors), a, ws, tp_);
     sum_losses(exec, a.head, Kokkos::subview(losses_, static_cast<std::size_t>(mb)));
   } else {
+    // Inner activations, written as stored: into the slot (keep), a scratch (recompute:
+    // dropped), or the staging buffer the instruction names, which the offload copies to the
+    // host tier.
     const std::int64_t b = layer - 1;
     const ActivationPolicy policy = a.policy(b);
-    // Inner activations: into the slot (keep), a scratch (recompute: dropped), or the staging
-    // buffer the instruction names, which the offload copies to the host tier. bf16 ones are
-    // computed in the scratch and rounded into the slot or the staging buffer.
-    const bool offload = policy == ActivationPolicy::offload;
-    float* inner = policy == ActivationPolicy::keep && !bf16_ ? a.kept_inner(b)
-                   : offload && !bf16_                        ? staging_[buffer].data()
-                                                              : scratch_.data();
-    const Mat<Exec> out = target(a.block_output(b), ws.out);
-    block_forward(exec, state_.block_weights(b, ws.vectors), a.block(inner, out), widened(a.block_input(b), ws.x),
-                  dims_.NH, ws, tp_);
-    store(a.block_output(b), out);
-    if (bf16_ && policy == ActivationPolicy::keep) {
-      to_bf16(exec, Bf16Vec<Exec>(a.kept_inner_bf16(b), inner_size_), as_vec<Exec>(inner, inner_size_));
-    } else if (bf16_ && offload) {
-      to_bf16(exec, staging16_[buffer].view(), as_vec<Exec>(inner, inner_size_));
-    }
+    const InnerActs inner = policy == ActivationPolicy::keep      ? a.kept_inner(b)
+                            : policy == ActivationPolicy::offload ? staging(buffer)
+                                                                  : scratch();
+    range_block_forward(exec, state_.block_weights(b, ws.vectors), a, b, inner, true, ws, tp_);
   }
+}
+
+InnerActs Executor::scratch() const { return {scratch_.data(), scratch16_.data()}; }
+
+InnerActs Executor::staging(int buffer) const {
+  if (buffer < 0 || buffer > 1) throw std::logic_error(strprintf("no staging buffer %d", buffer));
+  return {staging_[buffer].data(), staging16_[buffer].data()};
 }
 
 void Executor::recompute(const Chunk& c, int layer, int mb) {
-  // Re-run the forward from the kept block input (Chen et al. 2016), into the scratch; under
-  // bf16 rounded as stored ones are, so that every policy trains alike. The output, kept
-  // already, goes to the workspace.
+  // Re-run the forward from the kept block input (Chen et al. 2016), into the scratch,
+  // stored as kept ones are, so that every policy trains alike. The output is kept already.
   const Exec exec;
-  LayerRangeActs<Exec>& a = slot(c.index, mb);
   const std::int64_t b = layer - 1;
   const Workspace<Exec>& ws = ws_.ws;
-  block_forward(exec, state_.block_weights(b, ws.vectors), a.block(scratch_.data(), ws.out),
-                widened(a.block_input(b), ws.x), dims_.NH, ws, tp_);
-  if (bf16_) round_to_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_));
+  range_block_forward(exec, state_.block_weights(b, ws.vectors), slot(c.index, mb), b, scratch(), false, ws, tp_);
 }
 
-BlockActs<Exec> Executor::restored(LayerRangeActs<Exec>& a, std::int64_t b, int buffer) {
-  const Exec exec;
-  const Mat<Exec> out = target(a.block_output(b), ws_.ws.out);  // not read by the backward
+InnerActs Executor::restored(const LayerRangeActs<Exec>& a, std::int64_t b, int buffer) const {
   switch (a.policy(b)) {
-    case ActivationPolicy::keep:
-      if (!bf16_) return a.block(a.kept_inner(b), out);
-      from_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_), Bf16Vec<Exec>(a.kept_inner_bf16(b), inner_size_));
-      return a.block(scratch_.data(), out);
+    case ActivationPolicy::keep: return a.kept_inner(b);
     case ActivationPolicy::recompute:
-    case ActivationPolicy::offload_checkpoint: return a.block(scratch_.data(), out);
+    case ActivationPolicy::offload_checkpoint: return scratch();
     case ActivationPolicy::offload: break;
   }
   if (buffer < 0) throw std::logic_error(strprintf("B(h.%lld): no staging buffer named", static_cast<long long>(b)));
-  if (bf16_) {
-    from_bf16(exec, as_vec<Exec>(scratch_.data(), inner_size_), staging16_[buffer].view());
-    return a.block(scratch_.data(), out);
-  }
-  return a.block(staging_[buffer].data(), out);
+  return staging(buffer);
 }
 
 void Executor::backward(const Chunk& c, int layer, int mb, int buffer, float loss_scale) {
@@ -249,18 +233,16 @@ void Executor::backward(const Chunk& c, int layer, int mb, int buffer, float los
   if (layer == final_) {
     grads.begin(0);
     grads.begin(final_);
-    head_backward(exec, state_.embedding_grads(), state_.final_grads(), state_.embedding_weights(),
-                  state_.final_weights(ws.vectors), a.head, widened(a.output(), ws.x), a.dres, a.targets, dims_, ws,
-                  loss_scale, tp_);
+    range_head_backward(exec, state_.embedding_grads(), state_.final_grads(), state_.embedding_weights(),
+                        state_.final_weights(ws.vectors), a, a.dres, ws, loss_scale, tp_);
   } else if (layer == 0) {
     grads.begin(0);
     embed_backward(exec, state_.embedding_grads(), a.dres, a.inputs, a.token_runs(), dims_);  // needs no parameters
   } else {
     const std::int64_t b = layer - 1;
     grads.begin(layer);
-    const BlockActs<Exec> s = restored(a, b, buffer);
-    block_backward(exec, state_.block_grads(b), state_.block_weights(b, ws.vectors), s, widened(a.block_input(b), ws.x),
-                   a.dres, dims_.NH, ws, tp_);
+    range_block_backward(exec, state_.block_grads(b), state_.block_weights(b, ws.vectors), a, b, restored(a, b, buffer),
+                         a.dres, ws, tp_);
   }
   const Partition& part = schedule_.partition();
   if (layer == first_layer(c) && c.index > 0 && part.chunk(c.index - 1).stage == c.stage) {

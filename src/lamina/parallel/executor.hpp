@@ -119,7 +119,10 @@ class Executor {
   void recompute(const Chunk& c, int layer, int mb);
   // Block b's activations for its backward, as its policy and the instructions before left
   // them (offloaded ones in staging buffer `buffer`).
-  BlockActs<Exec> restored(LayerRangeActs<Exec>& a, std::int64_t b, int buffer);
+  // Where block b's inner activations are for its backward pass.
+  InnerActs restored(const LayerRangeActs<Exec>& a, std::int64_t b, int buffer) const;
+  InnerActs scratch() const;
+  InnerActs staging(int buffer) const;
   Completion copy_activations(const Instruction& i);
   Completion send(Op op, int chunk, int mb, int peer, int index);
   Completion recv(Op op, int chunk, int mb, int peer);
@@ -140,7 +143,8 @@ class Executor {
   std::int64_t inner_size_;    // floats of one block's inner activations
   int split_;                  // pipeline messages travel in this many tensor-parallel shares
   bool bf16_;                  // kept and offloaded inner activations stored as bf16
-  Buffer<float, Mem> scratch_;     // recomputed block activations, or bf16 ones widened
+  Buffer<float, Mem> scratch_;     // recomputed block activations
+  Buffer<std::uint16_t, Mem> scratch16_;  // ... as bf16
   Buffer<float, Mem> staging_[2];  // offloaded blocks on their way in and out
   Buffer<std::uint16_t, Mem> staging16_[2];  // ... as bf16
   BufferPool<Mem> frames_;

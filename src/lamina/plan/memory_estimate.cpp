@@ -134,11 +134,11 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
     for (std::int64_t b = k.first_block; b < k.last_block; ++b) {
       const ActivationPolicy p = plan.blocks[static_cast<std::size_t>(b)].activations;
       f += block_activations(a, p, bf16, slots);
-      scratch = scratch || recomputed(p) || bf16;
+      scratch = scratch || recomputed(p);
       offload = offload || p == ActivationPolicy::offload;
     }
   }
-  if (scratch) f.add(dev, MemCategory::activations, 4 * a.inner);  // where a recomputed or bf16-stored block runs
+  if (scratch) f.add(dev, MemCategory::activations, (bf16 ? 2 : 4) * a.inner);  // where a recomputed block runs
   if (offload) f.add(dev, MemCategory::activations, (bf16 ? 2 : 4) * 2 * a.inner);  // staging, double-buffered
   f.add(dev, MemCategory::workspace, 4 * (a.workspace + a.ones));
   if (extras.sample) {  // a one-sequence replica for the text sample at the end (fp32 activations)

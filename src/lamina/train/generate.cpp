@@ -25,8 +25,14 @@ class OneSequence {
         acts_(tracker, dims_, 0, state.model().layers, true, true,
               std::vector<ActivationPolicy>(static_cast<std::size_t>(state.model().layers), ActivationPolicy::recompute),
               state.bf16()),
-        ws_(tracker, dims_),
-        inner_(tracker, MemCategory::activations, "lamina::sample_inner", activation_sizes(dims_).inner) {}
+        ws_(tracker, dims_) {
+    const std::int64_t n = activation_sizes(dims_).inner;
+    if (dims_.bf16) {
+      inner16_ = Buffer<std::uint16_t, Exec::memory_space>(tracker, MemCategory::activations, "lamina::sample_inner", n);
+    } else {
+      inner_ = Buffer<float, Exec::memory_space>(tracker, MemCategory::activations, "lamina::sample_inner", n);
+    }
+  }
 
   // Logits (T x V, row-major) of the first T tokens (fewer: zero padding after them, which
   // causal attention keeps from the positions before).
@@ -42,22 +48,17 @@ class OneSequence {
     const ShardCombine whole;
     const Workspace<Exec>& ws = ws_.ws;
     state_.store().hold(0).wait();
-    const Mat<Exec> embedded = target(acts_.input, ws.out);
-    embed_forward(exec, state_.embedding_weights(), embedded, acts_.inputs, dims_, whole);
-    store(exec, acts_.input, embedded);
+    range_embed_forward(exec, state_.embedding_weights(), acts_, ws, whole);
     for (std::int64_t b = 0; b < model.layers; ++b) {
       const int l = state_.layout().block_layer(b);
       state_.store().hold(l).wait();
-      const Mat<Exec> out = target(acts_.block_output(b), ws.out);
-      block_forward(exec, state_.block_weights(b, ws.vectors), acts_.block(inner_.data(), out),
-                    widened(exec, acts_.block_input(b), ws.x), dims_.NH, ws, whole);
-      store(exec, acts_.block_output(b), out);
+      range_block_forward(exec, state_.block_weights(b, ws.vectors), acts_, b, {inner_.data(), inner16_.data()}, true,
+                          ws, whole);
       exec.fence();  // the gathered copy is read before it goes back
       state_.store().release(l);
     }
     state_.store().hold(last).wait();
-    head_forward(exec, state_.embedding_weights(), state_.final_weights(ws.vectors), acts_.head,
-                 widened(exec, acts_.output(), ws.x), acts_.targets, dims_, ws, whole);
+    range_head_forward(exec, state_.embedding_weights(), state_.final_weights(ws.vectors), acts_, ws, whole);
     exec.fence();
     state_.store().release(last);
     state_.store().release(0);
@@ -80,7 +81,9 @@ class OneSequence {
   Dims dims_;
   LayerRangeActs<Exec> acts_;
   WorkspaceBuffers<Exec> ws_;
-  Buffer<float, Exec::memory_space> inner_;  // a block's inner activations, dropped once it has run
+  // a block's inner activations, dropped once it has run (bf16 runs: inner16_)
+  Buffer<float, Exec::memory_space> inner_;
+  Buffer<std::uint16_t, Exec::memory_space> inner16_;
 };
 
 }  // namespace

@@ -161,27 +161,12 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision prec
     d.bf16 = bf16;
     LayerRangeActs<Exec> a(tracker, d, 0, 1, true, true, {ActivationPolicy::keep}, bf16);
     WorkspaceBuffers<Exec> ws(tracker, d);
-    const ActivationSizes sizes = activation_sizes(d);
-    Buffer<float, Exec::memory_space> inner(tracker, MemCategory::activations, "lamina::profile_inner", sizes.inner);
     // Token ids spread over the vocabulary as text's are (the embedding's backward sums each
     // id's positions).
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(d.N())), targets(inputs.size(), 2);
     for (std::size_t i = 0; i < inputs.size(); ++i) inputs[i] = static_cast<std::int32_t>(i * 7919 % d.V);
     a.set_tokens(exec, inputs.data(), targets.data());
-    // Where a layer reads and writes the residual stream in fp32: its storage, or (bf16) the
-    // workspace, with the conversions the executor makes.
     const Workspace<Exec>& w = ws.ws;
-    const std::int64_t nc = d.N() * d.C, ni = sizes.inner;
-    auto widen_x = [&](const Residual<Exec>& r) {
-      if (!bf16) return r.f32;
-      from_bf16(exec, as_vec<Exec>(w.x.data(), nc), Bf16Vec<Exec>(r.b16.data(), static_cast<std::size_t>(nc)));
-      return w.x;
-    };
-    auto out_of = [&](const Residual<Exec>& r) { return bf16 ? w.out : r.f32; };
-    auto round_out = [&](const Residual<Exec>& r) {
-      if (bf16) to_bf16(exec, Bf16Vec<Exec>(r.b16.data(), static_cast<std::size_t>(nc)), as_vec<Exec>(w.out.data(), nc));
-    };
-    float* block_inner = bf16 ? inner.data() : a.kept_inner(0);
     auto block_weights = [&] {
       LayerParams p = stored[1];
       if (bf16) {
@@ -213,25 +198,12 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision prec
         exec.fence();
         if (r > 0) t[k].push_back(seconds_since(t0));
       };
-      timed(0, [&] {
-        embed_forward(exec, we, out_of(a.input), a.inputs, d, whole);
-        round_out(a.input);
-      });
-      timed(1, [&] {
-        block_forward(exec, block_weights(), a.block(block_inner, out_of(a.block_output(0))), widen_x(a.input),
-                      d.NH, w, whole);
-        round_out(a.block_output(0));
-        if (bf16) to_bf16(exec, Bf16Vec<Exec>(a.kept_inner_bf16(0), static_cast<std::size_t>(ni)), as_vec<Exec>(block_inner, ni));
-      });
-      timed(2, [&] { head_forward(exec, we, final_weights(), a.head, widen_x(a.output()), a.targets, d, w, whole); });
-      timed(3, [&] {
-        head_backward(exec, ge, gf, we, final_weights(), a.head, widen_x(a.output()), a.dres, a.targets, d, w, 1e-3f,
-                      whole);
-      });
+      timed(0, [&] { range_embed_forward(exec, we, a, w, whole); });
+      timed(1, [&] { range_block_forward(exec, block_weights(), a, 0, a.kept_inner(0), true, w, whole); });
+      timed(2, [&] { range_head_forward(exec, we, final_weights(), a, w, whole); });
+      timed(3, [&] { range_head_backward(exec, ge, gf, we, final_weights(), a, a.dres, w, 1e-3f, whole); });
       timed(4, [&] {
-        if (bf16) from_bf16(exec, as_vec<Exec>(block_inner, ni), Bf16Vec<Exec>(a.kept_inner_bf16(0), static_cast<std::size_t>(ni)));
-        block_backward(exec, gb, block_weights(), a.block(block_inner, out_of(a.block_output(0))), widen_x(a.input),
-                       a.dres, d.NH, w, whole);
+        range_block_backward(exec, gb, block_weights(), a, 0, a.kept_inner(0), a.dres, w, whole);
       });
       timed(5, [&] { embed_backward(exec, ge, a.dres, a.inputs, a.token_runs(), d); });
     }

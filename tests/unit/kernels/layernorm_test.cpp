@@ -102,5 +102,50 @@ TYPED_TEST(LayerNormTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiffere
   expect_fd_matches([&](const std::vector<double>& v) { return f(x, w, v); }, b, to_host(dbv), "dbias");
 }
 
+// bf16 runs: the input read as stored, the output and the saved statistics rounded into
+// bf16 once; the backward reads the stored input and statistics (its reference takes the
+// rounded mean and rstd as they are), its gradients fp32.
+TYPED_TEST(LayerNormTest, Bf16StorageIsReadAndWrittenAsStored) {
+  using Exec = TypeParam;
+  const int N = 6, C = 16;
+  const auto x = bf16_values(random_vector(N * C, 11, -2, 2)), w = random_vector(C, 12, 0.5, 1.5),
+             b = random_vector(C, 13), dout = random_vector(N * C, 14);
+  const LnRef ref = layernorm_reference(x, w, b, dout, N, C);
+  auto dx = to_device_bf16<Exec>(x);
+  auto dw = to_device<Exec>(w), db = to_device<Exec>(b);
+  Bf16Vec<Exec> out("out", N * C), mean("mean", N), rstd("rstd", N);
+  layernorm_forward(Exec(), Mat16<Exec>(out.data(), N, C), mean, rstd, Mat16<Exec>(dx.data(), N, C), dw, db);
+  // Rounded once: within half a bf16 step (2^-8 relative at most) of the exact values.
+  for (const auto& [got, want, name] : {std::make_tuple(widened_to_host(out), ref.out, "out"),
+                                       std::make_tuple(widened_to_host(mean), ref.mean, "mean"),
+                                       std::make_tuple(widened_to_host(rstd), ref.rstd, "rstd")}) {
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], std::abs(want[i]) / 256 + 1e-7) << name;
+  }
+  const auto m = widened_to_host(mean), r = widened_to_host(rstd);
+  std::vector<double> want_dinp(N * C), want_dw(C, 0.0), want_db(C, 0.0);
+  for (int i = 0; i < N; ++i) {
+    double s1 = 0, s2 = 0;
+    for (int c = 0; c < C; ++c) {
+      const double xh = (x[i * C + c] - m[i]) * r[i], d = dout[i * C + c];
+      want_dw[c] += d * xh;
+      want_db[c] += d;
+      s1 += d * w[c] / C;
+      s2 += d * w[c] * xh / C;
+    }
+    for (int c = 0; c < C; ++c) {
+      want_dinp[i * C + c] = r[i] * (dout[i * C + c] * w[c] - s1 - (x[i * C + c] - m[i]) * r[i] * s2);
+    }
+  }
+  auto ddin = Vec<Exec>("dinp", N * C), dwv = Vec<Exec>("dw", C), dbv = Vec<Exec>("db", C);
+  auto scratch = Vec<Exec>("scratch", N * C), ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  auto ddout = to_device<Exec>(dout);
+  layernorm_backward(Exec(), as_mat<Exec>(ddin.data(), N, C), dwv, dbv, as_mat<Exec>(ddout.data(), N, C),
+                     ConstMat<Exec>(), Mat16<Exec>(dx.data(), N, C), dw, mean, rstd,
+                     as_mat<Exec>(scratch.data(), N, C), ones);
+  EXPECT_LT(rel_error(to_host(ddin), want_dinp), 1e-5);
+  EXPECT_LT(rel_error(to_host(dwv), want_dw), 1e-5);
+  EXPECT_LT(rel_error(to_host(dbv), want_db), 1e-5);
+}
+
 }  // namespace
 }  // namespace lamina::test

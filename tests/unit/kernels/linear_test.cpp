@@ -98,11 +98,6 @@ TYPED_TEST(LinearTest, TiedHeadMatchesDoubleReferenceAndFiniteDifferences) {
   expect_fd_matches([&](const std::vector<double>& v) { return dot(run(x, v), dout); }, e, want_de, "dembedding");
 }
 
-std::vector<double> bf16_values(std::vector<double> v) {
-  for (auto& e : v) e = from_bf16(to_bf16(static_cast<float>(e)));
-  return v;
-}
-
 // Both backward products in bf16 math with the weight stored in bf16, for a linear layer
 // (W: in x out) and the tied head (E: V x C): against a double reference of the rounded
 // operands where the execution space has a bf16 engine (dY and X rounded once per block
@@ -151,6 +146,50 @@ TYPED_TEST(LinearTest, Bf16BackwardProductsMatchAReferenceOfTheRoundedOperands) 
     EXPECT_LT(rel_error(to_host(gx), want_dx), 1e-6);
     EXPECT_LT(rel_error(to_host(dw), want_dw), 1e-6);
   }
+}
+
+// A bf16 run's products on stored bf16 activations and weights: forward into fp32 (the
+// projections) and into bf16 with the bias added as it is rounded (the QKV projection), and
+// both backward products with X read as stored. Against a double reference of the stored
+// values and, where the execution space has a bf16 engine, of dY rounded. Scratch for a few
+// rows or columns at a time, so that the products without an engine run in blocks.
+TYPED_TEST(LinearTest, ProductsReadStoredBf16Activations) {
+  using Exec = TypeParam;
+  const int N = 7, IN = 6, OUT = 9;
+  const bool engine = product_math<Exec>(Precision::bf16) == ProductMath::bf16;
+  const auto x = bf16_values(random_vector(N * IN, 95)), w = bf16_values(random_vector(IN * OUT, 96));
+  const auto bias = random_vector(OUT, 97), dy = random_vector(N * OUT, 98), w0 = random_vector(IN * OUT, 99);
+  const auto dyr = engine ? bf16_values(dy) : dy;
+  std::vector<double> want_y(N * OUT, 0.0), want_yb(N * OUT), want_dx(N * IN, 0.0), want_dw = w0;
+  for (int i = 0; i < N; ++i) {
+    for (int o = 0; o < OUT; ++o) {
+      for (int k = 0; k < IN; ++k) {
+        want_y[i * OUT + o] += x[i * IN + k] * w[k * OUT + o];
+        want_dx[i * IN + k] += dyr[i * OUT + o] * w[k * OUT + o];
+        want_dw[k * OUT + o] += x[i * IN + k] * dyr[i * OUT + o];
+      }
+      want_yb[i * OUT + o] = want_y[i * OUT + o] + static_cast<float>(bias[o]);
+    }
+  }
+  auto x16 = to_device_bf16<Exec>(x), w16 = to_device_bf16<Exec>(w);
+  const Mat16<Exec> xm(x16.data(), N, IN);
+  const MatRef<Exec> weight(ConstMat16<Exec>(w16.data(), IN, OUT));
+  auto scratch = to_device<Exec>(std::vector<double>(engine ? 14 : 36, NAN));
+  auto dbias = to_device<Exec>(bias), ddy = to_device<Exec>(dy), dw = to_device<Exec>(w0);
+  auto y = to_device<Exec>(std::vector<double>(N * OUT, NAN)), stage = to_device<Exec>(std::vector<double>(N * OUT, NAN));
+  linear_forward(Exec(), as_mat<Exec>(y.data(), N, OUT), xm, weight, ConstVec<Exec>(), ProductMath::bf16, scratch);
+  EXPECT_LT(rel_error(to_host(y), want_y), 1e-6);
+  Bf16Vec<Exec> y16("y16", N * OUT);
+  linear_forward(Exec(), Mat16<Exec>(y16.data(), N, OUT), xm, weight, dbias, ProductMath::bf16, scratch,
+                 as_mat<Exec>(stage.data(), N, OUT));
+  const auto got = widened_to_host(y16);
+  for (int i = 0; i < N * OUT; ++i) EXPECT_NEAR(got[i], want_yb[i], std::abs(want_yb[i]) / 256 + 1e-6) << i;
+  auto gx = to_device<Exec>(std::vector<double>(N * IN, NAN));
+  auto ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  linear_backward(Exec(), as_mat<Exec>(gx.data(), N, IN), as_mat<Exec>(dw.data(), IN, OUT), Vec<Exec>(),
+                  as_mat<Exec>(ddy.data(), N, OUT), xm, weight, ones, ProductMath::bf16, scratch);
+  EXPECT_LT(rel_error(to_host(gx), want_dx), 1e-6);
+  EXPECT_LT(rel_error(to_host(dw), want_dw), 1e-6);
 }
 
 }  // namespace

@@ -29,5 +29,22 @@ TYPED_TEST(ResidualTest, ForwardAddsTheBranchAndItsBiasExactly) {
   }
 }
 
+// bf16 runs: the stream read and written as stored, the sum in fp32 rounded once.
+TYPED_TEST(ResidualTest, Bf16StreamIsReadAndWrittenAsStored) {
+  using Exec = TypeParam;
+  const int N = 7, C = 37;
+  const auto a = bf16_values(random_vector(N * C, 64)), b = random_vector(N * C, 65), bias = random_vector(C, 66);
+  auto da = to_device_bf16<Exec>(a);
+  auto db = to_device<Exec>(b), dbias = to_device<Exec>(bias);
+  Bf16Vec<Exec> out("out", N * C);
+  residual_forward(Exec(), Mat16<Exec>(out.data(), N, C), Mat16<Exec>(da.data(), N, C), as_mat<Exec>(db.data(), N, C),
+                   dbias);
+  const auto got = widened_to_host(out);
+  for (int i = 0; i < N * C; ++i) {
+    const float sum = static_cast<float>(a[i]) + (static_cast<float>(b[i]) + static_cast<float>(bias[i % C]));
+    EXPECT_EQ(got[i], static_cast<double>(from_bf16(to_bf16(sum)))) << i;
+  }
+}
+
 }  // namespace
 }  // namespace lamina::test
