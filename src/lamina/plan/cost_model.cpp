@@ -45,42 +45,47 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double attention = machine.peak_flops(bf16_ && !own_kernels) * machine.attention_efficiency;
   const double bandwidth = machine.memory_bandwidth * machine.elementwise_efficiency;
   const double attention_backward = !fused ? 2.0 : kAttentionInPlace<Kokkos::DefaultExecutionSpace> ? 2.5 : 3.5;
-  // Element-wise passes of a block's forward, in floats moved: two layer norms, two
-  // residual adds, the q/k/v scatter and attention gather, softmax over the (T, T) scores
-  // unless fused, GELU over the 4C hidden width.
-  const double scores = fused ? 0.0 : 3 * static_cast<double>(d.B) * heads * T * T;
+  // Element-wise passes of a block's forward, in bytes moved: what is stored (the residual
+  // stream and the saved activations) in its storage type, `s` bytes (bf16 runs: 2, read and
+  // written as they are), products' outputs and softmax rows in fp32. Two layer norms (read
+  // x, write y), two residual adds (read the stream and a projection's output, write the
+  // stream), the q/k/v scatter and attention gather, the softmax over the (T, T) scores unless
+  // fused (read and write them in fp32, write the saved probabilities), the MLP's bias and
+  // GELU (read the product, write the pre-activation and the activation: in place in fp32).
+  const double s = bf16_ ? 2.0 : 4.0;
+  const double A = C / tp, F = 4 * C / tp, score_count = static_cast<double>(d.B) * heads * T * T;
+  const double scores = fused ? 0.0 : (8 + s) * score_count;
   const double ew_forward =
-      4.0 * (2 * 2 * N * C + 2 * 3 * N * C + 2 * 3 * N * C / tp + scores + 2 * 4 * N * C / tp);
+      2 * 2 * s * N * C + 2 * (2 * s + 4) * N * C + 2 * 3 * s * N * A + scores + (4 + 2 * s) * N * F;
   // Tensor parallelism: two all-reduces of the (N, C) residual stream per pass (Megatron).
   const double tp_comm = o.tp > 1 ? 2.0 * collective(2.0 * (tp - 1) / tp * 4.0 * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
-  // bf16 runs compute a layer in fp32 in the workspace (the executor's conversions, 6 bytes
-  // per element each: 2 read, 4 written or the other way): a block's input widened and its
-  // output rounded, its saved activations rounded in forward and widened for backward, whose
-  // input is widened again (for a recomputed block, see price()). Products convert too: a
-  // bf16 engine rounds the fp32 left operands of the projections' products; on a host
-  // (oneDNN) also the layers' inputs that the weight gradients read (each block of rows
-  // rounded once for both backward products; cuBLAS rounds them inside the product) and
-  // attention's operands: q, k, v once per pass, dy, and the probabilities and score
-  // gradients it writes in bf16 beside fp32 (2 bytes each, about half of the (T, T) scores
-  // under the mask). Without one, the host BLAS widens the bf16 weights it reads (each
-  // matrix once per forward and once for the input gradients).
+  // What bf16 runs still convert, 6 bytes per element (the fp32 side and the bf16 one). A
+  // bf16 engine reads stored activations and weights as they are; it rounds the fp32
+  // operands: each product's output gradient dY in backward (once for both of its products),
+  // and at the head the final norm's output (both passes) and the logits' gradient. The QKV
+  // projection's output is rounded into storage with its bias (its epilogue). Attention on a
+  // host's oneDNN reads q, k, v as stored and rounds its output, dy, a row block's score
+  // gradients (and, fused, its recomputed probabilities) in bf16 beside fp32 (2 bytes each,
+  // half of the (T, T) scores under the mask); elsewhere it runs on fp32 copies of q, k, v,
+  // its output and what it saves, widened and rounded each pass. Without an engine, the
+  // host BLAS widens the weights (each matrix once per forward and once for the input
+  // gradients) and the activations the products read.
   double convert_forward = 0.0, convert_backward = 0.0, convert_head = 0.0, convert_head_backward = 0.0;
   if (bf16_) {
-    const double A = C / tp, F = 4 * C / tp, weights = 12 * C * C / tp;
-    const bool widens = !machine.bf16_products();
-    const double half_scores = static_cast<double>(d.B) * heads * T * T / 2;
-    const bool host_attention = machine.device_is_host && !own_kernels && d.attention != AttentionProducts::staged;
-    const double rounds_forward = host_attention ? 6 * 3 * N * A + 2 * half_scores : 0.0;
-    const double rounds_backward = (host_attention ? 6 * 4 * N * A + 4 * half_scores : 0.0) +
-                                   (machine.device_is_host ? 6 * N * (2 * C + A + F) : 0.0);
-    convert_forward = 6 * (2 * N * C + inner_) + (widens ? 6 * weights : 6 * N * (2 * C + A + F) + rounds_forward);
-    convert_backward = 6 * (N * C + inner_) + (widens ? 6 * weights : 6 * N * (2 * C + F + 3 * A) + rounds_backward);
-    convert_head = 6 * N * C + 6 * (widens ? V * C : N * C);
-    convert_head_backward = 6 * N * C + 6 * (widens ? V * C : N * V + (machine.device_is_host ? N * C : 0.0));
-  }
-  if (bf16_) {
-    saved_conversion_ = 6 * inner_ / bandwidth;
-    recomputed_rounding_ = 8 * inner_ / bandwidth;
+    const double weights = 12 * C * C / tp;
+    const bool engine = machine.bf16_products();
+    const double half_scores = score_count / 2, saved = static_cast<double>(d.B) * heads * T *
+                                                        static_cast<double>(saved_attention_columns(d.attention, d.T));
+    const bool host_attention = engine && machine.device_is_host && !own_kernels && d.attention != AttentionProducts::staged;
+    const double attention_forward = host_attention ? 6 * N * A + (fused ? 2 * half_scores : 0.0)
+                                                    : 6 * (4 * N * A + saved);
+    const double attention_backward = host_attention ? 6 * N * A + (fused ? 4 : 2) * half_scores
+                                                     : 6 * (4 * N * A + saved);
+    const double read_activations = 6 * N * (2 * C + A + F);  // ln1, atty, ln2, gelu widened
+    convert_forward = 6 * 3 * N * A + attention_forward + (engine ? 0.0 : 6 * weights + read_activations);
+    convert_backward = attention_backward + (engine ? 6 * N * (2 * C + F + 3 * A) : 6 * weights + read_activations);
+    convert_head = 6 * (engine ? N * C : V * C);
+    convert_head_backward = 6 * (engine ? N * V + N * C : V * C);
   }
   forward_parts_ = {24 * N * C * C / tp / gemm, 4 * N * T * C / tp / attention, ew_forward / bandwidth,
                     convert_forward / bandwidth, tp_comm};
@@ -239,24 +244,13 @@ double CostModel::sync() const {
   return collective(4.0 * static_cast<double>(s.owned_size(o.zero)), 2, o.dp * o.tp * o.pp);
 }
 
-double CostModel::block_forward(ActivationPolicy p) const {
-  return block_forward_ - (recomputed(p) ? saved_conversion_ : 0.0);
-}
-
-double CostModel::block_backward(ActivationPolicy p) const {
-  return block_backward_ - (recomputed(p) ? saved_conversion_ : 0.0);
-}
-
-double CostModel::recompute() const { return block_forward_ - saved_conversion_ + recomputed_rounding_; }
-
 double CostModel::price(const Instruction& i) const {
   const int final_layer = static_cast<int>(numel_.size()) - 1;
   const bool block = i.layer > 0 && i.layer < final_layer;
-  const ActivationPolicy policy = plan_.layer(i.layer).activations;
   switch (i.op) {
-    case Op::forward: return block ? block_forward(policy) : i.layer == 0 ? embed_forward_ : head_forward_;
-    case Op::backward: return block ? block_backward(policy) : i.layer == 0 ? embed_backward_ : head_backward_;
-    case Op::recompute: return recompute();
+    case Op::forward: return block ? block_forward_ : i.layer == 0 ? embed_forward_ : head_forward_;
+    case Op::backward: return block ? block_backward_ : i.layer == 0 ? embed_backward_ : head_backward_;
+    case Op::recompute: return block_forward_;
     case Op::send_activation: return p2p(true);
     case Op::send_gradient: return p2p(false);
     case Op::recv_activation:

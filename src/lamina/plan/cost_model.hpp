@@ -67,15 +67,10 @@ class CostModel {
   const Parts& forward_parts() const { return forward_parts_; }
   const Parts& backward_parts() const { return backward_parts_; }
 
-  // One micro-batch through one block (its activations kept), the embedding, the head.
+  // One micro-batch through one block (whatever its activations' policy: a recomputation
+  // costs a forward pass), the embedding, the head.
   double block_forward() const { return block_forward_; }
   double block_backward() const { return block_backward_; }
-  // ... with its activations under policy `p` (in bf16, a recomputed block's forward rounds
-  // nothing it drops and its backward widens nothing), and its recomputation (which rounds
-  // the activations it recomputes in place, as stored ones are).
-  double block_forward(ActivationPolicy p) const;
-  double block_backward(ActivationPolicy p) const;
-  double recompute() const;
   double embed_forward() const { return embed_forward_; }
   double embed_backward() const { return embed_backward_; }
   double head_forward() const { return head_forward_; }
@@ -126,7 +121,6 @@ class CostModel {
   std::map<int, std::int64_t> host_elements_;           // per layer: elements updated on the host
   double inner_ = 0.0;         // floats of a block's inner activations per micro-batch
   double block_forward_ = 0.0, block_backward_ = 0.0;
-  double saved_conversion_ = 0.0, recomputed_rounding_ = 0.0;  // bf16: of a block's saved activations
   Parts forward_parts_, backward_parts_;
   double embed_forward_ = 0.0, embed_backward_ = 0.0, head_forward_ = 0.0, head_backward_ = 0.0;
 };

@@ -431,7 +431,7 @@ class BlockCosts {
   // Forward, backward and recomputation of the step's micro-batches, nothing else.
   double compute(ActivationPolicy a) const {
     const double M = o_.micro_batches;
-    return M * (cost_.block_forward(a) + cost_.block_backward(a)) + (recomputed(a) ? M * cost_.recompute() : 0.0);
+    return M * (cost_.block_forward() + cost_.block_backward()) + (recomputed(a) ? M * cost_.block_forward() : 0.0);
   }
 
   // The same for every block of the layout: kept per policy.
@@ -462,13 +462,13 @@ class BlockCosts {
   // Activation copies, parameter fetches and gradient reductions, per step.
   double copies(const LayerPolicy& p) const {
     const double M = o_.micro_batches;
-    const double tF = cost_.block_forward(p.activations), tB = cost_.block_backward(p.activations);
+    const double tF = cost_.block_forward(), tB = cost_.block_backward();
     double t = 0.0;
     if (p.activations == ActivationPolicy::offload) {
       t += M * (exposed(cost_.activation_copy(true), tF) + exposed(cost_.activation_copy(false), tB));
     }
     if (p.activations == ActivationPolicy::offload_checkpoint) {  // the checkpoint out in forward, back in backward
-      t += M * (exposed(cost_.checkpoint_copy(true), tF) + exposed(cost_.checkpoint_copy(false), tB + cost_.recompute()));
+      t += M * (exposed(cost_.checkpoint_copy(true), tF) + exposed(cost_.checkpoint_copy(false), tB + cost_.block_forward()));
     }
     if (p.params == MemTier::host || o_.zero == 3) {  // not resident: fetched per use
       const double g = p.params == MemTier::host ? gather_host_ : gather_device_;
@@ -481,7 +481,7 @@ class BlockCosts {
 
   // The optimizer step of the block's owned elements, with what crosses to the host.
   double update(const LayerPolicy& p) const {
-    const double tB = cost_.block_backward(p.activations);
+    const double tB = cost_.block_backward();
     const double owned = static_cast<double>(shard_.owned_size(o_.zero));
     const double param_bytes = bf16_ ? 2.0 : 4.0;
     const double host_part = static_cast<double>(dos_.host_params);

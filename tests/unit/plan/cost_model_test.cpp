@@ -51,88 +51,95 @@ Plan plan(int dp, int tp, std::int64_t micro_batch, Precision p) {
   return x;
 }
 
-// The bytes a bf16 block's conversions move on a device (6 per element: the fp32 side and the
-// bf16 one): its input widened and output rounded (forward), its inner activations rounded
-// and widened, the input widened again for backward; the products' left operands rounded,
-// (ln1, atty, ln2, gelu) in forward and (dres, dfch, dres, dqkv) in backward. `cols`: the
-// score columns a block saves (T with the probabilities kept, 2 fused).
+// Bytes of a block's element-wise passes in forward: what is stored (the residual stream,
+// the saved activations) `s` bytes per element (2 in bf16, read and written as stored), the
+// products' outputs and the softmax rows fp32: two layer norms, two residual adds, the q/k/v
+// scatter and gather, the softmax over `scores` (0 fused), the MLP's bias and GELU.
+double elementwise_bytes(double s, double N, double C, double tp, double scores) {
+  const double A = C / tp, F = 4 * C / tp;
+  return 4 * s * N * C + 2 * (2 * s + 4) * N * C + 6 * s * N * A + (8 + s) * scores + (4 + 2 * s) * N * F;
+}
+
+// The bytes a bf16 block still converts on a device with a bf16 engine (6 per element: the
+// fp32 side and the bf16 one): the QKV projection's output rounded with its bias; attention
+// on fp32 copies (q, k, v, its output and the `saved` scores or log-sum-exps, each pass);
+// in backward each product's output gradient dY (dres, dfch, dres, dqkv).
 struct Conversions {
   double forward, backward;
 };
-Conversions conversions(double N, double C, double tp, double H, double T, double cols) {
+Conversions conversions(double N, double C, double tp, double saved) {
   const double A = C / tp, F = 4 * C / tp;
-  const double inner = 3 * N * C + 4 * N * A + 2 * N * F + 4 * N + H * T * cols;
-  return {6 * (2 * N * C + inner) + 6 * N * (2 * C + A + F), 6 * (N * C + inner) + 6 * N * (2 * C + F + 3 * A)};
+  return {6 * 3 * N * A + 6 * (4 * N * A + saved), 6 * (4 * N * A + saved) + 6 * N * (2 * C + F + 3 * A)};
 }
 
 TEST(CostModel, BlockForwardIsItsGemmsAttentionAndElementwisePasses) {
   const CostModel c(model(), plan(1, 1, 1, Precision::bf16), machine());
-  const double N = 2048, C = 1024, T = 2048, H = 16;
+  const double N = 2048, C = 1024, T = 2048, H = 16, bandwidth = 2e12 * 0.5;
   const double gemm = 24 * N * C * C / (400e12 * 0.5);  // qkv, projection, two MLP products
   const double attention = 4 * N * T * C / (400e12 * 0.25);
-  const double elementwise = 4.0 * (4 * N * C + 6 * N * C + 6 * N * C + 3 * H * T * T + 8 * N * C) / (2e12 * 0.5);
-  const Conversions bf16 = conversions(N, C, 1, H, T, T);
-  EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / (2e12 * 0.5), 1e-12);
-  EXPECT_NEAR(c.block_backward(), 2 * (gemm + attention + elementwise) + bf16.backward / (2e12 * 0.5), 1e-12);
-  // fp32: the same at the fp32 rate, with no conversions.
+  const double elementwise = elementwise_bytes(2, N, C, 1, H * T * T) / bandwidth;
+  const Conversions bf16 = conversions(N, C, 1, H * T * T);
+  EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / bandwidth, 1e-12);
+  EXPECT_NEAR(c.block_backward(), 2 * (gemm + attention + elementwise) + bf16.backward / bandwidth, 1e-12);
+  // fp32: at the fp32 rate, 4 bytes per stored element, no conversions.
   const CostModel f(model(), plan(1, 1, 1, Precision::fp32), machine());
-  EXPECT_NEAR(f.block_forward(), 24 * N * C * C / (100e12 * 0.5) + 4 * N * T * C / (100e12 * 0.25) + elementwise, 1e-12);
+  EXPECT_NEAR(f.block_forward(),
+              24 * N * C * C / (100e12 * 0.5) + 4 * N * T * C / (100e12 * 0.25) +
+                  elementwise_bytes(4, N, C, 1, H * T * T) / bandwidth,
+              1e-12);
 }
 
 TEST(CostModel, FusedAttentionRecomputesTheScoresInsteadOfMovingThem) {
   ModelConfig m = model();
   m.attention = AttentionProducts::fused;
   const CostModel c(m, plan(1, 1, 1, Precision::bf16), machine());
-  const double N = 2048, C = 1024, T = 2048;
+  const double N = 2048, C = 1024, T = 2048, bandwidth = 2e12 * 0.5;
   const double gemm = 24 * N * C * C / (400e12 * 0.5);
   // On a host BLAS the products run at the bf16 rate; a device's fused kernels at the fp32 one.
   const bool blas = kAttentionInPlace<Kokkos::DefaultExecutionSpace>;
   const double attention = 4 * N * T * C / ((blas ? 400e12 : 100e12) * 0.25);
-  const double elementwise = 4.0 * (4 * N * C + 6 * N * C + 6 * N * C + 8 * N * C) / (2e12 * 0.5);
+  const double elementwise = elementwise_bytes(2, N, C, 1, 0) / bandwidth;
   const double recompute = blas ? 2.5 : 3.5;
-  const Conversions bf16 = conversions(N, C, 1, 16, T, 2);  // two floats per score row saved
-  EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / (2e12 * 0.5), 1e-12);
-  EXPECT_NEAR(c.block_backward(), 2 * gemm + recompute * attention + 2 * elementwise + bf16.backward / (2e12 * 0.5),
+  const Conversions bf16 = conversions(N, C, 1, 16 * T * 2);  // two values per score row saved
+  EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / bandwidth, 1e-12);
+  EXPECT_NEAR(c.block_backward(), 2 * gemm + recompute * attention + 2 * elementwise + bf16.backward / bandwidth,
               1e-12);
 }
 
-// A host's bf16 engine (oneDNN) rounds in passes of its own what cuBLAS rounds inside its
-// products: in_place attention's operands (q, k, v; dy and q, k, v again in backward; the
-// probabilities and score gradients, half of the (T, T) scores each, written in bf16) and
-// the layer inputs the weight gradients read (ln1, atty, ln2, gelu), and at the head the
-// final norm's output; nothing else differs between the two. Staged attention's products
-// on a host are fp32: no rounding of its operands.
-TEST(CostModel, AHostBf16EngineAlsoRoundsAttentionsOperandsAndTheWeightGradientsInputs) {
+// On a host's bf16 engine (oneDNN) the in_place attention reads the bf16 storage as it is,
+// rounding only its output, dy and the score gradients it writes in bf16 beside fp32 (half of
+// the (T, T) scores), where a device's runs on fp32 copies of q, k, v, its output and the
+// saved probabilities; staged attention runs on the copies on both. Nothing else differs.
+TEST(CostModel, AHostsBf16EngineReadsAttentionsStorageWhereADeviceMakesFp32Copies) {
   MachineSpec host = machine();
   host.device_is_host = true;
   const double N = 2048, C = 1024, T = 2048, H = 16, bandwidth = 2e12 * 0.5;
-  const double half_scores = H * T * T / 2;  // one sequence of T positions
   for (const AttentionProducts how : {AttentionProducts::in_place, AttentionProducts::staged}) {
     SCOPED_TRACE(attention_products_name(how));
     ModelConfig m = model();
     m.attention = how;
     const CostModel d(m, plan(1, 1, 1, Precision::bf16), machine()), h(m, plan(1, 1, 1, Precision::bf16), host);
-    const bool rounded = how == AttentionProducts::in_place;
-    const double fwd = rounded ? 6 * 3 * N * C + 2 * half_scores : 0.0;
-    const double bwd = (rounded ? 6 * 4 * N * C + 4 * half_scores : 0.0) + 6 * N * (2 * C + C + 4 * C);
+    const bool reads = how == AttentionProducts::in_place;
+    const double copies = 6 * (4 * N * C + H * T * T);
+    const double fwd = reads ? 6 * N * C - copies : 0.0, bwd = reads ? 6 * N * C + H * T * T - copies : 0.0;
     EXPECT_NEAR(h.block_forward() - d.block_forward(), fwd / bandwidth, 1e-12);
     EXPECT_NEAR(h.block_backward() - d.block_backward(), bwd / bandwidth, 1e-12);
-    EXPECT_NEAR(h.head_backward() - d.head_backward(), 6 * N * C / bandwidth, 1e-12);
+    EXPECT_NEAR(h.head_backward(), d.head_backward(), 1e-12);
   }
 }
 
 TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {
   const CostModel c(model(), plan(1, 2, 1, Precision::bf16), machine());
-  const double N = 2048, C = 1024, T = 2048, H = 8;  // 8 heads on each of the 2 ranks
+  const double N = 2048, C = 1024, T = 2048, H = 8, bandwidth = 2e12 * 0.5;  // 8 heads on each of the 2 ranks
   const double gemm = 24 * N * C * C / 2 / (400e12 * 0.5);
   const double attention = 4 * N * T * C / 2 / (400e12 * 0.25);
-  const double elementwise = 4.0 * (4 * N * C + 6 * N * C + 3 * N * C + 3 * H * T * T + 4 * N * C) / (2e12 * 0.5);
+  const double elementwise = elementwise_bytes(2, N, C, 2, H * T * T) / bandwidth;
   // An all-reduce of the (N, C) fp32 residual over 2 ranks inside a node: 2 (p-1)/p of its
   // bytes, 2 (p-1) latency-bound steps; two per pass (Megatron's f and g).
   const double allreduce = 4 * N * C / 200e9 + 2 * 1e-5;
-  const Conversions bf16 = conversions(N, C, 2, H, T, T);
-  EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / (2e12 * 0.5) + 2 * allreduce, 1e-12);
-  EXPECT_NEAR(c.block_backward(), 2 * (gemm + attention + elementwise) + bf16.backward / (2e12 * 0.5) + 2 * allreduce,
+  const Conversions bf16 = conversions(N, C, 2, H * T * T);
+  EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / bandwidth + 2 * allreduce, 1e-12);
+  EXPECT_NEAR(c.block_backward(), 2 * (gemm + attention + elementwise) + bf16.backward / bandwidth + 2 * allreduce,
               1e-12);
 }
 
