@@ -409,14 +409,6 @@ inline void narrow_row(std::uint16_t* dst, const float* src, std::int64_t n) {
   for (std::int64_t j = 0; j < n; ++j) dst[j] = to_bf16(src[j]);
 }
 
-// A row's log-sum-exp saved as two bf16 values: the high part and the rest (as
-// save_log_sum_exp's fp32 pair rounded into bf16 storage).
-inline void save_log_sum_exp16(std::uint16_t* saved, float lse) {
-  saved[0] = to_bf16(lse);
-  saved[1] = to_bf16(lse - from_bf16(saved[0]));
-}
-inline float load_log_sum_exp16(const std::uint16_t* saved) { return from_bf16(saved[0]) + from_bf16(saved[1]); }
-
 // Rows r0..r0+m of every (sequence, head), one item per row.
 struct Bf16Rows {
   std::int64_t NH, T, r0, m, r1;
@@ -451,7 +443,7 @@ struct Bf16SoftmaxRows {
     if (scores != nullptr) {
       narrow_row(rows.saved(saved, rows.T, i), row, rows.T);
     } else {
-      save_log_sum_exp16(rows.saved(saved, 2, i), r.max + math::log(r.sum));
+      save_log_sum_exp(rows.saved(saved, 2, i), r.max + math::log(r.sum));
       narrow_row(rows.in_block(p16, i), row, rows.r1);
     }
   }
@@ -474,7 +466,7 @@ struct Bf16SoftmaxBackwardRows {
     std::uint16_t* d16 = rows.in_block(ds16, i);
     if (fused) {
       float* prow = rows.row(P, i);
-      const float l = load_log_sum_exp16(rows.saved(saved, 2, i));
+      const float l = load_log_sum_exp(rows.saved(saved, 2, i));
       for (std::int64_t j = 0; j <= t; ++j) prow[j] = fast_exp(scale * prow[j] - l);
       for (std::int64_t j = t + 1; j < rows.T; ++j) prow[j] = 0.0f;
       causal_softmax_row_backward(SerialRow{}, drow, prow, t, rows.T);
@@ -647,10 +639,11 @@ bool attention_on_host_bf16(AttentionProducts how, ProductMath math) {
          detail::bf16_engine<Exec>();
 }
 
-// Whether attention reads and writes bf16 storage as it is (else through fp32 copies).
+// Whether attention reads and writes bf16 storage as it is (else through fp32 copies): on a
+// host's oneDNN, and in a device's fused kernels.
 template <class Exec>
 bool attention_stores_bf16(AttentionProducts how, ProductMath math) {
-  return attention_on_host_bf16<Exec>(how, math);
+  return attention_on_host_bf16<Exec>(how, math) || (!kAttentionInPlace<Exec> && how == AttentionProducts::fused);
 }
 
 // Floats of the fp32 copies (qkv32, y32, att32) that attention on bf16 storage takes.
@@ -755,8 +748,9 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
 }
 
 // Attention on bf16 storage (bf16 runs): qkv, out and att as attention_forward's, stored in
-// bf16. On a host's oneDNN they are read and written as they are; elsewhere attention runs
-// on fp32 copies of them in AttentionWorkspace (qkv32, y32, att32).
+// bf16. On a host's oneDNN and in a device's fused kernels they are read and written as they
+// are; elsewhere attention runs on fp32 copies of them in AttentionWorkspace (qkv32, y32,
+// att32).
 template <class Exec>
 void attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Exec>& att, const Mat16<Exec>& qkv,
                        const AttentionWorkspace<Exec>& ws, std::int64_t NH,
@@ -772,6 +766,9 @@ void attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Ex
                                      ws.narrowed, NH, T);
       return;
     }
+  } else if (how == AttentionProducts::fused) {  // a device's fused kernels
+    flash_attention_forward(exec, out, att, qkv, NH);
+    return;
   }
   from_bf16(exec, as_vec<Exec>(ws.qkv32.data(), static_cast<std::int64_t>(qkv.size())),
             Bf16Vec<Exec>(qkv.data(), qkv.size()));
@@ -794,6 +791,9 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
                                       ws.narrowed, NH, T);
       return;
     }
+  } else if (how == AttentionProducts::fused) {
+    flash_attention_backward(exec, dqkv, dout, qkv, out, att, NH);
+    return;
   }
   from_bf16(exec, as_vec<Exec>(ws.qkv32.data(), static_cast<std::int64_t>(qkv.size())),
             Bf16Vec<Exec>(qkv.data(), qkv.size()));

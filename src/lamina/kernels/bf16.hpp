@@ -13,9 +13,10 @@ namespace lamina {
 KOKKOS_FORCEINLINE_FUNCTION std::uint16_t to_bf16(float x) {
   std::uint32_t u;
   std::memcpy(&u, &x, sizeof(u));
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) return static_cast<std::uint16_t>((u >> 16) | 0x40u);  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return static_cast<std::uint16_t>(u >> 16);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // to nearest, ties to even
+  const std::uint32_t nan = (u >> 16) | 0x40u;                           // NaN stays NaN
+  // A select, not a branch, so that loops storing bf16 vectorize.
+  return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
 KOKKOS_FORCEINLINE_FUNCTION float from_bf16(std::uint16_t b) {

@@ -31,6 +31,14 @@ KOKKOS_INLINE_FUNCTION void save_log_sum_exp(float* saved, float lse) {
   saved[1] = lse - saved[0];
 }
 KOKKOS_INLINE_FUNCTION float load_log_sum_exp(const float* saved) { return saved[0] + saved[1]; }
+// ... saved in bf16 (bf16 runs): both parts rounded, as the fp32 pair stored in bf16 would be.
+KOKKOS_INLINE_FUNCTION void save_log_sum_exp(std::uint16_t* saved, float lse) {
+  saved[0] = to_bf16(lse);
+  saved[1] = to_bf16(lse - from_bf16(saved[0]));
+}
+KOKKOS_INLINE_FUNCTION float load_log_sum_exp(const std::uint16_t* saved) {
+  return from_bf16(saved[0]) + from_bf16(saved[1]);
+}
 
 template <class Exec>
 using ScratchMat = Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::scratch_memory_space,
@@ -75,7 +83,7 @@ KOKKOS_INLINE_FUNCTION void flash_load(const Member& team, const Dst& dst, const
                                        std::int64_t col0, std::int64_t n, std::int64_t hd, float scale) {
   Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n * hd), [&](std::int64_t e) {
     const std::int64_t i = e / hd, d = e % hd;
-    dst(i, d) = scale * src(row0 + i, col0 + d);
+    dst(i, d) = scale * widen(src(row0 + i, col0 + d));
   });
 }
 
@@ -85,14 +93,15 @@ KOKKOS_INLINE_FUNCTION void flash_zero(const Member& team, const Dst& dst, std::
                        [&](std::int64_t e) { dst(e / hd, e % hd) = 0.0f; });
 }
 
-template <class Exec>
+// T: how qkv, out and lse are stored (float, or bf16 as std::uint16_t).
+template <class Exec, class T>
 struct FlashAttentionForward {
   using Member = typename Teams<Exec>::member_type;
   FlashBlocks blocks;
   float scale;
   int level;
-  Mat<Exec> qkv, out;
-  Mats<Exec> lse;
+  MatOf<Exec, T> qkv, out;
+  MatsOf<Exec, T> lse;
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const FlashTile t = blocks[team.league_rank()];
@@ -147,7 +156,7 @@ struct FlashAttentionForward {
     }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n * hd), [&](std::int64_t e) {
       const std::int64_t i = e / hd, d = e % hd;
-      out(t.row0 + t.r0 + i, t.col0 + d) = o(i, d) / st(i, 1);
+      put(out(t.row0 + t.r0 + i, t.col0 + d), o(i, d) / st(i, 1));
     });
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n), [&](std::int64_t i) {
       save_log_sum_exp(&lse(t.bh, t.r0 + i, 0), st(i, 0) + math::log(st(i, 1)));
@@ -171,15 +180,17 @@ struct FlashBackwardBlock {
 
   // Query block t: q (scaled), dy, and in st(i, 0) each row's log-sum-exp, in st(i, 1)
   // dy_i . y_i, the softmax backward's row sum.
-  template <class Member>
-  KOKKOS_INLINE_FUNCTION void load_queries(const Member& team, const FlashTile& t, float scale, const Mat<Exec>& qkv,
-                                           const Mat<Exec>& dout, const Mat<Exec>& out, const Mats<Exec>& lse,
-                                           std::int64_t hd) const {
+  template <class Member, class T>
+  KOKKOS_INLINE_FUNCTION void load_queries(const Member& team, const FlashTile& t, float scale,
+                                           const MatOf<Exec, T>& qkv, const Mat<Exec>& dout, const MatOf<Exec, T>& out,
+                                           const MatsOf<Exec, T>& lse, std::int64_t hd) const {
     flash_load(team, q, qkv, t.row0 + t.r0, t.col0, t.n, hd, scale);
     flash_load(team, dy, dout, t.row0 + t.r0, t.col0, t.n, hd, 1.0f);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n), [&](std::int64_t i) {
       float dot = 0.0f;
-      for (std::int64_t d = 0; d < hd; ++d) dot += dout(t.row0 + t.r0 + i, t.col0 + d) * out(t.row0 + t.r0 + i, t.col0 + d);
+      for (std::int64_t d = 0; d < hd; ++d) {
+        dot += dout(t.row0 + t.r0 + i, t.col0 + d) * widen(out(t.row0 + t.r0 + i, t.col0 + d));
+      }
       st(i, 0) = load_log_sum_exp(&lse(t.bh, t.r0 + i, 0));
       st(i, 1) = dot;
     });
@@ -209,14 +220,15 @@ struct FlashBackwardBlock {
 };
 
 // dk, dv of one key block, over the query blocks at or after it.
-template <class Exec>
+template <class Exec, class T>
 struct FlashAttentionBackwardKeys {
   using Member = typename Teams<Exec>::member_type;
   FlashBlocks blocks;
   float scale;
   int level;
-  Mat<Exec> dqkv, dout, qkv, out;
-  Mats<Exec> lse;
+  Mat<Exec> dqkv, dout;
+  MatOf<Exec, T> qkv, out;
+  MatsOf<Exec, T> lse;
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const FlashTile kt = blocks[team.league_rank()];
@@ -256,14 +268,15 @@ struct FlashAttentionBackwardKeys {
 };
 
 // dq of one query block, over the key blocks at or before it.
-template <class Exec>
+template <class Exec, class T>
 struct FlashAttentionBackwardQueries {
   using Member = typename Teams<Exec>::member_type;
   FlashBlocks blocks;
   float scale;
   int level;
-  Mat<Exec> dqkv, dout, qkv, out;
-  Mats<Exec> lse;
+  Mat<Exec> dqkv, dout;
+  MatOf<Exec, T> qkv, out;
+  MatsOf<Exec, T> lse;
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const FlashTile qt = blocks[team.league_rank()];
@@ -309,31 +322,35 @@ void for_each_flash_block(const Exec& exec, const char* label, std::int64_t BNH,
 }  // namespace detail
 
 // out: (B*T, A) attention output; lse: (B*NH, T, 2) each score row's log-sum-exp, saved;
-// qkv: (B*T, 3A) [q | k | v] rows
-template <class Exec>
-void flash_attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>& lse, const Mat<Exec>& qkv,
-                             std::int64_t NH) {
-  const std::int64_t BNH = static_cast<std::int64_t>(lse.extent(0)), T = static_cast<std::int64_t>(lse.extent(1));
+// qkv: (B*T, 3A) [q | k | v] rows; all three stored as float, or as bf16 (bf16 runs: read
+// and written as they are)
+template <class Exec, class OutV, class LseV, class QkvV>
+void flash_attention_forward(const Exec& exec, const OutV& out, const LseV& lse, const QkvV& qkv, std::int64_t NH) {
+  using T = StoredType<OutV>;
+  const std::int64_t BNH = static_cast<std::int64_t>(lse.extent(0)), Tn = static_cast<std::int64_t>(lse.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
-  const detail::FlashBlocks blocks(NH, T, hd);
+  const detail::FlashBlocks blocks(NH, Tn, hd);
   detail::for_each_flash_block(exec, "lamina::flash_attention_forward", BNH, blocks.scratch_bytes<Exec>(3, 1),
-                               detail::FlashAttentionForward<Exec>{blocks, 1.0f / math::sqrt(static_cast<float>(hd)),
-                                                                   0, qkv, out, lse});
+                               detail::FlashAttentionForward<Exec, T>{
+                                   blocks, 1.0f / math::sqrt(static_cast<float>(hd)), 0, qkv, out, lse});
 }
 
 // dqkv: (B*T, 3A) overwritten; dout: (B*T, A); qkv, out, lse: as flash_attention_forward
 // left them.
-template <class Exec>
-void flash_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mat<Exec>& dout, const Mat<Exec>& qkv,
-                              const Mat<Exec>& out, const Mats<Exec>& lse, std::int64_t NH) {
-  const std::int64_t BNH = static_cast<std::int64_t>(lse.extent(0)), T = static_cast<std::int64_t>(lse.extent(1));
+template <class Exec, class QkvV, class OutV, class LseV>
+void flash_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mat<Exec>& dout, const QkvV& qkv,
+                              const OutV& out, const LseV& lse, std::int64_t NH) {
+  using T = StoredType<OutV>;
+  const std::int64_t BNH = static_cast<std::int64_t>(lse.extent(0)), Tn = static_cast<std::int64_t>(lse.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
-  const detail::FlashBlocks blocks(NH, T, hd);
+  const detail::FlashBlocks blocks(NH, Tn, hd);
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
-  detail::for_each_flash_block(exec, "lamina::flash_attention_backward_keys", BNH, blocks.scratch_bytes<Exec>(6, 2),
-                               detail::FlashAttentionBackwardKeys<Exec>{blocks, scale, 0, dqkv, dout, qkv, out, lse});
-  detail::for_each_flash_block(exec, "lamina::flash_attention_backward_queries", BNH, blocks.scratch_bytes<Exec>(5, 1),
-                               detail::FlashAttentionBackwardQueries<Exec>{blocks, scale, 0, dqkv, dout, qkv, out, lse});
+  detail::for_each_flash_block(
+      exec, "lamina::flash_attention_backward_keys", BNH, blocks.scratch_bytes<Exec>(6, 2),
+      detail::FlashAttentionBackwardKeys<Exec, T>{blocks, scale, 0, dqkv, dout, qkv, out, lse});
+  detail::for_each_flash_block(
+      exec, "lamina::flash_attention_backward_queries", BNH, blocks.scratch_bytes<Exec>(5, 1),
+      detail::FlashAttentionBackwardQueries<Exec, T>{blocks, scale, 0, dqkv, dout, qkv, out, lse});
 }
 
 }  // namespace lamina

@@ -13,10 +13,11 @@ double bf16(double x) { return from_bf16(to_bf16(static_cast<float>(x))); }
 // Naive double-precision causal attention on qkv (B*T, 3C): returns out (B*T, C) and,
 // given dout, dqkv. `r` is applied where bf16 products round their operands: q, k, v, dy,
 // the probabilities and the (scaled) score gradients they multiply; `saved` to the
-// probabilities the backward pass reads (bf16 where they are saved in bf16).
+// probabilities the backward pass reads (bf16 where they are saved in bf16); `y` to the
+// output where the softmax backward's row sum is taken as dy . y (fused kernels), not P . dP.
 void attention_reference(const std::vector<double>& qkv, const std::vector<double>& dout, int B, int T, int C, int NH,
                          std::vector<double>& out, std::vector<double>& dqkv, double (*r)(double) = identity,
-                         double (*saved)(double) = identity) {
+                         double (*saved)(double) = identity, double (*y)(double) = nullptr) {
   const int hd = C / NH;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   out.assign(B * T * C, 0.0);
@@ -52,6 +53,10 @@ void attention_reference(const std::vector<double>& qkv, const std::vector<doubl
         }
         double dotp = 0;
         for (int j = 0; j <= t; ++j) dotp += P[t * T + j] * dP[t * T + j];
+        if (y != nullptr) {
+          dotp = 0;
+          for (int d = 0; d < hd; ++d) dotp += dout[(b * T + t) * C + h * hd + d] * y(out[(b * T + t) * C + h * hd + d]);
+        }
         for (int j = 0; j <= t; ++j) {
           const double dS = r(P[t * T + j] * (dP[t * T + j] - dotp) * scale);
           for (int d = 0; d < hd; ++d) {
@@ -255,8 +260,9 @@ TYPED_TEST(AttentionTest, StagedProductsInBf16RoundOperandsOnlyWhereTheDeviceRun
 // unless an operand computed in fp32 (a probability, a score gradient) and in double falls
 // on two sides of a bf16 rounding boundary: each such flip moves a result by up to 2^-8 of
 // one term, 1e-5 measured, so 1e-4 is tight next to the 3e-3 between bf16 and exact
-// operands. Every other way (fp32 products, staged, a device) runs on fp32 copies of the
-// storage: against the reference of the stored q, k, v and saved probabilities. Three row
+// operands. A device's fused kernels read and write the storage as they are, every other way
+// (fp32 products, staged) runs on fp32 copies of it: against the reference of the stored q,
+// k, v and saved probabilities, fp32 products (on a device in bf16, staged: cuBLAS). Three row
 // blocks (the last partial); score, probability and copy buffers start as NaN, so a read
 // of anything not written shows. The output, rounded into storage, within a bf16 step (a
 // flip above moves it to the neighbouring value).
@@ -271,11 +277,12 @@ TYPED_TEST(AttentionTest, Bf16StorageMatchesAReferenceOfTheStoredAndRoundedOpera
     for (const AttentionProducts how : {AttentionProducts::in_place, AttentionProducts::fused, AttentionProducts::staged}) {
       if (how == AttentionProducts::in_place && !kAttentionInPlace<Exec>) continue;
       SCOPED_TRACE(std::string(attention_products_name(how)) + (math == ProductMath::bf16 ? ", bf16" : ", fp32"));
-      const bool native = attention_stores_bf16<Exec>(how, math);
+      const bool native = attention_stores_bf16<Exec>(how, math), onednn = attention_on_host_bf16<Exec>(how, math);
       const bool saved_probabilities = how != AttentionProducts::fused;
       std::vector<double> want, want_dqkv;
-      attention_reference(stored_qkv, dout, B, T, C, NH, want, want_dqkv, native ? bf16 : identity,
-                          saved_probabilities ? bf16 : identity);
+      // A device's fused kernels take the softmax backward's row sums from the stored output.
+      attention_reference(stored_qkv, dout, B, T, C, NH, want, want_dqkv, onednn ? bf16 : identity,
+                          saved_probabilities ? bf16 : identity, native && !onednn ? bf16 : nullptr);
       HeadsScratch<Exec> scratch(BNH, T, hd);
       AttentionWorkspace<Exec> heads = scratch.heads();
       const std::int64_t cols = saved_attention_columns(how, T);
@@ -301,7 +308,7 @@ TYPED_TEST(AttentionTest, Bf16StorageMatchesAReferenceOfTheStoredAndRoundedOpera
       const auto got = widened_to_host(out);
       for (int i = 0; i < N * C; ++i) EXPECT_NEAR(got[i], want[i], std::abs(want[i]) / 128 + 1e-5) << i;
       const auto got_dqkv = to_host(dqkv);
-      if (native) {
+      if (onednn) {
         // Fused: the probabilities recomputed from log-sum-exps saved in bf16 (2^-18 relative).
         EXPECT_LT(rel_error(got_dqkv, want_dqkv), how == AttentionProducts::fused ? 3e-4 : 1e-4);
         EXPECT_GT(rel_error(got_dqkv, exact_dqkv), 1e-3) << "the products did not round their operands";
@@ -316,6 +323,30 @@ TYPED_TEST(AttentionTest, Bf16StorageMatchesAReferenceOfTheStoredAndRoundedOpera
       }
     }
   }
+}
+
+// The fused kernels of a device (run here by the host's teams) on bf16 storage: q, k, v read
+// as stored, the output and the log-sum-exps rounded into it, computing in fp32: against the
+// reference of the stored q, k, v and output (the softmax backward's row sums dy . y read the
+// stored y, as FlashAttention's do; the probabilities are recomputed from the two-part bf16
+// log-sum-exps, 2^-18 relative).
+TYPED_TEST(AttentionTest, FlashKernelsReadAndWriteBf16Storage) {
+  using Exec = TypeParam;
+  const int B = 2, T = 70, C = 16, NH = 2, N = B * T, BNH = B * NH;
+  const auto qkv = random_vector(N * 3 * C, 54, -3.0, 3.0), dout = random_vector(N * C, 55);
+  std::vector<double> want, want_dqkv;
+  attention_reference(bf16_values(qkv), dout, B, T, C, NH, want, want_dqkv, identity, identity, bf16);
+  auto qkv16 = to_device_bf16<Exec>(qkv), dd = to_device<Exec>(dout);
+  Bf16Vec<Exec> out("out", N * C), lse("lse", BNH * T * 2);
+  Vec<Exec> dqkv("dqkv", N * 3 * C);
+  const Mat16<Exec> q16(qkv16.data(), N, 3 * C), o16(out.data(), N, C);
+  const Mats16<Exec> saved(lse.data(), BNH, T, 2);
+  flash_attention_forward(Exec(), o16, saved, q16, NH);
+  flash_attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mat<Exec>(dd.data(), N, C), q16, o16, saved,
+                           NH);
+  const auto got = widened_to_host(out);
+  for (int i = 0; i < N * C; ++i) EXPECT_NEAR(got[i], want[i], std::abs(want[i]) / 128 + 1e-5) << i;
+  EXPECT_LT(rel_error(to_host(dqkv), want_dqkv), 1e-4);
 }
 
 TYPED_TEST(AttentionTest, QkvBiasGradientSumsQAndVAndLeavesKExactlyZero) {
