@@ -4,11 +4,11 @@
 // one tile per Kokkos thread (kernels/host_blas.hpp). Products in bf16 math (bf16 runs:
 // operands rounded to bf16, sums in fp32) run on the execution space's bf16 engine where it
 // has one: cuBLAS on CUDA (kernels/device_blas.hpp), oneDNN on a host CPU with bf16
-// instructions (kernels/host_dnnl.hpp); elsewhere they are fp32 products. Weights stored in
-// bf16 (MatRef) are read as they are by a bf16 engine, which gets the fp32 left operand
-// rounded to bf16 a block of rows at a time in a scratch; without one they are widened a
-// block of columns at a time into the scratch: a scratch of bounded size, never a saved
-// fp32 copy of the weights.
+// instructions (kernels/host_dnnl.hpp); elsewhere they are fp32 products. Weights (MatRef)
+// and activations stored in bf16 are read as they are by a bf16 engine, which gets fp32
+// operands (gradients) rounded to bf16 a block of rows at a time in a scratch; without one
+// bf16 operands are widened a block at a time into the scratch: a scratch of bounded size,
+// never a saved fp32 copy.
 #include <KokkosBlas3_gemm.hpp>
 #include <algorithm>
 #include <climits>

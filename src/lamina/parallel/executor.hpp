@@ -140,7 +140,7 @@ class Executor {
   std::map<std::pair<int, int>, int> in_use_;  // (chunk, micro-batch) -> slot
   BufferPool<Mem> send_pool_;
   Exec messages_;              // where a send copies its message out (the host waits for it at issue)
-  std::int64_t inner_size_;    // floats of one block's inner activations
+  std::int64_t inner_size_;    // values of one block's inner activations (fp32 or bf16)
   int split_;                  // pipeline messages travel in this many tensor-parallel shares
   bool bf16_;                  // kept and offloaded inner activations stored as bf16
   Buffer<float, Mem> scratch_;     // recomputed block activations
