@@ -11,6 +11,25 @@ namespace lamina {
 
 constexpr float kLayerNormEps = 1e-5f;
 
+// Row i of a layer norm by a team: inp, out, mean and rstd views of any storage type.
+template <class Member, class Out, class Stat, class In, class W>
+KOKKOS_INLINE_FUNCTION void layernorm_row(const Member& team, std::int64_t i, std::int64_t C, const Out& out,
+                                          const Stat& mean, const Stat& rstd, const In& inp, const W& weight,
+                                          const W& bias) {
+  const float m = team_sum(team, C, [&](std::int64_t c) { return widen(inp(i, c)); }) / C;
+  const float sq = team_sum(team, C, [&](std::int64_t c) {
+    const float d = widen(inp(i, c)) - m;
+    return d * d;
+  });
+  const float r = 1.0f / math::sqrt(sq / C + kLayerNormEps);
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C),
+                       [&](std::int64_t c) { put(out(i, c), (widen(inp(i, c)) - m) * r * weight(c) + bias(c)); });
+  Kokkos::single(Kokkos::PerTeam(team), [&]() {
+    put(mean(i), m);
+    put(rstd(i), r);
+  });
+}
+
 // One team per row. X: the input's storage type, Y: the output's and the saved statistics'.
 template <class Exec, class X, class Y>
 struct LayernormForward {
@@ -20,19 +39,26 @@ struct LayernormForward {
   ConstVec<Exec> weight, bias;
   std::int64_t C;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    layernorm_row(team, team.league_rank(), C, out, mean, rstd, inp, weight, bias);
+  }
+};
+
+// A residual add and the layer norm after it in one pass, one team per row: the sum stored
+// (T: float or bf16), then normalized as stored, while the row is still in cache.
+template <class Exec, class T>
+struct ResidualLayernormForward {
+  MatOf<Exec, T> sum, out;
+  VecOf<Exec, T> mean, rstd;
+  MatOf<Exec, const T> a;
+  ConstMat<Exec> b;
+  ConstVec<Exec> b_bias, weight, bias;
+  std::int64_t C;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
     const std::int64_t i = team.league_rank();
-    const float m = team_sum(team, C, [&](std::int64_t c) { return widen(inp(i, c)); }) / C;
-    const float sq = team_sum(team, C, [&](std::int64_t c) {
-      const float d = widen(inp(i, c)) - m;
-      return d * d;
-    });
-    const float r = 1.0f / math::sqrt(sq / C + kLayerNormEps);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C),
-                         [&](std::int64_t c) { put(out(i, c), (widen(inp(i, c)) - m) * r * weight(c) + bias(c)); });
-    Kokkos::single(Kokkos::PerTeam(team), [&]() {
-      put(mean(i), m);
-      put(rstd(i), r);
-    });
+                         [&](std::int64_t c) { put(sum(i, c), widen(a(i, c)) + (b(i, c) + b_bias(c))); });
+    team.team_barrier();
+    layernorm_row(team, i, C, out, mean, rstd, MatOf<Exec, const T>(sum), weight, bias);
   }
 };
 
@@ -48,6 +74,23 @@ void layernorm_forward(const Exec& exec, const OutV& out, const StatV& mean, con
   const std::int64_t C = static_cast<std::int64_t>(inp.extent(1));
   Kokkos::parallel_for("lamina::layernorm_forward", Teams<Exec>(exec, N, Kokkos::AUTO),
                        LayernormForward<Exec, X, Y>{out, mean, rstd, inp, weight, bias, C});
+}
+
+// sum = a + (b + b_bias) (residual_forward), then out, mean, rstd = the layer norm of sum as
+// stored (layernorm_forward), in one pass. sum, out, a: (N, C) as stored; b: (N, C) fp32.
+// The backward needs no pass of its own: layernorm_backward joins the residual's gradient.
+template <class Exec, class V, class StatV, class AV>
+void residual_layernorm_forward(const Exec& exec, const V& sum, const V& out, const StatV& mean, const StatV& rstd,
+                                const AV& a, const ConstMat<Exec>& b, const ConstVec<Exec>& b_bias,
+                                const ConstVec<Exec>& weight, const ConstVec<Exec>& bias) {
+  using T = StoredType<V>;
+  static_assert(std::is_same<StoredType<AV>, T>::value && std::is_same<StoredType<StatV>, T>::value,
+                "residual_layernorm_forward: the stream and what it saves are stored in one type");
+  const std::int64_t N = static_cast<std::int64_t>(sum.extent(0));
+  const std::int64_t C = static_cast<std::int64_t>(sum.extent(1));
+  Kokkos::parallel_for(
+      "lamina::residual_layernorm_forward", Teams<Exec>(exec, N, Kokkos::AUTO),
+      ResidualLayernormForward<Exec, T>{sum, out, mean, rstd, a, b, b_bias, weight, bias, C});
 }
 
 // One team per row; writes dinp and, into scratch, dout * xhat for the weight gradient.

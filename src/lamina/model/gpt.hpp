@@ -95,8 +95,7 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
   // The projections' biases join the residual, the MLP's its activation (no pass of their own).
   linear_forward(exec, ws.attproj, s.atty, w.proj_w, ConstVec<Exec>(), s.products, ws.widened);
   detail::combine(exec, tp.sum, ws.attproj);
-  residual_forward(exec, s.x2, x, ws.attproj, w.proj_b);
-  layernorm_forward(exec, s.ln2, s.ln2_mean, s.ln2_rstd, s.x2, w.ln2_w, w.ln2_b);
+  residual_layernorm_forward(exec, s.x2, s.ln2, s.ln2_mean, s.ln2_rstd, x, ws.attproj, w.proj_b, w.ln2_w, w.ln2_b);
   const Mat<Exec> fc = detail::product_out<Exec>(s.fch, ws);
   linear_forward(exec, fc, s.ln2, w.fc_w, ConstVec<Exec>(), s.products, ws.widened);
   bias_gelu_forward(exec, s.fch, s.fch_gelu, fc, w.fc_b);

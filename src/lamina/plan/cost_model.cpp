@@ -47,16 +47,18 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double attention_backward = !fused ? 2.0 : kAttentionInPlace<Kokkos::DefaultExecutionSpace> ? 2.5 : 3.5;
   // Element-wise passes of a block's forward, in bytes moved: what is stored (the residual
   // stream and the saved activations) in its storage type, `s` bytes (bf16 runs: 2, read and
-  // written as they are), products' outputs and softmax rows in fp32. Two layer norms (read
-  // x, write y), two residual adds (read the stream and a projection's output, write the
-  // stream), the q/k/v scatter and attention gather, the softmax over the (T, T) scores unless
-  // fused (read and write them in fp32, write the saved probabilities), the MLP's bias and
-  // GELU (read the product, write the pre-activation and the activation: in place in fp32).
+  // written as they are), products' outputs and softmax rows in fp32. The first layer norm
+  // (read x, write y), two residual adds (read the stream and a projection's output, write the
+  // stream), the first of them with the second layer norm in the same pass (which writes y
+  // from the row still in cache), the q/k/v scatter and attention gather, the softmax over the
+  // (T, T) scores unless fused (read and write them in fp32, write the saved probabilities),
+  // the MLP's bias and GELU (read the product, write the pre-activation and the activation:
+  // in place in fp32).
   const double s = bf16_ ? 2.0 : 4.0;
   const double A = C / tp, F = 4 * C / tp, score_count = static_cast<double>(d.B) * heads * T * T;
   const double scores = fused ? 0.0 : (8 + s) * score_count;
   const double ew_forward =
-      2 * 2 * s * N * C + 2 * (2 * s + 4) * N * C + 2 * 3 * s * N * A + scores + (4 + 2 * s) * N * F;
+      2 * s * N * C + (3 * s + 4) * N * C + (2 * s + 4) * N * C + 2 * 3 * s * N * A + scores + (4 + 2 * s) * N * F;
   // Tensor parallelism: two all-reduces of the (N, C) residual stream per pass (Megatron).
   const double tp_comm = o.tp > 1 ? 2.0 * collective(2.0 * (tp - 1) / tp * 4.0 * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
   // What bf16 runs still convert, 6 bytes per element (the fp32 side and the bf16 one). A

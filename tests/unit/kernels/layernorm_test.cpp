@@ -1,5 +1,7 @@
 #include "lamina/kernels/layernorm.hpp"
 
+#include "lamina/kernels/residual.hpp"
+
 #include "fd_check.hpp"
 
 namespace lamina::test {
@@ -145,6 +147,48 @@ TYPED_TEST(LayerNormTest, Bf16StorageIsReadAndWrittenAsStored) {
   EXPECT_LT(rel_error(to_host(ddin), want_dinp), 1e-5);
   EXPECT_LT(rel_error(to_host(dwv), want_dw), 1e-5);
   EXPECT_LT(rel_error(to_host(dbv), want_db), 1e-5);
+}
+
+// The residual add and the layer norm after it in one pass: bit for bit the two kernels one
+// after the other, in fp32 and in bf16 storage, and (fp32) the double reference of the layer
+// norm of the sum.
+TYPED_TEST(LayerNormTest, ResidualAndLayerNormInOnePassEqualTheTwoPasses) {
+  using Exec = TypeParam;
+  const int N = 6, C = 40;
+  const auto a = bf16_values(random_vector(N * C, 21, -2, 2)), b = random_vector(N * C, 22), bb = random_vector(C, 23);
+  const auto w = random_vector(C, 24, 0.5, 1.5), lb = random_vector(C, 25);
+  auto db = to_device<Exec>(b), dbb = to_device<Exec>(bb), dw = to_device<Exec>(w), dlb = to_device<Exec>(lb);
+  const Mat<Exec> bm = as_mat<Exec>(db.data(), N, C);
+  {
+    auto da = to_device<Exec>(a);
+    const Mat<Exec> am = as_mat<Exec>(da.data(), N, C);
+    Vec<Exec> sum1("sum1", N * C), out1("out1", N * C), m1("m1", N), r1("r1", N);
+    Vec<Exec> sum2("sum2", N * C), out2("out2", N * C), m2("m2", N), r2("r2", N);
+    residual_layernorm_forward(Exec(), as_mat<Exec>(sum1.data(), N, C), as_mat<Exec>(out1.data(), N, C), m1, r1, am,
+                               bm, dbb, dw, dlb);
+    residual_forward(Exec(), as_mat<Exec>(sum2.data(), N, C), am, bm, dbb);
+    layernorm_forward(Exec(), as_mat<Exec>(out2.data(), N, C), m2, r2, as_mat<Exec>(sum2.data(), N, C), dw, dlb);
+    EXPECT_EQ(to_host(sum1), to_host(sum2));
+    EXPECT_EQ(to_host(out1), to_host(out2));
+    EXPECT_EQ(to_host(m1), to_host(m2));
+    EXPECT_EQ(to_host(r1), to_host(r2));
+    std::vector<double> x(N * C);
+    for (int i = 0; i < N * C; ++i) x[i] = static_cast<float>(a[i]) + (static_cast<float>(b[i]) + static_cast<float>(bb[i % C]));
+    const LnRef ref = layernorm_reference(x, w, lb, std::vector<double>(N * C, 0.0), N, C);
+    EXPECT_LT(rel_error(to_host(out1), ref.out), 1e-6);
+  }
+  auto a16 = to_device_bf16<Exec>(a);
+  const Mat16<Exec> am(a16.data(), N, C);
+  Bf16Vec<Exec> sum1("sum1", N * C), out1("out1", N * C), m1("m1", N), r1("r1", N);
+  Bf16Vec<Exec> sum2("sum2", N * C), out2("out2", N * C), m2("m2", N), r2("r2", N);
+  residual_layernorm_forward(Exec(), Mat16<Exec>(sum1.data(), N, C), Mat16<Exec>(out1.data(), N, C), m1, r1, am, bm,
+                             dbb, dw, dlb);
+  residual_forward(Exec(), Mat16<Exec>(sum2.data(), N, C), am, bm, dbb);
+  layernorm_forward(Exec(), Mat16<Exec>(out2.data(), N, C), m2, r2, Mat16<Exec>(sum2.data(), N, C), dw, dlb);
+  EXPECT_EQ(to_host(sum1), to_host(sum2));
+  EXPECT_EQ(to_host(out1), to_host(out2));
+  EXPECT_EQ(to_host(m1), to_host(m2));
+  EXPECT_EQ(to_host(r1), to_host(r2));
 }
 
 }  // namespace

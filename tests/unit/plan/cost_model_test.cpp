@@ -53,11 +53,12 @@ Plan plan(int dp, int tp, std::int64_t micro_batch, Precision p) {
 
 // Bytes of a block's element-wise passes in forward: what is stored (the residual stream,
 // the saved activations) `s` bytes per element (2 in bf16, read and written as stored), the
-// products' outputs and the softmax rows fp32: two layer norms, two residual adds, the q/k/v
-// scatter and gather, the softmax over `scores` (0 fused), the MLP's bias and GELU.
+// products' outputs and the softmax rows fp32: a layer norm (2 s), a residual add with the
+// layer norm after it (3 s + 4), a residual add (2 s + 4), the q/k/v scatter and gather, the
+// softmax over `scores` (0 fused), the MLP's bias and GELU.
 double elementwise_bytes(double s, double N, double C, double tp, double scores) {
   const double A = C / tp, F = 4 * C / tp;
-  return 4 * s * N * C + 2 * (2 * s + 4) * N * C + 6 * s * N * A + (8 + s) * scores + (4 + 2 * s) * N * F;
+  return (7 * s + 8) * N * C + 6 * s * N * A + (8 + s) * scores + (4 + 2 * s) * N * F;
 }
 
 // The bytes a bf16 block still converts on a device with a bf16 engine (6 per element: the
