@@ -364,9 +364,11 @@ TEST_F(ParallelTraining, Bf16LayoutsTrainLikeOneBf16Rank) {
   // partial products in another order. Where products run in bf16 (cuBLAS, oneDNN on a CPU
   // with bf16 instructions), such a flip changes the rounded operands of the products after
   // it (q, k, v, probabilities, score gradients), and attention's gradients, sums that
-  // largely cancel, move by a good part of bf16's unit (2^-8 = 3.9e-3): after 5 steps at
-  // lr 1e-2 the losses agree to 1e-4 (a fortieth of that unit), the model and its Adam
-  // moments to 5e-2 (measured: 2.6e-5 and 3.2e-2 at most, dp 2 with ZeRO-2).
+  // largely cancel, move by a good part of bf16's unit (2^-8 = 3.9e-3). Since the kernels
+  // read the stored residual stream (as Megatron's), a flip in it also moves the layer norm
+  // after it. After 5 steps at lr 1e-2 the losses agree to 1e-4 (a fortieth of that unit),
+  // the model and its Adam moments to 8e-2 (measured: below 2e-2 in the Release build, 5.3e-2
+  // at most in the sanitizer build, tp 2's first layer norm's second moments).
   const JobResult one = train(1, "bf16_reference", {"train.precision=bf16"});
   ASSERT_EQ(one.code, 0) << one.out;
   ASSERT_EQ(one.losses.size(), 5u);
@@ -386,7 +388,7 @@ TEST_F(ParallelTraining, Bf16LayoutsTrainLikeOneBf16Rank) {
     for (std::size_t i = 0; i < 5; ++i) {
       EXPECT_NEAR(r.losses[i], one.losses[i], 1e-4 * one.losses[i]) << name << " step " << i + 1;
     }
-    expect_same_model(final_checkpoint(name), final_checkpoint("bf16_reference"), 5e-2);
+    expect_same_model(final_checkpoint(name), final_checkpoint("bf16_reference"), 8e-2);
   }
 }
 
