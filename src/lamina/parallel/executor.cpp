@@ -43,7 +43,6 @@ int message_split(int tp, const ActivationSizes& s, bool bf16) {
   return tp > 1 && act % tp == 0 && s.boundary % tp == 0 ? tp : 1;
 }
 
-
 }  // namespace
 
 Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& grid, const Schedule& schedule,
