@@ -116,7 +116,7 @@ TYPED_TEST(AttentionTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiffere
       return to_host(out);
     };
     EXPECT_LT(rel_error(run(qkv), want), 1e-6);
-    auto dd = to_device<Exec>(dout);
+  auto dd = to_device<Exec>(dout);
     Vec<Exec> dqkv("dqkv", N * 3 * C), datt("datt", BNH * T * T);
     attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mats<Exec>(datt.data(), BNH, T, T),
                        as_mat<Exec>(dd.data(), N, C), as_mat<Exec>(saved.data(), N, 3 * C),
@@ -336,7 +336,8 @@ TYPED_TEST(AttentionTest, FlashKernelsReadAndWriteBf16Storage) {
   const auto qkv = random_vector(N * 3 * C, 54, -3.0, 3.0), dout = random_vector(N * C, 55);
   std::vector<double> want, want_dqkv;
   attention_reference(bf16_values(qkv), dout, B, T, C, NH, want, want_dqkv, identity, identity, bf16);
-  auto qkv16 = to_device_bf16<Exec>(qkv), dd = to_device<Exec>(dout);
+  auto qkv16 = to_device_bf16<Exec>(qkv);
+  auto dd = to_device<Exec>(dout);
   Bf16Vec<Exec> out("out", N * C), lse("lse", BNH * T * 2);
   Vec<Exec> dqkv("dqkv", N * 3 * C);
   const Mat16<Exec> q16(qkv16.data(), N, 3 * C), o16(out.data(), N, C);
