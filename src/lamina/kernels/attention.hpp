@@ -596,12 +596,14 @@ void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Head
 // products take `math` (ProductMath: on CUDA, bf16 tensor cores). On bf16 storage, in_place
 // and fused on a host run their products in bf16 on oneDNN where `math` is bf16 (a CPU with
 // bf16 instructions), by row blocks batched over sequences and heads; device kernels are fp32.
-// The default is what the backend runs fastest; in_place needs a host BLAS it can call.
+// The default is what the backend runs fastest; in_place needs a host BLAS it can call. On
+// a device that is staged: the fused kernels compute without tensor cores, and GPT-2 124M's
+// bf16 step (16 x 1024 tokens, an H200) took 965 ms with them against 433 ms staged. fused
+// keeps no probabilities, for sequences whose B·heads·T² do not fit.
 template <class Exec>
 constexpr AttentionProducts kAttentionProducts =
-    !Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible ? AttentionProducts::fused
-    : kHostBlasLinked                                                 ? AttentionProducts::in_place
-                                                                      : AttentionProducts::staged;
+    kHostBlasLinked && Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible ? AttentionProducts::in_place
+                                                                                      : AttentionProducts::staged;
 
 // Whether the host BLAS products (in_place, and fused on a host) can run on Exec.
 template <class Exec>
