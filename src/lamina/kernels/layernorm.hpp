@@ -117,13 +117,7 @@ struct LayernormBackward {
       scratch(i, c) = dout(i, c) * xhat;
       return r * (dout(i, c) * weight(c) - s1 - xhat * s2);
     };
-    // Two loops rather than a branch per element, so that each one vectorizes.
-    if (has_skip) {
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C),
-                           [&](std::int64_t c) { dinp(i, c) = dskip(i, c) + local(c); });
-    } else {
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C), [&](std::int64_t c) { dinp(i, c) = local(c); });
-    }
+    team_store_gradient_row(team, i, C, dinp, dskip, has_skip, local);
   }
 };
 

@@ -1,0 +1,88 @@
+#pragma once
+// RMSNorm over the last dimension (Llama; Zhang and Sennrich 2019):
+//   out = x * rstd * weight,  rstd = 1 / sqrt(mean(x^2) + eps)
+// No centring and no bias. x, out and the saved rstd are read and written in their storage
+// type (float, or bf16 in bf16 runs) with fp32 arithmetic; gradients are fp32.
+#include "lamina/kernels/bf16.hpp"
+#include "lamina/kernels/gemm.hpp"
+#include "lamina/kernels/reduction.hpp"
+
+namespace lamina {
+
+// One team per row. X: the input's storage type, Y: the output's and the saved rstd's.
+template <class Exec, class X, class Y>
+struct RmsnormForward {
+  MatOf<Exec, Y> out;
+  VecOf<Exec, Y> rstd;
+  MatOf<Exec, const X> inp;
+  ConstVec<Exec> weight;
+  std::int64_t C;
+  float eps;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    const std::int64_t i = team.league_rank();
+    const float sq = team_sum(team, C, [&](std::int64_t c) {
+      const float x = widen(inp(i, c));
+      return x * x;
+    });
+    const float r = 1.0f / math::sqrt(sq / C + eps);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C),
+                         [&](std::int64_t c) { put(out(i, c), widen(inp(i, c)) * r * weight(c)); });
+    Kokkos::single(Kokkos::PerTeam(team), [&]() { put(rstd(i), r); });
+  }
+};
+
+// out: (N, C); rstd: (N), saved for backward (stored as out is); inp: (N, C); weight: (C)
+template <class Exec, class OutV, class StatV, class InV>
+void rmsnorm_forward(const Exec& exec, const OutV& out, const StatV& rstd, const InV& inp,
+                     const ConstVec<Exec>& weight, float eps) {
+  using X = StoredType<InV>;
+  using Y = StoredType<OutV>;
+  static_assert(std::is_same<StoredType<StatV>, Y>::value, "rmsnorm_forward: rstd is stored as its output");
+  const std::int64_t N = static_cast<std::int64_t>(inp.extent(0));
+  const std::int64_t C = static_cast<std::int64_t>(inp.extent(1));
+  Kokkos::parallel_for("lamina::rmsnorm_forward", Teams<Exec>(exec, N, Kokkos::AUTO),
+                       RmsnormForward<Exec, X, Y>{out, rstd, inp, weight, C, eps});
+}
+
+// One team per row; writes dinp and, into scratch, dout * xhat for the weight gradient.
+template <class Exec, class X, class S>
+struct RmsnormBackward {
+  Mat<Exec> dinp;
+  ConstMat<Exec> dout, dskip;
+  MatOf<Exec, const X> inp;
+  ConstVec<Exec> weight;
+  VecOf<Exec, const S> rstd;
+  Mat<Exec> scratch;
+  std::int64_t C;
+  bool has_skip;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    const std::int64_t i = team.league_rank();
+    const float r = widen(rstd(i));
+    // xhat = x * r; dinp = r * (dout * weight - xhat * mean(dout * weight * xhat))
+    const float s = team_sum(team, C, [&](std::int64_t c) { return dout(i, c) * weight(c) * widen(inp(i, c)) * r; }) / C;
+    auto local = [&](std::int64_t c) {
+      const float xhat = widen(inp(i, c)) * r;
+      scratch(i, c) = dout(i, c) * xhat;
+      return r * (dout(i, c) * weight(c) - xhat * s);
+    };
+    team_store_gradient_row(team, i, C, dinp, dskip, has_skip, local);
+  }
+};
+
+// dinp: (N, C) = dskip + d(rmsnorm)/d(inp)^T dout, the residual stream's gradient joining
+// here as in layernorm_backward (dinp may alias dskip; an empty dskip means zero).
+// dweight: (C) +=. scratch: (N, C) workspace; ones: (>=N) ones, for the column sums.
+// inp, rstd: as the forward pass read and saved them (float or bf16).
+template <class Exec, class InV, class StatV>
+void rmsnorm_backward(const Exec& exec, const Mat<Exec>& dinp, const Vec<Exec>& dweight, const ConstMat<Exec>& dout,
+                      const ConstMat<Exec>& dskip, const InV& inp, const ConstVec<Exec>& weight, const StatV& rstd,
+                      const Mat<Exec>& scratch, const ConstVec<Exec>& ones) {
+  const std::int64_t N = static_cast<std::int64_t>(inp.extent(0));
+  const std::int64_t C = static_cast<std::int64_t>(inp.extent(1));
+  Kokkos::parallel_for("lamina::rmsnorm_backward", Teams<Exec>(exec, N, Kokkos::AUTO),
+                       RmsnormBackward<Exec, StoredType<InV>, StoredType<StatV>>{
+                           dinp, dout, dskip, inp, weight, rstd, scratch, C, dskip.data() != nullptr});
+  add_column_sums(exec, dweight, scratch, ones);
+}
+
+}  // namespace lamina

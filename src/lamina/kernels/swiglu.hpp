@@ -1,0 +1,64 @@
+#pragma once
+// SwiGLU (Shazeer 2020; Llama's MLP): out = silu(gate) * up, silu(x) = x / (1 + e^-x), with
+// gate and up the two halves of one product's output (N, 2F) = [gate | up], so that the
+// MLP's first two products are one. The halves are kept for backward in their storage type
+// (float, or bf16 in bf16 runs) as GELU keeps its pre-activation; arithmetic is fp32.
+#include "lamina/kernels/bf16.hpp"
+#include "lamina/kernels/fast_math.hpp"
+
+namespace lamina {
+
+KOKKOS_INLINE_FUNCTION float sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
+
+// One team per row: the product's fp32 output in, the kept halves and the activation out
+// in their storage type T.
+template <class Exec, class T>
+struct SwigluForward {
+  ConstMat<Exec> product;
+  MatOf<Exec, T> pre, out;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    const std::int64_t i = team.league_rank(), F = static_cast<std::int64_t>(out.extent(1));
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](std::int64_t j) {
+      const float g = product(i, j), u = product(i, F + j);
+      put(pre(i, j), g);
+      put(pre(i, F + j), u);
+      // From the values as kept, so that backward differentiates what forward computed.
+      const float gs = widen(pre(i, j)), us = widen(pre(i, F + j));
+      put(out(i, j), gs * sigmoid(gs) * us);
+    });
+  }
+};
+
+// pre: (N, 2F) = [gate | up] as stored, kept for backward; out: (N, F) = silu(gate) * up as
+// stored; product: (N, 2F) fp32 (it may be pre itself in fp32 runs)
+template <class Exec, class V>
+void swiglu_forward(const Exec& exec, const V& pre, const V& out, const ConstMat<Exec>& product) {
+  Kokkos::parallel_for("lamina::swiglu_forward",
+                       Teams<Exec>(exec, static_cast<std::int64_t>(out.extent(0)), Kokkos::AUTO),
+                       SwigluForward<Exec, StoredType<V>>{product, pre, out});
+}
+
+template <class Exec, class T>
+struct SwigluBackward {
+  Mat<Exec> dpre;
+  MatOf<Exec, const T> pre;
+  ConstMat<Exec> dout;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    const std::int64_t i = team.league_rank(), F = static_cast<std::int64_t>(dout.extent(1));
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](std::int64_t j) {
+      const float g = widen(pre(i, j)), u = widen(pre(i, F + j)), s = sigmoid(g), d = dout(i, j);
+      dpre(i, j) = d * u * s * (1.0f + g * (1.0f - s));  // silu'(g) = s (1 + g (1 - s))
+      dpre(i, F + j) = d * g * s;
+    });
+  }
+};
+
+// dpre: (N, 2F) = [dgate | dup], fp32; pre: (N, 2F) as forward kept it; dout: (N, F)
+template <class Exec, class PreV>
+void swiglu_backward(const Exec& exec, const Mat<Exec>& dpre, const PreV& pre, const ConstMat<Exec>& dout) {
+  Kokkos::parallel_for("lamina::swiglu_backward",
+                       Teams<Exec>(exec, static_cast<std::int64_t>(dout.extent(0)), Kokkos::AUTO),
+                       SwigluBackward<Exec, StoredType<PreV>>{dpre, pre, dout});
+}
+
+}  // namespace lamina
