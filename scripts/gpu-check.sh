@@ -2,9 +2,11 @@
 # What to run on a GPU node after installing lamina's dependencies (e.g. `spack install
 # lamina +cuda`, or a Kokkos + Kokkos Kernels CUDA install): builds lamina against the
 # Kokkos found in CMAKE_PREFIX_PATH, runs the unit and MPI suites, `lamina verify` on
-# every reference file with each way attention runs, the step (also with staged attention;
-# PyTorch's beside it where python3 has torch), AdamW and Deep Optimizer States benchmarks,
-# and prints one summary. Works the same on a CPU-only Kokkos, which is how CI-less changes to this
+# every reference file with each way attention runs, the step (also with the attention path
+# that is not the default; PyTorch's beside it where python3 has torch), 50 steps on text
+# resumed from step 25 in fp32 and bf16 (the losses must repeat), the memory estimate against
+# what was allocated (and on a GPU what the device reports) under each memory policy, AdamW
+# and Deep Optimizer States benchmarks, and prints one summary. Works the same on a CPU-only Kokkos, which is how CI-less changes to this
 # script are checked.
 #
 #   CMAKE_PREFIX_PATH=/opt/kokkos-cuda scripts/gpu-check.sh [build dir] [extra cmake args]
@@ -76,23 +78,31 @@ for ref in "$root"/tests/reference/ref_*.h5; do
 done
 # On a GPU, GPT-2 124M at 16 x 1024 tokens per step (the size PyTorch is compared on);
 # on a CPU, the 6 x 384 model of inputs/bench-torch.toml.
+# Text runs: the same shapes on this project's own documentation as bytes.
 if "$lamina" --version | grep -q Cuda; then
   model="GPT-2 124M, 16 x 1024 tokens"
   bench=("$root/inputs/gpt2-124m.toml" --set data.format=synthetic --set data.batch_size=16
     --set data.micro_batch_size=16)
   torch_args=(--layers 12 --d-model 768 --heads 12 --seq 1024 --batch 16 --vocab 50257 --device cuda)
+  text=("$root/inputs/gpt2-124m.toml" --set data.batch_size=16 --set data.micro_batch_size=16
+    --set optimizer.warmup_steps=10)
+  memory=("$root/inputs/gpt2-124m.toml" --set data.batch_size=4 --set data.micro_batch_size=4)
+  other=fused  # the default on a GPU is staged
 else
   model="6 x 384, 4 x 256 tokens"
   bench=("$root/inputs/bench-torch.toml")
   torch_args=(--threads "$jobs")
+  text=("$root/inputs/bench-torch.toml" --set optimizer.warmup_steps=10)
+  memory=("$root/inputs/bench-torch.toml")
+  other=staged
 fi
 step "bench step fp32" bench_step.log "$lamina" bench step "${bench[@]}" --steps 10 --warmup 3
 step "bench step bf16" bench_step_bf16.log "$lamina" bench step "${bench[@]}" --set train.precision=bf16 \
   --steps 10 --warmup 3
-step "bench step fp32, attention staged" bench_step_staged.log "$lamina" bench step "${bench[@]}" \
-  --set model.attention=staged --steps 10 --warmup 3
-step "bench step bf16, attention staged" bench_step_bf16_staged.log "$lamina" bench step "${bench[@]}" \
-  --set train.precision=bf16 --set model.attention=staged --steps 10 --warmup 3
+step "bench step fp32, attention $other" bench_step_other.log "$lamina" bench step "${bench[@]}" \
+  --set model.attention=$other --steps 10 --warmup 3
+step "bench step bf16, attention $other" bench_step_bf16_other.log "$lamina" bench step "${bench[@]}" \
+  --set train.precision=bf16 --set model.attention=$other --steps 10 --warmup 3
 # PyTorch on the same model beside lamina, when this node's python3 has it (else skipped).
 python=${PYTHON:-python3}
 has_torch=0
@@ -102,6 +112,28 @@ if ((has_torch)); then
   step "PyTorch step bf16" torch_step_bf16.log "$python" "$root/perf/torch_gpt.py" "${torch_args[@]}" \
     --precision bf16
 fi
+# 50 steps on text with a checkpoint at step 25, then the run again from that checkpoint:
+# every step's loss and gradient norm as the log prints them must repeat.
+text_files=$(printf '"%s",' "$root"/README.md "$root"/docs/*.md)
+same_losses() {
+  diff <(grep -E '^step +(2[6-9]|[34][0-9]|50)/' "$1" | cut -d'|' -f1,2,4) \
+    <(grep -E '^step +(2[6-9]|[34][0-9]|50)/' "$2" | cut -d'|' -f1,2,4) &&
+    [[ $(grep -cE '^step +(2[6-9]|[34][0-9]|50)/' "$2") == 25 ]]
+}
+for p in fp32 bf16; do
+  run=("${text[@]}" --set data.format=text --set "data.path=[${text_files%,}]" --set train.steps=50
+    --set train.precision=$p --set checkpoint.every=25 --set output.log_every=1)
+  step "train 50 steps on text, $p" "train_$p.log" "$lamina" train "${run[@]}" --set output.dir="$build/gpu-check/run-$p"
+  step "resumed from step 25, $p: same losses" "resume_$p.log" "$lamina" train "${run[@]}" \
+    --set output.dir="$build/gpu-check/resume-$p" \
+    --set checkpoint.resume="$build/gpu-check/run-$p/checkpoints/step_00000025.h5"
+  step "  (compared)" "compare_$p.log" same_losses "$logs/train_$p.log" "$logs/resume_$p.log"
+done
+for policy in 'memory.activations="keep"' 'memory.activations="recompute"' 'memory.activations="offload"' \
+  'memory.optimizer="host"' 'memory.optimizer="dynamic"' 'train.precision="bf16"'; do
+  step "bench memory, $policy" "memory_${policy//[^a-z0-9]/_}.log" "$lamina" bench memory "${memory[@]}" \
+    --set data.format=synthetic --set "$policy" --steps 2
+done
 step "bench adam" bench_adam.log "$lamina" bench adam
 step "bench dos" bench_dos.log "$lamina" bench dos "${bench[@]}" --steps 5
 
@@ -111,11 +143,11 @@ echo "build: $build (logs in $logs)"
 printf '%s\n' "${summary[@]}"
 fp32=$(json_of bench_step.log)
 bf16=$(json_of bench_step_bf16.log)
-staged=$(json_of bench_step_staged.log)
-staged16=$(json_of bench_step_bf16_staged.log)
+other32=$(json_of bench_step_other.log)
+other16=$(json_of bench_step_bf16_other.log)
 echo "$model: fp32 $(field "$fp32" step_ms_median) ms/step, $(field "$fp32" tokens_per_s) tokens/s;" \
   "bf16 $(field "$bf16" step_ms_median) ms/step, $(field "$bf16" tokens_per_s) tokens/s;" \
-  "staged attention: fp32 $(field "$staged" step_ms_median), bf16 $(field "$staged16" step_ms_median) ms/step"
+  "attention $other: fp32 $(field "$other32" step_ms_median), bf16 $(field "$other16" step_ms_median) ms/step"
 if ((has_torch)); then
   torch32=$(json_of torch_step.log)
   torch16=$(json_of torch_step_bf16.log)
@@ -127,4 +159,9 @@ else
 fi
 echo "bench adam: $(json_of bench_adam.log)"
 echo "bench dos: $(json_of bench_dos.log)"
+for f in "$logs"/memory_*.log; do
+  m=$(tail -n 1 "$f" | grep '^{' || echo "{}")
+  echo "$(basename "$f" .log): estimate against lamina's buffers $(field "$m" max_relative_error)," \
+    "against what the device reports $(field "$m" device_relative_error)"
+done
 exit $failed
