@@ -171,6 +171,7 @@ ChunkStep B(int c, int m) { return {false, c, m}; }
 // Forward and backward orders of one stage.
 Order depth_first(const std::vector<int>& local, int M) {
   Order p;
+  p.reserve(2 * local.size() * static_cast<std::size_t>(M));
   for (int m = 0; m < M; ++m)
     for (int c : local) p.push_back(F(c, m));
   for (int m = 0; m < M; ++m)
@@ -180,6 +181,7 @@ Order depth_first(const std::vector<int>& local, int M) {
 
 Order breadth_first(const std::vector<int>& local, int M) {
   Order p;
+  p.reserve(2 * local.size() * static_cast<std::size_t>(M));
   for (int c : local)
     for (int m = 0; m < M; ++m) p.push_back(F(c, m));
   for (auto it = local.rbegin(); it != local.rend(); ++it)
@@ -191,6 +193,7 @@ Order breadth_first(const std::vector<int>& local, int M) {
 // and one backward alternately, then the remaining backwards.
 Order one_f_one_b(int chunk, int stage, int stages, int M) {
   Order p;
+  p.reserve(2 * static_cast<std::size_t>(M));
   const int warmup = std::min(stages - stage - 1, M);
   for (int m = 0; m < warmup; ++m) p.push_back(F(chunk, m));
   for (int i = 0; i < M - warmup; ++i) {
@@ -212,6 +215,7 @@ Order interleaved(int stage, int stages, int v, int M) {
   auto mb_of = [&](int k) { return (k / (stages * v)) * stages + k % stages; };
   int warmup = M == stages ? total : std::min(total, (stages - stage - 1) * 2 + (v - 1) * stages);
   Order p;
+  p.reserve(2 * static_cast<std::size_t>(total));
   for (int k = 0; k < warmup; ++k) p.push_back(F(chunk_of(k, true), mb_of(k)));
   for (int k = 0; k < total - warmup; ++k) {
     p.push_back(F(chunk_of(k + warmup, true), mb_of(k + warmup)));
@@ -909,18 +913,28 @@ struct Orders {
   std::vector<Order> order;
 };
 
-Orders orders(std::int64_t layers, const ParallelLayout& o) {
+// The chunks of a layout (throws InputError for layouts schedule_problems() rejects).
+// gpipe and 1F1B: one chunk per stage, or (layered) one block per chunk, consecutive
+// blocks on each stage; interleaved and modular: v chunks per stage, round robin.
+Partition partition_of(std::int64_t layers, const ParallelLayout& o) {
   const auto problems = schedule_problems(layers, o);
   if (!problems.empty()) throw InputError(problems.front().key + ": " + problems.front().message);
+  if (o.schedule == ScheduleKind::gpipe || o.schedule == ScheduleKind::one_f_one_b) {
+    return Partition::make(layers, o.pp, o.layered ? static_cast<int>(layers) : o.pp, false);
+  }
+  const int v = o.schedule == ScheduleKind::modular ? static_cast<int>(layers / o.pp) : o.virtual_stages;
+  return Partition::make(layers, o.pp, v * o.pp, true);
+}
+
+Orders orders(std::int64_t layers, const ParallelLayout& o) {
   const int pp = o.pp, M = o.micro_batches;
   Orders r;
+  r.partition = partition_of(layers, o);
   r.order.resize(static_cast<std::size_t>(pp));
   switch (o.schedule) {
     case ScheduleKind::gpipe:
     case ScheduleKind::one_f_one_b: {
       const bool gpipe = o.schedule == ScheduleKind::gpipe || o.layered;
-      // Layered: one block per chunk, consecutive blocks on each stage.
-      r.partition = Partition::make(layers, pp, o.layered ? static_cast<int>(layers) : pp, false);
       r.name = o.layered ? "gpipe, layer by layer" : gpipe ? "gpipe" : "1f1b";
       for (int st = 0; st < pp; ++st) {
         const auto local = r.partition.chunks_of(st);
@@ -933,7 +947,6 @@ Orders orders(std::int64_t layers, const ParallelLayout& o) {
     case ScheduleKind::modular: {
       const bool modular = o.schedule == ScheduleKind::modular;
       const int v = modular ? static_cast<int>(layers / pp) : o.virtual_stages;
-      r.partition = Partition::make(layers, pp, v * pp, true);
       if (o.layered) {
         r.name = "modular, layer by layer";
         for (int st = 0; st < pp; ++st) r.order[st] = breadth_first(r.partition.chunks_of(st), M);
@@ -951,14 +964,27 @@ Orders orders(std::int64_t layers, const ParallelLayout& o) {
 }  // namespace
 
 ScheduleShape schedule_shape(std::int64_t layers, const ParallelLayout& layout) {
-  const Orders o = orders(layers, layout);
   ScheduleShape s;
+  const int M = layout.micro_batches;
+  // The planner asks this of thousands of layouts: where the orders have a closed form, no
+  // order is built. Whole-batch orders (gpipe, layer by layer) run every micro-batch's
+  // forward before the backwards; 1F1B's stage s holds pp - s (its warm-up and one more).
+  if (layout.layered || layout.schedule == ScheduleKind::gpipe || layout.schedule == ScheduleKind::one_f_one_b) {
+    s.partition = partition_of(layers, layout);
+    s.in_flight.resize(static_cast<std::size_t>(s.partition.num_chunks()));
+    for (int c = 0; c < s.partition.num_chunks(); ++c) {
+      const bool whole_batch = layout.layered || layout.schedule == ScheduleKind::gpipe;
+      s.in_flight[static_cast<std::size_t>(c)] = whole_batch ? M : std::min(layout.pp - s.partition.chunk(c).stage, M);
+    }
+    return s;
+  }
+  const Orders o = orders(layers, layout);
   s.partition = o.partition;
   s.in_flight.assign(static_cast<std::size_t>(o.partition.num_chunks()), 0);
+  std::vector<int> open(static_cast<std::size_t>(o.partition.num_chunks()), 0);
   for (const Order& order : o.order) {
-    std::map<int, int> open;
     for (const ChunkStep& st : order) {
-      int& n = open[st.chunk];
+      int& n = open[static_cast<std::size_t>(st.chunk)];
       n += st.forward ? 1 : -1;
       s.in_flight[static_cast<std::size_t>(st.chunk)] = std::max(s.in_flight[static_cast<std::size_t>(st.chunk)], n);
     }

@@ -181,7 +181,11 @@ std::int64_t free_for_dos(const ModelConfig& m, const Plan& plan, const RunExtra
 }  // namespace
 
 MemoryEstimate estimate_memory(const ModelConfig& model, const Plan& plan, const RunExtras& extras) {
-  const Schedule schedule = Schedule::build(step_spec(plan, model));
+  return estimate_memory(model, plan, extras, Schedule::build(step_spec(plan, model)));
+}
+
+MemoryEstimate estimate_memory(const ModelConfig& model, const Plan& plan, const RunExtras& extras,
+                               const Schedule& schedule) {
   MemoryEstimate e;
   std::int64_t worst = -1;
   for (int s = 0; s < schedule.stages(); ++s) {

@@ -16,6 +16,7 @@
 #include "lamina/core/memory_tracker.hpp"
 #include "lamina/core/system_memory.hpp"
 #include "lamina/model/gpt_activations.hpp"
+#include "lamina/parallel/schedule.hpp"
 #include "lamina/parallel/shard.hpp"
 #include "lamina/plan/plan.hpp"
 
@@ -73,6 +74,9 @@ struct RunExtras {
 
 // The pipeline stage that needs the most (all stages hold the same at pp = 1).
 MemoryEstimate estimate_memory(const ModelConfig& model, const Plan& plan, const RunExtras& extras);
+// The same for the plan's instruction lists, built already.
+MemoryEstimate estimate_memory(const ModelConfig& model, const Plan& plan, const RunExtras& extras,
+                               const Schedule& schedule);
 // One rank (data- and tensor-parallel rank 0) of one pipeline stage.
 MemoryEstimate estimate_memory(const ModelConfig& model, const Plan& plan, const RunExtras& extras, int stage);
 

@@ -836,13 +836,13 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     p.subgroup_size = deck.optimizer.subgroup_size;
     p.budget = {deck.memory.device_budget, deck.memory.host_budget};
     c.solver_objective = sv.objective * lm.sequences;
-    c.memory = estimate_memory(deck.model, p, extras);
+    const Schedule schedule = Schedule::build(step_spec(p, deck.model));
+    c.memory = estimate_memory(deck.model, p, extras, schedule);
     c.device_bytes = c.memory.total(tier_label(MemTier::device));
     c.host_bytes = c.memory.total(tier_label(MemTier::host));
     const double need_dev = k.cap.shared ? static_cast<double>(c.device_bytes + c.host_bytes) : static_cast<double>(c.device_bytes);
     if (need_dev > k.cap.device || (!k.cap.shared && static_cast<double>(c.host_bytes) > k.cap.host)) continue;
     CostModel cost(deck.model, p, machine, options.measured);
-    const Schedule schedule = Schedule::build(step_spec(p, deck.model));
     const Timeline t = simulate(schedule, cost.pricer(), cost.serial(), cost.compute_queued());
     double update = 0.0;
     const ParamLayout layout = ParamLayout::gpt2(deck.model, p.layout.tp, 0);
