@@ -92,45 +92,106 @@ StageSolution solve_dp(const StageProblem& problem, std::size_t max_frontier) {
     }
     p.blocks[b] = std::move(kept);
   }
+  // Sums in whole bytes and picoseconds: exact, so that choices taken in another order
+  // give the same point (one of them dominated by the other) instead of a near copy.
+  const auto q_bytes = [](double b) { return static_cast<std::int64_t>(std::llround(b)); };
+  const auto q_time = [](double t) { return static_cast<std::int64_t>(std::llround(t * 1e12)); };
   struct Point {
-    double dev, host, time;
+    std::int64_t dev, host, time;
     int parent, choice;
   };
+  const std::int64_t dev_cap = p.device_budget > 0 ? q_bytes(p.device_budget) : 0;
+  const std::int64_t host_cap = p.host_budget > 0 ? q_bytes(p.host_budget) : 0;
   const std::size_t n = p.blocks.size();
+  // What no completion of a prefix can beat: the least time, device and host bytes the
+  // remaining blocks add (each least on its own), and the greedy plan, which the optimum is
+  // no slower than (its time summed in another order: a picosecond per block of slack).
+  std::vector<std::int64_t> rest_dev(n + 1, 0), rest_host(n + 1, 0), rest_time(n + 1, 0);
+  for (std::size_t b = n; b-- > 0;) {
+    std::int64_t d = std::numeric_limits<std::int64_t>::max(), h = d, t = d;
+    for (const BlockChoice& x : p.blocks[b]) {
+      d = std::min(d, q_bytes(x.device_bytes));
+      h = std::min(h, q_bytes(x.host_bytes));
+      t = std::min(t, q_time(x.seconds));
+    }
+    rest_dev[b] = rest_dev[b + 1] + d;
+    rest_host[b] = rest_host[b + 1] + h;
+    rest_time[b] = rest_time[b + 1] + t;
+  }
+  const StageSolution greedy = solve_greedy(problem);
+  const std::int64_t bound = greedy.feasible ? q_time(greedy.seconds) + static_cast<std::int64_t>(n) + 1
+                                             : std::numeric_limits<std::int64_t>::max();
   std::vector<std::vector<Point>> levels(n + 1);
-  levels[0].push_back({0.0, 0.0, 0.0, -1, -1});
+  levels[0].push_back({0, 0, 0, -1, -1});
+  const auto earlier = [](const Point& a, const Point& b) {
+    return a.time != b.time ? a.time < b.time : a.dev != b.dev ? a.dev < b.dev : a.host < b.host;
+  };
+  std::vector<Point> next, other;  // the candidates of a level, and the merges' other buffer
+  std::vector<std::size_t> runs, merged;
+  std::vector<std::pair<std::int64_t, std::int64_t>> stairs;
   for (std::size_t b = 0; b < n; ++b) {
-    std::vector<Point> next;
+    next.clear();
     const auto& prev = levels[b];
-    for (std::size_t i = 0; i < prev.size(); ++i) {
-      for (std::size_t c = 0; c < p.blocks[b].size(); ++c) {
-        const BlockChoice& x = p.blocks[b][c];
-        const Point q{prev[i].dev + x.device_bytes, prev[i].host + x.host_bytes, prev[i].time + x.seconds,
-                      static_cast<int>(i), static_cast<int>(c)};
-        if (fits(p, q.dev, q.host)) next.push_back(q);
+    // One run per choice: the previous frontier is in (time, device, host) order, and adding
+    // one choice's (exact) costs to every point keeps that order, so the runs are merged
+    // rather than sorted.
+    runs.assign(1, 0);
+    for (std::size_t c = 0; c < p.blocks[b].size(); ++c) {
+      const BlockChoice& x = p.blocks[b][c];
+      const std::int64_t dx = q_bytes(x.device_bytes), hx = q_bytes(x.host_bytes), tx = q_time(x.seconds);
+      for (std::size_t i = 0; i < prev.size(); ++i) {
+        const Point q{prev[i].dev + dx, prev[i].host + hx, prev[i].time + tx, static_cast<int>(i), static_cast<int>(c)};
+        const bool can_finish = (dev_cap <= 0 || q.dev + rest_dev[b + 1] <= dev_cap) &&
+                                (host_cap <= 0 || q.host + rest_host[b + 1] <= host_cap) &&
+                                q.time + rest_time[b + 1] <= bound;
+        if (can_finish) next.push_back(q);
       }
+      runs.push_back(next.size());
     }
     // Pareto frontier: keep a point only if no faster-or-equal point uses no more of
-    // either memory. Sorted by time, the kept points form a staircase (device bytes up,
+    // either memory. In time order, the kept points form a staircase (device bytes up,
     // host bytes down) that answers "is there one with no more of both" in log time.
-    std::sort(next.begin(), next.end(), [](const Point& a, const Point& b) {
-      return a.time != b.time ? a.time < b.time : a.dev != b.dev ? a.dev < b.dev : a.host < b.host;
-    });
+    while (runs.size() > 2) {
+      merged.assign(1, 0);
+      other.resize(next.size());
+      const auto at = [](std::vector<Point>& v, std::size_t i) { return v.begin() + static_cast<std::ptrdiff_t>(i); };
+      std::size_t r = 0;
+      for (; r + 2 < runs.size(); r += 2) {
+        std::merge(at(next, runs[r]), at(next, runs[r + 1]), at(next, runs[r + 1]), at(next, runs[r + 2]),
+                   at(other, runs[r]), earlier);
+        merged.push_back(runs[r + 2]);
+      }
+      if (r + 1 < runs.size()) {  // an odd run out
+        std::copy(at(next, runs[r]), at(next, runs[r + 1]), at(other, runs[r]));
+        merged.push_back(runs[r + 1]);
+      }
+      next.swap(other);
+      runs.swap(merged);
+    }
     std::vector<Point> kept;
-    std::map<double, double> stairs;  // device bytes -> least host bytes of a kept point with no more device bytes
+    // (device bytes, least host bytes of a kept point with no more device bytes), by
+    // device bytes; host bytes fall along it.
+    stairs.clear();
+    const auto by_dev = [](const std::pair<std::int64_t, std::int64_t>& e, std::int64_t d) { return e.first <= d; };
     for (const Point& q : next) {
-      auto it = stairs.upper_bound(q.dev);
+      auto it = std::partition_point(stairs.begin(), stairs.end(), [&](const auto& e) { return by_dev(e, q.dev); });
       if (it != stairs.begin() && std::prev(it)->second <= q.host) continue;  // dominated
       kept.push_back(q);
       // q now bounds every point with more device bytes and no less host memory.
-      while (it != stairs.end() && it->second >= q.host) it = stairs.erase(it);
-      stairs[q.dev] = q.host;
+      auto end = it;
+      while (end != stairs.end() && end->second >= q.host) ++end;
+      it = stairs.erase(it, end);
+      if (it != stairs.begin() && std::prev(it)->first == q.dev) {
+        std::prev(it)->second = q.host;
+      } else {
+        stairs.insert(it, {q.dev, q.host});
+      }
     }
     if (kept.size() > max_frontier) {
       // H3T's buckets: memory rounded up to 1/128 of the budget (or of the largest use),
       // the fastest point of each bucket kept.
       double dmax = p.device_budget > 0 ? p.device_budget : 0.0, hmax = p.host_budget > 0 ? p.host_budget : 0.0;
-      for (const Point& q : kept) dmax = std::max(dmax, q.dev), hmax = std::max(hmax, q.host);
+      for (const Point& q : kept) dmax = std::max(dmax, static_cast<double>(q.dev)), hmax = std::max(hmax, static_cast<double>(q.host));
       std::map<std::pair<int, int>, Point> cells;
       for (const Point& q : kept) {
         const int dc = dmax > 0 ? static_cast<int>(std::ceil(128.0 * q.dev / dmax)) : 0;
@@ -140,6 +201,7 @@ StageSolution solve_dp(const StageProblem& problem, std::size_t max_frontier) {
       }
       kept.clear();
       for (const auto& kv : cells) kept.push_back(kv.second);
+      std::sort(kept.begin(), kept.end(), earlier);  // the next level's runs start in order
     }
     levels[b + 1] = std::move(kept);
   }
