@@ -151,10 +151,10 @@ StageSolution solve_dp(const StageProblem& problem, std::size_t max_frontier) {
     // Pareto frontier: keep a point only if no faster-or-equal point uses no more of
     // either memory. In time order, the kept points form a staircase (device bytes up,
     // host bytes down) that answers "is there one with no more of both" in log time.
+    const auto at = [](std::vector<Point>& v, std::size_t i) { return v.begin() + static_cast<std::ptrdiff_t>(i); };
     while (runs.size() > 2) {
       merged.assign(1, 0);
       other.resize(next.size());
-      const auto at = [](std::vector<Point>& v, std::size_t i) { return v.begin() + static_cast<std::ptrdiff_t>(i); };
       std::size_t r = 0;
       for (; r + 2 < runs.size(); r += 2) {
         std::merge(at(next, runs[r]), at(next, runs[r + 1]), at(next, runs[r + 1]), at(next, runs[r + 2]),
@@ -172,9 +172,8 @@ StageSolution solve_dp(const StageProblem& problem, std::size_t max_frontier) {
     // (device bytes, least host bytes of a kept point with no more device bytes), by
     // device bytes; host bytes fall along it.
     stairs.clear();
-    const auto by_dev = [](const std::pair<std::int64_t, std::int64_t>& e, std::int64_t d) { return e.first <= d; };
     for (const Point& q : next) {
-      auto it = std::partition_point(stairs.begin(), stairs.end(), [&](const auto& e) { return by_dev(e, q.dev); });
+      auto it = std::partition_point(stairs.begin(), stairs.end(), [&](const auto& e) { return e.first <= q.dev; });
       if (it != stairs.begin() && std::prev(it)->second <= q.host) continue;  // dominated
       kept.push_back(q);
       // q now bounds every point with more device bytes and no less host memory.
@@ -191,7 +190,10 @@ StageSolution solve_dp(const StageProblem& problem, std::size_t max_frontier) {
       // H3T's buckets: memory rounded up to 1/128 of the budget (or of the largest use),
       // the fastest point of each bucket kept.
       double dmax = p.device_budget > 0 ? p.device_budget : 0.0, hmax = p.host_budget > 0 ? p.host_budget : 0.0;
-      for (const Point& q : kept) dmax = std::max(dmax, static_cast<double>(q.dev)), hmax = std::max(hmax, static_cast<double>(q.host));
+      for (const Point& q : kept) {
+        dmax = std::max(dmax, static_cast<double>(q.dev));
+        hmax = std::max(hmax, static_cast<double>(q.host));
+      }
       std::map<std::pair<int, int>, Point> cells;
       for (const Point& q : kept) {
         const int dc = dmax > 0 ? static_cast<int>(std::ceil(128.0 * q.dev / dmax)) : 0;
