@@ -204,6 +204,12 @@ Order one_f_one_b(int chunk, int stage, int stages, int M) {
   return p;
 }
 
+// Forwards of Megatron's interleaved 1F1B before its first backward on `stage`.
+int interleaved_warmup(int stage, int stages, int v, int M) {
+  const int total = M * v;
+  return M == stages ? total : std::min(total, (stages - stage - 1) * 2 + (v - 1) * stages);
+}
+
 // Megatron's interleaved 1F1B: micro-step k of a stage runs virtual chunk (k / pp) mod v
 // (reversed in backward) on micro-batch (k / (pp v)) pp + k mod pp.
 Order interleaved(int stage, int stages, int v, int M) {
@@ -213,7 +219,7 @@ Order interleaved(int stage, int stages, int v, int M) {
     return (forward ? vi : v - 1 - vi) * stages + stage;
   };
   auto mb_of = [&](int k) { return (k / (stages * v)) * stages + k % stages; };
-  int warmup = M == stages ? total : std::min(total, (stages - stage - 1) * 2 + (v - 1) * stages);
+  const int warmup = interleaved_warmup(stage, stages, v, M);
   Order p;
   p.reserve(2 * static_cast<std::size_t>(total));
   for (int k = 0; k < warmup; ++k) p.push_back(F(chunk_of(k, true), mb_of(k)));
@@ -978,15 +984,27 @@ ScheduleShape schedule_shape(std::int64_t layers, const ParallelLayout& layout) 
     }
     return s;
   }
-  const Orders o = orders(layers, layout);
-  s.partition = o.partition;
-  s.in_flight.assign(static_cast<std::size_t>(o.partition.num_chunks()), 0);
-  std::vector<int> open(static_cast<std::size_t>(o.partition.num_chunks()), 0);
-  for (const Order& order : o.order) {
-    for (const ChunkStep& st : order) {
-      int& n = open[static_cast<std::size_t>(st.chunk)];
-      n += st.forward ? 1 : -1;
-      s.in_flight[static_cast<std::size_t>(st.chunk)] = std::max(s.in_flight[static_cast<std::size_t>(st.chunk)], n);
+  // Interleaved orders (modular: one block per chunk): micro-step k of a stage runs chunk
+  // (k / pp) mod v, so the first n micro-steps hold `count(n, vi)` steps of chunk vi, and a
+  // forward's chunk vi meets backwards of chunk vi at vi' = v - 1 - vi. After the warm-up W,
+  // steady step i issues forward W + i before backward i: the chunk then holds
+  // count(W + i + 1, vi) - count(i, v - 1 - vi), which repeats with period pp v in i.
+  const int pp = layout.pp;
+  const int v = layout.schedule == ScheduleKind::modular ? static_cast<int>(layers / pp) : layout.virtual_stages;
+  s.partition = partition_of(layers, layout);
+  s.in_flight.assign(static_cast<std::size_t>(s.partition.num_chunks()), 0);
+  const std::int64_t period = static_cast<std::int64_t>(pp) * v, total = static_cast<std::int64_t>(M) * v;
+  auto count = [&](std::int64_t n, int vi) {
+    return n / period * pp + std::clamp<std::int64_t>(n % period - static_cast<std::int64_t>(vi) * pp, 0, pp);
+  };
+  for (int st = 0; st < pp; ++st) {
+    const std::int64_t warmup = interleaved_warmup(st, pp, v, M);
+    for (int vi = 0; vi < v; ++vi) {
+      std::int64_t most = count(warmup, vi);
+      for (std::int64_t i = 0; i < std::min(total - warmup, period); ++i) {
+        most = std::max(most, count(warmup + i + 1, vi) - count(i, v - 1 - vi));
+      }
+      s.in_flight[static_cast<std::size_t>(vi * pp + st)] = static_cast<int>(most);
     }
   }
   return s;
