@@ -361,6 +361,9 @@ int main(int argc, char** argv) {
   plan->add_option("--solver", o.solver, "per-layer solver: dp (default), greedy, brute")
       ->check(CLI::IsMember({"dp", "greedy", "brute"}));
   plan->add_option("--top", o.plan.top, "plans to show (default 3)")->check(kPositiveCount);
+  plan->add_option("--threads", o.plan.threads,
+                   "threads of the search (default: the cores this process may use; the plans do not depend on it)")
+      ->check(kPositiveCount);
   plan->add_option("--write-deck", o.plan.write_deck, "write the deck with the chosen values");
   plan->add_option("--tokens", o.plan.tokens, "tokens to train on: adds the days it takes")->check(kPositiveFinite);
   plan->add_flag("--shortest-time", o.plan.shortest_time,

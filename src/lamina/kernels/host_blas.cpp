@@ -1,7 +1,5 @@
 #include "lamina/kernels/host_blas.hpp"
 
-#include <sched.h>
-
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <climits>
@@ -10,6 +8,7 @@
 
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
+#include "lamina/core/host_parallel.hpp"
 #include "lamina/kernels/host_dnnl.hpp"
 
 #if defined(LAMINA_HAVE_OPENBLAS)
@@ -38,12 +37,6 @@ int blas_int(std::int64_t v, const char* what) {
                              static_cast<long long>(v)));
   }
   return static_cast<int>(v);
-}
-
-int usable_cores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 }  // namespace

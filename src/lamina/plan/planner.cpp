@@ -6,12 +6,14 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
 #include "lamina/core/error.hpp"
 #include "lamina/plan/race_check.hpp"
 #include "lamina/core/format.hpp"
+#include "lamina/core/host_parallel.hpp"
 #include "lamina/model/gpt_activations.hpp"
 #include "lamina/model/param_layout.hpp"
 #include "lamina/parallel/grad_reducer.hpp"
@@ -450,11 +452,11 @@ struct Costing {
   // Each block's choices (the deck may fix some keys per block).
   std::vector<std::vector<LayerPolicy>> choices;
 
-  const ParamLayout& layout(int tp) {
-    auto it = layouts.find(tp);
-    if (it == layouts.end()) it = layouts.emplace(tp, ParamLayout::gpt2(deck.model, tp, 0)).first;
-    return it->second;
+  // Made before the layouts are modelled side by side, which only read them.
+  void add_layout(int tp) {
+    if (layouts.count(tp) == 0) layouts.emplace(tp, ParamLayout::gpt2(deck.model, tp, 0));
   }
+  const ParamLayout& layout(int tp) const { return layouts.at(tp); }
 };
 
 // One block of a layout under each policy it may take: what it adds to its stage's step
@@ -580,7 +582,7 @@ class BlockCosts {
 // stage then holds the frames their residual stream takes (about one layer's micro-batches:
 // the outputs of one chunk, its gradients, a few checkpoints on their way), which the
 // other variant of the layout does not.
-LayoutModel model_layout(Costing& k, const ParallelLayout& o, bool checkpoints) {
+LayoutModel model_layout(const Costing& k, const ParallelLayout& o, bool checkpoints) {
   const ModelConfig& m = k.deck.model;
   LayoutModel lm;
   lm.layout = o;
@@ -793,7 +795,6 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   // Model every layout (cheap), then solve them in the order of their compute lower bound,
   // stopping once a bound is slower than the K-th best estimate found.
   std::vector<LayoutModel> models;
-  models.reserve(all.size());
   // Layered layouts twice where blocks may offload their checkpoints: with the frames
   // that costs the stage and without.
   bool any_offloaded = false, all_others = true;
@@ -806,10 +807,16 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     }
     all_others = all_others && other;
   }
-  for (const ParallelLayout& o : all) {
-    if (all_others) models.push_back(model_layout(k, o, false));
-    if (o.layered && any_offloaded) models.push_back(model_layout(k, o, true));
+  std::vector<std::pair<std::size_t, bool>> variants;  // (layout, checkpoints offloaded)
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all_others) variants.emplace_back(i, false);
+    if (all[i].layered && any_offloaded) variants.emplace_back(i, true);
+    k.add_layout(all[i].tp);
   }
+  models.resize(variants.size());
+  for_each_index(variants.size(), options.threads, [&](std::size_t v) {
+    models[v] = model_layout(k, all[variants[v].first], variants[v].second);
+  });
   r.model_s = std::chrono::duration<double>(Clock::now() - t0).count();
   std::vector<std::size_t> order(models.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -825,13 +832,15 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   std::vector<Solved> solved;
   const std::size_t keep = static_cast<std::size_t>(std::max(options.top, 1)) + 4;
   double min_dev = std::numeric_limits<double>::infinity(), min_host = std::numeric_limits<double>::infinity();
-  for (const std::size_t i : order) {
-    const LayoutModel& lm = models[i];
-    if (solved.size() >= keep && lm.per_sequence(lm.lower_bound) >= solved[keep - 1].objective) {
-      ++r.layouts_pruned;
-      continue;
-    }
-    // Cannot fit even with every saving on: remember how far off, for the advice.
+  // The layouts in that order, as one thread would take them; each batch's stage problems
+  // are solved side by side beforehand for the layouts of the batch that the bound does not
+  // prune yet (the bound only tightens, so the sequential walk then finds every solution it
+  // needs among them, and plans, counts and bounds come out the same for any thread count).
+  auto bound_prunes = [&](const LayoutModel& lm) {
+    return solved.size() >= keep && lm.per_sequence(lm.lower_bound) >= solved[keep - 1].objective;
+  };
+  // Cannot fit even with every saving on: how far off, for the advice.
+  auto least_bytes = [](const LayoutModel& lm) {
     double least_dev = 0.0, least_host = 0.0;
     for (std::size_t s = 0; s < lm.stages.size(); ++s) {
       double dev = lm.fixed_device[s], host = 0.0;
@@ -844,38 +853,66 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
       least_dev = std::max(least_dev, dev);
       least_host = std::max(least_host, host);
     }
-    min_dev = std::min(min_dev, least_dev);
-    min_host = std::min(min_host, least_host);
-    if (least_dev > k.cap.device) {
-      ++r.layouts_pruned;
-      continue;
+    return std::make_pair(least_dev, least_host);
+  };
+  // Batches of a few layouts per thread: the stage problems differ in size, and what a
+  // batch solves that the tightened bound then prunes is wasted (at most one batch).
+  const std::size_t batch = 4 * static_cast<std::size_t>(options.threads > 0 ? options.threads : usable_cores());
+  std::vector<std::vector<StageSolution>> solutions(models.size());
+  for (std::size_t first = 0; first < order.size(); first += batch) {
+    const std::size_t last = std::min(order.size(), first + batch);
+    std::vector<std::pair<std::size_t, std::size_t>> tasks;  // (model, stage)
+    for (std::size_t j = first; j < last; ++j) {
+      const LayoutModel& lm = models[order[j]];
+      if (bound_prunes(lm) || least_bytes(lm).first > k.cap.device) continue;
+      solutions[order[j]].resize(lm.stages.size());
+      for (std::size_t st = 0; st < lm.stages.size(); ++st) tasks.emplace_back(order[j], st);
     }
-    Solved sv{i, {}, 0.0};
-    bool ok = true;
-    for (const StageProblem& sp : lm.stages) {
-      sv.stages.push_back(solve(sp, options.solver));
-      ok = ok && sv.stages.back().feasible;
+    for_each_index(tasks.size(), options.threads, [&](std::size_t t) {
+      const auto [m, st] = tasks[t];
+      solutions[m][st] = solve(models[m].stages[st], options.solver);
+    });
+    for (std::size_t j = first; j < last; ++j) {
+      const std::size_t i = order[j];
+      const LayoutModel& lm = models[i];
+      if (bound_prunes(lm)) {
+        ++r.layouts_pruned;
+        continue;
+      }
+      const auto [least_dev, least_host] = least_bytes(lm);
+      min_dev = std::min(min_dev, least_dev);
+      min_host = std::min(min_host, least_host);
+      if (least_dev > k.cap.device) {
+        ++r.layouts_pruned;
+        continue;
+      }
+      Solved sv{i, std::move(solutions[i]), 0.0};
+      bool ok = true;
+      for (const StageSolution& st : sv.stages) ok = ok && st.feasible;
+      ++r.layouts_solved;
+      if (!ok) continue;
+      if (lm.checkpoints) {  // offloading none, it is the other variant's plan with frames it does not use
+        bool any = false;
+        for (std::size_t s = 0; s < lm.stages.size(); ++s)
+          for (std::size_t c = 0; c < sv.stages[s].choice.size(); ++c)
+            any = any || lm.stages[s].blocks[c][static_cast<std::size_t>(sv.stages[s].choice[c])].policy.activations ==
+                             ActivationPolicy::offload_checkpoint;
+        if (!any) continue;
+      }
+      sv.objective = lm.per_sequence(layout_objective(lm, sv.stages));
+      solved.push_back(std::move(sv));
+      std::sort(solved.begin(), solved.end(), [](const Solved& a, const Solved& b) { return a.objective < b.objective; });
+      if (solved.size() > keep) solved.resize(keep);
     }
-    ++r.layouts_solved;
-    if (!ok) continue;
-    if (lm.checkpoints) {  // offloading none, it is the other variant's plan with frames it does not use
-      bool any = false;
-      for (std::size_t s = 0; s < lm.stages.size(); ++s)
-        for (std::size_t j = 0; j < sv.stages[s].choice.size(); ++j)
-          any = any || lm.stages[s].blocks[j][static_cast<std::size_t>(sv.stages[s].choice[j])].policy.activations ==
-                           ActivationPolicy::offload_checkpoint;
-      if (!any) continue;
-    }
-    sv.objective = lm.per_sequence(layout_objective(lm, sv.stages));
-    solved.push_back(std::move(sv));
-    std::sort(solved.begin(), solved.end(), [](const Solved& a, const Solved& b) { return a.objective < b.objective; });
-    if (solved.size() > keep) solved.resize(keep);
   }
 
   r.inner_s = std::chrono::duration<double>(Clock::now() - t0).count() - r.model_s;
   // The best estimates, simulated and their memory estimated exactly.
   const RunExtras extras = RunExtras::of(deck.checkpoint, deck.output);
-  for (const Solved& sv : solved) {
+  // Side by side, each candidate into its own slot (none: it does not fit after all).
+  std::vector<std::optional<PlanCandidate>> simulated(solved.size());
+  for_each_index(solved.size(), options.threads, [&](std::size_t n) {
+    const Solved& sv = solved[n];
     const LayoutModel& lm = models[sv.model];
     PlanCandidate c;
     Plan& p = c.plan;
@@ -905,7 +942,7 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     c.device_bytes = c.memory.total(tier_label(MemTier::device));
     c.host_bytes = c.memory.total(tier_label(MemTier::host));
     const double need_dev = k.cap.shared ? static_cast<double>(c.device_bytes + c.host_bytes) : static_cast<double>(c.device_bytes);
-    if (need_dev > k.cap.device || (!k.cap.shared && static_cast<double>(c.host_bytes) > k.cap.host)) continue;
+    if (need_dev > k.cap.device || (!k.cap.shared && static_cast<double>(c.host_bytes) > k.cap.host)) return;
     CostModel cost(deck.model, p, machine, options.measured);
     const Timeline t = simulate(schedule, cost.pricer(), cost.serial(), cost.compute_queued());
     double update = 0.0;
@@ -927,7 +964,10 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     c.bubble = simulate(schedule, compute_only, false).bubble_fraction();
     c.idle = t.bubble_fraction();
     c.sets = overrides(p, f);
-    r.best.push_back(std::move(c));
+    simulated[n] = std::move(c);
+  });
+  for (auto& c : simulated) {
+    if (c) r.best.push_back(std::move(*c));
   }
   // Fastest first; among equally fast plans the one that needs less memory (what a
   // person would pick: no layered accumulation where it buys nothing).
@@ -939,9 +979,11 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   });
   if (r.best.size() > static_cast<std::size_t>(std::max(options.top, 1))) r.best.resize(static_cast<std::size_t>(std::max(options.top, 1)));
   // Every plan returned is proved race-free (a hazard is a bug of the builders: it throws).
-  for (PlanCandidate& c : r.best) {
-    if (!options.check_races) break;
-    c.checked_instructions = check_races(c.plan, deck.model, Schedule::build(step_spec(c.plan, deck.model))).instructions;
+  if (options.check_races) {
+    for_each_index(r.best.size(), options.threads, [&](std::size_t n) {
+      PlanCandidate& c = r.best[n];
+      c.checked_instructions = check_races(c.plan, deck.model, Schedule::build(step_spec(c.plan, deck.model))).instructions;
+    });
   }
   r.feasible = !r.best.empty();
   if (!r.feasible) {

@@ -48,6 +48,9 @@ struct PlannerOptions {
   // Prove every returned plan race-free (plan/race_check.hpp). The training-time sweep, whose
   // plans are estimates nobody runs, leaves it off: a plan to run is checked when it is made.
   bool check_races = true;
+  // Threads that model, solve and simulate layouts side by side (0: the cores this process
+  // may use). The result does not depend on it.
+  int threads = 0;
 };
 
 // One candidate: the plan, its predicted step and peak memory.

@@ -278,6 +278,7 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
   options.ranks = ranks_for(deck, options.free_keys, cmd.ranks, comm);
   options.solver = cmd.solver;
   options.top = cmd.top;
+  options.threads = cmd.threads;
   MPI_Comm parent = MPI_COMM_NULL;
   MPI_Comm_get_parent(&parent);
   if (parent != MPI_COMM_NULL) {  // a rank started by measure_with_ranks(): measure, then go

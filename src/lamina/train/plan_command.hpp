@@ -20,6 +20,7 @@ struct PlanCommand {
   std::string machine;  // a description file; empty: measure this machine
   Solver solver = Solver::dp;
   int top = 3;
+  int threads = 0;  // threads of the search (0: the cores this process may use)
   std::string write_deck;
   double tokens = 0.0;  // > 0: days to train on that many tokens
   // The shortest time to train on `tokens`: the best plan of each family on clusters up to

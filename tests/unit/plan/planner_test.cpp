@@ -171,6 +171,35 @@ TEST(Planner, OffloadsCheckpointsWhereTheHostLinkKeepsUp) {
   EXPECT_GT(slow.best[0].step_s, fast.best[0].step_s);
 }
 
+// Layouts are modelled, solved and simulated on several threads, the bound pruning them
+// as one thread would: the same plans, figures and counts whatever the thread count.
+TEST(Planner, TheSearchIsTheSameOnAnyNumberOfThreads) {
+  const MachineSpec machine = parse_machine(kMachine, "<test>");
+  const Deck deck = parse_deck(kDeck, "deck.toml", {"data.batch_size=32"});
+  PlannerOptions o;
+  o.ranks = 8;
+  o.top = 3;
+  o.free_keys = planner_keys();
+  o.threads = 1;
+  const PlanResult one = plan_search(deck, machine, o);
+  ASSERT_TRUE(one.feasible);
+  ASSERT_GT(one.layouts_pruned, 0);  // the bound is at work
+  for (const int threads : {2, 5}) {
+    o.threads = threads;
+    const PlanResult r = plan_search(deck, machine, o);
+    EXPECT_EQ(r.layouts_considered, one.layouts_considered);
+    EXPECT_EQ(r.layouts_pruned, one.layouts_pruned);
+    EXPECT_EQ(r.layouts_solved, one.layouts_solved);
+    ASSERT_EQ(r.best.size(), one.best.size());
+    for (std::size_t i = 0; i < r.best.size(); ++i) {
+      EXPECT_EQ(plan_summary(r.best[i].plan), plan_summary(one.best[i].plan)) << threads << " threads, plan " << i;
+      EXPECT_EQ(r.best[i].step_s, one.best[i].step_s);
+      EXPECT_EQ(r.best[i].device_bytes, one.best[i].device_bytes);
+      EXPECT_EQ(r.best[i].checked_instructions, one.best[i].checked_instructions);
+    }
+  }
+}
+
 TEST(Planner, AModelThatCannotFitIsExplained) {
   MachineSpec machine = parse_machine(kMachine, "<test>");
   machine.device_memory = 64.0 * (1 << 20);  // 64 MiB devices
