@@ -45,6 +45,10 @@ struct LayerPolicy {
   MemTier params = MemTier::device;
   OptimizerPlacement optimizer = OptimizerPlacement::device;
 };
+inline bool operator==(const LayerPolicy& a, const LayerPolicy& b) {
+  return a.activations == b.activations && a.params == b.params && a.optimizer == b.optimizer;
+}
+inline bool operator!=(const LayerPolicy& a, const LayerPolicy& b) { return !(a == b); }
 
 // The policy of parameter-layout layer `layer` (0 embedding, 1..L blocks, L+1 final norm).
 inline const LayerPolicy& policy_of_layer(const std::vector<LayerPolicy>& blocks, int layer) {

@@ -60,7 +60,10 @@ StageSolution evaluate(const StageProblem& p, const std::vector<int>& choice) {
 StageSolution solve_dp(const StageProblem& problem, std::size_t max_frontier) {
   // Choices no block would take (another is no slower and needs no more of either memory)
   // are dropped first; `index` maps back to the problem's choice numbers.
-  StageProblem p = problem;
+  StageProblem p;
+  p.device_budget = problem.device_budget;
+  p.host_budget = problem.host_budget;
+  p.blocks.resize(problem.blocks.size());
   std::vector<std::vector<int>> index(p.blocks.size());
   // A memory no combination can overflow does not constrain the search: left out of the
   // frontier (the solution's totals are summed from the choices at the end).
@@ -74,7 +77,7 @@ StageSolution solve_dp(const StageProblem& problem, std::size_t max_frontier) {
   const bool dev_binds = p.device_budget > 0 && most_dev > p.device_budget;
   const bool host_binds = p.host_budget > 0 && most_host > p.host_budget;
   for (std::size_t b = 0; b < p.blocks.size(); ++b) {
-    std::vector<BlockChoice> kept;
+    std::vector<BlockChoice>& kept = p.blocks[b];
     const auto& cs = problem.blocks[b];
     for (std::size_t c = 0; c < cs.size(); ++c) {
       bool dominated = false;
@@ -92,7 +95,6 @@ StageSolution solve_dp(const StageProblem& problem, std::size_t max_frontier) {
         index[b].push_back(static_cast<int>(c));
       }
     }
-    p.blocks[b] = std::move(kept);
   }
   // Sums in whole bytes and picoseconds: exact, so that choices taken in another order
   // give the same point (one of them dominated by the other) instead of a near copy.
@@ -128,7 +130,9 @@ StageSolution solve_dp(const StageProblem& problem, std::size_t max_frontier) {
   const auto earlier = [](const Point& a, const Point& b) {
     return a.time != b.time ? a.time < b.time : a.dev != b.dev ? a.dev < b.dev : a.host < b.host;
   };
-  std::vector<Point> next, other;  // the candidates of a level, and the merges' other buffer
+  // The candidates of a level, the merges' other buffer and the frontier kept (each level's
+  // copied out at its size: the buffers grow once, not at every level).
+  std::vector<Point> next, other, kept;
   std::vector<std::size_t> runs, merged;
   std::vector<std::pair<std::int64_t, std::int64_t>> stairs;
   for (std::size_t b = 0; b < n; ++b) {
@@ -170,7 +174,7 @@ StageSolution solve_dp(const StageProblem& problem, std::size_t max_frontier) {
       next.swap(other);
       runs.swap(merged);
     }
-    std::vector<Point> kept;
+    kept.clear();
     // (device bytes, least host bytes of a kept point with no more device bytes), by
     // device bytes; host bytes fall along it.
     stairs.clear();
@@ -207,7 +211,7 @@ StageSolution solve_dp(const StageProblem& problem, std::size_t max_frontier) {
       for (const auto& kv : cells) kept.push_back(kv.second);
       std::sort(kept.begin(), kept.end(), earlier);  // the next level's runs start in order
     }
-    levels[b + 1] = std::move(kept);
+    levels[b + 1].assign(kept.begin(), kept.end());
   }
   const auto& last = levels[n];
   if (last.empty()) return StageSolution{};
@@ -632,8 +636,15 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o, bool checkpo
       for (std::int64_t b = ch.first_block; b < ch.last_block; ++b) {
         lm.stage_blocks[static_cast<std::size_t>(s)].push_back(b);
         lm.stage_chunks[static_cast<std::size_t>(s)].push_back(c);
+        // Blocks of one chunk hold as many micro-batches: with the same choices, the same costs.
+        const auto& policies = k.choices[static_cast<std::size_t>(b)];
+        if (b > ch.first_block && policies == k.choices[static_cast<std::size_t>(b - 1)]) {
+          sp.blocks.push_back(sp.blocks.back());
+          continue;
+        }
         std::vector<BlockChoice> cs;
-        for (const LayerPolicy& lp : k.choices[static_cast<std::size_t>(b)]) {
+        cs.reserve(policies.size());
+        for (const LayerPolicy& lp : policies) {
           const bool offloaded = lp.activations == ActivationPolicy::offload_checkpoint;
           if (offloaded && !checkpoints) continue;
           BlockChoice x;
