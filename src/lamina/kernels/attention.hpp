@@ -1,7 +1,8 @@
 #pragma once
 // Causal multi-head self-attention core (between the QKV and output projections):
 //   for each sequence b and head h:  P = softmax(mask(q k^T / sqrt(hd))),  y = P v
-// qkv columns are [q | k | v], each head a contiguous slice of hd columns (GPT-2).
+// qkv columns are [q | k | v], each head a contiguous slice of hd columns; query head h
+// reads key and value head h / (NH / NKV) (kernels/qkv_layout.hpp: GPT-2 has NKV = NH).
 // On a host BLAS the products read q, k, v and write y in those rows, per (sequence, head)
 // and without the blocks the causal mask zeroes (in bf16 runs on a CPU with bf16
 // instructions, oneDNN's bf16 products over every sequence and head at once); on a device
@@ -11,6 +12,7 @@
 #include "lamina/kernels/fast_math.hpp"
 #include "lamina/kernels/flash_attention.hpp"
 #include "lamina/kernels/gemm.hpp"
+#include "lamina/kernels/qkv_layout.hpp"
 #include "lamina/kernels/reduction.hpp"
 
 namespace lamina {
@@ -22,83 +24,77 @@ namespace detail {
 template <class Exec>
 using HeadsPolicy = RowMajor<Exec, 4>;
 
-// (B*NH, T, hd) q, k, v -> (B*T, 3C) columns [q | k | v]
-template <class Exec>
-struct HeadsToQkvRows {
-  Mat<Exec> rows;
-  Mats<Exec> q, k, v;
-  std::int64_t NH, T, hd, C;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t d) const {
-    rows(b * T + t, h * hd + d) = q(b * NH + h, t, d);
-    rows(b * T + t, C + h * hd + d) = k(b * NH + h, t, d);
-    rows(b * T + t, 2 * C + h * hd + d) = v(b * NH + h, t, d);
-  }
-};
-
-// (B*T, 3C) columns [q | k | v] -> (B*NH, T, hd) q, k, v
-template <class Exec>
-struct QkvRowsToHeads {
-  Mat<Exec> rows;
-  Mats<Exec> q, k, v;
-  std::int64_t NH, T, hd, C;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t d) const {
-    q(b * NH + h, t, d) = rows(b * T + t, h * hd + d);
-    k(b * NH + h, t, d) = rows(b * T + t, C + h * hd + d);
-    v(b * NH + h, t, d) = rows(b * T + t, 2 * C + h * hd + d);
-  }
-};
-
-// Scatter (B*T, 3C) columns into per-head (B*NH, T, hd) q, k, v, or gather back (to_rows).
-template <class Exec>
-void permute_heads(const Exec& exec, const char* label, const Mat<Exec>& rows, const Mats<Exec>& q,
-                   const Mats<Exec>& k, const Mats<Exec>& v, std::int64_t NH, bool to_rows) {
-  const std::int64_t B = static_cast<std::int64_t>(q.extent(0)) / NH;
-  const std::int64_t T = static_cast<std::int64_t>(q.extent(1));
-  const std::int64_t hd = static_cast<std::int64_t>(q.extent(2));
-  const std::int64_t C = NH * hd;
-  const HeadsPolicy<Exec> policy(exec, {0, 0, 0, 0}, {B, NH, T, hd});
-  if (to_rows) {
-    Kokkos::parallel_for(label, policy, HeadsToQkvRows<Exec>{rows, q, k, v, NH, T, hd, C});
-  } else {
-    Kokkos::parallel_for(label, policy, QkvRowsToHeads<Exec>{rows, q, k, v, NH, T, hd, C});
-  }
+// Staged copies of the query-shaped tensors (q, y, their gradients; the scores) are ordered
+// by position in the group first: copy (j, b, g) holds query head h = g G + j of sequence
+// b (G = NH / NKV query heads per key/value head), so that the query heads that read the
+// NKV key/value heads' copies (b, g) are one contiguous batch for each j. With G = 1 that
+// is (b, h).
+KOKKOS_INLINE_FUNCTION std::int64_t staged_head(const QkvLayout& L, std::int64_t B, std::int64_t b, std::int64_t h) {
+  const std::int64_t G = L.group();
+  return h % G * B * L.NKV + b * L.NKV + h / G;
 }
 
-// (B*NH, T, hd) heads -> (B*T, C) rows
+// (B*T, width) rows, NH heads from column col0 <-> staged (B*NH, T, hd) copies.
 template <class Exec>
-struct HeadsToRows {
+struct QueryRowsAndHeads {
   Mat<Exec> rows;
   Mats<Exec> heads;
-  std::int64_t NH, T, hd;
+  QkvLayout L;
+  std::int64_t B, T, col0;
+  bool to_rows;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t d) const {
-    rows(b * T + t, h * hd + d) = heads(b * NH + h, t, d);
+    float& r = rows(b * T + t, col0 + h * L.hd + d);
+    float& x = heads(staged_head(L, B, b, h), t, d);
+    if (to_rows) {
+      r = x;
+    } else {
+      x = r;
+    }
   }
 };
 
-// (B*T, C) rows -> (B*NH, T, hd) heads
+// (B*T, width) rows' NKV key and value heads <-> (B*NKV, T, hd) copies.
 template <class Exec>
-struct RowsToHeads {
+struct KeyValueRowsAndHeads {
   Mat<Exec> rows;
-  Mats<Exec> heads;
-  std::int64_t NH, T, hd;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t d) const {
-    heads(b * NH + h, t, d) = rows(b * T + t, h * hd + d);
+  Mats<Exec> k, v;
+  QkvLayout L;
+  std::int64_t T;
+  bool to_rows;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b, std::int64_t g, std::int64_t t, std::int64_t d) const {
+    float& rk = rows(b * T + t, L.column(1) + g * L.hd + d);
+    float& rv = rows(b * T + t, L.column(2) + g * L.hd + d);
+    float& xk = k(b * L.NKV + g, t, d);
+    float& xv = v(b * L.NKV + g, t, d);
+    if (to_rows) {
+      rk = xk;
+      rv = xv;
+    } else {
+      xk = rk;
+      xv = rv;
+    }
   }
 };
 
-// (B*T, C) rows <-> (B*NH, T, hd) heads for a single tensor.
+// NH heads of (B*T, width) rows from column col0 <-> staged copies (to_rows: back).
 template <class Exec>
-void split_heads(const Exec& exec, const char* label, const Mat<Exec>& rows, const Mats<Exec>& heads,
-                 std::int64_t NH, bool to_rows) {
-  const std::int64_t B = static_cast<std::int64_t>(heads.extent(0)) / NH;
+void split_heads(const Exec& exec, const char* label, const Mat<Exec>& rows, std::int64_t col0, const Mats<Exec>& heads,
+                 const QkvLayout& L, bool to_rows) {
+  const std::int64_t B = static_cast<std::int64_t>(heads.extent(0)) / L.NH;
   const std::int64_t T = static_cast<std::int64_t>(heads.extent(1));
-  const std::int64_t hd = static_cast<std::int64_t>(heads.extent(2));
-  const HeadsPolicy<Exec> policy(exec, {0, 0, 0, 0}, {B, NH, T, hd});
-  if (to_rows) {
-    Kokkos::parallel_for(label, policy, HeadsToRows<Exec>{rows, heads, NH, T, hd});
-  } else {
-    Kokkos::parallel_for(label, policy, RowsToHeads<Exec>{rows, heads, NH, T, hd});
-  }
+  Kokkos::parallel_for(label, HeadsPolicy<Exec>(exec, {0, 0, 0, 0}, {B, L.NH, T, L.hd}),
+                       QueryRowsAndHeads<Exec>{rows, heads, L, B, T, col0, to_rows});
+}
+
+// [q | k | v] rows <-> staged copies of q (B*NH, T, hd) and k, v (B*NKV, T, hd).
+template <class Exec>
+void permute_heads(const Exec& exec, const char* label, const Mat<Exec>& rows, const Mats<Exec>& q,
+                   const Mats<Exec>& k, const Mats<Exec>& v, const QkvLayout& L, bool to_rows) {
+  split_heads(exec, label, rows, 0, q, L, to_rows);
+  const std::int64_t B = static_cast<std::int64_t>(q.extent(0)) / L.NH;
+  const std::int64_t T = static_cast<std::int64_t>(q.extent(1));
+  Kokkos::parallel_for(label, HeadsPolicy<Exec>(exec, {0, 0, 0, 0}, {B, L.NKV, T, L.hd}),
+                       KeyValueRowsAndHeads<Exec>{rows, k, v, L, T, to_rows});
 }
 
 // A score row's maximum and sum of exponentials: its log-sum-exp is max + log(sum).
@@ -172,21 +168,27 @@ enum class CausalProduct { scores, lower, lower_transposed };
 // than blocks of 64; 16 was no faster, 128 slower.
 constexpr std::int64_t kCausalBlock = 32;
 
-// Matrix (s, h) of a batch over sequences s and heads h: it starts at
-// data + s * seq_stride + h * head_stride, its rows ld apart. q, k, v and y are read and
-// written in place in their (B*T, width) rows this way, with no per-head copies.
+// Matrix (s, h) of a batch over sequences s and query heads h: it starts at
+// data + s * seq_stride + (h / group) * head_stride, its rows ld apart (group: query heads per
+// key/value head for keys and values, else 1). q, k, v and y are read and written in place in
+// their (B*T, width) rows this way, with no per-head copies.
 struct HeadMatrices {
   float* data = nullptr;
-  std::int64_t ld = 0, seq_stride = 0, head_stride = 0;
-  float* at(std::int64_t s, std::int64_t h) const { return data + s * seq_stride + h * head_stride; }
+  std::int64_t ld = 0, seq_stride = 0, head_stride = 0, group = 1;
+  float* at(std::int64_t s, std::int64_t h) const { return data + s * seq_stride + h / group * head_stride; }
 };
 
-// Part `part` (0 q, 1 k, 2 v) of (B*T, 3A) QKV rows, or (part 0) of (B*T, A) rows.
+// The heads of (B*T, width) rows from column col0, hd columns each (group: as HeadMatrices).
 template <class Exec>
-HeadMatrices row_heads(const Mat<Exec>& rows, std::int64_t parts, std::int64_t part, std::int64_t T,
-                       std::int64_t hd) {
+HeadMatrices row_heads(const Mat<Exec>& rows, std::int64_t col0, std::int64_t T, std::int64_t hd,
+                       std::int64_t group = 1) {
   const std::int64_t ld = static_cast<std::int64_t>(rows.stride_0());
-  return {rows.data() + part * static_cast<std::int64_t>(rows.extent(1)) / parts, ld, T * ld, hd};
+  return {rows.data() + col0, ld, T * ld, hd, group};
+}
+// Part 0 (q), 1 (k) or 2 (v) of [q | k | v] rows, as query head h reads it.
+template <class Exec>
+HeadMatrices qkv_heads(const Mat<Exec>& rows, const QkvLayout& L, int part, std::int64_t T) {
+  return row_heads<Exec>(rows, L.column(part), T, L.hd, part == 0 ? 1 : L.group());
 }
 
 // (B*NH, T, T) score matrices.
@@ -304,15 +306,24 @@ struct CausalAttentionBackwardRows {
   }
 };
 
-// Backward by column blocks of P and dS (all of dS done): dv = P^T dy, dk = scale dS^T q.
+// Backward by column blocks of P and dS (all of dS done): dv = P^T dy, dk = scale dS^T q,
+// summed over the query heads of a key/value head (items: its blocks, `blocks` over NKV).
 struct CausalAttentionBackwardColumns {
   CausalBlocks blocks;
+  std::int64_t group;
   float scale;
   HeadMatrices dy, q, att, datt, dk, dv;
   void operator()(const std::int64_t item) const {
-    const CausalBlock b = blocks[item];
-    host_sgemm(b.product(CausalProduct::lower_transposed, 1.0f, att, dy, dv));
-    host_sgemm(b.product(CausalProduct::lower_transposed, scale, datt, q, dk));
+    CausalBlock b = blocks[item];
+    const std::int64_t g = b.h;
+    for (std::int64_t j = 0; j < group; ++j) {
+      b.h = g * group + j;
+      RowMajorGemm pv = b.product(CausalProduct::lower_transposed, 1.0f, att, dy, dv);
+      RowMajorGemm sq = b.product(CausalProduct::lower_transposed, scale, datt, q, dk);
+      pv.beta = sq.beta = j == 0 ? 0.0f : 1.0f;
+      host_sgemm(pv);
+      host_sgemm(sq);
+    }
   }
 };
 
@@ -364,11 +375,20 @@ struct Bf16Operands {
   }
 };
 
-// Matrix (s, h) of bf16 rows or scores, as HeadMatrices.
+// Matrix (s, h) of bf16 rows or scores, as HeadMatrices (group 1).
 struct HeadMatrices16 {
   const std::uint16_t* data = nullptr;
   std::int64_t ld = 0, seq_stride = 0, head_stride = 0;
 };
+
+// Query heads g G + j (g = 0..NKV-1) of query-shaped matrices (q, dy, y, dq, the scores):
+// the batch over (sequence, key/value head g) that reads key/value head g, for each j.
+template <class M>
+M group_member(M m, std::int64_t G, std::int64_t j) {
+  m.data += j * m.head_stride;
+  m.head_stride *= G;
+  return m;
+}
 
 // A block's rows of every (sequence, head): rows r0.. of each matrix.
 inline HeadMatrices from_row(HeadMatrices m, std::int64_t r0) {
@@ -481,10 +501,10 @@ struct Bf16SoftmaxBackwardRows {
   }
 };
 
-// Matrix (s, h) of bf16 (B*T, width) rows: part `part` (width / parts columns).
-inline HeadMatrices16 row_heads16(const std::uint16_t* rows, std::int64_t width, std::int64_t parts,
-                                  std::int64_t part, std::int64_t T, std::int64_t hd) {
-  return {rows + part * width / parts, width, T * width, hd};
+// Matrix (s, h) of bf16 (B*T, width) rows, heads hd wide from column col0.
+inline HeadMatrices16 row_heads16(const std::uint16_t* rows, std::int64_t width, std::int64_t col0, std::int64_t T,
+                                  std::int64_t hd) {
+  return {rows + col0, width, T * width, hd};
 }
 
 // A row block's bf16 copy (B*NH, kBf16RowBlock, T).
@@ -504,22 +524,23 @@ void for_each_row(const Exec& exec, const char* label, std::int64_t BNH, const I
   exec.fence();  // oneDNN reads what the rows wrote
 }
 
-// What both passes start from: the shapes, the softmax scale, q, k, v in the stored rows.
+// What both passes start from: the shapes, the softmax scale, q, k, v in the stored rows
+// (k and v as the batches over (sequence, key/value head) see them).
 struct Bf16Pass {
-  std::int64_t N, B, A, hd;
+  std::int64_t N, B, A, G;
   float scale;
   HeadMatrices16 q, k, v;
 
   template <class V>
-  Bf16Pass(const V& qkv, std::int64_t NH, std::int64_t T)
+  Bf16Pass(const V& qkv, const QkvLayout& L, std::int64_t T)
       : N(static_cast<std::int64_t>(qkv.extent(0))),
         B(N / T),
-        A(static_cast<std::int64_t>(qkv.extent(1)) / 3),
-        hd(A / NH),
-        scale(1.0f / math::sqrt(static_cast<float>(hd))),
-        q(row_heads16(qkv.data(), 3 * A, 3, 0, T, hd)),
-        k(row_heads16(qkv.data(), 3 * A, 3, 1, T, hd)),
-        v(row_heads16(qkv.data(), 3 * A, 3, 2, T, hd)) {}
+        A(L.NH * L.hd),
+        G(L.group()),
+        scale(1.0f / math::sqrt(static_cast<float>(L.hd))),
+        q(row_heads16(qkv.data(), L.width(), L.column(0), T, L.hd)),
+        k(row_heads16(qkv.data(), L.width(), L.column(1), T, L.hd)),
+        v(row_heads16(qkv.data(), L.width(), L.column(2), T, L.hd)) {}
 };
 
 // y = softmax(scale q k^T) v by row blocks into `out` (bf16). in place: the probabilities
@@ -528,23 +549,29 @@ struct Bf16Pass {
 template <class Exec>
 void bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Exec>& att, const Mat16<Exec>& qkv,
                             bool fused, const HeadMatrices& P, const Mat<Exec>& y_rows, const Vec<Exec>& narrowed,
-                            std::int64_t NH, std::int64_t T) {
-  const Bf16Pass b(qkv, NH, T);
-  const std::int64_t B = b.B, hd = b.hd;
+                            const QkvLayout& L, std::int64_t T) {
+  const Bf16Pass b(qkv, L, T);
+  const std::int64_t B = b.B, hd = L.hd, NH = L.NH, NKV = L.NKV, G = b.G;
   const Bf16Operands o = Bf16Operands::in(narrowed.data(), static_cast<std::int64_t>(narrowed.extent(0)), B, T, NH, hd);
   std::uint16_t* p16 = fused ? o.p : nullptr;
   float* scores = o.scores;
   const HeadMatrices16 &q = b.q, &k = b.k, &v = b.v;
   const HeadMatrices16 p = fused ? block_heads16(p16, NH, T) : score_heads16(att.data(), NH, T);
   const HeadMatrices block{scores, T, NH * kBf16RowBlock * T, kBf16RowBlock * T};
-  const HeadMatrices y = row_heads<Exec>(y_rows, 1, 0, T, hd);
+  const HeadMatrices y = row_heads<Exec>(y_rows, 0, T, hd);
   exec.fence();  // q, k, v written
   for (std::int64_t r0 = 0; r0 < T; r0 += kBf16RowBlock) {
     const std::int64_t r1 = std::min(T, r0 + kBf16RowBlock), m = r1 - r0;
-    head_products(B, NH, 'N', 'T', m, r1, hd, 1.0f, from_row(q, r0), k, 0.0f, fused ? from_row(P, r0) : block);
+    for (std::int64_t j = 0; j < G; ++j) {
+      head_products(B, NKV, 'N', 'T', m, r1, hd, 1.0f, group_member(from_row(q, r0), G, j), k, 0.0f,
+                    group_member(fused ? from_row(P, r0) : block, G, j));
+    }
     for_each_row(exec, "lamina::attention_forward_bf16_rows", B * NH,
                  Bf16SoftmaxRows{{NH, T, r0, m, r1}, P, fused ? nullptr : scores, att.data(), p16, b.scale});
-    head_products(B, NH, 'N', 'N', m, hd, r1, 1.0f, fused ? p : from_row(p, r0), v, 0.0f, from_row(y, r0));
+    for (std::int64_t j = 0; j < G; ++j) {
+      head_products(B, NKV, 'N', 'N', m, hd, r1, 1.0f, group_member(fused ? p : from_row(p, r0), G, j), v, 0.0f,
+                    group_member(from_row(y, r0), G, j));
+    }
   }
   const std::int64_t n = static_cast<std::int64_t>(out.size());
   to_bf16(exec, Bf16Vec<Exec>(out.data(), static_cast<std::size_t>(n)), ConstVec<Exec>(y_rows.data(), n));
@@ -558,28 +585,50 @@ void bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats
 template <class Exec>
 void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const HeadMatrices& dS, const Mat<Exec>& dout,
                              const Mat16<Exec>& qkv, const Mats16<Exec>& att, bool fused, const HeadMatrices& P,
-                             const Vec<Exec>& narrowed, std::int64_t NH, std::int64_t T) {
-  const Bf16Pass b(qkv, NH, T);
-  const std::int64_t B = b.B, A = b.A, hd = b.hd;
+                             const Vec<Exec>& narrowed, const QkvLayout& L, std::int64_t T) {
+  const Bf16Pass b(qkv, L, T);
+  const std::int64_t B = b.B, A = b.A, hd = L.hd, NH = L.NH, NKV = L.NKV, G = b.G;
   const Bf16Operands o = Bf16Operands::in(narrowed.data(), static_cast<std::int64_t>(narrowed.extent(0)), B, T, NH, hd);
   to_bf16(exec, Bf16Vec<Exec>(o.dy, b.N * A), ConstVec<Exec>(dout.data(), b.N * A));
   exec.fence();
-  const HeadMatrices16 &q = b.q, &k = b.k, &v = b.v, dy = row_heads16(o.dy, A, 1, 0, T, hd),
+  const HeadMatrices16 &q = b.q, &k = b.k, &v = b.v, dy = row_heads16(o.dy, A, 0, T, hd),
                        p = fused ? block_heads16(o.p, NH, T) : score_heads16(att.data(), NH, T),
                        ds = block_heads16(o.ds, NH, T);
-  const HeadMatrices dq = row_heads<Exec>(dqkv, 3, 0, T, hd), dk = row_heads<Exec>(dqkv, 3, 1, T, hd),
-                     dv = row_heads<Exec>(dqkv, 3, 2, T, hd);
+  const HeadMatrices dq = row_heads<Exec>(dqkv, L.column(0), T, hd), dk = row_heads<Exec>(dqkv, L.column(1), T, hd),
+                     dv = row_heads<Exec>(dqkv, L.column(2), T, hd);
   const std::int64_t last = (T - 1) / kBf16RowBlock * kBf16RowBlock;
+  // Each product batched over (sequence, key/value head), once per query head j of a group;
+  // dk and dv sum over the group's query heads.
+  auto each = [G](auto&& product) {
+    for (std::int64_t j = 0; j < G; ++j) product(j);
+  };
   for (std::int64_t r0 = last; r0 >= 0; r0 -= kBf16RowBlock) {
     const std::int64_t r1 = std::min(T, r0 + kBf16RowBlock), m = r1 - r0;
     const float sums = r0 == last ? 0.0f : 1.0f;
-    if (fused) head_products(B, NH, 'N', 'T', m, r1, hd, 1.0f, from_row(q, r0), k, 0.0f, from_row(P, r0));
-    head_products(B, NH, 'N', 'T', m, r1, hd, 1.0f, from_row(dy, r0), v, 0.0f, from_row(dS, r0));
+    if (fused) {
+      each([&](std::int64_t j) {
+        head_products(B, NKV, 'N', 'T', m, r1, hd, 1.0f, group_member(from_row(q, r0), G, j), k, 0.0f,
+                      group_member(from_row(P, r0), G, j));
+      });
+    }
+    each([&](std::int64_t j) {
+      head_products(B, NKV, 'N', 'T', m, r1, hd, 1.0f, group_member(from_row(dy, r0), G, j), v, 0.0f,
+                    group_member(from_row(dS, r0), G, j));
+    });
     for_each_row(exec, "lamina::attention_backward_bf16_rows", B * NH,
                  Bf16SoftmaxBackwardRows{{NH, T, r0, m, r1}, P, dS, att.data(), fused, o.p, o.ds, b.scale});
-    head_products(B, NH, 'N', 'N', m, hd, r1, 1.0f, ds, k, 0.0f, from_row(dq, r0));
-    head_products(B, NH, 'T', 'N', r1, hd, m, 1.0f, fused ? p : from_row(p, r0), from_row(dy, r0), sums, dv);
-    head_products(B, NH, 'T', 'N', r1, hd, m, 1.0f, ds, from_row(q, r0), sums, dk);
+    each([&](std::int64_t j) {
+      head_products(B, NKV, 'N', 'N', m, hd, r1, 1.0f, group_member(ds, G, j), k, 0.0f,
+                    group_member(from_row(dq, r0), G, j));
+    });
+    each([&](std::int64_t j) {
+      head_products(B, NKV, 'T', 'N', r1, hd, m, 1.0f, group_member(fused ? p : from_row(p, r0), G, j),
+                    group_member(from_row(dy, r0), G, j), j == 0 ? sums : 1.0f, dv);
+    });
+    each([&](std::int64_t j) {
+      head_products(B, NKV, 'T', 'N', r1, hd, m, 1.0f, group_member(ds, G, j), group_member(from_row(q, r0), G, j),
+                    j == 0 ? sums : 1.0f, dk);
+    });
   }
 }
 
@@ -663,9 +712,33 @@ std::int64_t attention_scratch(AttentionProducts how, ProductMath math, std::int
   return attention_on_host_bf16<Exec>(how, math) ? detail::Bf16Operands::size(B, T, NH, hd) : 0;
 }
 
-// out: (B*T, A) attention output before the projection, saved
+namespace detail {
+
+// The staged copies that batched products over (sequence, key/value head) take: query head
+// j of each group (staged_head's order: contiguous), and the key or value heads.
+template <class Exec>
+Mats<Exec> staged_group(const Mats<Exec>& m, const QkvLayout& L, std::int64_t B, std::int64_t j) {
+  const std::int64_t n = B * L.NKV, rows = static_cast<std::int64_t>(m.extent(1)),
+                     cols = static_cast<std::int64_t>(m.extent(2));
+  return as_mats<Exec>(m.data() + j * n * rows * cols, n, rows, cols);
+}
+template <class Exec>
+Mats<Exec> staged_kv(const Mats<Exec>& m, const QkvLayout& L, std::int64_t B) {
+  return staged_group<Exec>(m, L, B, 0);
+}
+
+// The fp32 copy of bf16 [q | k | v] rows, in their shape.
+template <class Exec>
+Mat<Exec> shaped_like(const Mat<Exec>& copy, const Mat16<Exec>& rows) {
+  return as_mat<Exec>(copy.data(), static_cast<std::int64_t>(rows.extent(0)), static_cast<std::int64_t>(rows.extent(1)));
+}
+
+}  // namespace detail
+
+// out: (B*T, NH hd) attention output before the projection, saved
 // att: (B*NH, T, saved_attention_columns(how, T)) probabilities or log-sum-exps, saved
-// qkv: (B*T, 3A) output of the QKV projection, saved
+// qkv: (B*T, (NH + 2 NKV) hd) output of the QKV projection, saved (kernels/qkv_layout.hpp)
+// The staged products take ws.k and ws.v as (B*NKV, T, hd).
 template <class Exec>
 void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>& att, const Mat<Exec>& qkv,
                        const AttentionWorkspace<Exec>& ws, std::int64_t NH,
@@ -673,17 +746,18 @@ void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>&
   const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0));
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
+  const QkvLayout L = QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, hd);
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
   if constexpr (kAttentionInPlace<Exec>) {
     if (how != AttentionProducts::staged) {
-      using detail::row_heads;
+      using detail::qkv_heads;
       const bool fused = how == AttentionProducts::fused;
       detail::for_each_causal_block(
           exec, "lamina::attention_forward_blocks", BNH,
-          detail::CausalAttentionForward{detail::CausalBlocks(NH, T, hd), scale, row_heads<Exec>(qkv, 3, 0, T, hd),
-                                         row_heads<Exec>(qkv, 3, 1, T, hd), row_heads<Exec>(qkv, 3, 2, T, hd),
+          detail::CausalAttentionForward{detail::CausalBlocks(NH, T, hd), scale, qkv_heads<Exec>(qkv, L, 0, T),
+                                         qkv_heads<Exec>(qkv, L, 1, T), qkv_heads<Exec>(qkv, L, 2, T),
                                          detail::score_heads<Exec>(fused ? ws.probs : att, NH),
-                                         row_heads<Exec>(out, 1, 0, T, hd), fused ? att.data() : nullptr});
+                                         detail::row_heads<Exec>(out, 0, T, hd), fused ? att.data() : nullptr});
       return;
     }
   }
@@ -691,17 +765,26 @@ void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>&
     flash_attention_forward(exec, out, att, qkv, NH);
     return;
   }
-  detail::permute_heads(exec, "lamina::attention_forward_split", qkv, ws.q, ws.k, ws.v, NH, false);
-  batched_gemm<Exec>(exec, "N", "T", scale, ws.q, ws.k, 0.0f, att, math);
+  const std::int64_t B = BNH / NH;
+  const Mats<Exec> k = detail::staged_kv<Exec>(ws.k, L, B), v = detail::staged_kv<Exec>(ws.v, L, B);
+  detail::permute_heads(exec, "lamina::attention_forward_split", qkv, ws.q, k, v, L, false);
+  for (std::int64_t j = 0; j < L.group(); ++j) {
+    batched_gemm<Exec>(exec, "N", "T", scale, detail::staged_group<Exec>(ws.q, L, B, j), k, 0.0f,
+                       detail::staged_group<Exec>(att, L, B, j), math);
+  }
   Kokkos::parallel_for("lamina::attention_forward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
                        detail::AttentionSoftmaxForward<Exec>{att, T});
-  batched_gemm<Exec>(exec, "N", "N", 1.0f, att, ws.v, 0.0f, ws.y, math);
-  detail::split_heads(exec, "lamina::attention_forward_merge", out, ws.y, NH, true);
+  for (std::int64_t j = 0; j < L.group(); ++j) {
+    batched_gemm<Exec>(exec, "N", "N", 1.0f, detail::staged_group<Exec>(att, L, B, j), v, 0.0f,
+                       detail::staged_group<Exec>(ws.y, L, B, j), math);
+  }
+  detail::split_heads(exec, "lamina::attention_forward_merge", out, 0, ws.y, L, true);
 }
 
-// dqkv: (B*T, 3A) overwritten; datt: (B*NH, T, T) workspace (a device's fused products
-// keep it in team scratch instead); dout: (B*T, A); qkv, out, att: as attention_forward
-// saved them
+// dqkv: (B*T, (NH + 2 NKV) hd) overwritten; datt: (B*NH, T, T) workspace (a device's fused
+// products keep it in team scratch instead); dout: (B*T, NH hd); qkv, out, att: as
+// attention_forward saved them. The staged products take ws.k, ws.v, ws.dk and ws.dv as
+// (B*NKV, T, hd).
 template <class Exec>
 void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& datt, const Mat<Exec>& dout,
                         const Mat<Exec>& qkv, const Mat<Exec>& out, const Mats<Exec>& att,
@@ -710,13 +793,14 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
   const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0));
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(dout.extent(1)) / NH;
+  const QkvLayout L = QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, hd);
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
   if constexpr (kAttentionInPlace<Exec>) {
     if (how != AttentionProducts::staged) {
-      using detail::row_heads;
+      using detail::qkv_heads;
       const detail::CausalBlocks blocks(NH, T, hd);
-      const detail::HeadMatrices dS = detail::score_heads<Exec>(datt, NH), dy = row_heads<Exec>(dout, 1, 0, T, hd),
-                                 q = row_heads<Exec>(qkv, 3, 0, T, hd), k = row_heads<Exec>(qkv, 3, 1, T, hd);
+      const detail::HeadMatrices dS = detail::score_heads<Exec>(datt, NH), dy = detail::row_heads<Exec>(dout, 0, T, hd),
+                                 q = qkv_heads<Exec>(qkv, L, 0, T), k = qkv_heads<Exec>(qkv, L, 1, T);
       detail::HeadMatrices P = detail::score_heads<Exec>(att, NH);
       if (how == AttentionProducts::fused) {
         P = detail::score_heads<Exec>(ws.probs, NH);
@@ -725,12 +809,14 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
       }
       detail::for_each_causal_block(
           exec, "lamina::attention_backward_row_blocks", BNH,
-          detail::CausalAttentionBackwardRows{blocks, scale, dy, q, k, row_heads<Exec>(qkv, 3, 2, T, hd), P, dS,
-                                              row_heads<Exec>(dqkv, 3, 0, T, hd)});
-      detail::for_each_causal_block(exec, "lamina::attention_backward_column_blocks", BNH,
-                                    detail::CausalAttentionBackwardColumns{blocks, scale, dy, q, P, dS,
-                                                                           row_heads<Exec>(dqkv, 3, 1, T, hd),
-                                                                           row_heads<Exec>(dqkv, 3, 2, T, hd)});
+          detail::CausalAttentionBackwardRows{blocks, scale, dy, q, k, qkv_heads<Exec>(qkv, L, 2, T), P, dS,
+                                              qkv_heads<Exec>(dqkv, L, 0, T)});
+      // By key/value head: each sums its query heads' contributions.
+      detail::for_each_causal_block(exec, "lamina::attention_backward_column_blocks", BNH / L.group(),
+                                    detail::CausalAttentionBackwardColumns{detail::CausalBlocks(L.NKV, T, hd),
+                                                                           L.group(), scale, dy, q, P, dS,
+                                                                           qkv_heads<Exec>(dqkv, L, 1, T),
+                                                                           qkv_heads<Exec>(dqkv, L, 2, T)});
       return;
     }
   }
@@ -738,15 +824,25 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
     flash_attention_backward(exec, dqkv, dout, qkv, out, att, NH);
     return;
   }
-  detail::split_heads(exec, "lamina::attention_backward_split", dout, ws.y, NH, false);
-  detail::permute_heads(exec, "lamina::attention_backward_split_qkv", qkv, ws.q, ws.k, ws.v, NH, false);
-  batched_gemm<Exec>(exec, "N", "T", 1.0f, ws.y, ws.v, 0.0f, datt, math);     // dP = dy v^T
-  batched_gemm<Exec>(exec, "T", "N", 1.0f, att, ws.y, 0.0f, ws.dv, math);     // dv = P^T dy
+  const std::int64_t B = BNH / NH, G = L.group();
+  using detail::staged_group;
+  const Mats<Exec> k = detail::staged_kv<Exec>(ws.k, L, B), v = detail::staged_kv<Exec>(ws.v, L, B),
+                   dk = detail::staged_kv<Exec>(ws.dk, L, B), dv = detail::staged_kv<Exec>(ws.dv, L, B);
+  detail::split_heads(exec, "lamina::attention_backward_split", dout, 0, ws.y, L, false);
+  detail::permute_heads(exec, "lamina::attention_backward_split_qkv", qkv, ws.q, k, v, L, false);
+  for (std::int64_t j = 0; j < G; ++j) {  // dP = dy v^T; dv = sum over the group of P^T dy
+    const Mats<Exec> dy = staged_group<Exec>(ws.y, L, B, j);
+    batched_gemm<Exec>(exec, "N", "T", 1.0f, dy, v, 0.0f, staged_group<Exec>(datt, L, B, j), math);
+    batched_gemm<Exec>(exec, "T", "N", 1.0f, staged_group<Exec>(att, L, B, j), dy, j == 0 ? 0.0f : 1.0f, dv, math);
+  }
   Kokkos::parallel_for("lamina::attention_backward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
                        detail::AttentionSoftmaxBackward<Exec>{datt, att, T});
-  batched_gemm<Exec>(exec, "N", "N", scale, datt, ws.k, 0.0f, ws.dq, math);   // dq = scale dS k
-  batched_gemm<Exec>(exec, "T", "N", scale, datt, ws.q, 0.0f, ws.dk, math);   // dk = scale dS^T q
-  detail::permute_heads(exec, "lamina::attention_backward_merge", dqkv, ws.dq, ws.dk, ws.dv, NH, true);
+  for (std::int64_t j = 0; j < G; ++j) {  // dq = scale dS k; dk = sum over the group of scale dS^T q
+    const Mats<Exec> dS = staged_group<Exec>(datt, L, B, j);
+    batched_gemm<Exec>(exec, "N", "N", scale, dS, k, 0.0f, staged_group<Exec>(ws.dq, L, B, j), math);
+    batched_gemm<Exec>(exec, "T", "N", scale, dS, staged_group<Exec>(ws.q, L, B, j), j == 0 ? 0.0f : 1.0f, dk, math);
+  }
+  detail::permute_heads(exec, "lamina::attention_backward_merge", dqkv, ws.dq, dk, dv, L, true);
 }
 
 // Attention on bf16 storage (bf16 runs): qkv, out and att as attention_forward's, stored in
@@ -761,20 +857,22 @@ void attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Ex
   if constexpr (kAttentionInPlace<Exec>) {
     if (attention_stores_bf16<Exec>(how, math)) {
       const bool fused = how == AttentionProducts::fused;
+      const std::int64_t width = static_cast<std::int64_t>(out.extent(1));
       detail::bf16_attention_forward(exec, out, att, qkv, fused,
                                      fused ? detail::score_heads<Exec>(ws.probs, NH) : detail::HeadMatrices{},
-                                     as_mat<Exec>(ws.y.data(), static_cast<std::int64_t>(out.extent(0)),
-                                                  static_cast<std::int64_t>(out.extent(1))),
-                                     ws.narrowed, NH, T);
+                                     as_mat<Exec>(ws.y.data(), static_cast<std::int64_t>(out.extent(0)), width),
+                                     ws.narrowed, QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, width / NH),
+                                     T);
       return;
     }
   } else if (how == AttentionProducts::fused) {  // a device's fused kernels
     flash_attention_forward(exec, out, att, qkv, NH);
     return;
   }
-  from_bf16(exec, as_vec<Exec>(ws.qkv32.data(), static_cast<std::int64_t>(qkv.size())),
+  const Mat<Exec> qkv32 = detail::shaped_like<Exec>(ws.qkv32, qkv);
+  from_bf16(exec, as_vec<Exec>(qkv32.data(), static_cast<std::int64_t>(qkv.size())),
             Bf16Vec<Exec>(qkv.data(), qkv.size()));
-  attention_forward(exec, ws.y32, ws.att32, ws.qkv32, ws, NH, how, math);
+  attention_forward(exec, ws.y32, ws.att32, qkv32, ws, NH, how, math);
   to_bf16(exec, Bf16Vec<Exec>(att.data(), att.size()), ConstVec<Exec>(ws.att32.data(), static_cast<std::int64_t>(att.size())));
   to_bf16(exec, Bf16Vec<Exec>(out.data(), out.size()), ConstVec<Exec>(ws.y32.data(), static_cast<std::int64_t>(out.size())));
 }
@@ -788,22 +886,24 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
   if constexpr (kAttentionInPlace<Exec>) {
     if (attention_stores_bf16<Exec>(how, math)) {
       const bool fused = how == AttentionProducts::fused;
+      const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
       detail::bf16_attention_backward(exec, dqkv, detail::score_heads<Exec>(datt, NH), dout, qkv, att, fused,
                                       fused ? detail::score_heads<Exec>(ws.probs, NH) : detail::HeadMatrices{},
-                                      ws.narrowed, NH, T);
+                                      ws.narrowed, QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, hd), T);
       return;
     }
   } else if (how == AttentionProducts::fused) {
     flash_attention_backward(exec, dqkv, dout, qkv, out, att, NH);
     return;
   }
-  from_bf16(exec, as_vec<Exec>(ws.qkv32.data(), static_cast<std::int64_t>(qkv.size())),
+  const Mat<Exec> qkv32 = detail::shaped_like<Exec>(ws.qkv32, qkv);
+  from_bf16(exec, as_vec<Exec>(qkv32.data(), static_cast<std::int64_t>(qkv.size())),
             Bf16Vec<Exec>(qkv.data(), qkv.size()));
   from_bf16(exec, as_vec<Exec>(ws.att32.data(), static_cast<std::int64_t>(att.size())),
             Bf16Vec<Exec>(att.data(), att.size()));
   from_bf16(exec, as_vec<Exec>(ws.y32.data(), static_cast<std::int64_t>(out.size())),
             Bf16Vec<Exec>(out.data(), out.size()));
-  attention_backward(exec, dqkv, datt, dout, ws.qkv32, ws.y32, ws.att32, ws, NH, how, math);
+  attention_backward(exec, dqkv, datt, dout, qkv32, ws.y32, ws.att32, ws, NH, how, math);
 }
 
 // Gradient of the fused QKV bias, dbias: (3C) +=, from dqkv: (N, 3C).

@@ -7,12 +7,14 @@
 // would move it by up to 2^-9, which exp() turns into errors of percents in the
 // probabilities. The backward pass recomputes the probabilities from it in two kernels,
 // dk and dv per key block and dq per query block, so that every output element is summed
-// by one thread in a fixed order (deterministic, no atomics). q, k, v are read and y, dq,
-// dk, dv written in place in the (B*T, 3A) and (B*T, A) rows. Portable Kokkos: the same
+// by one thread in a fixed order (deterministic, no atomics); a key/value head's dk and dv
+// sum its query heads' in one team (grouped-query attention). q, k, v are read and y, dq,
+// dk, dv written in place in the [q | k | v] rows (kernels/qkv_layout.hpp) and (B*T, A) rows. Portable Kokkos: the same
 // teams run, one thread each, on the host backends, where the tests check them.
 #include "lamina/kernels/bf16.hpp"
 #include "lamina/kernels/common.hpp"
 #include "lamina/kernels/fast_math.hpp"
+#include "lamina/kernels/qkv_layout.hpp"
 
 namespace lamina {
 
@@ -52,19 +54,25 @@ KOKKOS_INLINE_FUNCTION ScratchMat<Exec> scratch_block(const Scratch& scratch, st
   return ScratchMat<Exec>(scratch, kFlashBlock, cols + 1);
 }
 
-// Block r0 / kFlashBlock of positions of (sequence, head) bh: its first row in the (B*T, .)
-// rows, the head's first column within a part, and its n positions.
+// Block r0 / kFlashBlock of positions of (sequence, query head) bh: its first row in the
+// (B*T, .) rows, the query head's first column (in q, y, dq) and its key/value head's within
+// k and v, and its n positions.
 struct FlashTile {
-  std::int64_t bh, row0, col0, r0, n;
+  std::int64_t bh, row0, col0, kv0, r0, n;
 };
 
 struct FlashBlocks {
-  std::int64_t NH, T, hd, blocks;
-  FlashBlocks(std::int64_t nh, std::int64_t t, std::int64_t d)
-      : NH(nh), T(t), hd(d), blocks((t + kFlashBlock - 1) / kFlashBlock) {}
+  QkvLayout L;
+  std::int64_t T, hd, blocks;
+  FlashBlocks(const QkvLayout& l, std::int64_t t)
+      : L(l), T(t), hd(l.hd), blocks((t + kFlashBlock - 1) / kFlashBlock) {}
+  // Items: every block of every (sequence, query head).
   KOKKOS_INLINE_FUNCTION FlashTile operator[](std::int64_t item) const {
-    const std::int64_t bh = item / blocks, r0 = item % blocks * kFlashBlock;
-    return {bh, bh / NH * T, bh % NH * hd, r0, math::min(kFlashBlock, T - r0)};
+    return tile(item / blocks, item % blocks * kFlashBlock);
+  }
+  KOKKOS_INLINE_FUNCTION FlashTile tile(std::int64_t bh, std::int64_t r0) const {
+    const std::int64_t h = bh % L.NH;
+    return {bh, bh / L.NH * T, h * hd, h / L.group() * hd, r0, math::min(kFlashBlock, T - r0)};
   }
   KOKKOS_INLINE_FUNCTION std::int64_t size(std::int64_t r0) const { return math::min(kFlashBlock, T - r0); }
   // Scratch for `rows` blocks of hd columns, `scores` of kFlashBlock (scratch_block) and
@@ -105,7 +113,8 @@ struct FlashAttentionForward {
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const FlashTile t = blocks[team.league_rank()];
-    const std::int64_t hd = blocks.hd, A = blocks.NH * hd, B = kFlashBlock;
+    const std::int64_t hd = blocks.hd, B = kFlashBlock;
+    const std::int64_t kcol = blocks.L.column(1) + t.kv0, vcol = blocks.L.column(2) + t.kv0;
     const auto sc = team.team_scratch(level);
     const ScratchMat<Exec> q = scratch_block<Exec>(sc, hd), kv = scratch_block<Exec>(sc, hd),
                            o = scratch_block<Exec>(sc, hd), s = scratch_block<Exec>(sc, B), st(sc, B, 3);
@@ -119,7 +128,7 @@ struct FlashAttentionForward {
     team.team_barrier();
     for (std::int64_t c0 = 0; c0 < t.r0 + t.n; c0 += B) {
       const std::int64_t m = blocks.size(c0);
-      flash_load(team, kv, qkv, t.row0 + c0, A + t.col0, m, hd, 1.0f);
+      flash_load(team, kv, qkv, t.row0 + c0, kcol, m, hd, 1.0f);
       team.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n * m), [&](std::int64_t e) {
         const std::int64_t i = e / m, j = e % m;
@@ -144,7 +153,7 @@ struct FlashAttentionForward {
         st(i, 2) = rescale;
       });
       team.team_barrier();
-      flash_load(team, kv, qkv, t.row0 + c0, 2 * A + t.col0, m, hd, 1.0f);
+      flash_load(team, kv, qkv, t.row0 + c0, vcol, m, hd, 1.0f);
       team.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n * hd), [&](std::int64_t e) {
         const std::int64_t i = e / hd, d = e % hd;
@@ -219,7 +228,8 @@ struct FlashBackwardBlock {
   }
 };
 
-// dk, dv of one key block, over the query blocks at or after it.
+// dk, dv of one key block of one key/value head, over the query blocks at or after it of
+// each query head that reads it.
 template <class Exec, class T>
 struct FlashAttentionBackwardKeys {
   using Member = typename Teams<Exec>::member_type;
@@ -231,17 +241,22 @@ struct FlashAttentionBackwardKeys {
   MatsOf<Exec, T> lse;
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
-    const FlashTile kt = blocks[team.league_rank()];
-    const std::int64_t hd = blocks.hd, A = blocks.NH * hd, B = kFlashBlock;
+    // Items: every block of every (sequence, key/value head); its first query head's tile.
+    const std::int64_t G = blocks.L.group(), NKV = blocks.L.NKV;
+    const std::int64_t kvh = team.league_rank() / blocks.blocks, s = kvh / NKV, g = kvh % NKV;
+    const FlashTile kt = blocks.tile(s * blocks.L.NH + g * G, team.league_rank() % blocks.blocks * kFlashBlock);
+    const std::int64_t hd = blocks.hd, B = kFlashBlock;
+    const std::int64_t kcol = blocks.L.column(1) + kt.kv0, vcol = blocks.L.column(2) + kt.kv0;
     const auto sc = team.team_scratch(level);
     const auto b = FlashBackwardBlock<Exec>::in_scratch(sc, hd, true);
     const ScratchMat<Exec> dk = scratch_block<Exec>(sc, hd), dv = scratch_block<Exec>(sc, hd);
-    flash_load(team, b.k, qkv, kt.row0 + kt.r0, A + kt.col0, kt.n, hd, 1.0f);
-    flash_load(team, b.v, qkv, kt.row0 + kt.r0, 2 * A + kt.col0, kt.n, hd, 1.0f);
+    flash_load(team, b.k, qkv, kt.row0 + kt.r0, kcol, kt.n, hd, 1.0f);
+    flash_load(team, b.v, qkv, kt.row0 + kt.r0, vcol, kt.n, hd, 1.0f);
     flash_zero(team, dk, kt.n, hd);
     flash_zero(team, dv, kt.n, hd);
-    for (std::int64_t r0 = kt.r0; r0 < blocks.T; r0 += B) {
-      const FlashTile qt{kt.bh, kt.row0, kt.col0, r0, blocks.size(r0)};
+    for (std::int64_t step = 0, steps = G * ((blocks.T - kt.r0 + B - 1) / B); step < steps; ++step) {
+      const std::int64_t j = step % G, r0 = kt.r0 + step / G * B;  // query head g G + j, block r0
+      const FlashTile qt = blocks.tile(kt.bh + j, r0);
       b.load_queries(team, qt, scale, qkv, dout, out, lse, hd);
       team.team_barrier();
       b.template probabilities<true>(team, r0, qt.n, kt.r0, kt.n, hd);
@@ -261,8 +276,8 @@ struct FlashAttentionBackwardKeys {
     }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kt.n * hd), [&](std::int64_t e) {
       const std::int64_t j = e / hd, d = e % hd;
-      dqkv(kt.row0 + kt.r0 + j, A + kt.col0 + d) = dk(j, d);
-      dqkv(kt.row0 + kt.r0 + j, 2 * A + kt.col0 + d) = dv(j, d);
+      dqkv(kt.row0 + kt.r0 + j, kcol + d) = dk(j, d);
+      dqkv(kt.row0 + kt.r0 + j, vcol + d) = dv(j, d);
     });
   }
 };
@@ -280,7 +295,8 @@ struct FlashAttentionBackwardQueries {
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const FlashTile qt = blocks[team.league_rank()];
-    const std::int64_t hd = blocks.hd, A = blocks.NH * hd, B = kFlashBlock;
+    const std::int64_t hd = blocks.hd, B = kFlashBlock;
+    const std::int64_t kcol = blocks.L.column(1) + qt.kv0, vcol = blocks.L.column(2) + qt.kv0;
     const auto sc = team.team_scratch(level);
     const auto b = FlashBackwardBlock<Exec>::in_scratch(sc, hd, false);
     const ScratchMat<Exec> dq = scratch_block<Exec>(sc, hd);
@@ -289,8 +305,8 @@ struct FlashAttentionBackwardQueries {
     for (std::int64_t c0 = 0; c0 < qt.r0 + qt.n; c0 += B) {
       const std::int64_t m = blocks.size(c0);
       team.team_barrier();
-      flash_load(team, b.k, qkv, qt.row0 + c0, A + qt.col0, m, hd, 1.0f);
-      flash_load(team, b.v, qkv, qt.row0 + c0, 2 * A + qt.col0, m, hd, 1.0f);
+      flash_load(team, b.k, qkv, qt.row0 + c0, kcol, m, hd, 1.0f);
+      flash_load(team, b.v, qkv, qt.row0 + c0, vcol, m, hd, 1.0f);
       team.team_barrier();
       b.template probabilities<false>(team, qt.r0, qt.n, c0, m, hd);
       team.team_barrier();
@@ -309,44 +325,44 @@ struct FlashAttentionBackwardQueries {
   }
 };
 
-// One team per block of every (sequence, head), its scratch in level 0 (a GPU's shared
+// One team per block of `heads` (sequence, head) pairs, its scratch in level 0 (a GPU's shared
 // memory) where it fits, else level 1.
 template <class Exec, class Kernel>
-void for_each_flash_block(const Exec& exec, const char* label, std::int64_t BNH, std::size_t bytes, Kernel kernel) {
+void for_each_flash_block(const Exec& exec, const char* label, std::int64_t heads, std::size_t bytes, Kernel kernel) {
   kernel.level = bytes <= static_cast<std::size_t>(Teams<Exec>::scratch_size_max(0)) ? 0 : 1;
-  const int items = static_cast<int>(BNH * kernel.blocks.blocks);
+  const int items = static_cast<int>(heads * kernel.blocks.blocks);
   Kokkos::parallel_for(label, Teams<Exec>(exec, items, Kokkos::AUTO).set_scratch_size(kernel.level, Kokkos::PerTeam(bytes)),
                        kernel);
 }
 
 }  // namespace detail
 
-// out: (B*T, A) attention output; lse: (B*NH, T, 2) each score row's log-sum-exp, saved;
-// qkv: (B*T, 3A) [q | k | v] rows; all three stored as float, or as bf16 (bf16 runs: read
-// and written as they are)
+// out: (B*T, NH hd) attention output; lse: (B*NH, T, 2) each score row's log-sum-exp,
+// saved; qkv: [q | k | v] rows (kernels/qkv_layout.hpp); all three stored as float, or as
+// bf16 (bf16 runs: read and written as they are)
 template <class Exec, class OutV, class LseV, class QkvV>
 void flash_attention_forward(const Exec& exec, const OutV& out, const LseV& lse, const QkvV& qkv, std::int64_t NH) {
   using T = StoredType<OutV>;
   const std::int64_t BNH = static_cast<std::int64_t>(lse.extent(0)), Tn = static_cast<std::int64_t>(lse.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
-  const detail::FlashBlocks blocks(NH, Tn, hd);
+  const detail::FlashBlocks blocks(QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, hd), Tn);
   detail::for_each_flash_block(exec, "lamina::flash_attention_forward", BNH, blocks.scratch_bytes<Exec>(3, 1),
                                detail::FlashAttentionForward<Exec, T>{
                                    blocks, 1.0f / math::sqrt(static_cast<float>(hd)), 0, qkv, out, lse});
 }
 
-// dqkv: (B*T, 3A) overwritten; dout: (B*T, A); qkv, out, lse: as flash_attention_forward
-// left them.
+// dqkv: [q | k | v] rows, overwritten; dout: (B*T, NH hd); qkv, out, lse: as
+// flash_attention_forward left them.
 template <class Exec, class QkvV, class OutV, class LseV>
 void flash_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mat<Exec>& dout, const QkvV& qkv,
                               const OutV& out, const LseV& lse, std::int64_t NH) {
   using T = StoredType<OutV>;
   const std::int64_t BNH = static_cast<std::int64_t>(lse.extent(0)), Tn = static_cast<std::int64_t>(lse.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
-  const detail::FlashBlocks blocks(NH, Tn, hd);
+  const detail::FlashBlocks blocks(QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, hd), Tn);
   const float scale = 1.0f / math::sqrt(static_cast<float>(hd));
   detail::for_each_flash_block(
-      exec, "lamina::flash_attention_backward_keys", BNH, blocks.scratch_bytes<Exec>(6, 2),
+      exec, "lamina::flash_attention_backward_keys", BNH / blocks.L.group(), blocks.scratch_bytes<Exec>(6, 2),
       detail::FlashAttentionBackwardKeys<Exec, T>{blocks, scale, 0, dqkv, dout, qkv, out, lse});
   detail::for_each_flash_block(
       exec, "lamina::flash_attention_backward_queries", BNH, blocks.scratch_bytes<Exec>(5, 1),

@@ -10,19 +10,25 @@ namespace {
 double identity(double x) { return x; }
 double bf16(double x) { return from_bf16(to_bf16(static_cast<float>(x))); }
 
-// Naive double-precision causal attention on qkv (B*T, 3C): returns out (B*T, C) and,
-// given dout, dqkv. `r` is applied where bf16 products round their operands: q, k, v, dy,
+// Naive double-precision causal attention on qkv (B*T, (NH + 2 NKV) hd) rows [q | k | v]
+// (NKV key/value heads, each read by NH / NKV query heads; 0: NKV = NH): returns out
+// (B*T, C) and, given dout, dqkv. `r` is applied where bf16 products round their operands: q, k, v, dy,
 // the probabilities and the (scaled) score gradients they multiply; `saved` to the
 // probabilities the backward pass reads (bf16 where they are saved in bf16); `y` to the
 // output where the softmax backward's row sum is taken as dy . y (fused kernels), not P . dP.
 void attention_reference(const std::vector<double>& qkv, const std::vector<double>& dout, int B, int T, int C, int NH,
                          std::vector<double>& out, std::vector<double>& dqkv, double (*r)(double) = identity,
-                         double (*saved)(double) = identity, double (*y)(double) = nullptr) {
+                         double (*saved)(double) = identity, double (*y)(double) = nullptr, int NKV = 0) {
   const int hd = C / NH;
+  if (NKV == 0) NKV = NH;
+  const int G = NH / NKV, W = (NH + 2 * NKV) * hd;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   out.assign(B * T * C, 0.0);
-  dqkv.assign(B * T * 3 * C, 0.0);
-  auto at = [&](int b, int t, int part, int h, int d) { return (b * T + t) * 3 * C + part * C + h * hd + d; };
+  dqkv.assign(B * T * W, 0.0);
+  auto at = [&](int b, int t, int part, int h, int d) {
+    const int col = part == 0 ? h * hd : part == 1 ? C + h / G * hd : C + NKV * hd + h / G * hd;
+    return (b * T + t) * W + col + d;
+  };
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
       std::vector<double> P(T * T, 0.0), dP(T * T, 0.0);
@@ -98,32 +104,36 @@ TYPED_TEST_SUITE(AttentionTest, ExecSpaces);
 constexpr AttentionProducts kPaths[] = {AttentionProducts::in_place, AttentionProducts::staged,
                                         AttentionProducts::fused};
 
+// Multi-head (NKV = NH) and multi-query (NKV = 1) attention.
 TYPED_TEST(AttentionTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifferences) {
   using Exec = TypeParam;
   const int B = 2, T = 5, C = 8, NH = 2, hd = C / NH, N = B * T, BNH = B * NH;
-  const auto qkv = random_vector(N * 3 * C, 41, -1.5, 1.5), dout = random_vector(N * C, 42);
-  std::vector<double> want, want_dqkv;
-  attention_reference(qkv, dout, B, T, C, NH, want, want_dqkv);
-  for (const AttentionProducts how : kPaths) {
-    SCOPED_TRACE(attention_products_name(how));
-    const HeadsScratch<Exec> scratch(BNH, T, hd);
-    Vec<Exec> att("att", BNH * T * T), out("out", N * C), saved("qkv", N * 3 * C);
-    const Mats<Exec> saved_att = as_mats<Exec>(att.data(), BNH, T, saved_attention_columns(how, T));
-    auto run = [&](const std::vector<double>& in) {
-      saved = to_device<Exec>(in);
-      attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), saved_att, as_mat<Exec>(saved.data(), N, 3 * C),
-                        scratch.heads(), NH, how);
-      return to_host(out);
-    };
-    EXPECT_LT(rel_error(run(qkv), want), 1e-6);
-  auto dd = to_device<Exec>(dout);
-    Vec<Exec> dqkv("dqkv", N * 3 * C), datt("datt", BNH * T * T);
-    attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mats<Exec>(datt.data(), BNH, T, T),
-                       as_mat<Exec>(dd.data(), N, C), as_mat<Exec>(saved.data(), N, 3 * C),
-                       as_mat<Exec>(out.data(), N, C), saved_att, scratch.heads(), NH, how);
-    const auto got = to_host(dqkv);
-    EXPECT_LT(rel_error(got, want_dqkv), 1e-5);
-    expect_fd_matches([&](const std::vector<double>& in) { return dot(run(in), dout); }, qkv, got, "dqkv", 30);
+  for (const int NKV : {NH, 1}) {
+    const int W = C + 2 * NKV * hd;
+    const auto qkv = random_vector(N * W, 41, -1.5, 1.5), dout = random_vector(N * C, 42);
+    std::vector<double> want, want_dqkv;
+    attention_reference(qkv, dout, B, T, C, NH, want, want_dqkv, identity, identity, nullptr, NKV);
+    for (const AttentionProducts how : kPaths) {
+      SCOPED_TRACE(std::string(attention_products_name(how)) + ", " + std::to_string(NKV) + " key/value heads");
+      const HeadsScratch<Exec> scratch(BNH, T, hd);
+      Vec<Exec> att("att", BNH * T * T), out("out", N * C), saved("qkv", N * W);
+      const Mats<Exec> saved_att = as_mats<Exec>(att.data(), BNH, T, saved_attention_columns(how, T));
+      auto run = [&](const std::vector<double>& in) {
+        saved = to_device<Exec>(in);
+        attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), saved_att, as_mat<Exec>(saved.data(), N, W),
+                          scratch.heads(), NH, how);
+        return to_host(out);
+      };
+      EXPECT_LT(rel_error(run(qkv), want), 1e-6);
+      auto dd = to_device<Exec>(dout);
+      Vec<Exec> dqkv("dqkv", N * W), datt("datt", BNH * T * T);
+      attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, W), as_mats<Exec>(datt.data(), BNH, T, T),
+                         as_mat<Exec>(dd.data(), N, C), as_mat<Exec>(saved.data(), N, W),
+                         as_mat<Exec>(out.data(), N, C), saved_att, scratch.heads(), NH, how);
+      const auto got = to_host(dqkv);
+      EXPECT_LT(rel_error(got, want_dqkv), 1e-5);
+      expect_fd_matches([&](const std::vector<double>& in) { return dot(run(in), dout); }, qkv, got, "dqkv", 30);
+    }
   }
 }
 
@@ -131,11 +141,11 @@ TYPED_TEST(AttentionTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiffere
 // so reading any entry the causal products skip, or that fused products never write, would
 // show.
 template <class Exec>
-void expect_every_path_matches(int B, int T, int C, int NH, std::uint32_t seed) {
-  const int hd = C / NH, N = B * T, BNH = B * NH;
-  const auto qkv = random_vector(N * 3 * C, seed, -1.5, 1.5), dout = random_vector(N * C, seed + 1);
+void expect_every_path_matches(int B, int T, int C, int NH, std::uint32_t seed, int NKV = 0) {
+  const int hd = C / NH, N = B * T, BNH = B * NH, KV = NKV == 0 ? NH : NKV, W = C + 2 * KV * hd;
+  const auto qkv = random_vector(N * W, seed, -1.5, 1.5), dout = random_vector(N * C, seed + 1);
   std::vector<double> want, want_dqkv;
-  attention_reference(qkv, dout, B, T, C, NH, want, want_dqkv);
+  attention_reference(qkv, dout, B, T, C, NH, want, want_dqkv, identity, identity, nullptr, NKV);
   const std::vector<double> nan(BNH * T * T, std::nan(""));
   for (const AttentionProducts how : kPaths) {
     SCOPED_TRACE(attention_products_name(how));
@@ -143,17 +153,17 @@ void expect_every_path_matches(int B, int T, int C, int NH, std::uint32_t seed) 
     auto att = to_device<Exec>(nan), datt = to_device<Exec>(nan), saved = to_device<Exec>(qkv),
          dd = to_device<Exec>(dout);
     const Mats<Exec> saved_att = as_mats<Exec>(att.data(), BNH, T, saved_attention_columns(how, T));
-    Vec<Exec> out("out", N * C), dqkv("dqkv", N * 3 * C);
+    Vec<Exec> out("out", N * C), dqkv("dqkv", N * W);
     // As in the workspace: the staged backward's copies of q, k, v share dqkv's memory.
     AttentionWorkspace<Exec> dheads = scratch.heads();
     dheads.q = as_mats<Exec>(dqkv.data(), BNH, T, hd);
-    dheads.k = as_mats<Exec>(dqkv.data() + N * C, BNH, T, hd);
-    dheads.v = as_mats<Exec>(dqkv.data() + 2 * N * C, BNH, T, hd);
-    attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), saved_att, as_mat<Exec>(saved.data(), N, 3 * C),
+    dheads.k = as_mats<Exec>(dqkv.data() + N * C, B * KV, T, hd);
+    dheads.v = as_mats<Exec>(dqkv.data() + N * (C + KV * hd), B * KV, T, hd);
+    attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), saved_att, as_mat<Exec>(saved.data(), N, W),
                       scratch.heads(), NH, how);
     EXPECT_LT(rel_error(to_host(out), want), 1e-5);
-    attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mats<Exec>(datt.data(), BNH, T, T),
-                       as_mat<Exec>(dd.data(), N, C), as_mat<Exec>(saved.data(), N, 3 * C),
+    attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, W), as_mats<Exec>(datt.data(), BNH, T, T),
+                       as_mat<Exec>(dd.data(), N, C), as_mat<Exec>(saved.data(), N, W),
                        as_mat<Exec>(out.data(), N, C), saved_att, dheads, NH, how);
     EXPECT_LT(rel_error(to_host(dqkv), want_dqkv), 1e-5);
     EXPECT_LT(rel_error(to_host(saved), qkv), 1e-7) << "the saved qkv rows changed";
@@ -162,12 +172,12 @@ void expect_every_path_matches(int B, int T, int C, int NH, std::uint32_t seed) 
   SCOPED_TRACE("team scratch");
   auto lse = to_device<Exec>(std::vector<double>(BNH * T * 2, std::nan(""))), saved = to_device<Exec>(qkv),
        dd = to_device<Exec>(dout);
-  Vec<Exec> out("out", N * C), dqkv("dqkv", N * 3 * C);
+  Vec<Exec> out("out", N * C), dqkv("dqkv", N * W);
   flash_attention_forward(Exec(), as_mat<Exec>(out.data(), N, C), as_mats<Exec>(lse.data(), BNH, T, 2),
-                          as_mat<Exec>(saved.data(), N, 3 * C), NH);
+                          as_mat<Exec>(saved.data(), N, W), NH);
   EXPECT_LT(rel_error(to_host(out), want), 1e-5);
-  flash_attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mat<Exec>(dd.data(), N, C),
-                           as_mat<Exec>(saved.data(), N, 3 * C), as_mat<Exec>(out.data(), N, C),
+  flash_attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, W), as_mat<Exec>(dd.data(), N, C),
+                           as_mat<Exec>(saved.data(), N, W), as_mat<Exec>(out.data(), N, C),
                            as_mats<Exec>(lse.data(), BNH, T, 2), NH);
   EXPECT_LT(rel_error(to_host(dqkv), want_dqkv), 1e-5);
 }
@@ -175,6 +185,14 @@ void expect_every_path_matches(int B, int T, int C, int NH, std::uint32_t seed) 
 // Long enough for row blocks of 32 (four whole, one partial).
 TYPED_TEST(AttentionTest, LongSequencesMatchDoubleReferenceWithoutReadingMaskedScores) {
   expect_every_path_matches<TypeParam>(2, 150, 16, 2, 45);
+}
+
+// Grouped-query attention (two query heads per key/value head, Llama 3's kind) and
+// multi-query attention (one key/value head for four query heads): every path reads each
+// key/value head for its query heads in place and sums their gradients into it.
+TYPED_TEST(AttentionTest, GroupedAndMultiQueryAttentionMatchDoubleReference) {
+  expect_every_path_matches<TypeParam>(2, 70, 32, 4, 56, 2);
+  expect_every_path_matches<TypeParam>(2, 40, 32, 4, 57, 1);
 }
 
 // GPT-2's head width: the fused backward passes' scratch exceeds a host team's level 0
@@ -269,20 +287,23 @@ TYPED_TEST(AttentionTest, StagedProductsInBf16RoundOperandsOnlyWhereTheDeviceRun
 TYPED_TEST(AttentionTest, Bf16StorageMatchesAReferenceOfTheStoredAndRoundedOperands) {
   using Exec = TypeParam;
   const int B = 2, T = 150, C = 16, NH = 2, hd = C / NH, N = B * T, BNH = B * NH;
-  const auto qkv = random_vector(N * 3 * C, 52, -1.5, 1.5), dout = random_vector(N * C, 53);
+  for (const int NKV : {NH, 1}) {  // multi-head and multi-query
+  const int W = C + 2 * NKV * hd;
+  const auto qkv = random_vector(N * W, 52, -1.5, 1.5), dout = random_vector(N * C, 53);
   const auto stored_qkv = bf16_values(qkv);
   std::vector<double> exact, exact_dqkv;
-  attention_reference(qkv, dout, B, T, C, NH, exact, exact_dqkv);
+  attention_reference(qkv, dout, B, T, C, NH, exact, exact_dqkv, identity, identity, nullptr, NKV);
   for (const ProductMath math : {ProductMath::bf16, ProductMath::fp32}) {
     for (const AttentionProducts how : {AttentionProducts::in_place, AttentionProducts::fused, AttentionProducts::staged}) {
       if (how == AttentionProducts::in_place && !kAttentionInPlace<Exec>) continue;
-      SCOPED_TRACE(std::string(attention_products_name(how)) + (math == ProductMath::bf16 ? ", bf16" : ", fp32"));
+      SCOPED_TRACE(std::string(attention_products_name(how)) + (math == ProductMath::bf16 ? ", bf16" : ", fp32") +
+                   ", " + std::to_string(NKV) + " key/value heads");
       const bool native = attention_stores_bf16<Exec>(how, math), onednn = attention_on_host_bf16<Exec>(how, math);
       const bool saved_probabilities = how != AttentionProducts::fused;
       std::vector<double> want, want_dqkv;
       // A device's fused kernels take the softmax backward's row sums from the stored output.
       attention_reference(stored_qkv, dout, B, T, C, NH, want, want_dqkv, onednn ? bf16 : identity,
-                          saved_probabilities ? bf16 : identity, native && !onednn ? bf16 : nullptr);
+                          saved_probabilities ? bf16 : identity, native && !onednn ? bf16 : nullptr, NKV);
       HeadsScratch<Exec> scratch(BNH, T, hd);
       AttentionWorkspace<Exec> heads = scratch.heads();
       const std::int64_t cols = saved_attention_columns(how, T);
@@ -292,18 +313,18 @@ TYPED_TEST(AttentionTest, Bf16StorageMatchesAReferenceOfTheStoredAndRoundedOpera
       heads.narrowed = nan_vec(attention_scratch<Exec>(how, math, B, T, NH, hd));
       const auto copies = nan_vec(attention_copies<Exec>(how, math, B, T, NH, hd));
       if (!native) {
-        heads.qkv32 = as_mat<Exec>(copies.data(), N, 3 * C);
-        heads.y32 = as_mat<Exec>(copies.data() + 3 * N * C, N, C);
-        heads.att32 = as_mats<Exec>(copies.data() + 4 * N * C, BNH, T, cols);
+        heads.qkv32 = as_mat<Exec>(copies.data(), N, W);
+        heads.y32 = as_mat<Exec>(copies.data() + N * W, N, C);
+        heads.att32 = as_mats<Exec>(copies.data() + N * (W + C), BNH, T, cols);
       }
       auto qkv16 = to_device_bf16<Exec>(qkv);
       Bf16Vec<Exec> att("att", BNH * T * cols), out("out", N * C);
       Kokkos::deep_copy(att, std::uint16_t{0x7fc0});  // NaN
-      auto datt = nan_vec(BNH * T * T), dd = to_device<Exec>(dout), dqkv = nan_vec(N * 3 * C);
-      const Mat16<Exec> q16(qkv16.data(), N, 3 * C), o16(out.data(), N, C);
+      auto datt = nan_vec(BNH * T * T), dd = to_device<Exec>(dout), dqkv = nan_vec(N * W);
+      const Mat16<Exec> q16(qkv16.data(), N, W), o16(out.data(), N, C);
       const Mats16<Exec> saved(att.data(), BNH, T, cols);
       attention_forward(Exec(), o16, saved, q16, heads, NH, how, math);
-      attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mats<Exec>(datt.data(), BNH, T, T),
+      attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, W), as_mats<Exec>(datt.data(), BNH, T, T),
                          as_mat<Exec>(dd.data(), N, C), q16, o16, saved, heads, NH, how, math);
       const auto got = widened_to_host(out);
       for (int i = 0; i < N * C; ++i) EXPECT_NEAR(got[i], want[i], std::abs(want[i]) / 128 + 1e-5) << i;
@@ -323,6 +344,7 @@ TYPED_TEST(AttentionTest, Bf16StorageMatchesAReferenceOfTheStoredAndRoundedOpera
       }
     }
   }
+  }
 }
 
 // The fused kernels of a device (run here by the host's teams) on bf16 storage: q, k, v read
@@ -332,22 +354,26 @@ TYPED_TEST(AttentionTest, Bf16StorageMatchesAReferenceOfTheStoredAndRoundedOpera
 // log-sum-exps, 2^-18 relative).
 TYPED_TEST(AttentionTest, FlashKernelsReadAndWriteBf16Storage) {
   using Exec = TypeParam;
-  const int B = 2, T = 70, C = 16, NH = 2, N = B * T, BNH = B * NH;
-  const auto qkv = random_vector(N * 3 * C, 54, -3.0, 3.0), dout = random_vector(N * C, 55);
-  std::vector<double> want, want_dqkv;
-  attention_reference(bf16_values(qkv), dout, B, T, C, NH, want, want_dqkv, identity, identity, bf16);
-  auto qkv16 = to_device_bf16<Exec>(qkv);
-  auto dd = to_device<Exec>(dout);
-  Bf16Vec<Exec> out("out", N * C), lse("lse", BNH * T * 2);
-  Vec<Exec> dqkv("dqkv", N * 3 * C);
-  const Mat16<Exec> q16(qkv16.data(), N, 3 * C), o16(out.data(), N, C);
-  const Mats16<Exec> saved(lse.data(), BNH, T, 2);
-  flash_attention_forward(Exec(), o16, saved, q16, NH);
-  flash_attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, 3 * C), as_mat<Exec>(dd.data(), N, C), q16, o16, saved,
-                           NH);
-  const auto got = widened_to_host(out);
-  for (int i = 0; i < N * C; ++i) EXPECT_NEAR(got[i], want[i], std::abs(want[i]) / 128 + 1e-5) << i;
-  EXPECT_LT(rel_error(to_host(dqkv), want_dqkv), 1e-4);
+  const int B = 2, T = 70, C = 16, NH = 2, hd = C / NH, N = B * T, BNH = B * NH;
+  for (const int NKV : {NH, 1}) {
+    SCOPED_TRACE(std::to_string(NKV) + " key/value heads");
+    const int W = C + 2 * NKV * hd;
+    const auto qkv = random_vector(N * W, 54, -3.0, 3.0), dout = random_vector(N * C, 55);
+    std::vector<double> want, want_dqkv;
+    attention_reference(bf16_values(qkv), dout, B, T, C, NH, want, want_dqkv, identity, identity, bf16, NKV);
+    auto qkv16 = to_device_bf16<Exec>(qkv);
+    auto dd = to_device<Exec>(dout);
+    Bf16Vec<Exec> out("out", N * C), lse("lse", BNH * T * 2);
+    Vec<Exec> dqkv("dqkv", N * W);
+    const Mat16<Exec> q16(qkv16.data(), N, W), o16(out.data(), N, C);
+    const Mats16<Exec> saved(lse.data(), BNH, T, 2);
+    flash_attention_forward(Exec(), o16, saved, q16, NH);
+    flash_attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, W), as_mat<Exec>(dd.data(), N, C), q16, o16, saved,
+                             NH);
+    const auto got = widened_to_host(out);
+    for (int i = 0; i < N * C; ++i) EXPECT_NEAR(got[i], want[i], std::abs(want[i]) / 128 + 1e-5) << i;
+    EXPECT_LT(rel_error(to_host(dqkv), want_dqkv), 1e-4);
+  }
 }
 
 TYPED_TEST(AttentionTest, QkvBiasGradientSumsQAndVAndLeavesKExactlyZero) {
