@@ -145,13 +145,13 @@ struct AttentionSoftmaxBackward {
   }
 };
 
-// dbias += sums on the q and v parts only (see qkv_bias_backward).
+// dbias += sums on the q and v parts only, k being [k0, k1) (see qkv_bias_backward).
 template <class Exec>
 struct QkvBiasBackward {
   Vec<Exec> dbias, sums;
-  std::int64_t C;
+  std::int64_t k0, k1;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t j) const {
-    if (j < C || j >= 2 * C) dbias(j) += sums(j);
+    if (j < k0 || j >= k1) dbias(j) += sums(j);
   }
 };
 
@@ -697,12 +697,13 @@ bool attention_stores_bf16(AttentionProducts how, ProductMath math) {
   return attention_on_host_bf16<Exec>(how, math) || (!kAttentionInPlace<Exec> && how == AttentionProducts::fused);
 }
 
-// Floats of the fp32 copies (qkv32, y32, att32) that attention on bf16 storage takes.
+// Floats of the fp32 copies (qkv32, y32, att32) that attention on bf16 storage takes, with
+// NKV key/value heads.
 template <class Exec>
 std::int64_t attention_copies(AttentionProducts how, ProductMath math, std::int64_t B, std::int64_t T, std::int64_t NH,
-                              std::int64_t hd) {
+                              std::int64_t hd, std::int64_t NKV) {
   if (attention_stores_bf16<Exec>(how, math)) return 0;
-  return 4 * B * T * NH * hd + B * NH * T * saved_attention_columns(how, T);
+  return B * T * (2 * NH + 2 * NKV) * hd + B * NH * T * saved_attention_columns(how, T);
 }
 
 // Floats of AttentionWorkspace::narrowed that attention takes on Exec (0: none).
@@ -906,20 +907,22 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
   attention_backward(exec, dqkv, datt, dout, qkv32, ws.y32, ws.att32, ws, NH, how, math);
 }
 
-// Gradient of the fused QKV bias, dbias: (3C) +=, from dqkv: (N, 3C).
+// Gradient of the fused QKV bias, dbias: (W) +=, from dqkv: (N, W) [q | k | v] rows with NH
+// query heads of hd columns (kernels/qkv_layout.hpp).
 // The k part is exactly zero: adding b_k to every key adds the same q . b_k to all scores
 // of a query row, and softmax is shift-invariant. A float column sum would instead
 // return rounding noise (~1e-11), which Adam's g / (|g| + eps) turns into steps of a
 // sizeable fraction of lr, so the k part is not accumulated at all.
-// sums: (3C) workspace; ones: (>=N) ones
+// sums: (W) workspace; ones: (>=N) ones
 template <class Exec>
 void qkv_bias_backward(const Exec& exec, const Vec<Exec>& dbias, const ConstMat<Exec>& dqkv, const Vec<Exec>& sums,
-                       const ConstVec<Exec>& ones) {
-  const std::int64_t C3 = static_cast<std::int64_t>(dqkv.extent(1)), C = C3 / 3;
+                       const ConstVec<Exec>& ones, std::int64_t NH, std::int64_t hd) {
+  const std::int64_t W = static_cast<std::int64_t>(dqkv.extent(1));
+  const QkvLayout L = QkvLayout::of(W, NH, hd);
   Kokkos::deep_copy(exec, sums, 0.0f);
   add_column_sums(exec, sums, dqkv, ones);
-  Kokkos::parallel_for("lamina::qkv_bias_backward", Range<Exec>(exec, 0, C3),
-                       detail::QkvBiasBackward<Exec>{dbias, sums, C});
+  Kokkos::parallel_for("lamina::qkv_bias_backward", Range<Exec>(exec, 0, W),
+                       detail::QkvBiasBackward<Exec>{dbias, sums, L.column(1), L.column(2)});
 }
 
 }  // namespace lamina

@@ -12,14 +12,15 @@ struct LinearBiasBroadcast {
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t j) const { out(i, j) = bias(j); }
 };
 
-// out = product + bias, rounded into bf16 storage: a product's epilogue.
+// out = product + bias (if any), rounded into bf16 storage: a product's epilogue.
 template <class Exec>
 struct LinearBiasStore {
   Mat16<Exec> out;
   ConstMat<Exec> product;
   ConstVec<Exec> bias;
+  bool has_bias;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t j) const {
-    out(i, j) = to_bf16(product(i, j) + bias(j));
+    out(i, j) = to_bf16(has_bias ? product(i, j) + bias(j) : product(i, j));
   }
 };
 
@@ -62,7 +63,7 @@ void linear_forward(const Exec& exec, const Mat<Exec>& out, const InV& inp, cons
 }
 
 // The same with out stored in bf16: the product into `product` (N, OC) fp32, then its bias
-// added as it is rounded into out, in one pass.
+// (if any) added as it is rounded into out, in one pass.
 template <class Exec, class InV>
 void linear_forward(const Exec& exec, const Mat16<Exec>& out, const InV& inp, const MatRefArg<Exec>& weight,
                     const ConstVec<Exec>& bias, ProductMath math, const Vec<Exec>& scratch, const Mat<Exec>& product) {
@@ -70,7 +71,7 @@ void linear_forward(const Exec& exec, const Mat16<Exec>& out, const InV& inp, co
   const std::int64_t OC = static_cast<std::int64_t>(out.extent(1));
   detail::linear_product(exec, product, inp, weight, 0.0f, math, scratch);
   Kokkos::parallel_for("lamina::linear_forward_bias_bf16", RowMajor<Exec, 2>(exec, {0, 0}, {N, OC}),
-                       LinearBiasStore<Exec>{out, product, bias});
+                       LinearBiasStore<Exec>{out, product, bias, bias.data() != nullptr});
 }
 
 // dinp: (N, IC) overwritten; dweight: (IC, OC) +=; dbias: (OC) +=, or empty when the

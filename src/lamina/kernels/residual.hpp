@@ -17,14 +17,16 @@ struct ResidualForward {
   MatOf<Exec, const T> a;
   ConstMat<Exec> b;
   ConstVec<Exec> bias;
+  bool has_bias;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
     const std::int64_t i = team.league_rank();
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, static_cast<std::int64_t>(out.extent(1))),
-                         [&](std::int64_t j) { put(out(i, j), widen(a(i, j)) + (b(i, j) + bias(j))); });
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, static_cast<std::int64_t>(out.extent(1))), [&](std::int64_t j) {
+      put(out(i, j), widen(a(i, j)) + (has_bias ? b(i, j) + bias(j) : b(i, j)));
+    });
   }
 };
 
-// out, a: (N, C) as stored; b: (N, C) fp32; bias: (C)
+// out, a: (N, C) as stored; b: (N, C) fp32; bias: (C), or empty for none
 template <class Exec, class OutV, class AV>
 void residual_forward(const Exec& exec, const OutV& out, const AV& a, const ConstMat<Exec>& b,
                       const ConstVec<Exec>& bias) {
@@ -32,7 +34,7 @@ void residual_forward(const Exec& exec, const OutV& out, const AV& a, const Cons
   static_assert(std::is_same<StoredType<AV>, T>::value, "residual_forward: the stream is stored in one type");
   Kokkos::parallel_for("lamina::residual_forward",
                        Teams<Exec>(exec, static_cast<std::int64_t>(out.extent(0)), Kokkos::AUTO),
-                       ResidualForward<Exec, T>{out, a, b, bias});
+                       ResidualForward<Exec, T>{out, a, b, bias, bias.data() != nullptr});
 }
 
 }  // namespace lamina

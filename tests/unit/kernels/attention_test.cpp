@@ -311,7 +311,7 @@ TYPED_TEST(AttentionTest, Bf16StorageMatchesAReferenceOfTheStoredAndRoundedOpera
         return to_device<Exec>(std::vector<double>(static_cast<std::size_t>(std::max<std::int64_t>(1, n)), std::nan("")));
       };
       heads.narrowed = nan_vec(attention_scratch<Exec>(how, math, B, T, NH, hd));
-      const auto copies = nan_vec(attention_copies<Exec>(how, math, B, T, NH, hd));
+      const auto copies = nan_vec(attention_copies<Exec>(how, math, B, T, NH, hd, NKV));
       if (!native) {
         heads.qkv32 = as_mat<Exec>(copies.data(), N, W);
         heads.y32 = as_mat<Exec>(copies.data() + N * W, N, C);
@@ -389,7 +389,7 @@ TYPED_TEST(AttentionTest, QkvBiasGradientSumsQAndVAndLeavesKExactlyZero) {
   auto dd = to_device<Exec>(dqkv), ones = to_device<Exec>(std::vector<double>(N, 1.0));
   auto dbias = to_device<Exec>(std::vector<double>(3 * C, 0.25));
   Vec<Exec> sums("sums", 3 * C);
-  qkv_bias_backward(Exec(), dbias, as_mat<Exec>(dd.data(), N, 3 * C), sums, ones);
+  qkv_bias_backward(Exec(), dbias, as_mat<Exec>(dd.data(), N, 3 * C), sums, ones, NH, C / NH);
   const auto got = to_host(dbias);
   EXPECT_LT(rel_error(got, want), 1e-6);
   for (int j = C; j < 2 * C; ++j) EXPECT_EQ(got[j], 0.25);
