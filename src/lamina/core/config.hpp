@@ -18,10 +18,36 @@ namespace lamina {
 enum class AttentionProducts { in_place, staged, fused };
 const char* attention_products_name(AttentionProducts a);
 
+// The transformer block's parts: GPT-2's (the defaults) or Llama's (RMSNorm, rotary
+// positions, SwiGLU, no biases, grouped-query attention).
+enum class NormKind { layernorm, rmsnorm };
+enum class PositionKind { learned, rotary };
+enum class MlpKind { gelu, swiglu };
+
+// Llama 3's frequency scaling (rope_scaling {"rope_type": "llama3"}): wavelengths longer
+// than original_context / low_freq_factor are stretched by factor, shorter than
+// original_context / high_freq_factor kept, and those between interpolated
+// (kernels/rotary.hpp). factor 0: none.
+struct RotaryScaling {
+  double factor = 0.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_context = 8192.0;
+};
+
 struct ModelConfig {
   std::int64_t layers = 0;
   std::int64_t d_model = 0;
   std::int64_t heads = 0;
+  std::int64_t kv_heads = 0;    // key/value heads (grouped-query attention); 0: heads
+  std::int64_t ffn_hidden = 0;  // the MLP's hidden width; 0: 4 d_model
+  NormKind norm = NormKind::layernorm;
+  double norm_eps = 1e-5;
+  PositionKind position = PositionKind::learned;
+  double rope_theta = 10000.0;
+  RotaryScaling rope_scaling;
+  MlpKind mlp = MlpKind::gelu;
+  bool bias = true;  // the projections' biases
   std::int64_t seq_len = 0;  // context length = size of the position table
   std::int64_t vocab_size = 0;
   double init_std = 0.02;

@@ -11,22 +11,13 @@
 #include <cmath>
 #include <vector>
 
+#include "lamina/core/config.hpp"
 #include "lamina/kernels/bf16.hpp"
 
 namespace lamina {
 
-// Llama 3's frequency scaling (rope_scaling {"rope_type": "llama3"}): wavelengths longer
-// than original_context / low_freq_factor are stretched by factor, shorter than
-// original_context / high_freq_factor kept, and those between interpolated. factor 0: none.
-struct RotaryScaling {
-  double factor = 0.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  double original_context = 8192.0;
-};
-
-// inv_freq[i] = theta^(-2i/d), i < d/2, scaled as above (HuggingFace's
-// _compute_llama3_parameters, in double).
+// inv_freq[i] = theta^(-2i/d), i < d/2, scaled as Llama 3 does (RotaryScaling,
+// core/config.hpp; HuggingFace's _compute_llama3_parameters, in double).
 inline std::vector<double> rotary_inverse_frequencies(std::int64_t head_dim, double theta,
                                                       const RotaryScaling& scaling = {}) {
   constexpr double kPi = 3.14159265358979323846;
@@ -60,10 +51,24 @@ struct RotaryTable {
     const auto half = static_cast<std::int64_t>(inv_freq.size());
     cos = Mat<Exec>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lamina::rotary_cos"), positions, half);
     sin = Mat<Exec>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lamina::rotary_sin"), positions, half);
+    fill(inv_freq);
+  }
+  // In `memory` (floats(), e.g. a run's tracked workspace) instead of its own.
+  RotaryTable(float* memory, std::int64_t positions, const std::vector<double>& inv_freq) {
+    const auto half = static_cast<std::int64_t>(inv_freq.size());
+    cos = as_mat<Exec>(memory, positions, half);
+    sin = as_mat<Exec>(memory + positions * half, positions, half);
+    fill(inv_freq);
+  }
+  static std::int64_t floats(std::int64_t positions, std::int64_t head_dim) { return positions * head_dim; }
+  std::int64_t half() const { return static_cast<std::int64_t>(cos.extent(1)); }
+
+ private:
+  void fill(const std::vector<double>& inv_freq) {
     auto hc = Kokkos::create_mirror_view(cos);
     auto hs = Kokkos::create_mirror_view(sin);
-    for (std::int64_t p = 0; p < positions; ++p) {
-      for (std::int64_t i = 0; i < half; ++i) {
+    for (std::int64_t p = 0; p < static_cast<std::int64_t>(cos.extent(0)); ++p) {
+      for (std::int64_t i = 0; i < half(); ++i) {
         const double a = static_cast<double>(p) * inv_freq[static_cast<std::size_t>(i)];
         hc(p, i) = static_cast<float>(std::cos(a));
         hs(p, i) = static_cast<float>(std::sin(a));
@@ -72,7 +77,6 @@ struct RotaryTable {
     Kokkos::deep_copy(cos, hc);
     Kokkos::deep_copy(sin, hs);
   }
-  std::int64_t half() const { return static_cast<std::int64_t>(cos.extent(1)); }
 };
 
 // One thread per pair (row, head, i), i fastest so that neighbouring threads touch

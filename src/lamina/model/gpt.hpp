@@ -1,13 +1,18 @@
 #pragma once
-// GPT-2 forward and backward, one piece per layer (embedding, block, head), so that
+// GPT forward and backward, one piece per layer (embedding, block, head), so that
 // schedules can run any layer range on any micro-batch. Each piece is a Kokkos
 // profiling region; kernels are in lamina/kernels. Shapes are this rank's
 // tensor-parallel shard; ShardCombine joins the shards where Megatron does.
 //
 //   x0 = wte[tokens] + wpe                      embedding
-//   x_{l+1} = block_l(x_l)                      l = 0..L-1, pre-LayerNorm:
+//   x_{l+1} = block_l(x_l)                      l = 0..L-1, pre-norm:
 //       x2 = x + c_proj(attn(c_attn(ln_1(x))));  out = x2 + mlp(ln_2(x2))
 //   loss_i = CE(ln_f(x_L) @ wte^T, target_i)    head (tied LM head)
+//
+// The block is built from its parts (Dims, core/config.hpp): GPT-2's LayerNorm, learned
+// positions, GELU MLP and biases, or Llama's RMSNorm, rotary positions applied to q and k
+// after c_attn, SwiGLU MLP (mlp = down(silu(gate) * up), gate and up one product) and no
+// biases; attention multi-head or grouped-query (kernels/qkv_layout.hpp).
 #include <Kokkos_Core.hpp>
 
 #include "lamina/kernels/attention.hpp"
@@ -17,6 +22,9 @@
 #include "lamina/kernels/layernorm.hpp"
 #include "lamina/kernels/linear.hpp"
 #include "lamina/kernels/residual.hpp"
+#include "lamina/kernels/rmsnorm.hpp"
+#include "lamina/kernels/rotary.hpp"
+#include "lamina/kernels/swiglu.hpp"
 #include "lamina/model/gpt_activations.hpp"
 #include "lamina/model/gpt_tensors.hpp"
 #include "lamina/model/shard_combine.hpp"
@@ -79,26 +87,63 @@ void embed_backward(const Exec& exec, const EmbeddingTensors<Exec>& g, const Con
   Kokkos::Profiling::popRegion();
 }
 
+// A norm of the block's kind: out = norm(x), its statistics into mean (LayerNorm) and rstd.
+template <class Exec, class T>
+void block_norm_forward(const Exec& exec, const Dims& d, const MatOf<Exec, T>& out, const VecOf<Exec, T>& mean,
+                        const VecOf<Exec, T>& rstd, const MatOf<Exec, T>& x, const ConstVec<Exec>& weight,
+                        const ConstVec<Exec>& bias) {
+  if (d.norm == NormKind::layernorm) {
+    layernorm_forward(exec, out, mean, rstd, x, weight, bias);
+  } else {
+    rmsnorm_forward(exec, out, rstd, x, weight, d.norm_eps);
+  }
+}
+
+// Its backward: dinp = dskip + the norm's input gradient of dout; dweight, dbias +=.
+template <class Exec, class T>
+void block_norm_backward(const Exec& exec, const Dims& d, const Mat<Exec>& dinp, const Vec<Exec>& dweight,
+                         const Vec<Exec>& dbias, const ConstMat<Exec>& dout, const ConstMat<Exec>& dskip,
+                         const MatOf<Exec, T>& x, const ConstVec<Exec>& weight, const VecOf<Exec, T>& mean,
+                         const VecOf<Exec, T>& rstd, const Workspace<Exec>& ws) {
+  if (d.norm == NormKind::layernorm) {
+    layernorm_backward(exec, dinp, dweight, dbias, dout, dskip, x, weight, mean, rstd, ws.scratch, ws.ones);
+  } else {
+    rmsnorm_backward(exec, dinp, dweight, dout, dskip, x, weight, rstd, ws.scratch, ws.ones);
+  }
+}
+
 // A transformer block: x -> s.out, keeping in s what backward needs; x and s stored as T
-// (float, or std::uint16_t in bf16 runs). nh: heads here.
+// (float, or std::uint16_t in bf16 runs). d: the block's shape and parts on this rank.
 template <class Exec, class T>
 void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockActs<Exec, T>& s,
-                   const MatOf<Exec, T>& x, std::int64_t nh, const Workspace<Exec>& ws, const ShardCombine& tp) {
+                   const MatOf<Exec, T>& x, const Dims& d, const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_forward");
-  layernorm_forward(exec, s.ln1, s.ln1_mean, s.ln1_rstd, x, w.ln1_w, w.ln1_b);
+  const bool layernorm = d.norm == NormKind::layernorm;
+  block_norm_forward(exec, d, s.ln1, s.ln1_mean, s.ln1_rstd, x, w.ln1_w, w.ln1_b);
   if constexpr (std::is_same<T, float>::value) {
     linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b, s.products, ws.widened);
   } else {
     linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b, s.products, ws.widened, detail::product_out<Exec>(s.qkv, ws));
   }
-  attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, nh, s.attention, s.products);
+  // q and k rotated as kept: attention's backward reads them so.
+  if (d.position == PositionKind::rotary) rotary_apply(exec, s.qkv, d.NH + d.NKV, d.T, 0, ws.rotary, true);
+  attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, d.NH, s.attention, s.products);
   // The projections' biases join the residual, the MLP's its activation (no pass of their own).
   linear_forward(exec, ws.attproj, s.atty, w.proj_w, ConstVec<Exec>(), s.products, ws.widened);
   detail::combine(exec, tp.sum, ws.attproj);
-  residual_layernorm_forward(exec, s.x2, s.ln2, s.ln2_mean, s.ln2_rstd, x, ws.attproj, w.proj_b, w.ln2_w, w.ln2_b);
+  if (layernorm) {
+    residual_layernorm_forward(exec, s.x2, s.ln2, s.ln2_mean, s.ln2_rstd, x, ws.attproj, w.proj_b, w.ln2_w, w.ln2_b);
+  } else {
+    residual_forward(exec, s.x2, x, ws.attproj, w.proj_b);
+    block_norm_forward(exec, d, s.ln2, s.ln2_mean, s.ln2_rstd, s.x2, w.ln2_w, w.ln2_b);
+  }
   const Mat<Exec> fc = detail::product_out<Exec>(s.fch, ws);
   linear_forward(exec, fc, s.ln2, w.fc_w, ConstVec<Exec>(), s.products, ws.widened);
-  bias_gelu_forward(exec, s.fch, s.fch_gelu, fc, w.fc_b);
+  if (d.mlp == MlpKind::gelu) {
+    bias_gelu_forward(exec, s.fch, s.fch_gelu, fc, w.fc_b);
+  } else {
+    swiglu_forward(exec, s.fch, s.fch_gelu, fc);
+  }
   linear_forward(exec, ws.fcproj, s.fch_gelu, w.fcproj_w, ConstVec<Exec>(), s.products, ws.widened);
   detail::combine(exec, tp.sum, ws.fcproj);
   residual_forward(exec, s.out, s.x2, ws.fcproj, w.fcproj_b);
@@ -109,25 +154,31 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
 // Parameter gradients accumulate into g.
 template <class Exec, class T>
 void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWeights<Exec>& w,
-                    const BlockActs<Exec, T>& s, const MatOf<Exec, T>& x, const Mat<Exec>& dres, std::int64_t nh,
+                    const BlockActs<Exec, T>& s, const MatOf<Exec, T>& x, const Mat<Exec>& dres, const Dims& d,
                     const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_backward");
-  // MLP branch: out = x2 + c_proj(gelu(c_fc(ln_2(x2))))
-  linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.ones, s.products, ws.widened);
-  gelu_backward(exec, detail::flat(ws.dfch), detail::flat(s.fch), detail::flat(ws.dfch));
+  // MLP branch: out = x2 + c_proj(act(c_fc(ln_2(x2))))
+  if (d.mlp == MlpKind::gelu) {  // the activation's gradient in place
+    linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.ones, s.products,
+                    ws.widened);
+    gelu_backward(exec, detail::flat(ws.dfch), detail::flat(s.fch), detail::flat(ws.dfch));
+  } else {
+    linear_backward(exec, ws.dact, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.ones, s.products,
+                    ws.widened);
+    swiglu_backward(exec, ws.dfch, s.fch, ws.dact);
+  }
   linear_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.ln2, w.fc_w, ws.ones, s.products, ws.widened);
   detail::combine(exec, tp.sum, ws.dln);
-  layernorm_backward(exec, dres, g.ln2_w, g.ln2_b, ws.dln, dres, s.x2, w.ln2_w, s.ln2_mean, s.ln2_rstd, ws.scratch,
-                     ws.ones);
-  // attention branch: x2 = x + c_proj(attn(c_attn(ln_1(x))))
+  block_norm_backward(exec, d, dres, g.ln2_w, g.ln2_b, ws.dln, dres, s.x2, w.ln2_w, s.ln2_mean, s.ln2_rstd, ws);
+  // attention branch: x2 = x + c_proj(attn(rotary(c_attn(ln_1(x)))))
   linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.ones, s.products, ws.widened);
-  attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, nh, s.attention,
+  attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, d.NH, s.attention,
                      s.products);
+  if (d.position == PositionKind::rotary) rotary_apply(exec, ws.dqkv, d.NH + d.NKV, d.T, 0, ws.rotary, false);
   linear_backward(exec, ws.dln, g.qkv_w, Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w, ws.ones, s.products, ws.widened);
-  qkv_bias_backward(exec, g.qkv_b, ws.dqkv, ws.qkv_bias_sums, ws.ones);
+  if (d.bias) qkv_bias_backward(exec, g.qkv_b, ws.dqkv, ws.qkv_bias_sums, ws.ones, d.NH, d.hd);
   detail::combine(exec, tp.sum, ws.dln);
-  layernorm_backward(exec, dres, g.ln1_w, g.ln1_b, ws.dln, dres, x, w.ln1_w, s.ln1_mean, s.ln1_rstd, ws.scratch,
-                     ws.ones);
+  block_norm_backward(exec, d, dres, g.ln1_w, g.ln1_b, ws.dln, dres, x, w.ln1_w, s.ln1_mean, s.ln1_rstd, ws);
   Kokkos::Profiling::popRegion();
 }
 
@@ -172,13 +223,12 @@ template <class Exec>
 void range_block_forward(const Exec& exec, const BlockWeights<Exec>& w, const LayerRangeActs<Exec>& a,
                          std::int64_t l, const InnerActs& inner, bool output, const Workspace<Exec>& ws,
                          const ShardCombine& tp) {
-  const std::int64_t nh = a.dims().NH;
   if (a.bf16()) {
     block_forward(exec, w, a.template block<std::uint16_t>(inner.b16, l, output),
-                  a.block_input(l).template as<std::uint16_t>(), nh, ws, tp);
+                  a.block_input(l).template as<std::uint16_t>(), a.dims(), ws, tp);
   } else {
-    block_forward(exec, w, a.template block<float>(inner.f32, l, output), a.block_input(l).template as<float>(), nh,
-                  ws, tp);
+    block_forward(exec, w, a.template block<float>(inner.f32, l, output), a.block_input(l).template as<float>(),
+                  a.dims(), ws, tp);
   }
 }
 
@@ -187,13 +237,12 @@ template <class Exec>
 void range_block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWeights<Exec>& w,
                           const LayerRangeActs<Exec>& a, std::int64_t l, const InnerActs& inner, const Mat<Exec>& dres,
                           const Workspace<Exec>& ws, const ShardCombine& tp) {
-  const std::int64_t nh = a.dims().NH;
   if (a.bf16()) {
     block_backward(exec, g, w, a.template block<std::uint16_t>(inner.b16, l, false),
-                   a.block_input(l).template as<std::uint16_t>(), dres, nh, ws, tp);
+                   a.block_input(l).template as<std::uint16_t>(), dres, a.dims(), ws, tp);
   } else {
     block_backward(exec, g, w, a.template block<float>(inner.f32, l, false), a.block_input(l).template as<float>(),
-                   dres, nh, ws, tp);
+                   dres, a.dims(), ws, tp);
   }
 }
 

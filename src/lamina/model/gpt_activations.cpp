@@ -7,38 +7,44 @@
 namespace lamina {
 
 ActivationSizes activation_sizes(const Dims& d) {
-  const std::int64_t N = d.N(), C = d.C, A = d.A(), F = d.F, scores = d.B * d.NH * d.T;
+  const std::int64_t N = d.N(), C = d.C, A = d.A(), W = d.qkv_width(), F = d.F, F1 = d.fc_width(),
+                     scores = d.B * d.NH * d.T;
   ActivationSizes s;
   s.embed = N * C;
-  // ln1, x2, ln2, out: 4 NC; qkv, atty: 4 NA; fch, fch_gelu: 2 NF; 4 (mean, rstd) of N
-  s.block = 4 * N * C + 4 * N * A + 2 * N * F + 4 * N + scores * d.saved_attention_columns();
+  // ln1, x2, ln2, out: 4 NC; qkv NW, atty NA; the MLP's first product and its activation
+  // N (F1 + F); the norms' statistics per row
+  s.block = 4 * N * C + N * W + N * A + N * (F1 + F) + 2 * d.norm_stats() * N + scores * d.saved_attention_columns();
   s.inner = s.block - N * C;
   // lnf: NC; logits: NV; lnf mean/rstd, rowmax, sumexp, target, losses, lse: 7 N
   s.head = N * C + N * d.V + 7 * N;
   s.boundary = N * C;
   s.tokens = 4 * N + 1;  // inputs, targets, and the inputs grouped by token (TokenRuns)
-  // q, k, v, y heads 4 NA, attproj and fcproj 2 NC
-  const std::int64_t forward = 3 * N * A + N * A + 2 * N * C;
-  // dln, scratch: 2 NC; dfch NF; dqkv 3 NA (holding the staged q, k, v heads first);
-  // dq, dk, dv, dy, datty: 5 NA; score gradients and recomputed probabilities; 3A bias sums
-  const std::int64_t backward = 2 * N * C + N * F + 8 * N * A +
-                                scores * (d.score_gradient_columns() + d.recomputed_probability_columns()) + 3 * A;
+  // staged q, k, v, y heads N (W + A), attproj and fcproj 2 NC
+  const std::int64_t forward = N * (W + A) + 2 * N * C;
+  // dln, scratch: 2 NC; the MLP's gradients N fc_grad_width; dqkv NW (holding the staged q,
+  // k, v heads first); dq, dk, dv NW; dy, datty: 2 NA; score gradients and recomputed
+  // probabilities; the QKV bias's sums W
+  const std::int64_t backward = 2 * N * C + N * d.fc_grad_width() + 2 * N * W + 2 * N * A +
+                                scores * (d.score_gradient_columns() + d.recomputed_probability_columns()) +
+                                (d.bias ? W : 0);
+  s.rotary = d.rotary_floats();
   s.workspace = std::max(forward, backward);
   s.ones = N;
   if (d.bf16) {
-    s.product_out = N * std::max({3 * A, F, C});  // within the shared part's backward: 2 NC + NF + 8 NA
+    s.product_out = N * std::max({W, F1, C});  // within the shared part's backward
     using Exec = Kokkos::DefaultExecutionSpace;
     const ProductMath math = product_math<Exec>(Precision::bf16);
-    s.attention_copies = attention_copies<Exec>(d.attention, math, d.B, d.T, d.NH, d.hd);
-    s.param_vectors = 6 * C + 3 * A + F;  // a block's; the final norm's 2C fit
+    s.attention_copies = attention_copies<Exec>(d.attention, math, d.B, d.T, d.NH, d.hd, d.NKV);
+    s.param_vectors = d.block_vectors();  // a block's; the final norm's fit
     // Weights products read as bf16 (op(B) of K rows): the projections both ways, the head's.
-    const std::int64_t largest = std::max({C * 3 * A, A * C, C * F, d.V * C});
-    const std::int64_t largest_k = std::max({C, 3 * A, F, d.V});
+    const std::int64_t largest = std::max({C * W, A * C, C * F1, F * C, d.V * C});
+    const std::int64_t largest_k = std::max({C, W, F1, F, d.V});
     // Attention's products round their operands into it too where they run on a host's oneDNN.
     s.product_scratch =
         std::max(product_scratch<Exec>(largest, largest_k), attention_scratch<Exec>(d.attention, math, d.B, d.T, d.NH, d.hd));
     s.workspace += s.attention_copies + s.param_vectors + s.product_scratch;
   }
+  s.workspace += s.rotary;
   return s;
 }
 

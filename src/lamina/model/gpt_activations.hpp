@@ -20,6 +20,7 @@
 #include "lamina/kernels/attention.hpp"
 #include "lamina/kernels/common.hpp"
 #include "lamina/kernels/embedding.hpp"
+#include "lamina/kernels/rotary.hpp"
 #include "lamina/model/activation_policy.hpp"
 
 namespace lamina {
@@ -27,7 +28,8 @@ namespace lamina {
 struct Dims {
   std::int64_t B = 0, T = 0, C = 0;  // micro-batch sequences, positions, model width
   std::int64_t NH = 0, hd = 0;       // attention heads on this rank, head width
-  std::int64_t F = 0;                // MLP hidden width on this rank (4C / tp)
+  std::int64_t NKV = 0;              // key/value heads on this rank (grouped-query attention: < NH)
+  std::int64_t F = 0;                // MLP hidden width on this rank (ffn_hidden / tp; GPT-2: 4C / tp)
   std::int64_t V = 0;                // vocabulary rows on this rank (V / tp)
   std::int64_t vocab_begin = 0;      // first token id of this rank's vocabulary rows
   // how attention runs (it decides what a block saves): what the build's default
@@ -38,7 +40,29 @@ struct Dims {
   ProductMath products = ProductMath::fp32;
   // parameters, the residual stream and saved activations stored as bf16 (bf16 runs)
   bool bf16 = false;
+  // The block's parts (core/config.hpp): GPT-2's by default.
+  NormKind norm = NormKind::layernorm;
+  float norm_eps = 1e-5f;
+  PositionKind position = PositionKind::learned;
+  double rope_theta = 10000.0;
+  RotaryScaling rope_scaling;
+  MlpKind mlp = MlpKind::gelu;
+  bool bias = true;
   std::int64_t N() const { return B * T; }
+  // The rotary table's floats in the workspace (rotary positions only).
+  std::int64_t rotary_floats() const { return position == PositionKind::rotary ? T * hd : 0; }
+  // The QKV projection's output [q | k | v] (kernels/qkv_layout.hpp), the MLP's first
+  // product's ([gate | up] for SwiGLU), and what its backward pass takes (SwiGLU: the
+  // activation's gradient beside them).
+  std::int64_t qkv_width() const { return (NH + 2 * NKV) * hd; }
+  std::int64_t fc_width() const { return mlp == MlpKind::swiglu ? 2 * F : F; }
+  std::int64_t fc_grad_width() const { return mlp == MlpKind::swiglu ? 3 * F : F; }
+  // Saved statistics per norm and row: LayerNorm's mean and rstd, RMSNorm's rstd.
+  std::int64_t norm_stats() const { return norm == NormKind::layernorm ? 2 : 1; }
+  // A block's norm gains and biases (the part of its parameters past its matrices).
+  std::int64_t block_vectors() const {
+    return 2 * norm_stats() * C + (bias ? qkv_width() + C + F + C : 0);
+  }
   // Columns per score row of what a block saves for attention's backward pass; of that
   // pass's score gradients, and of the probabilities fused products recompute, one layer at
   // a time, on a host BLAS (a device's fused products keep both in team scratch).
@@ -68,7 +92,17 @@ struct Dims {
     d.C = m.d_model;
     d.NH = m.heads / tp_size;
     d.hd = m.d_model / m.heads;
-    d.F = 4 * m.d_model / tp_size;
+    // Megatron's split where tp exceeds the key/value heads: each rank holds one, replicated.
+    const std::int64_t kv = m.kv_heads > 0 ? m.kv_heads : m.heads;
+    d.NKV = std::max<std::int64_t>(1, kv / tp_size);
+    d.F = (m.ffn_hidden > 0 ? m.ffn_hidden : 4 * m.d_model) / tp_size;
+    d.norm = m.norm;
+    d.norm_eps = static_cast<float>(m.norm_eps);
+    d.position = m.position;
+    d.rope_theta = m.rope_theta;
+    d.rope_scaling = m.rope_scaling;
+    d.mlp = m.mlp;
+    d.bias = m.bias;
     d.V = m.vocab_size / tp_size;
     d.vocab_begin = tp_rank * d.V;
     d.attention = m.attention.value_or(d.attention);
@@ -93,6 +127,8 @@ struct ActivationSizes {
   // of the shared workspace, in bf16 runs: the fp32 output of a product whose epilogue
   // rounds it into storage (the QKV projection, the MLP's first, the embedding's sum)
   std::int64_t product_out = 0;
+  // of the workspace, with rotary positions: the rotary table, at its end
+  std::int64_t rotary = 0;
 };
 ActivationSizes activation_sizes(const Dims& d);
 
@@ -100,16 +136,16 @@ ActivationSizes activation_sizes(const Dims& d);
 template <class Exec, class T = float>
 struct BlockActs {
   MatOf<Exec, T> ln1;                 // (N, C)
-  VecOf<Exec, T> ln1_mean, ln1_rstd;  // (N)
-  MatOf<Exec, T> qkv;                 // (N, 3A) output of the QKV projection: [q | k | v]
+  VecOf<Exec, T> ln1_mean, ln1_rstd;  // (N); RMSNorm: no mean (empty)
+  MatOf<Exec, T> qkv;                 // (N, qkv_width) output of the QKV projection: [q | k | v], rotated (rotary)
   MatsOf<Exec, T> att;                // (B*NH, T, T) softmax probabilities; fused: (B*NH, T, 2) log-sum-exps
   AttentionProducts attention = kAttentionProducts<Exec>;  // how attention ran
   ProductMath products = ProductMath::fp32;                 // how its BLAS products ran
   MatOf<Exec, T> atty;                // (N, A) attention output before projection
   MatOf<Exec, T> x2;                  // (N, C) residual after attention
   MatOf<Exec, T> ln2;                 // (N, C)
-  VecOf<Exec, T> ln2_mean, ln2_rstd;  // (N)
-  MatOf<Exec, T> fch, fch_gelu;       // (N, F)
+  VecOf<Exec, T> ln2_mean, ln2_rstd;  // (N); RMSNorm: no mean (empty)
+  MatOf<Exec, T> fch, fch_gelu;       // (N, fc_width) the MLP's first product (SwiGLU: [gate | up]), (N, F) its activation
   MatOf<Exec, T> out;                 // (N, C) block output: residual after the MLP
 };
 
@@ -129,18 +165,20 @@ struct Workspace {
   Vec<Exec> vectors;     // a layer's norm gains and biases, widened
   Vec<Exec> widened;     // products' conversions of bf16 weights or operands (gemm.hpp, attention.hpp)
   // forward
-  AttentionWorkspace<Exec> heads;  // q, k, v, y (B*NH, T, hd) for staged attention products; probs
+  AttentionWorkspace<Exec> heads;  // q, y (B*NH, T, hd), k, v (B*NKV, T, hd) for staged attention products; probs
   Mat<Exec> attproj, fcproj;   // (N, C)
   // backward (same memory as forward)
-  Mat<Exec> dln;               // (N, C) gradient of a layernorm output
-  Mat<Exec> dfch;              // (N, F)
-  Mat<Exec> dqkv;              // (N, 3A)
+  Mat<Exec> dln;               // (N, C) gradient of a norm's output
+  Mat<Exec> dfch;              // (N, fc_width) gradient of the MLP's first product
+  Mat<Exec> dact;              // (N, F) SwiGLU: its activation's (GELU: in dfch)
+  Mat<Exec> dqkv;              // (N, qkv_width)
   AttentionWorkspace<Exec> dheads; // q, k, v (in dqkv's memory), dy (as y), dq, dk, dv; probs
   Mats<Exec> datt;             // (B*NH, T, T); fused on a device: (B*NH, T, 0)
   Mat<Exec> datty;            // (N, A)
   Mat<Exec> scratch;          // (N, C)
-  Vec<Exec> qkv_bias_sums;    // (3A)
+  Vec<Exec> qkv_bias_sums;    // (qkv_width) with biases
   Vec<Exec> ones;             // (N)
+  RotaryTable<Exec> rotary;   // rotary positions: cos and sin of every position
 };
 
 // The scratch space of one rank, allocated once.
@@ -150,45 +188,51 @@ class WorkspaceBuffers {
   using Mem = typename Exec::memory_space;
   WorkspaceBuffers(MemoryTracker& tracker, const Dims& d) {
     const ActivationSizes s = activation_sizes(d);
-    const std::int64_t N = d.N(), C = d.C, A = d.A(), F = d.F, BNH = d.B * d.NH, T = d.T, hd = d.hd;
+    const std::int64_t N = d.N(), C = d.C, A = d.A(), W = d.qkv_width(), K = W - A, F = d.F, BNH = d.B * d.NH,
+                       BKV = d.B * d.NKV, T = d.T, hd = d.hd;
     buf_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::workspace", s.workspace);
     float* p = buf_.data();
     ws.heads.q = as_mats<Exec>(p, BNH, T, hd);
-    ws.heads.k = as_mats<Exec>(p += N * A, BNH, T, hd);
-    ws.heads.v = as_mats<Exec>(p += N * A, BNH, T, hd);
-    ws.heads.y = as_mats<Exec>(p += N * A, BNH, T, hd);
+    ws.heads.k = as_mats<Exec>(p += N * A, BKV, T, hd);
+    ws.heads.v = as_mats<Exec>(p += N * K / 2, BKV, T, hd);
+    ws.heads.y = as_mats<Exec>(p += N * K / 2, BNH, T, hd);
     ws.attproj = as_mat<Exec>(p += N * A, N, C);
     ws.fcproj = as_mat<Exec>(p += N * C, N, C);
     p = buf_.data();
     ws.dln = as_mat<Exec>(p, N, C);
-    ws.dfch = as_mat<Exec>(p += N * C, N, F);
-    ws.dqkv = as_mat<Exec>(p += N * F, N, 3 * A);
+    ws.dfch = as_mat<Exec>(p += N * C, N, d.fc_width());
+    if (d.mlp == MlpKind::swiglu) ws.dact = as_mat<Exec>(p + N * d.fc_width(), N, F);
+    ws.dqkv = as_mat<Exec>(p += N * d.fc_grad_width(), N, W);
     ws.dheads.q = as_mats<Exec>(p, BNH, T, hd);
-    ws.dheads.k = as_mats<Exec>(p += N * A, BNH, T, hd);
-    ws.dheads.v = as_mats<Exec>(p += N * A, BNH, T, hd);
-    ws.dheads.dq = as_mats<Exec>(p += N * A, BNH, T, hd);
-    ws.dheads.dk = as_mats<Exec>(p += N * A, BNH, T, hd);
-    ws.dheads.dv = as_mats<Exec>(p += N * A, BNH, T, hd);
-    ws.dheads.y = as_mats<Exec>(p += N * A, BNH, T, hd);
+    ws.dheads.k = as_mats<Exec>(p += N * A, BKV, T, hd);
+    ws.dheads.v = as_mats<Exec>(p += N * K / 2, BKV, T, hd);
+    ws.dheads.dq = as_mats<Exec>(p += N * K / 2, BNH, T, hd);
+    ws.dheads.dk = as_mats<Exec>(p += N * A, BKV, T, hd);
+    ws.dheads.dv = as_mats<Exec>(p += N * K / 2, BKV, T, hd);
+    ws.dheads.y = as_mats<Exec>(p += N * K / 2, BNH, T, hd);
     ws.datt = as_mats<Exec>(p += N * A, BNH, T, d.score_gradient_columns());
     // The forward pass uses them too, while nothing else in the workspace is live.
     ws.dheads.probs = ws.heads.probs =
         as_mats<Exec>(p += BNH * T * d.score_gradient_columns(), BNH, T, d.recomputed_probability_columns());
     ws.datty = as_mat<Exec>(p += BNH * T * d.recomputed_probability_columns(), N, A);
     ws.scratch = as_mat<Exec>(p += N * A, N, C);
-    ws.qkv_bias_sums = as_vec<Exec>(p += N * C, 3 * A);
+    if (d.bias) ws.qkv_bias_sums = as_vec<Exec>(p += N * C, W);
     // A product's output lives until its epilogue, while nothing else in the workspace does.
     ws.stage = as_vec<Exec>(buf_.data(), s.product_out);
-    // The bf16 conversions after the shared part, which they outlive within a layer.
-    p = buf_.data() + s.workspace - s.attention_copies - s.param_vectors - s.product_scratch;
+    // The bf16 conversions after the shared part, which they outlive within a layer, and
+    // the rotary table last, which lives as long as the run.
+    p = buf_.data() + s.workspace - s.rotary - s.attention_copies - s.param_vectors - s.product_scratch;
     if (s.attention_copies > 0) {
-      ws.heads.qkv32 = ws.dheads.qkv32 = as_mat<Exec>(p, N, 3 * A);
-      ws.heads.y32 = ws.dheads.y32 = as_mat<Exec>(p + 3 * N * A, N, A);
-      ws.heads.att32 = ws.dheads.att32 = as_mats<Exec>(p + 4 * N * A, BNH, T, d.saved_attention_columns());
+      ws.heads.qkv32 = ws.dheads.qkv32 = as_mat<Exec>(p, N, W);
+      ws.heads.y32 = ws.dheads.y32 = as_mat<Exec>(p + N * W, N, A);
+      ws.heads.att32 = ws.dheads.att32 = as_mats<Exec>(p + N * (W + A), BNH, T, d.saved_attention_columns());
     }
     ws.vectors = as_vec<Exec>(p += s.attention_copies, s.param_vectors);
     ws.widened = as_vec<Exec>(p += s.param_vectors, s.product_scratch);
     ws.heads.narrowed = ws.dheads.narrowed = ws.widened;  // between products, never during one
+    if (s.rotary > 0) {
+      ws.rotary = RotaryTable<Exec>(p + s.product_scratch, T, rotary_inverse_frequencies(hd, d.rope_theta, d.rope_scaling));
+    }
     ones_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::ones", s.ones);
     Kokkos::deep_copy(ones_.view(), 1.0f);
     ws.ones = ones_.view();
@@ -203,7 +247,8 @@ class WorkspaceBuffers {
 // with its output in `out`.
 template <class Exec, class T>
 BlockActs<Exec, T> bind_block_acts(T* inner, const MatOf<Exec, T>& out, const Dims& d) {
-  const std::int64_t N = d.N(), C = d.C, A = d.A(), F = d.F, BNH = d.B * d.NH;
+  const std::int64_t N = d.N(), C = d.C, A = d.A(), W = d.qkv_width(), F = d.F, F1 = d.fc_width(), BNH = d.B * d.NH;
+  const std::int64_t means = d.norm == NormKind::layernorm ? N : 0;
   T* p = inner;
   auto take = [&p](std::int64_t n) {
     T* q = p;
@@ -212,18 +257,18 @@ BlockActs<Exec, T> bind_block_acts(T* inner, const MatOf<Exec, T>& out, const Di
   };
   BlockActs<Exec, T> a;
   a.ln1 = as_mat_of<Exec>(take(N * C), N, C);
-  a.ln1_mean = as_vec_of<Exec>(take(N), N);
+  a.ln1_mean = as_vec_of<Exec>(take(means), means);
   a.ln1_rstd = as_vec_of<Exec>(take(N), N);
-  a.qkv = as_mat_of<Exec>(take(3 * N * A), N, 3 * A);
+  a.qkv = as_mat_of<Exec>(take(N * W), N, W);
   a.att = as_mats_of<Exec>(take(BNH * d.T * d.saved_attention_columns()), BNH, d.T, d.saved_attention_columns());
   a.attention = d.attention;
   a.products = d.products;
   a.atty = as_mat_of<Exec>(take(N * A), N, A);
   a.x2 = as_mat_of<Exec>(take(N * C), N, C);
   a.ln2 = as_mat_of<Exec>(take(N * C), N, C);
-  a.ln2_mean = as_vec_of<Exec>(take(N), N);
+  a.ln2_mean = as_vec_of<Exec>(take(means), means);
   a.ln2_rstd = as_vec_of<Exec>(take(N), N);
-  a.fch = as_mat_of<Exec>(take(N * F), N, F);
+  a.fch = as_mat_of<Exec>(take(N * F1), N, F1);
   a.fch_gelu = as_mat_of<Exec>(take(N * F), N, F);
   a.out = out;
   return a;
