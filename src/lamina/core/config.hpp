@@ -18,8 +18,8 @@ namespace lamina {
 enum class AttentionProducts { in_place, staged, fused };
 const char* attention_products_name(AttentionProducts a);
 
-// The transformer block's parts: GPT-2's (the defaults) or Llama's (RMSNorm, rotary
-// positions, SwiGLU, no biases, grouped-query attention).
+// The transformer block's parts (BlockParts): GPT-2's (the defaults) or Llama's (RMSNorm,
+// rotary positions, SwiGLU, no biases; its grouped-query attention is ModelConfig::kv_heads).
 enum class NormKind { layernorm, rmsnorm };
 enum class PositionKind { learned, rotary };
 enum class MlpKind { gelu, swiglu };
@@ -35,12 +35,7 @@ struct RotaryScaling {
   double original_context = 8192.0;
 };
 
-struct ModelConfig {
-  std::int64_t layers = 0;
-  std::int64_t d_model = 0;
-  std::int64_t heads = 0;
-  std::int64_t kv_heads = 0;    // key/value heads (grouped-query attention); 0: heads
-  std::int64_t ffn_hidden = 0;  // the MLP's hidden width; 0: 4 d_model
+struct BlockParts {
   NormKind norm = NormKind::layernorm;
   double norm_eps = 1e-5;
   PositionKind position = PositionKind::learned;
@@ -48,6 +43,15 @@ struct ModelConfig {
   RotaryScaling rope_scaling;
   MlpKind mlp = MlpKind::gelu;
   bool bias = true;  // the projections' biases
+};
+
+struct ModelConfig {
+  std::int64_t layers = 0;
+  std::int64_t d_model = 0;
+  std::int64_t heads = 0;
+  std::int64_t kv_heads = 0;    // key/value heads (grouped-query attention); 0: heads
+  std::int64_t ffn_hidden = 0;  // the MLP's hidden width; 0: 4 d_model
+  BlockParts parts;
   std::int64_t seq_len = 0;  // context length = size of the position table
   std::int64_t vocab_size = 0;
   double init_std = 0.02;

@@ -92,10 +92,10 @@ template <class Exec, class T>
 void block_norm_forward(const Exec& exec, const Dims& d, const MatOf<Exec, T>& out, const VecOf<Exec, T>& mean,
                         const VecOf<Exec, T>& rstd, const MatOf<Exec, T>& x, const ConstVec<Exec>& weight,
                         const ConstVec<Exec>& bias) {
-  if (d.norm == NormKind::layernorm) {
+  if (d.parts.norm == NormKind::layernorm) {
     layernorm_forward(exec, out, mean, rstd, x, weight, bias);
   } else {
-    rmsnorm_forward(exec, out, rstd, x, weight, d.norm_eps);
+    rmsnorm_forward(exec, out, rstd, x, weight, static_cast<float>(d.parts.norm_eps));
   }
 }
 
@@ -105,7 +105,7 @@ void block_norm_backward(const Exec& exec, const Dims& d, const Mat<Exec>& dinp,
                          const Vec<Exec>& dbias, const ConstMat<Exec>& dout, const ConstMat<Exec>& dskip,
                          const MatOf<Exec, T>& x, const ConstVec<Exec>& weight, const VecOf<Exec, T>& mean,
                          const VecOf<Exec, T>& rstd, const Workspace<Exec>& ws) {
-  if (d.norm == NormKind::layernorm) {
+  if (d.parts.norm == NormKind::layernorm) {
     layernorm_backward(exec, dinp, dweight, dbias, dout, dskip, x, weight, mean, rstd, ws.scratch, ws.ones);
   } else {
     rmsnorm_backward(exec, dinp, dweight, dout, dskip, x, weight, rstd, ws.scratch, ws.ones);
@@ -118,7 +118,7 @@ template <class Exec, class T>
 void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockActs<Exec, T>& s,
                    const MatOf<Exec, T>& x, const Dims& d, const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_forward");
-  const bool layernorm = d.norm == NormKind::layernorm;
+  const bool layernorm = d.parts.norm == NormKind::layernorm;
   block_norm_forward(exec, d, s.ln1, s.ln1_mean, s.ln1_rstd, x, w.ln1_w, w.ln1_b);
   if constexpr (std::is_same<T, float>::value) {
     linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b, s.products, ws.widened);
@@ -126,7 +126,7 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
     linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b, s.products, ws.widened, detail::product_out<Exec>(s.qkv, ws));
   }
   // q and k rotated as kept: attention's backward reads them so.
-  if (d.position == PositionKind::rotary) rotary_apply(exec, s.qkv, d.NH + d.NKV, d.T, 0, ws.rotary, true);
+  if (d.parts.position == PositionKind::rotary) rotary_apply(exec, s.qkv, d.NH + d.NKV, d.T, 0, ws.rotary, true);
   attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, d.NH, s.attention, s.products);
   // The projections' biases join the residual, the MLP's its activation (no pass of their own).
   linear_forward(exec, ws.attproj, s.atty, w.proj_w, ConstVec<Exec>(), s.products, ws.widened);
@@ -139,7 +139,7 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
   }
   const Mat<Exec> fc = detail::product_out<Exec>(s.fch, ws);
   linear_forward(exec, fc, s.ln2, w.fc_w, ConstVec<Exec>(), s.products, ws.widened);
-  if (d.mlp == MlpKind::gelu) {
+  if (d.parts.mlp == MlpKind::gelu) {
     bias_gelu_forward(exec, s.fch, s.fch_gelu, fc, w.fc_b);
   } else {
     swiglu_forward(exec, s.fch, s.fch_gelu, fc);
@@ -158,7 +158,7 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
                     const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_backward");
   // MLP branch: out = x2 + c_proj(act(c_fc(ln_2(x2))))
-  if (d.mlp == MlpKind::gelu) {  // the activation's gradient in place
+  if (d.parts.mlp == MlpKind::gelu) {  // the activation's gradient in place
     linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.ones, s.products,
                     ws.widened);
     gelu_backward(exec, detail::flat(ws.dfch), detail::flat(s.fch), detail::flat(ws.dfch));
@@ -174,9 +174,9 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.ones, s.products, ws.widened);
   attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, d.NH, s.attention,
                      s.products);
-  if (d.position == PositionKind::rotary) rotary_apply(exec, ws.dqkv, d.NH + d.NKV, d.T, 0, ws.rotary, false);
+  if (d.parts.position == PositionKind::rotary) rotary_apply(exec, ws.dqkv, d.NH + d.NKV, d.T, 0, ws.rotary, false);
   linear_backward(exec, ws.dln, g.qkv_w, Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w, ws.ones, s.products, ws.widened);
-  if (d.bias) qkv_bias_backward(exec, g.qkv_b, ws.dqkv, ws.qkv_bias_sums, ws.ones, d.NH, d.hd);
+  if (d.parts.bias) qkv_bias_backward(exec, g.qkv_b, ws.dqkv, ws.qkv_bias_sums, ws.ones, d.NH, d.hd);
   detail::combine(exec, tp.sum, ws.dln);
   block_norm_backward(exec, d, dres, g.ln1_w, g.ln1_b, ws.dln, dres, x, w.ln1_w, s.ln1_mean, s.ln1_rstd, ws);
   Kokkos::Profiling::popRegion();

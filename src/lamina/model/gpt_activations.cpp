@@ -26,7 +26,7 @@ ActivationSizes activation_sizes(const Dims& d) {
   // probabilities; the QKV bias's sums W
   const std::int64_t backward = 2 * N * C + N * d.fc_grad_width() + 2 * N * W + 2 * N * A +
                                 scores * (d.score_gradient_columns() + d.recomputed_probability_columns()) +
-                                (d.bias ? W : 0);
+                                (d.parts.bias ? W : 0);
   s.rotary = d.rotary_floats();
   s.workspace = std::max(forward, backward);
   s.ones = N;

@@ -40,28 +40,21 @@ struct Dims {
   ProductMath products = ProductMath::fp32;
   // parameters, the residual stream and saved activations stored as bf16 (bf16 runs)
   bool bf16 = false;
-  // The block's parts (core/config.hpp): GPT-2's by default.
-  NormKind norm = NormKind::layernorm;
-  float norm_eps = 1e-5f;
-  PositionKind position = PositionKind::learned;
-  double rope_theta = 10000.0;
-  RotaryScaling rope_scaling;
-  MlpKind mlp = MlpKind::gelu;
-  bool bias = true;
+  BlockParts parts;  // the block's parts (core/config.hpp): GPT-2's by default
   std::int64_t N() const { return B * T; }
   // The rotary table's floats in the workspace (rotary positions only).
-  std::int64_t rotary_floats() const { return position == PositionKind::rotary ? T * hd : 0; }
+  std::int64_t rotary_floats() const { return parts.position == PositionKind::rotary ? T * hd : 0; }
   // The QKV projection's output [q | k | v] (kernels/qkv_layout.hpp), the MLP's first
   // product's ([gate | up] for SwiGLU), and what its backward pass takes (SwiGLU: the
   // activation's gradient beside them).
   std::int64_t qkv_width() const { return (NH + 2 * NKV) * hd; }
-  std::int64_t fc_width() const { return mlp == MlpKind::swiglu ? 2 * F : F; }
-  std::int64_t fc_grad_width() const { return mlp == MlpKind::swiglu ? 3 * F : F; }
+  std::int64_t fc_width() const { return parts.mlp == MlpKind::swiglu ? 2 * F : F; }
+  std::int64_t fc_grad_width() const { return parts.mlp == MlpKind::swiglu ? 3 * F : F; }
   // Saved statistics per norm and row: LayerNorm's mean and rstd, RMSNorm's rstd.
-  std::int64_t norm_stats() const { return norm == NormKind::layernorm ? 2 : 1; }
+  std::int64_t norm_stats() const { return parts.norm == NormKind::layernorm ? 2 : 1; }
   // A block's norm gains and biases (the part of its parameters past its matrices).
   std::int64_t block_vectors() const {
-    return 2 * norm_stats() * C + (bias ? qkv_width() + C + F + C : 0);
+    return 2 * norm_stats() * C + (parts.bias ? qkv_width() + C + F + C : 0);
   }
   // Columns per score row of what a block saves for attention's backward pass; of that
   // pass's score gradients, and of the probabilities fused products recompute, one layer at
@@ -96,13 +89,7 @@ struct Dims {
     const std::int64_t kv = m.kv_heads > 0 ? m.kv_heads : m.heads;
     d.NKV = std::max<std::int64_t>(1, kv / tp_size);
     d.F = (m.ffn_hidden > 0 ? m.ffn_hidden : 4 * m.d_model) / tp_size;
-    d.norm = m.norm;
-    d.norm_eps = static_cast<float>(m.norm_eps);
-    d.position = m.position;
-    d.rope_theta = m.rope_theta;
-    d.rope_scaling = m.rope_scaling;
-    d.mlp = m.mlp;
-    d.bias = m.bias;
+    d.parts = m.parts;
     d.V = m.vocab_size / tp_size;
     d.vocab_begin = tp_rank * d.V;
     d.attention = m.attention.value_or(d.attention);
@@ -201,7 +188,7 @@ class WorkspaceBuffers {
     p = buf_.data();
     ws.dln = as_mat<Exec>(p, N, C);
     ws.dfch = as_mat<Exec>(p += N * C, N, d.fc_width());
-    if (d.mlp == MlpKind::swiglu) ws.dact = as_mat<Exec>(p + N * d.fc_width(), N, F);
+    if (d.parts.mlp == MlpKind::swiglu) ws.dact = as_mat<Exec>(p + N * d.fc_width(), N, F);
     ws.dqkv = as_mat<Exec>(p += N * d.fc_grad_width(), N, W);
     ws.dheads.q = as_mats<Exec>(p, BNH, T, hd);
     ws.dheads.k = as_mats<Exec>(p += N * A, BKV, T, hd);
@@ -216,7 +203,7 @@ class WorkspaceBuffers {
         as_mats<Exec>(p += BNH * T * d.score_gradient_columns(), BNH, T, d.recomputed_probability_columns());
     ws.datty = as_mat<Exec>(p += BNH * T * d.recomputed_probability_columns(), N, A);
     ws.scratch = as_mat<Exec>(p += N * A, N, C);
-    if (d.bias) ws.qkv_bias_sums = as_vec<Exec>(p += N * C, W);
+    if (d.parts.bias) ws.qkv_bias_sums = as_vec<Exec>(p += N * C, W);
     // A product's output lives until its epilogue, while nothing else in the workspace does.
     ws.stage = as_vec<Exec>(buf_.data(), s.product_out);
     // The bf16 conversions after the shared part, which they outlive within a layer, and
@@ -231,7 +218,7 @@ class WorkspaceBuffers {
     ws.widened = as_vec<Exec>(p += s.param_vectors, s.product_scratch);
     ws.heads.narrowed = ws.dheads.narrowed = ws.widened;  // between products, never during one
     if (s.rotary > 0) {
-      ws.rotary = RotaryTable<Exec>(p + s.product_scratch, T, rotary_inverse_frequencies(hd, d.rope_theta, d.rope_scaling));
+      ws.rotary = RotaryTable<Exec>(p + s.product_scratch, T, rotary_inverse_frequencies(hd, d.parts.rope_theta, d.parts.rope_scaling));
     }
     ones_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::ones", s.ones);
     Kokkos::deep_copy(ones_.view(), 1.0f);
@@ -248,7 +235,7 @@ class WorkspaceBuffers {
 template <class Exec, class T>
 BlockActs<Exec, T> bind_block_acts(T* inner, const MatOf<Exec, T>& out, const Dims& d) {
   const std::int64_t N = d.N(), C = d.C, A = d.A(), W = d.qkv_width(), F = d.F, F1 = d.fc_width(), BNH = d.B * d.NH;
-  const std::int64_t means = d.norm == NormKind::layernorm ? N : 0;
+  const std::int64_t means = d.parts.norm == NormKind::layernorm ? N : 0;
   T* p = inner;
   auto take = [&p](std::int64_t n) {
     T* q = p;

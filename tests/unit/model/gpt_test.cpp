@@ -129,12 +129,12 @@ TYPED_TEST(LlamaBlockTest, ForwardMatchesDoubleReferenceAndBackwardFiniteDiffere
   m.ffn_hidden = sh.F;
   m.seq_len = sh.T;
   m.vocab_size = 32;
-  m.norm = NormKind::rmsnorm;
-  m.norm_eps = sh.eps;
-  m.position = PositionKind::rotary;
-  m.rope_theta = sh.theta;
-  m.mlp = MlpKind::swiglu;
-  m.bias = false;
+  m.parts.norm = NormKind::rmsnorm;
+  m.parts.norm_eps = sh.eps;
+  m.parts.position = PositionKind::rotary;
+  m.parts.rope_theta = sh.theta;
+  m.parts.mlp = MlpKind::swiglu;
+  m.parts.bias = false;
   for (const AttentionProducts how : {AttentionProducts::in_place, AttentionProducts::staged, AttentionProducts::fused}) {
     if (how == AttentionProducts::in_place && !kAttentionInPlace<Exec>) continue;
     SCOPED_TRACE(attention_products_name(how));
