@@ -731,7 +731,8 @@ Mats<Exec> staged_kv(const Mats<Exec>& m, const QkvLayout& L, std::int64_t B) {
 // The fp32 copy of bf16 [q | k | v] rows, in their shape.
 template <class Exec>
 Mat<Exec> shaped_like(const Mat<Exec>& copy, const Mat16<Exec>& rows) {
-  return as_mat<Exec>(copy.data(), static_cast<std::int64_t>(rows.extent(0)), static_cast<std::int64_t>(rows.extent(1)));
+  return as_mat<Exec>(copy.data(), static_cast<std::int64_t>(rows.extent(0)),
+                      static_cast<std::int64_t>(rows.extent(1)));
 }
 
 }  // namespace detail
@@ -859,11 +860,11 @@ void attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Ex
     if (attention_stores_bf16<Exec>(how, math)) {
       const bool fused = how == AttentionProducts::fused;
       const std::int64_t width = static_cast<std::int64_t>(out.extent(1));
+      const QkvLayout L = QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, width / NH);
       detail::bf16_attention_forward(exec, out, att, qkv, fused,
                                      fused ? detail::score_heads<Exec>(ws.probs, NH) : detail::HeadMatrices{},
                                      as_mat<Exec>(ws.y.data(), static_cast<std::int64_t>(out.extent(0)), width),
-                                     ws.narrowed, QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, width / NH),
-                                     T);
+                                     ws.narrowed, L, T);
       return;
     }
   } else if (how == AttentionProducts::fused) {  // a device's fused kernels

@@ -9,8 +9,9 @@
 // dk and dv per key block and dq per query block, so that every output element is summed
 // by one thread in a fixed order (deterministic, no atomics); a key/value head's dk and dv
 // sum its query heads' in one team (grouped-query attention). q, k, v are read and y, dq,
-// dk, dv written in place in the [q | k | v] rows (kernels/qkv_layout.hpp) and (B*T, A) rows. Portable Kokkos: the same
-// teams run, one thread each, on the host backends, where the tests check them.
+// dk, dv written in place in the [q | k | v] rows (kernels/qkv_layout.hpp) and (B*T, A)
+// rows. Portable Kokkos: the same teams run, one thread each, on the host backends, where
+// the tests check them.
 #include "lamina/kernels/bf16.hpp"
 #include "lamina/kernels/common.hpp"
 #include "lamina/kernels/fast_math.hpp"

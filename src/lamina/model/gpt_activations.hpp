@@ -132,7 +132,8 @@ struct BlockActs {
   MatOf<Exec, T> x2;                  // (N, C) residual after attention
   MatOf<Exec, T> ln2;                 // (N, C)
   VecOf<Exec, T> ln2_mean, ln2_rstd;  // (N); RMSNorm: no mean (empty)
-  MatOf<Exec, T> fch, fch_gelu;       // (N, fc_width) the MLP's first product (SwiGLU: [gate | up]), (N, F) its activation
+  MatOf<Exec, T> fch;                 // (N, fc_width) the MLP's first product (SwiGLU: [gate | up])
+  MatOf<Exec, T> fch_gelu;            // (N, F) its activation
   MatOf<Exec, T> out;                 // (N, C) block output: residual after the MLP
 };
 
@@ -218,7 +219,8 @@ class WorkspaceBuffers {
     ws.widened = as_vec<Exec>(p += s.param_vectors, s.product_scratch);
     ws.heads.narrowed = ws.dheads.narrowed = ws.widened;  // between products, never during one
     if (s.rotary > 0) {
-      ws.rotary = RotaryTable<Exec>(p + s.product_scratch, T, rotary_inverse_frequencies(hd, d.parts.rope_theta, d.parts.rope_scaling));
+      ws.rotary = RotaryTable<Exec>(p + s.product_scratch, T,
+                                    rotary_inverse_frequencies(hd, d.parts.rope_theta, d.parts.rope_scaling));
     }
     ones_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::ones", s.ones);
     Kokkos::deep_copy(ones_.view(), 1.0f);

@@ -912,7 +912,8 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
       }
       sv.objective = lm.per_sequence(layout_objective(lm, sv.stages));
       solved.push_back(std::move(sv));
-      std::sort(solved.begin(), solved.end(), [](const Solved& a, const Solved& b) { return a.objective < b.objective; });
+      std::sort(solved.begin(), solved.end(),
+                [](const Solved& a, const Solved& b) { return a.objective < b.objective; });
       if (solved.size() > keep) solved.resize(keep);
     }
   }
@@ -993,7 +994,8 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   if (options.check_races) {
     for_each_index(r.best.size(), options.threads, [&](std::size_t n) {
       PlanCandidate& c = r.best[n];
-      c.checked_instructions = check_races(c.plan, deck.model, Schedule::build(step_spec(c.plan, deck.model))).instructions;
+      const Schedule schedule = Schedule::build(step_spec(c.plan, deck.model));
+      c.checked_instructions = check_races(c.plan, deck.model, schedule).instructions;
     });
   }
   r.feasible = !r.best.empty();

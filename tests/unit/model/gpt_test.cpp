@@ -135,7 +135,8 @@ TYPED_TEST(LlamaBlockTest, ForwardMatchesDoubleReferenceAndBackwardFiniteDiffere
   m.parts.rope_theta = sh.theta;
   m.parts.mlp = MlpKind::swiglu;
   m.parts.bias = false;
-  for (const AttentionProducts how : {AttentionProducts::in_place, AttentionProducts::staged, AttentionProducts::fused}) {
+  for (const AttentionProducts how :
+       {AttentionProducts::in_place, AttentionProducts::staged, AttentionProducts::fused}) {
     if (how == AttentionProducts::in_place && !kAttentionInPlace<Exec>) continue;
     SCOPED_TRACE(attention_products_name(how));
     m.attention = how;
@@ -146,7 +147,8 @@ TYPED_TEST(LlamaBlockTest, ForwardMatchesDoubleReferenceAndBackwardFiniteDiffere
     const Workspace<Exec>& ws = buffers.ws;
     const ActivationSizes sizes = activation_sizes(d);
     Vec<Exec> inner("inner", sizes.inner), out("out", sh.N() * sh.C);
-    const BlockActs<Exec, float> acts = bind_block_acts<Exec, float>(inner.data(), as_mat<Exec>(out.data(), sh.N(), sh.C), d);
+    const BlockActs<Exec, float> acts =
+        bind_block_acts<Exec, float>(inner.data(), as_mat<Exec>(out.data(), sh.N(), sh.C), d);
     const Weights w0 = random_weights(sh, 61);
     const auto x0 = random_vector(static_cast<std::size_t>(sh.N() * sh.C), 67, -1.5, 1.5);
     const auto dout = random_vector(static_cast<std::size_t>(sh.N() * sh.C), 68);
