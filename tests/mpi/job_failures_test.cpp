@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -73,13 +74,21 @@ std::string read_proc(const std::string& path) {
 }
 
 // One `mpirun lamina ...` in the background, its output in a file. It knows its mpirun's
-// pid, and so its own ranks: the children of that mpirun.
+// pid, and so its own ranks: the children of that mpirun. Each rank's standard error goes
+// to a file of its own, not through the launcher: MPICH's hydra may drop what a rank wrote
+// just before its MPI_Abort, and these tests look for lamina's message, not hydra's.
 class Job {
  public:
-  // shell: what the shell runs before it becomes mpirun (limits, say)
+  // shell: what the shell runs before it becomes mpirun (limits, say); args may start more
+  // ranks of lamina (mpirun's `: -np 1 lamina ...`)
   Job(int np, const std::string& args, std::string log, const std::string& shell = "") : log_(std::move(log)) {
-    const std::string cmd = shell + "exec " LAMINA_MPIRUN " -np " + std::to_string(np) + " " +
-                            LAMINA_BINARY + " " + args;
+    for (const std::string& f : stderr_files()) fs::remove(f);
+    std::string cmd = shell + "exec " LAMINA_MPIRUN " -np " + std::to_string(np) + " " + LAMINA_BINARY + " " + args;
+    const std::string binary = std::string(LAMINA_BINARY) + " ";
+    const std::string rank = "sh -c 'exec \"$0\" \"$@\" 2>\"" + log_ + ".stderr.$$\"' " + binary;
+    for (auto at = cmd.find(binary); at != std::string::npos; at = cmd.find(binary, at + rank.size())) {
+      cmd.replace(at, binary.size(), rank);
+    }
     pid_ = ::fork();
     if (pid_ == 0) {
       const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -157,7 +166,12 @@ class Job {
     return code_;
   }
 
-  std::string output() const { return slurp(log_); }
+  // What the launcher printed, then each rank's standard error.
+  std::string output() const {
+    std::string out = slurp(log_);
+    for (const std::string& f : stderr_files()) out += slurp(f);
+    return out;
+  }
 
   static constexpr int kRunning = -1000;
 
@@ -167,6 +181,17 @@ class Job {
     int status = 0;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     return code_;
+  }
+
+  std::vector<std::string> stderr_files() const {
+    std::vector<std::string> out;
+    const fs::path log(log_);
+    const std::string prefix = log.filename().string() + ".stderr.";
+    for (const auto& e : fs::directory_iterator(log.parent_path())) {
+      if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().string());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
   }
 
   std::string log_;
