@@ -17,7 +17,7 @@ inline std::map<std::string, std::vector<float>> checkpoint_tensors(const std::s
   std::map<std::string, std::vector<float>> out;
   const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (f < 0) return out;
-  const ParamLayout layout = ParamLayout::gpt2(model);
+  const ParamLayout layout = ParamLayout::of(model);
   for (const auto& layer : layout.layers()) {
     for (const auto& t : layer.tensors) {
       for (const char* prefix : {"model/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"}) {

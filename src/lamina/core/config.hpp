@@ -59,7 +59,18 @@ struct ModelConfig {
   // Initial weights: a lamina checkpoint, HuggingFace safetensors or an llm.c model file
   // ("": GPT-2's random initialisation). A resumed run reads its checkpoint instead.
   std::string init;
+
+  std::int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  std::int64_t mlp_hidden() const { return ffn_hidden > 0 ? ffn_hidden : 4 * d_model; }
 };
+
+// The MLP's hidden width when a deck leaves it out: GPT-2's 4 d_model; with SwiGLU, whose
+// three matrices would hold half as many parameters again, Llama's 2/3 of that, rounded up
+// to a multiple of 256.
+inline std::int64_t default_ffn_hidden(const ModelConfig& m) {
+  if (m.parts.mlp == MlpKind::gelu) return 4 * m.d_model;
+  return (8 * m.d_model / 3 + 255) / 256 * 256;
+}
 
 enum class DataFormat { text, megatron, llmc, synthetic };
 const char* data_format_name(DataFormat f);

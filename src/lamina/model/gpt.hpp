@@ -65,14 +65,15 @@ void combine(const Exec& exec, const std::function<void(float*, std::int64_t)>& 
 
 }  // namespace detail
 
-// out = wte[inputs] + wpe; out: (N, C), inputs: (N)
+// out = wte[inputs] + wpe (learned positions; rotary ones turn q and k in each block
+// instead); out: (N, C), inputs: (N)
 template <class Exec>
 void embed_forward(const Exec& exec, const EmbeddingWeights<Exec>& w, const Mat<Exec>& out,
                    const Tokens<Exec>& inputs, const Dims& d, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::embed_forward");
   token_embedding_forward(exec, out, inputs, w.wte, d.vocab_begin);
   detail::combine(exec, tp.sum, out);
-  position_embedding_forward(exec, out, w.wpe, d.T);
+  if (d.parts.position == PositionKind::learned) position_embedding_forward(exec, out, w.wpe, d.T);
   Kokkos::Profiling::popRegion();
 }
 
@@ -83,15 +84,14 @@ void embed_backward(const Exec& exec, const EmbeddingTensors<Exec>& g, const Con
                     const Tokens<Exec>& inputs, const TokenRuns<Exec>& runs, const Dims& d) {
   Kokkos::Profiling::pushRegion("lamina::embed_backward");
   token_embedding_backward(exec, g.wte, dout, inputs, runs, d.vocab_begin);
-  position_embedding_backward(exec, g.wpe, dout, d.T);
+  if (d.parts.position == PositionKind::learned) position_embedding_backward(exec, g.wpe, dout, d.T);
   Kokkos::Profiling::popRegion();
 }
 
 // A norm of the block's kind: out = norm(x), its statistics into mean (LayerNorm) and rstd.
-template <class Exec, class T>
-void block_norm_forward(const Exec& exec, const Dims& d, const MatOf<Exec, T>& out, const VecOf<Exec, T>& mean,
-                        const VecOf<Exec, T>& rstd, const MatOf<Exec, T>& x, const ConstVec<Exec>& weight,
-                        const ConstVec<Exec>& bias) {
+template <class Exec, class OutV, class StatV, class InV>
+void block_norm_forward(const Exec& exec, const Dims& d, const OutV& out, const StatV& mean, const StatV& rstd,
+                        const InV& x, const ConstVec<Exec>& weight, const ConstVec<Exec>& bias) {
   if (d.parts.norm == NormKind::layernorm) {
     layernorm_forward(exec, out, mean, rstd, x, weight, bias);
   } else {
@@ -100,11 +100,11 @@ void block_norm_forward(const Exec& exec, const Dims& d, const MatOf<Exec, T>& o
 }
 
 // Its backward: dinp = dskip + the norm's input gradient of dout; dweight, dbias +=.
-template <class Exec, class T>
+template <class Exec, class InV, class StatV>
 void block_norm_backward(const Exec& exec, const Dims& d, const Mat<Exec>& dinp, const Vec<Exec>& dweight,
                          const Vec<Exec>& dbias, const ConstMat<Exec>& dout, const ConstMat<Exec>& dskip,
-                         const MatOf<Exec, T>& x, const ConstVec<Exec>& weight, const VecOf<Exec, T>& mean,
-                         const VecOf<Exec, T>& rstd, const Workspace<Exec>& ws) {
+                         const InV& x, const ConstVec<Exec>& weight, const StatV& mean, const StatV& rstd,
+                         const Workspace<Exec>& ws) {
   if (d.parts.norm == NormKind::layernorm) {
     layernorm_backward(exec, dinp, dweight, dbias, dout, dskip, x, weight, mean, rstd, ws.scratch, ws.ones);
   } else {
@@ -182,14 +182,14 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   Kokkos::Profiling::popRegion();
 }
 
-// Final norm, tied LM head and per-position losses (h.losses) of x, the last block's output
+// Final norm (the block's kind), tied LM head and per-position losses (h.losses) of x, the last block's output
 // as stored.
 template <class Exec, class XV>
 void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const FinalNormTensors<Exec>& w,
                   const HeadActs<Exec>& h, const XV& x, const Tokens<Exec>& targets, const Dims& d,
                   const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::head_forward");
-  layernorm_forward(exec, h.lnf, h.lnf_mean, h.lnf_rstd, x, w.w, w.b);
+  block_norm_forward(exec, d, h.lnf, h.lnf_mean, h.lnf_rstd, x, w.w, w.b);
   tied_head_forward(exec, h.logits, h.lnf, e.wte, d.products, ws.widened);
   cross_entropy_row_max(exec, h.rowmax, h.logits);
   detail::combine(exec, tp.max, h.rowmax);
@@ -212,8 +212,7 @@ void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const Fin
   cross_entropy_backward(exec, h.logits, h.logits, h.lse, targets, d.vocab_begin, loss_scale);
   tied_head_backward(exec, ws.dln, ge.wte, h.logits, h.lnf, e.wte, d.products, ws.widened);
   detail::combine(exec, tp.sum, ws.dln);
-  layernorm_backward(exec, dres, g.w, g.b, ws.dln, ConstMat<Exec>(), x, w.w, h.lnf_mean, h.lnf_rstd, ws.scratch,
-                     ws.ones);
+  block_norm_backward(exec, d, dres, g.w, g.b, ws.dln, ConstMat<Exec>(), x, w.w, h.lnf_mean, h.lnf_rstd, ws);
   Kokkos::Profiling::popRegion();
 }
 

@@ -86,9 +86,9 @@ struct Dims {
     d.NH = m.heads / tp_size;
     d.hd = m.d_model / m.heads;
     // Megatron's split where tp exceeds the key/value heads: each rank holds one, replicated.
-    const std::int64_t kv = m.kv_heads > 0 ? m.kv_heads : m.heads;
+    const std::int64_t kv = m.key_value_heads();
     d.NKV = std::max<std::int64_t>(1, kv / tp_size);
-    d.F = (m.ffn_hidden > 0 ? m.ffn_hidden : 4 * m.d_model) / tp_size;
+    d.F = m.mlp_hidden() / tp_size;
     d.parts = m.parts;
     d.V = m.vocab_size / tp_size;
     d.vocab_begin = tp_rank * d.V;

@@ -10,20 +10,33 @@ std::int64_t TensorSpec::numel() const {
   return n;
 }
 
+namespace {
+
+// The blocks of a tensor's split dimension: global sizes (one block when none are given).
+std::vector<std::int64_t> split_blocks(const TensorSpec& t) {
+  if (!t.tp_blocks.empty()) return t.tp_blocks;
+  return {t.global_shape[static_cast<std::size_t>(t.tp_split_dim)]};
+}
+
+}  // namespace
+
 std::vector<SlabMap> TensorSpec::slabs() const {
   const std::size_t rank = shape.size();
   if (tp_split_dim < 0) {
     return {SlabMap{std::vector<std::int64_t>(rank, 0), std::vector<std::int64_t>(rank, 0), shape}};
   }
   const auto d = static_cast<std::size_t>(tp_split_dim);
-  const std::int64_t block_global = global_shape[d] / tp_blocks, block_local = shape[d] / tp_blocks;
   std::vector<SlabMap> out;
-  for (int b = 0; b < tp_blocks; ++b) {
+  std::int64_t global_begin = 0, local_begin = 0;
+  for (const std::int64_t block : split_blocks(*this)) {
+    const std::int64_t local = block / tp_size;
     SlabMap s{std::vector<std::int64_t>(rank, 0), std::vector<std::int64_t>(rank, 0), shape};
-    s.global_offset[d] = b * block_global + tp_rank * block_local;
-    s.local_offset[d] = b * block_local;
-    s.count[d] = block_local;
+    s.global_offset[d] = global_begin + tp_rank * local;
+    s.local_offset[d] = local_begin;
+    s.count[d] = local;
     out.push_back(s);
+    global_begin += block;
+    local_begin += local;
   }
   return out;
 }
@@ -37,9 +50,16 @@ std::int64_t TensorSpec::global_index(std::int64_t e) const {
     e /= shape[k];
   }
   const auto d = static_cast<std::size_t>(tp_split_dim);
-  const std::int64_t block_local = shape[d] / tp_blocks, block_global = global_shape[d] / tp_blocks;
-  const std::int64_t block = idx[d] / block_local;
-  idx[d] = block * block_global + tp_rank * block_local + idx[d] % block_local;
+  std::int64_t global_begin = 0, local_begin = 0;
+  for (const std::int64_t block : split_blocks(*this)) {
+    const std::int64_t local = block / tp_size;
+    if (idx[d] < local_begin + local) {
+      idx[d] = global_begin + tp_rank * local + (idx[d] - local_begin);
+      break;
+    }
+    global_begin += block;
+    local_begin += local;
+  }
   std::int64_t g = 0;
   for (std::size_t k = 0; k < shape.size(); ++k) g = g * global_shape[k] + idx[k];
   return g;
@@ -65,15 +85,16 @@ class Maker {
  public:
   Maker(int tp_size, int tp_rank) : tp_size_(tp_size), tp_rank_(tp_rank) {}
 
-  // split: dimension split over tensor-parallel ranks (-1: none); blocks: separately split parts.
-  TensorSpec operator()(std::string name, std::vector<std::int64_t> shape, int split, int blocks, bool matrix,
-                        InitKind init) const {
+  // split: dimension split over tensor-parallel ranks (-1: none); blocks: the global sizes
+  // of its separately split parts (empty: one).
+  TensorSpec operator()(std::string name, std::vector<std::int64_t> shape, int split, bool matrix, InitKind init,
+                        std::vector<std::int64_t> blocks = {}) const {
     TensorSpec t;
     t.name = std::move(name);
     t.global_shape = shape;
     t.shape = shape;
     t.tp_split_dim = tp_size_ > 1 ? split : -1;
-    t.tp_blocks = blocks;
+    t.tp_blocks = std::move(blocks);
     t.tp_rank = tp_rank_;
     t.tp_size = tp_size_;
     t.is_matrix = matrix;
@@ -88,32 +109,47 @@ class Maker {
 
 }  // namespace
 
-ParamLayout ParamLayout::gpt2(const ModelConfig& m, int tp_size, int tp_rank) {
+ParamLayout ParamLayout::of(const ModelConfig& m, int tp_size, int tp_rank) {
   const std::int64_t C = m.d_model, V = m.vocab_size, T = m.seq_len;
+  const std::int64_t hd = C / m.heads, Q = m.heads * hd, KV = m.key_value_heads() * hd, F = m.mlp_hidden();
+  const BlockParts& parts = m.parts;
+  const bool layernorm = parts.norm == NormKind::layernorm, swiglu = parts.mlp == MlpKind::swiglu;
   const Maker t(tp_size, tp_rank);
   const bool matrix = true, vector = false;
   ParamLayout p;
-  p.layers_.push_back(make_layer("embedding", {t("wte", {V, C}, 0, 1, matrix, InitKind::normal),
-                                               t("wpe", {T, C}, -1, 1, matrix, InitKind::normal)}));
+  std::vector<TensorSpec> embedding = {t("wte", {V, C}, 0, matrix, InitKind::normal)};
+  if (parts.position == PositionKind::learned) embedding.push_back(t("wpe", {T, C}, -1, matrix, InitKind::normal));
+  p.layers_.push_back(make_layer("embedding", std::move(embedding)));
+  // A norm's gain, and LayerNorm's bias.
+  auto norm = [&](std::vector<TensorSpec>& ts, const std::string& name) {
+    ts.push_back(t(name + ".weight", {C}, -1, vector, InitKind::ones));
+    if (layernorm) ts.push_back(t(name + ".bias", {C}, -1, vector, InitKind::zeros));
+  };
   for (std::int64_t i = 0; i < m.layers; ++i) {
     const std::string h = "h." + std::to_string(i) + ".";
-    p.layers_.push_back(make_layer(
-        "h." + std::to_string(i),
-        {t(h + "ln_1.weight", {C}, -1, 1, vector, InitKind::ones),
-         t(h + "ln_1.bias", {C}, -1, 1, vector, InitKind::zeros),
-         t(h + "attn.c_attn.weight", {C, 3 * C}, 1, 3, matrix, InitKind::normal),
-         t(h + "attn.c_attn.bias", {3 * C}, 0, 3, vector, InitKind::zeros),
-         t(h + "attn.c_proj.weight", {C, C}, 0, 1, matrix, InitKind::scaled_normal),
-         t(h + "attn.c_proj.bias", {C}, -1, 1, vector, InitKind::zeros),
-         t(h + "ln_2.weight", {C}, -1, 1, vector, InitKind::ones),
-         t(h + "ln_2.bias", {C}, -1, 1, vector, InitKind::zeros),
-         t(h + "mlp.c_fc.weight", {C, 4 * C}, 1, 1, matrix, InitKind::normal),
-         t(h + "mlp.c_fc.bias", {4 * C}, 0, 1, vector, InitKind::zeros),
-         t(h + "mlp.c_proj.weight", {4 * C, C}, 0, 1, matrix, InitKind::scaled_normal),
-         t(h + "mlp.c_proj.bias", {C}, -1, 1, vector, InitKind::zeros)}));
+    std::vector<TensorSpec> ts;
+    auto bias = [&](const std::string& name, std::int64_t n, int split, std::vector<std::int64_t> blocks = {}) {
+      if (parts.bias) ts.push_back(t(h + name, {n}, split, vector, InitKind::zeros, std::move(blocks)));
+    };
+    norm(ts, h + "ln_1");
+    ts.push_back(t(h + "attn.c_attn.weight", {C, Q + 2 * KV}, 1, matrix, InitKind::normal, {Q, KV, KV}));
+    bias("attn.c_attn.bias", Q + 2 * KV, 0, {Q, KV, KV});
+    ts.push_back(t(h + "attn.c_proj.weight", {Q, C}, 0, matrix, InitKind::scaled_normal));
+    bias("attn.c_proj.bias", C, -1);
+    norm(ts, h + "ln_2");
+    if (swiglu) {
+      ts.push_back(t(h + "mlp.c_fc.weight", {C, 2 * F}, 1, matrix, InitKind::normal, {F, F}));
+    } else {
+      ts.push_back(t(h + "mlp.c_fc.weight", {C, F}, 1, matrix, InitKind::normal));
+    }
+    bias("mlp.c_fc.bias", F, 0);
+    ts.push_back(t(h + "mlp.c_proj.weight", {F, C}, 0, matrix, InitKind::scaled_normal));
+    bias("mlp.c_proj.bias", C, -1);
+    p.layers_.push_back(make_layer("h." + std::to_string(i), std::move(ts)));
   }
-  p.layers_.push_back(make_layer("ln_f", {t("ln_f.weight", {C}, -1, 1, vector, InitKind::ones),
-                                          t("ln_f.bias", {C}, -1, 1, vector, InitKind::zeros)}));
+  std::vector<TensorSpec> final_norm;
+  norm(final_norm, "ln_f");
+  p.layers_.push_back(make_layer("ln_f", std::move(final_norm)));
   return p;
 }
 

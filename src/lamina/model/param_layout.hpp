@@ -1,6 +1,7 @@
 #pragma once
 // Where every parameter lives: per-layer flat buffers (docs/architecture.md, idea 2), tensor names
-// and global shapes as in HuggingFace GPT-2, how tensor parallelism splits each tensor
+// and global shapes as in HuggingFace GPT-2 (a Llama block's tensors under the same names:
+// c_attn holds [q | k | v], c_fc [gate | up]), how tensor parallelism splits each tensor
 // (and so where this rank's piece sits in the global tensor), and the optimizer-state
 // subgroups. Checkpoints, initialisation, the optimizer and sharding all read this one
 // description.
@@ -24,7 +25,9 @@ struct TensorSpec {
   std::vector<std::int64_t> global_shape;  // row-major, as in the checkpoint
   std::vector<std::int64_t> shape;         // this tensor-parallel rank's piece
   int tp_split_dim = -1;                   // dimension split over tensor-parallel ranks; -1: replicated
-  int tp_blocks = 1;                       // the split dimension holds blocks split separately ([q|k|v]: 3)
+  // The global sizes of the blocks of the split dimension that split separately ([q|k|v]:
+  // three, unequal with grouped-query attention); empty: one block.
+  std::vector<std::int64_t> tp_blocks;
   int tp_rank = 0, tp_size = 1;
   bool is_matrix = false;                  // matrices and embeddings decay; biases and gains on request
   InitKind init = InitKind::zeros;
@@ -55,11 +58,13 @@ struct Subgroup {
 
 class ParamLayout {
  public:
-  // GPT-2 as tensor-parallel rank `tp_rank` of `tp_size` holds it (Megatron's split:
+  // The model as tensor-parallel rank `tp_rank` of `tp_size` holds it (Megatron's split:
   // vocabulary-parallel embedding, column-parallel QKV and fc, row-parallel projections;
-  // norms, position table and the projections' biases replicated).
+  // norms, position table and the projections' biases replicated). Its block's parts
+  // decide which tensors there are: no position table with rotary positions, no norm
+  // biases with RMSNorm, no projection biases without `bias`.
   // Layer 0 = embedding (wte, wpe), layers 1..L = blocks h.0..h.{L-1}, layer L+1 = ln_f.
-  static ParamLayout gpt2(const ModelConfig& model, int tp_size = 1, int tp_rank = 0);
+  static ParamLayout of(const ModelConfig& model, int tp_size = 1, int tp_rank = 0);
 
   const std::vector<LayerSpec>& layers() const { return layers_; }
   int num_layers() const { return static_cast<int>(layers_.size()); }

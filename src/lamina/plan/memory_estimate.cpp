@@ -82,7 +82,7 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
                   int stage, std::int64_t device_free) {
   const ParallelLayout& o = plan.layout;
   const bool bf16 = plan.precision == Precision::bf16;
-  const ParamLayout layout = ParamLayout::gpt2(m, o.tp, 0);
+  const ParamLayout layout = ParamLayout::of(m, o.tp, 0);
   const std::vector<int> held = schedule.layers_of_stage(stage);
   const RankOptimizers opt = plan_rank_optimizers(plan, layout, held, 0, dos_model(plan), device_free);
   const MemTier dev = MemTier::device, host = MemTier::host;

@@ -458,7 +458,7 @@ struct Costing {
 
   // Made before the layouts are modelled side by side, which only read them.
   void add_layout(int tp) {
-    if (layouts.count(tp) == 0) layouts.emplace(tp, ParamLayout::gpt2(deck.model, tp, 0));
+    if (layouts.count(tp) == 0) layouts.emplace(tp, ParamLayout::of(deck.model, tp, 0));
   }
   const ParamLayout& layout(int tp) const { return layouts.at(tp); }
 };
@@ -958,7 +958,7 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     CostModel cost(deck.model, p, machine, options.measured);
     const Timeline t = simulate(schedule, cost.pricer(), cost.serial(), cost.compute_queued());
     double update = 0.0;
-    const ParamLayout layout = ParamLayout::gpt2(deck.model, p.layout.tp, 0);
+    const ParamLayout layout = ParamLayout::of(deck.model, p.layout.tp, 0);
     for (int s = 0; s < schedule.stages(); ++s) {
       const RankOptimizers ro =
           plan_rank_optimizers(p, layout, schedule.layers_of_stage(s), 0, dos_model(p), -1);

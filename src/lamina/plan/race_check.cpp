@@ -6,7 +6,7 @@
 namespace lamina {
 
 RaceCheck check_races(const Plan& plan, const ModelConfig& model, const Schedule& schedule) {
-  const ParamLayout layout = ParamLayout::gpt2(model, plan.layout.tp, 0);
+  const ParamLayout layout = ParamLayout::of(model, plan.layout.tp, 0);
   std::vector<std::vector<Instruction>> updates;
   RaceCheck r;
   r.stages = schedule.stages();

@@ -100,7 +100,7 @@ JsonObject bench_step(const Deck& deck, int steps, int warmup, const Log& log) {
   const int world = rt.grid().world_size();
   log.info(strprintf("bench step: %s, %lld parameters, batch %lld x %lld (micro-batch %lld), %.2f GFLOP per step, "
                      "%d rank(s), schedule %s",
-                     deck.source.c_str(), static_cast<long long>(ParamLayout::gpt2(m).total_numel()),
+                     deck.source.c_str(), static_cast<long long>(ParamLayout::of(m).total_numel()),
                      static_cast<long long>(deck.data.batch_size), static_cast<long long>(m.seq_len),
                      static_cast<long long>(plan.layout.micro_batch_size), flops / 1e9, world,
                      rt.schedule().name().c_str()));
@@ -120,7 +120,7 @@ JsonObject bench_step(const Deck& deck, int steps, int warmup, const Log& log) {
   j.add("bench", "step")
       .add("deck", deck.source)
       .add("ranks", world)
-      .add("params", ParamLayout::gpt2(m).total_numel())
+      .add("params", ParamLayout::of(m).total_numel())
       .add("flops_per_step", flops)
       .add("steps", steps)
       .add("step_ms_median", med)
@@ -270,7 +270,7 @@ JsonObject bench_dos(Deck deck, int steps, const Log& log) {
       .add("h2d_bytes_per_s", model.h2d)
       .add("d2h_bytes_per_s", model.d2h)
       .add("stride", dos_stride(model));
-  const std::int64_t params = ParamLayout::gpt2(deck.model).total_numel();
+  const std::int64_t params = ParamLayout::of(deck.model).total_numel();
   const std::pair<const char*, OptimizerPlacement> modes[] = {
       {"device", OptimizerPlacement::device}, {"host", OptimizerPlacement::host}, {"dynamic", OptimizerPlacement::dynamic}};
   for (const auto& [name, placement] : modes) {

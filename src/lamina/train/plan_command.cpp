@@ -300,7 +300,7 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
   std::string keys;
   for (const auto& k : options.free_keys) keys += (keys.empty() ? "" : ", ") + k;
   log.info(strprintf("planning %s (%s parameters) for %d rank(s) of %s (%d per node) with the %s solver; choosing: %s",
-                     deck.source.c_str(), human_count(static_cast<double>(ParamLayout::gpt2(deck.model).total_numel())).c_str(),
+                     deck.source.c_str(), human_count(static_cast<double>(ParamLayout::of(deck.model).total_numel())).c_str(),
                      options.ranks, machine.name.c_str(), machine.devices_per_node, solver_name(cmd.solver),
                      keys.empty() ? "nothing (the layout is evaluated)" : keys.c_str()));
   const PlanResult r = plan_search(deck, machine, options);

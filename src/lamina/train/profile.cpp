@@ -122,7 +122,7 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision prec
                                          const std::vector<std::int64_t>& micro_batch_sizes, int reps) {
   ModelConfig model = full;
   model.layers = 1;  // one of each piece
-  const ParamLayout layout = ParamLayout::gpt2(model);
+  const ParamLayout layout = ParamLayout::of(model);
   MemoryTracker tracker;
   std::vector<Buffer<float, Exec::memory_space>> params, grads;
   for (int l = 0; l < layout.num_layers(); ++l) {

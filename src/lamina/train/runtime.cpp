@@ -33,7 +33,7 @@ Runtime::Runtime(MemoryTracker& tracker, const ModelConfig& model, const Optimiz
       optimizer_config_(optimizer),
       grid_(world, plan.layout.dp, plan.layout.tp, plan.layout.pp, comm.backend),
       schedule_(Schedule::build(step_spec(plan, model))),
-      layout_(ParamLayout::gpt2(model, grid_.tp_size(), grid_.tp_rank())),
+      layout_(ParamLayout::of(model, grid_.tp_size(), grid_.tp_rank())),
       dims_(Dims::of(model, plan.layout.micro_batch_size, grid_.tp_size(), grid_.tp_rank())),
       pools_(tracker),
       streams_(comm.threaded_copies ? HostCopies::threads : HostCopies::inline_) {

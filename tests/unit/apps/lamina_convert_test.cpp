@@ -30,7 +30,7 @@ void expect_same_weights(const std::string& a, const std::string& b) {
   const auto x = open_weights(a), y = open_weights(b);
   ModelConfig m = x->model();
   m.heads = 4;
-  const ParamLayout layout = ParamLayout::gpt2(m);
+  const ParamLayout layout = ParamLayout::of(m);
   for (const LayerSpec& l : layout.layers()) {
     for (const TensorSpec& t : l.tensors) {
       const auto u = fetch_tensor(*x, t.name, t.global_shape), v = fetch_tensor(*y, t.name, t.global_shape);

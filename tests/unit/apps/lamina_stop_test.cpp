@@ -239,7 +239,7 @@ TEST_F(LaminaStop, SigintSavesACheckpointThatResumesBitForBit) {
   const ModelConfig model = parse_deck(kDeck, "deck.toml").model;
   const auto fresh = checkpoint_tensors(dir_ + "/fresh" + name, model);
   std::size_t tensors = 0;
-  const ParamLayout layout = ParamLayout::gpt2(model);
+  const ParamLayout layout = ParamLayout::of(model);
   for (const auto& l : layout.layers()) tensors += 3 * l.tensors.size();
   EXPECT_EQ(fresh.size(), tensors);
   EXPECT_TRUE(checkpoint_tensors(dir_ + "/stopped" + name, model) == fresh)

@@ -46,7 +46,7 @@ TEST(ModelWeights, EverySourceHoldsTheSameModel) {
   const auto llmc = open_weights(kWeights + "/llmc.bin");
   const auto llmc16 = open_weights(kWeights + "/llmc_bf16.bin");
   EXPECT_EQ(llmc->format(), WeightsFormat::llmc);
-  const ParamLayout layout = ParamLayout::gpt2(tiny());
+  const ParamLayout layout = ParamLayout::of(tiny());
   std::vector<std::unique_ptr<WeightsSource>> st;
   if (safetensors_supported()) {
     st.push_back(open_weights(kWeights + "/hf"));

@@ -151,7 +151,7 @@ TEST(CostModel, CollectivesUseTheLinkTheirGroupSpans) {
   // ZeRO-0 all-reduces a block's fp32 gradients over dp = 4, which with tp = 2 spans 8
   // ranks: one node.
   const double padded = static_cast<double>(
-      LayerShard::of(ParamLayout::gpt2(model(), 2, 0).layers()[1].numel, 4, true).padded);
+      LayerShard::of(ParamLayout::of(model(), 2, 0).layers()[1].numel, 4, true).padded);
   EXPECT_DOUBLE_EQ(c.reduce(1), c.collective(2.0 * 3 / 4 * 4 * padded, 6, 8));
 }
 

@@ -84,7 +84,7 @@ std::int64_t strip_checksums(const std::string& from, const std::string& to, con
   h5::Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl, 1);
   std::int64_t tensors = 0;
-  const ParamLayout layout = ParamLayout::gpt2(model);
+  const ParamLayout layout = ParamLayout::of(model);
   for (const auto& l : layout.layers()) {
     for (const auto& t : l.tensors) {
       for (const char* prefix : {"model/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"}) {

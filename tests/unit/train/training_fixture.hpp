@@ -77,7 +77,7 @@ subgroup_size = 1000
 
   // Every parameter and both Adam moments of two checkpoints, bit for bit.
   static void expect_identical_checkpoints(const std::string& a, const std::string& b, const ModelConfig& model) {
-    const ParamLayout layout = ParamLayout::gpt2(model);
+    const ParamLayout layout = ParamLayout::of(model);
     for (const auto& l : layout.layers()) {
       for (const auto& t : l.tensors) {
         for (const char* prefix : {"model/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"}) {
