@@ -131,7 +131,10 @@ struct Section {
 // The schema: every section and key the deck accepts, for unknown-key suggestions.
 const std::vector<Section>& schema() {
   static const std::vector<Section> s = {
-      {"model", {"layers", "d_model", "heads", "seq_len", "vocab_size", "init_std", "attention", "init"}},
+      {"model",
+       {"layers", "d_model", "heads", "seq_len", "vocab_size", "init_std", "attention", "init", "arch", "kv_heads",
+        "ffn_hidden", "norm", "norm_eps", "position", "rope_theta", "rope_scaling", "rope_low_freq_factor",
+        "rope_high_freq_factor", "rope_original_context", "mlp"}},
       {"data", {"format", "path", "batch_size", "micro_batch_size", "shuffle", "eval_path"}},
       {"train", {"steps", "seed", "precision", "skip_nonfinite", "max_skipped", "eval_every", "eval_batches"}},
       {"optimizer",
@@ -559,6 +562,29 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   m.d_model = r.integer("model", "d_model", 0, 1, 1 << 20, true);
   m.heads = r.integer("model", "heads", 0, 1, 1 << 16, true);
   m.seq_len = r.integer("model", "seq_len", 0, 1, 1 << 24, true);
+  // The block's parts: a preset (GPT-2's or Llama's), each part overridable on its own.
+  const bool llama = r.choice("model", "arch", "gpt2", {"gpt2", "llama"}) == "llama";
+  BlockParts& parts = m.parts;
+  parts.norm = r.choice("model", "norm", llama ? "rmsnorm" : "layernorm", {"layernorm", "rmsnorm"}) == "rmsnorm"
+                   ? NormKind::rmsnorm
+                   : NormKind::layernorm;
+  parts.norm_eps = r.real("model", "norm_eps", 1e-5, 0.0, 1.0, true);
+  parts.position = r.choice("model", "position", llama ? "rotary" : "learned", {"learned", "rotary"}) == "rotary"
+                       ? PositionKind::rotary
+                       : PositionKind::learned;
+  parts.rope_theta = r.real("model", "rope_theta", 10000.0, 1.0, 1e12);
+  // Llama 3's frequency scaling (HuggingFace's rope_scaling with rope_type "llama3"); 0: none.
+  auto& scaling = parts.rope_scaling;
+  scaling.factor = r.real("model", "rope_scaling", 0.0, 0.0, 1e6);
+  scaling.low_freq_factor = r.real("model", "rope_low_freq_factor", 1.0, 0.0, 1e6, true);
+  scaling.high_freq_factor = r.real("model", "rope_high_freq_factor", 4.0, 0.0, 1e6, true);
+  scaling.original_context = r.real("model", "rope_original_context", 8192.0, 1.0, 1e9);
+  parts.mlp = r.choice("model", "mlp", llama ? "swiglu" : "gelu", {"gelu", "swiglu"}) == "swiglu" ? MlpKind::swiglu
+                                                                                               : MlpKind::gelu;
+  // The projections' biases come with the MLP: GPT-2's GELU block has them, Llama's none.
+  parts.bias = parts.mlp == MlpKind::gelu;
+  m.kv_heads = r.integer("model", "kv_heads", m.heads, 1, 1 << 16);
+  m.ffn_hidden = r.integer("model", "ffn_hidden", default_ffn_hidden(m), 1, 1 << 24);
 
   auto& dc = d.data;
   const std::string fmt = r.choice("data", "format", "text", {"text", "megatron", "llmc", "synthetic"});
@@ -681,6 +707,24 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
     r.error_at("model", "heads", strprintf("d_model (%lld) must be divisible by heads (%lld); try heads = %lld",
                                            static_cast<long long>(m.d_model), static_cast<long long>(m.heads),
                                            static_cast<long long>(std::max<std::int64_t>(1, m.d_model / 64))));
+  }
+  if (m.heads > 0 && m.kv_heads > 0 && m.heads % m.kv_heads != 0) {
+    r.error_at("model", "kv_heads",
+               strprintf("heads (%lld) must be a multiple of kv_heads (%lld): each key/value head serves a group of "
+                         "query heads",
+                         static_cast<long long>(m.heads), static_cast<long long>(m.kv_heads)));
+  }
+  if (parts.position == PositionKind::rotary && m.heads > 0 && m.d_model % m.heads == 0 &&
+      (m.d_model / m.heads) % 2 != 0) {
+    r.error_at("model", "position",
+               strprintf("rotary positions turn pairs of a head's features; the head width d_model / heads = %lld "
+                         "is odd",
+                         static_cast<long long>(m.d_model / m.heads)));
+  }
+  if (scaling.factor > 0.0 && scaling.high_freq_factor <= scaling.low_freq_factor) {
+    r.error_at("model", "rope_high_freq_factor",
+               strprintf("%g must exceed model.rope_low_freq_factor (%g)", scaling.high_freq_factor,
+                         scaling.low_freq_factor));
   }
   if (byte_vocab && m.vocab_size > 0 && m.vocab_size < 256) {
     r.error_at("model", "vocab_size",

@@ -121,6 +121,15 @@ Plan plan_from_deck(const Deck& deck, int world) {
     error("parallel.tp", strprintf("model.heads = %lld must be divisible by tp = %d (each rank takes whole heads)",
                                    ll(m.heads), o.tp));
   }
+  if (o.tp > 1 && m.heads % o.tp == 0 && m.key_value_heads() % o.tp != 0) {
+    error("parallel.tp", strprintf("model.kv_heads = %lld must be divisible by tp = %d (each rank takes whole key/value "
+                                   "heads; replicating them where tp exceeds kv_heads is not supported yet)",
+                                   ll(m.key_value_heads()), o.tp));
+  }
+  if (o.tp > 1 && m.mlp_hidden() % o.tp != 0) {
+    error("model.ffn_hidden", strprintf("%lld is not divisible by parallel.tp = %d (the MLP is split by columns)",
+                                        ll(m.mlp_hidden()), o.tp));
+  }
   if (o.tp > 1 && m.vocab_size % o.tp != 0) {
     error("model.vocab_size", strprintf("%lld is not divisible by parallel.tp = %d (the embedding is split by rows); "
                                         "pad it, e.g. to %lld",

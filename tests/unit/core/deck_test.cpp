@@ -79,6 +79,34 @@ TEST(Deck, SetOverridesAnyKeyWithTypedValues) {
   EXPECT_EQ(d.model.attention, AttentionProducts::fused);
 }
 
+// model.arch is a preset of the block's parts; each part overrides it on its own, and GPT-2
+// decks resolve to GPT-2's block as before.
+TEST(Deck, ArchIsAPresetOfTheBlocksParts) {
+  const Deck gpt2 = parse_deck(kGood, "deck.toml");
+  EXPECT_EQ(gpt2.model.parts.norm, NormKind::layernorm);
+  EXPECT_EQ(gpt2.model.parts.position, PositionKind::learned);
+  EXPECT_EQ(gpt2.model.parts.mlp, MlpKind::gelu);
+  EXPECT_TRUE(gpt2.model.parts.bias);
+  EXPECT_EQ(gpt2.model.key_value_heads(), 4);
+  EXPECT_EQ(gpt2.model.mlp_hidden(), 256);
+
+  const Deck llama = parse_deck(kGood, "deck.toml", {"model.arch=llama", "model.kv_heads=2", "model.rope_theta=5e5"});
+  const BlockParts& p = llama.model.parts;
+  EXPECT_EQ(p.norm, NormKind::rmsnorm);
+  EXPECT_EQ(p.position, PositionKind::rotary);
+  EXPECT_EQ(p.mlp, MlpKind::swiglu);
+  EXPECT_FALSE(p.bias);
+  EXPECT_DOUBLE_EQ(p.rope_theta, 5e5);
+  EXPECT_EQ(llama.model.key_value_heads(), 2);
+  EXPECT_EQ(llama.model.mlp_hidden(), 256);  // 8 x 64 / 3 = 170, rounded up to a multiple of 256
+  EXPECT_EQ(parse_deck(llama.resolved_toml, "resolved.toml").resolved_toml, llama.resolved_toml);
+
+  const Deck mixed = parse_deck(kGood, "deck.toml", {"model.arch=llama", "model.norm=layernorm", "model.ffn_hidden=96"});
+  EXPECT_EQ(mixed.model.parts.norm, NormKind::layernorm);
+  EXPECT_EQ(mixed.model.parts.position, PositionKind::rotary);
+  EXPECT_EQ(mixed.model.mlp_hidden(), 96);
+}
+
 TEST(Deck, ParsesByteSizes) {
   std::int64_t b = 0;
   EXPECT_TRUE(parse_bytes("12GiB", b));
@@ -135,6 +163,16 @@ INSTANTIATE_TEST_SUITE_P(
         BadDeck{"heads_do_not_divide", with("heads = 4", "heads = 5"), {},
                 {"deck.toml:5:9: model.heads: d_model (64) must be divisible by heads (5)"}},
         BadDeck{"missing_required", with("steps = 100", ""), {}, {"missing required key train.steps (an integer)"}},
+        BadDeck{"kv_heads_do_not_divide_heads", kGood, {"model.kv_heads=3"},
+                {"--set model.kv_heads=3: model.kv_heads: heads (4) must be a multiple of kv_heads (3)"}},
+        BadDeck{"arch_typo_gets_hint", kGood, {"model.arch=lama"},
+                {"model.arch: 'lama' is not one of 'gpt2', 'llama' (did you mean 'llama'?)"}},
+        BadDeck{"rotary_needs_an_even_head_width", with("d_model = 64", "d_model = 60"), {"model.position=rotary"},
+                {"model.position: rotary positions turn pairs of a head's features; the head width d_model / heads "
+                 "= 15 is odd"}},
+        BadDeck{"rope_frequency_bounds_crossed", kGood,
+                {"model.rope_scaling=8", "model.rope_low_freq_factor=4", "model.rope_high_freq_factor=2"},
+                {"model.rope_high_freq_factor: 2 must exceed model.rope_low_freq_factor (4)"}},
         BadDeck{"unknown_format", with("format = \"text\"", "format = \"parquet\""), {},
                 {"data.format: 'parquet' is not one of 'text', 'megatron', 'llmc', 'synthetic'"}},
         BadDeck{"choice_typo_gets_hint", with("lr = 1e-3", "lr = 1e-3\nschedule = \"cosin\""), {},
