@@ -10,10 +10,12 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -109,24 +111,92 @@ void fsync_path(const std::string& path) {
 
 }  // namespace
 
+std::string block_signature(const ModelConfig& m) {
+  const BlockParts& p = m.parts;
+  std::string s = strprintf("kv_heads=%lld ffn_hidden=%lld norm=%s norm_eps=%g position=%s",
+                            static_cast<long long>(m.key_value_heads()), static_cast<long long>(m.mlp_hidden()),
+                            p.norm == NormKind::rmsnorm ? "rmsnorm" : "layernorm", p.norm_eps,
+                            p.position == PositionKind::rotary ? "rotary" : "learned");
+  if (p.position == PositionKind::rotary) {
+    s += strprintf(" rope_theta=%g", p.rope_theta);
+    const RotaryScaling& r = p.rope_scaling;
+    if (r.factor > 0.0) {
+      s += strprintf(" rope_scaling=%g rope_low_freq_factor=%g rope_high_freq_factor=%g rope_original_context=%g",
+                     r.factor, r.low_freq_factor, r.high_freq_factor, r.original_context);
+    }
+  }
+  return s + (p.mlp == MlpKind::swiglu ? " mlp=swiglu" : " mlp=gelu");
+}
+
+bool gpt2_block(const ModelConfig& m) {
+  ModelConfig gpt2 = m;
+  gpt2.parts = BlockParts();
+  gpt2.kv_heads = gpt2.ffn_hidden = 0;
+  return block_signature(m) == block_signature(gpt2);
+}
+
 std::string model_signature(const ModelConfig& m) {
   return strprintf("layers=%lld d_model=%lld heads=%lld seq_len=%lld vocab_size=%lld", static_cast<long long>(m.layers),
                    static_cast<long long>(m.d_model), static_cast<long long>(m.heads),
-                   static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size));
+                   static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size)) +
+         (gpt2_block(m) ? "" : " " + block_signature(m));
 }
 
 bool parse_model_signature(const std::string& text, ModelConfig& out) {
   long long v[5] = {0, 0, 0, 0, 0};
-  if (std::sscanf(text.c_str(), "layers=%lld d_model=%lld heads=%lld seq_len=%lld vocab_size=%lld", &v[0], &v[1],
-                  &v[2], &v[3], &v[4]) != 5 ||
+  int used = 0;
+  if (std::sscanf(text.c_str(), "layers=%lld d_model=%lld heads=%lld seq_len=%lld vocab_size=%lld%n", &v[0], &v[1],
+                  &v[2], &v[3], &v[4], &used) != 5 ||
       std::any_of(v, v + 5, [](long long x) { return x < 1; })) {
     return false;
   }
-  out.layers = v[0];
-  out.d_model = v[1];
-  out.heads = v[2];
-  out.seq_len = v[3];
-  out.vocab_size = v[4];
+  ModelConfig m = out;
+  m.layers = v[0];
+  m.d_model = v[1];
+  m.heads = v[2];
+  m.seq_len = v[3];
+  m.vocab_size = v[4];
+  m.parts = BlockParts();
+  m.kv_heads = m.ffn_hidden = 0;
+  // The block's parts, key=value words in any order.
+  std::istringstream rest(text.substr(static_cast<std::size_t>(used)));
+  for (std::string word; rest >> word;) {
+    const auto eq = word.find('=');
+    if (eq == std::string::npos) return false;
+    const std::string key = word.substr(0, eq), value = word.substr(eq + 1);
+    char* end = nullptr;
+    const double x = std::strtod(value.c_str(), &end);
+    const bool number = !value.empty() && *end == '\0' && std::isfinite(x);
+    BlockParts& p = m.parts;
+    if (key == "norm" && (value == "rmsnorm" || value == "layernorm")) {
+      p.norm = value == "rmsnorm" ? NormKind::rmsnorm : NormKind::layernorm;
+    } else if (key == "position" && (value == "rotary" || value == "learned")) {
+      p.position = value == "rotary" ? PositionKind::rotary : PositionKind::learned;
+    } else if (key == "mlp" && (value == "swiglu" || value == "gelu")) {
+      p.mlp = value == "swiglu" ? MlpKind::swiglu : MlpKind::gelu;
+      p.bias = p.mlp == MlpKind::gelu;
+    } else if (!number || x <= 0.0) {
+      return false;
+    } else if (key == "kv_heads" || key == "ffn_hidden") {
+      if (x != std::floor(x) || x > 1e12) return false;
+      (key == "kv_heads" ? m.kv_heads : m.ffn_hidden) = static_cast<std::int64_t>(x);
+    } else if (key == "norm_eps") {
+      p.norm_eps = x;
+    } else if (key == "rope_theta") {
+      p.rope_theta = x;
+    } else if (key == "rope_scaling") {
+      p.rope_scaling.factor = x;
+    } else if (key == "rope_low_freq_factor") {
+      p.rope_scaling.low_freq_factor = x;
+    } else if (key == "rope_high_freq_factor") {
+      p.rope_scaling.high_freq_factor = x;
+    } else if (key == "rope_original_context") {
+      p.rope_scaling.original_context = x;
+    } else {
+      return false;
+    }
+  }
+  out = m;
   return true;
 }
 

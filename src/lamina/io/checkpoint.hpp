@@ -98,8 +98,15 @@ class CheckpointReader {
   std::int64_t unchecked_ = 0;
 };
 
-// The `model` attribute: "layers=L d_model=C heads=H seq_len=T vocab_size=V".
+// The `model` attribute: "layers=L d_model=C heads=H seq_len=T vocab_size=V", followed,
+// for a block other than GPT-2's, by its block_signature (so GPT-2 checkpoints read as
+// they always have).
 std::string model_signature(const ModelConfig& m);
+// The block's parts as deck keys: "kv_heads=8 ffn_hidden=8192 norm=rmsnorm norm_eps=1e-05
+// position=rotary rope_theta=500000 mlp=swiglu" (Llama 3.2 1B's).
+std::string block_signature(const ModelConfig& m);
+// Whether the block is GPT-2's (the parts' defaults, kv_heads = heads, ffn_hidden = 4 d_model).
+bool gpt2_block(const ModelConfig& m);
 // Its converse; false for text that is not one, or a size below 1.
 bool parse_model_signature(const std::string& text, ModelConfig& out);
 

@@ -362,6 +362,12 @@ void check_weights_model(const WeightsSource& source, const ModelConfig& m) {
     diff += strprintf("%smodel.heads %lld in the file, %lld in the deck", diff.empty() ? "" : "; ",
                       static_cast<long long>(f.heads), static_cast<long long>(m.heads));
   }
+  ModelConfig file = f;  // a file that does not say its heads has the deck's
+  if (file.heads == 0) file.heads = m.heads;
+  if (block_signature(file) != block_signature(m)) {
+    diff += strprintf("%sthe block %s in the file, %s in the deck", diff.empty() ? "" : "; ",
+                      block_signature(file).c_str(), block_signature(m).c_str());
+  }
   if (!diff.empty()) throw InputError(source.path() + " (" + source.describe() + ") does not fit the deck's model: " + diff);
 }
 
@@ -378,7 +384,11 @@ WeightsFormat weights_format_of(const std::string& out) {
 std::vector<std::string> write_weights(const std::string& out, const WeightsSource& source, const ModelConfig& m,
                                        const WeightsOutput& options) {
   check_weights_model(source, m);
-  const ParamLayout layout = ParamLayout::gpt2(m);
+  if (options.format != WeightsFormat::lamina && !gpt2_block(m)) {
+    throw InputError(out + ": HuggingFace and llm.c files hold GPT-2's block here; this model's (" +
+                     block_signature(m) + ") converts to a lamina checkpoint (.h5) only, for now");
+  }
+  const ParamLayout layout = ParamLayout::of(m);
   const auto get = [&](const TensorSpec& t) { return fetch_tensor(source, t.name, t.global_shape); };
   if (options.format == WeightsFormat::llmc) {
     std::map<std::string, const TensorSpec*> specs;

@@ -171,7 +171,7 @@ class Trainer {
     if (!evaluate_only) open_data();
     open_eval_data(evaluate_only);
     Runtime rt(tracker_, m, deck_.optimizer, plan_, extras, comm_, deck_.comm);
-    const ParamLayout full = ParamLayout::gpt2(m);
+    const ParamLayout full = ParamLayout::of(m);
     log_.info(rt.grid().describe());
     log_.info(strprintf("schedule: %s; %s", rt.schedule().name().c_str(), rt.schedule().partition().describe().c_str()));
     for (int s = 0; s < rt.schedule().stages(); ++s) {
@@ -179,8 +179,14 @@ class Trainer {
     }
     log_.debug("rank 0 optimizer program: " + describe(rt.update_program(), rt.schedule().final_layer()));
     for (const auto& line : rt.dos_schedule()) log_.debug("deep optimizer states " + line);
-    log_.info(strprintf("model: GPT-2, %s parameters (%s), ZeRO stage %lld, optimizer subgroups of <= %lld",
-                        human_count(static_cast<double>(full.total_numel())).c_str(), model_signature(m).c_str(),
+    log_.info(strprintf("model: %s, %s parameters (%s), ZeRO stage %lld, optimizer subgroups of <= %lld",
+                        gpt2_block(m)                                 ? "GPT-2"
+                        : m.parts.mlp == MlpKind::swiglu && m.parts.norm == NormKind::rmsnorm &&
+                                  m.parts.position == PositionKind::rotary
+                            ? "Llama"
+                            : "a GPT-2 block with other parts",
+                        human_count(static_cast<double>(full.total_numel())).c_str(),
+                        model_signature(m).c_str(),
                         static_cast<long long>(plan_.layout.zero),
                         static_cast<long long>(deck_.optimizer.subgroup_size)));
     log_.info(strprintf("batch: %lld sequences x %lld tokens per step = dp %lld x %d micro-batch(es) of %lld",

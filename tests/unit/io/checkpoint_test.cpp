@@ -88,6 +88,46 @@ TEST_F(CheckpointFiles, RoundTripKeepsTensorsAndMetadataExactly) {
   EXPECT_EQ(row, (std::vector<float>{a[3], a[4], a[5]}));
 }
 
+// GPT-2 models keep the signature their checkpoints always had; any other block adds its
+// parts, and the signature reads back into the same model.
+TEST(ModelSignature, NamesTheBlocksPartsBeyondGpt2sAndReadsBack) {
+  ModelConfig gpt2;
+  gpt2.layers = 2;
+  gpt2.d_model = 64;
+  gpt2.heads = 4;
+  gpt2.seq_len = 32;
+  gpt2.vocab_size = 256;
+  EXPECT_EQ(model_signature(gpt2), "layers=2 d_model=64 heads=4 seq_len=32 vocab_size=256");
+  gpt2.kv_heads = 4;
+  gpt2.ffn_hidden = 256;
+  EXPECT_EQ(model_signature(gpt2), "layers=2 d_model=64 heads=4 seq_len=32 vocab_size=256");
+
+  ModelConfig llama = gpt2;
+  llama.kv_heads = 2;
+  llama.ffn_hidden = 176;
+  llama.parts.norm = NormKind::rmsnorm;
+  llama.parts.norm_eps = 1e-6;
+  llama.parts.position = PositionKind::rotary;
+  llama.parts.rope_theta = 500000;
+  llama.parts.rope_scaling.factor = 32;
+  llama.parts.mlp = MlpKind::swiglu;
+  llama.parts.bias = false;
+  const std::string s = model_signature(llama);
+  EXPECT_EQ(s, "layers=2 d_model=64 heads=4 seq_len=32 vocab_size=256 kv_heads=2 ffn_hidden=176 norm=rmsnorm "
+               "norm_eps=1e-06 position=rotary rope_theta=500000 rope_scaling=32 rope_low_freq_factor=1 "
+               "rope_high_freq_factor=4 rope_original_context=8192 mlp=swiglu");
+  ModelConfig back;
+  ASSERT_TRUE(parse_model_signature(s, back));
+  EXPECT_EQ(model_signature(back), s);
+  EXPECT_FALSE(back.parts.bias);
+  ModelConfig plain;
+  ASSERT_TRUE(parse_model_signature(model_signature(gpt2), plain));
+  EXPECT_TRUE(gpt2_block(plain));
+  for (const char* bad : {" norm=batchnorm", " kv_heads=2.5", " rope_theta=-1", " colour=blue", " mlp"}) {
+    EXPECT_FALSE(parse_model_signature(model_signature(gpt2) + bad, back)) << bad;
+  }
+}
+
 TEST_F(CheckpointFiles, PiecesOfSplitTensorsLandInGlobalPlace) {
   // A (2, 6) tensor with element (r, c) = 10 r + c whose columns are three blocks
   // [q | k | v] of two, each split over two tensor-parallel ranks: rank 0 holds global
