@@ -19,7 +19,7 @@ constexpr double kStateBytes = 12.0;  // fp32 master, m, v: what a device subgro
 
 CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSpec& machine,
                      const std::vector<MeasuredCosts>& measured)
-    : CostModel(model, plan, machine, measured, ParamLayout::gpt2(model, plan.layout.tp, 0)) {}
+    : CostModel(model, plan, machine, measured, ParamLayout::of(model, plan.layout.tp, 0)) {}
 
 CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSpec& machine,
                      const std::vector<MeasuredCosts>& measured, const ParamLayout& layout)
@@ -30,9 +30,11 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   inner_ = static_cast<double>(activation_sizes(d).inner);
 
   // Roofline of one micro-batch (Narayanan et al. 2021 count the same GEMMs: 24 N C^2 in
-  // a block's forward, 4 N T C in its attention, 2 N C V in the LM head; backward twice).
+  // a GPT-2 block's forward, 4 N T C in its attention, 2 N C V in the LM head; backward
+  // twice). A block's products read its weights once each per token: 2 N x those weights.
   const double N = static_cast<double>(d.N()), C = static_cast<double>(d.C), T = static_cast<double>(d.T);
   const double tp = o.tp, V = static_cast<double>(d.V), heads = static_cast<double>(d.NH);
+  const double weights = static_cast<double>(C * (d.qkv_width() + d.A() + d.fc_width()) + d.F * d.C);
   // Fused attention keeps the (T, T) scores out of memory, and its backward pass computes
   // them again: one product more on a host BLAS (2.5 times the forward's products, as
   // FlashAttention-2), three in the device kernels, which recompute the scores and their
@@ -55,7 +57,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // the MLP's bias and GELU (read the product, write the pre-activation and the activation:
   // in place in fp32).
   const double s = bf16_ ? 2.0 : 4.0;
-  const double A = C / tp, F = 4 * C / tp, score_count = static_cast<double>(d.B) * heads * T * T;
+  const double A = static_cast<double>(d.A()), F = static_cast<double>(d.F), score_count = static_cast<double>(d.B) * heads * T * T;
   const double scores = fused ? 0.0 : (8 + s) * score_count;
   const double ew_forward =
       2 * s * N * C + (3 * s + 4) * N * C + (2 * s + 4) * N * C + 2 * 3 * s * N * A + scores + (4 + 2 * s) * N * F;
@@ -75,7 +77,6 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // gradients) and the activations the products read.
   double convert_forward = 0.0, convert_backward = 0.0, convert_head = 0.0, convert_head_backward = 0.0;
   if (bf16_) {
-    const double weights = 12 * C * C / tp;
     const bool engine = machine.bf16_products();
     const double half_scores = score_count / 2, saved = static_cast<double>(d.B) * heads * T *
                                                         static_cast<double>(saved_attention_columns(d.attention, d.T));
@@ -90,9 +91,9 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
     convert_head = 6 * (engine ? N * C : V * C);
     convert_head_backward = 6 * (engine ? N * V + N * C : V * C);
   }
-  forward_parts_ = {24 * N * C * C / tp / gemm, 4 * N * T * C / tp / attention, ew_forward / bandwidth,
+  forward_parts_ = {2 * N * weights / gemm, 4 * N * T * A / attention, ew_forward / bandwidth,
                     convert_forward / bandwidth, tp_comm};
-  backward_parts_ = {2 * 24 * N * C * C / tp / gemm, attention_backward * 4 * N * T * C / tp / attention,
+  backward_parts_ = {2 * 2 * N * weights / gemm, attention_backward * 4 * N * T * A / attention,
                      2 * ew_forward / bandwidth, convert_backward / bandwidth, tp_comm};
   auto sum = [](const Parts& p) { return p.gemm + p.attention + p.elementwise + p.conversions + p.tp; };
   block_forward_ = sum(forward_parts_);
