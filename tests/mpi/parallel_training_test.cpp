@@ -132,11 +132,13 @@ class ParallelTraining : public ::testing::Test {
     return std::sqrt(num / den);
   }
 
-  // Calls check(name, tensor in a, tensor in b) for every parameter and both Adam moments.
+  // Calls check(name, tensor in a, tensor in b) for every parameter and both Adam moments
+  // of the test deck's model (with `sets`).
   template <class Check>
-  static void each_tensor(const std::string& a, const std::string& b, Check check) {
-    const Deck d = parse_deck(kDeck, "deck.toml");
-    const ParamLayout layout = ParamLayout::gpt2(d.model);
+  static void each_tensor(const std::string& a, const std::string& b, Check check,
+                          const std::vector<std::string>& sets = {}) {
+    const Deck d = parse_deck(kDeck, "deck.toml", sets);
+    const ParamLayout layout = ParamLayout::of(d.model);
     for (const auto& l : layout.layers()) {
       for (const auto& t : l.tensors) {
         for (const char* prefix : {"model/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"}) {
@@ -148,10 +150,14 @@ class ParallelTraining : public ::testing::Test {
   }
 
   // Two final checkpoints, within tol.
-  static void expect_same_model(const std::string& a, const std::string& b, double tol) {
-    each_tensor(a, b, [tol](const std::string& name, const std::vector<float>& x, const std::vector<float>& y) {
-      EXPECT_LT(rel(x, y), tol) << name;
-    });
+  static void expect_same_model(const std::string& a, const std::string& b, double tol,
+                                const std::vector<std::string>& sets = {}) {
+    each_tensor(
+        a, b,
+        [tol](const std::string& name, const std::vector<float>& x, const std::vector<float>& y) {
+          EXPECT_LT(rel(x, y), tol) << name;
+        },
+        sets);
   }
 
   // Two final checkpoints, bit for bit.
@@ -176,6 +182,19 @@ struct Layout {
   std::vector<std::string> sets;
 };
 
+// How close a layout's final parameters and Adam moments come to one rank's. Tensor
+// parallelism sums the row-parallel products' partial results across ranks, an order one
+// rank's product does not take: fp32 reassociation, which five Adam steps amplify where a
+// gradient is near zero. Measured (relative L2, the worst tensor): 1.01e-5 for GPT-2 and
+// 1.33e-5 for the Llama block (both an exp_avg_sq of block 0) on an Intel Xeon with AMX
+// (earlier CI machines stayed within 1e-5); the losses stay within 1e-5.
+double parameter_tolerance(const Layout& l) {
+  for (const std::string& s : l.sets) {
+    if (s.rfind("parallel.tp=", 0) == 0) return 3e-5;
+  }
+  return 1e-5;
+}
+
 void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
 
 class Layouts : public ParallelTraining, public ::testing::WithParamInterface<Layout> {};
@@ -190,7 +209,7 @@ TEST_P(Layouts, LossesAndFinalModelEqualTheSingleRankRun) {
   for (std::size_t i = 0; i < 5; ++i) {
     EXPECT_NEAR(r.losses[i], reference_->losses[i], 1e-5 * std::fabs(reference_->losses[i])) << "step " << i + 1;
   }
-  expect_same_model(final_checkpoint(l.name), final_checkpoint("reference"), 1e-5);
+  expect_same_model(final_checkpoint(l.name), final_checkpoint("reference"), parameter_tolerance(l));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -237,11 +256,64 @@ INSTANTIATE_TEST_SUITE_P(
                               "memory.optimizer=host"}}),
     [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
 
+// A Llama-shaped model (RMSNorm, rotary positions, SwiGLU, grouped-query attention with two
+// key/value heads for four query heads, no biases) on the layouts that split it differently:
+// the same losses and final model as on one rank.
+const std::vector<std::string> kLlama = {"model.arch=llama", "model.kv_heads=2", "model.ffn_hidden=48"};
+
+class LlamaLayouts : public ParallelTraining, public ::testing::WithParamInterface<Layout> {
+ public:
+  static void SetUpTestSuite() {
+    ParallelTraining::SetUpTestSuite();
+    llama_reference_ = new JobResult(train(1, "llama_reference", kLlama));
+  }
+  static void TearDownTestSuite() {
+    delete llama_reference_;
+    ParallelTraining::TearDownTestSuite();
+  }
+  static JobResult* llama_reference_;
+};
+
+JobResult* LlamaLayouts::llama_reference_ = nullptr;
+
+TEST_P(LlamaLayouts, LossesAndFinalModelEqualTheSingleRankRun) {
+  const Layout& l = GetParam();
+  ASSERT_EQ(llama_reference_->code, 0) << llama_reference_->out;
+  ASSERT_EQ(llama_reference_->losses.size(), 5u);
+  EXPECT_NE(llama_reference_->out.find("model: Llama, "), std::string::npos) << llama_reference_->out;
+  std::vector<std::string> sets = kLlama;
+  sets.insert(sets.end(), l.sets.begin(), l.sets.end());
+  const std::string name = std::string("llama_") + l.name;
+  const JobResult r = train(l.np, name, sets);
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.losses.size(), 5u) << r.out;
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_NEAR(r.losses[i], llama_reference_->losses[i], 1e-5 * std::fabs(llama_reference_->losses[i]))
+        << "step " << i + 1;
+  }
+  expect_same_model(final_checkpoint(name), final_checkpoint("llama_reference"), parameter_tolerance(l), kLlama);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Mpi, LlamaLayouts,
+    ::testing::Values(Layout{"dp2_zero3", 2, {"parallel.dp=2", "parallel.zero=3"}},
+                      Layout{"tp2", 2, {"parallel.tp=2"}},
+                      Layout{"pp2_1f1b", 2, {"parallel.pp=2", "parallel.schedule=1f1b"}},
+                      Layout{"dp2_tp2", 4, {"parallel.dp=2", "parallel.tp=2"}},
+                      Layout{"tp2_pp2", 4, {"parallel.tp=2", "parallel.pp=2"}},
+                      Layout{"dp2_pp2_zero3_layered_checkpoints", 4,
+                             {"parallel.dp=2", "parallel.pp=2", "parallel.zero=3", "parallel.layered=true",
+                              "parallel.schedule=modular", "memory.activations=offload_checkpoint"}},
+                      Layout{"dp2_zero1_dynamic_recompute", 2,
+                             {"parallel.dp=2", "parallel.zero=1", "memory.optimizer=dynamic",
+                              "memory.activations=recompute"}}),
+    [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
+
 // Bytes of each layer's flat buffer, padded for a data-parallel group of dp.
 std::vector<double> padded_bytes(int dp) {
   const Deck d = parse_deck(kDeck, "deck.toml");
   std::vector<double> out;
-  const ParamLayout layout = ParamLayout::gpt2(d.model);
+  const ParamLayout layout = ParamLayout::of(d.model);
   for (const auto& l : layout.layers()) {
     const std::int64_t shard = (l.numel + dp - 1) / dp;
     out.push_back(4.0 * static_cast<double>(shard * dp));

@@ -124,9 +124,28 @@ TEST_F(MemoryOptions, PredictedPeakMemoryIsWhatTheRunAllocates) {
   }
 }
 
+// A Llama block (multi-query attention here: heads = 2, kv_heads = 1) under the memory
+// options: bit for bit like keeping everything, and the predicted peak what it allocates.
+TEST_F(MemoryOptions, LlamaBlocksTrainBitIdenticallyAndThePeakIsPredicted) {
+  const std::vector<std::string> llama{"model.arch=llama", "model.kv_heads=1", "model.ffn_hidden=40"};
+  expect_like_baseline("llama_recompute", {"memory.activations=recompute"}, llama);
+  expect_like_baseline("llama_offload", {"memory.activations=offload", "memory.params=host",
+                                         "memory.optimizer=dynamic"}, llama);
+  for (std::vector<std::string> sets :
+       {std::vector<std::string>{}, {"memory.activations=recompute"}, {"memory.activations=offload"},
+        {"memory.params=host", "memory.optimizer=host"},
+        {"parallel.layered=true", "memory.activations=offload_checkpoint", "train.precision=bf16"}}) {
+    sets.insert(sets.end(), llama.begin(), llama.end());
+    const std::string s = bench_memory(deck("llama_bench", 2, sets), 2, quiet_).str();
+    const auto k = s.find("\"max_relative_error\": ");
+    ASSERT_NE(k, std::string::npos) << s;
+    EXPECT_LT(std::stod(s.substr(k + 22)), 1e-9) << s;
+  }
+}
+
 TEST_F(MemoryOptions, PredictedPeakMemoryIsExactForTheShippedDecks) {
   // gpt2-124m.toml is left out: one of its micro-batches needs tens of GiB.
-  for (const char* name : {"demo", "bench-torch", "scaling-small"}) {
+  for (const char* name : {"demo", "llama-demo", "bench-torch", "scaling-small"}) {
     const Deck d = load_deck(std::string(LAMINA_SOURCE_DIR) + "/inputs/" + name + ".toml",
                              {"output.dir=" + dir_ + "/" + name, "optimizer.warmup_steps=0"});
     const std::string s = bench_memory(d, 1, quiet_).str();
