@@ -135,6 +135,11 @@ bool gpt2_block(const ModelConfig& m) {
   return block_signature(m) == block_signature(gpt2);
 }
 
+bool llama_block(const ModelConfig& m) {
+  const BlockParts& p = m.parts;
+  return p.norm == NormKind::rmsnorm && p.position == PositionKind::rotary && p.mlp == MlpKind::swiglu && !p.bias;
+}
+
 std::string model_signature(const ModelConfig& m) {
   return strprintf("layers=%lld d_model=%lld heads=%lld seq_len=%lld vocab_size=%lld", static_cast<long long>(m.layers),
                    static_cast<long long>(m.d_model), static_cast<long long>(m.heads),

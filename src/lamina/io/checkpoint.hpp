@@ -107,6 +107,9 @@ std::string model_signature(const ModelConfig& m);
 std::string block_signature(const ModelConfig& m);
 // Whether the block is GPT-2's (the parts' defaults, kv_heads = heads, ffn_hidden = 4 d_model).
 bool gpt2_block(const ModelConfig& m);
+// Whether the block is Llama's: RMSNorm, rotary positions, SwiGLU, no biases (HuggingFace's
+// LlamaForCausalLM), whatever its sizes, key/value heads and rotary base.
+bool llama_block(const ModelConfig& m);
 // Its converse; false for text that is not one, or a size below 1.
 bool parse_model_signature(const std::string& text, ModelConfig& out);
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -149,6 +150,14 @@ class SafetensorsSource : public WeightsSource {
                          ", which does not hold it (a stale or edited index?)");
       }
     }
+    for (const auto& shard : shards_) {
+      for (const auto& kv : shard->tensors()) llama_ = llama_ || kv.first.rfind("model.", 0) == 0;
+    }
+    if (llama_) {
+      index_llama(path);
+      read_llama_config(dir + "/config.json");
+      return;
+    }
     std::set<std::int64_t> blocks;
     for (std::size_t s = 0; s < shards_.size(); ++s) {
       for (const auto& [key, t] : shards_[s]->tensors()) {
@@ -192,6 +201,7 @@ class SafetensorsSource : public WeightsSource {
   const ModelConfig& model() const override { return model_; }
 
   WeightsTensor tensor(const std::string& name) const override {
+    if (llama_) return llama_tensor(name);
     const auto it = where_.find(name);
     if (it == where_.end()) throw InputError(path_ + ": no tensor '" + name + "' (nor 'transformer." + name + "')");
     const SafetensorsFile& f = *shards_[it->second.first];
@@ -283,6 +293,210 @@ class SafetensorsSource : public WeightsSource {
 #endif
   }
 
+  // HuggingFace's Llama: where_ maps its own keys. Every key must be one of
+  // LlamaForCausalLM's (the rotary inverse frequencies older files carry are left out).
+  void index_llama(const std::string& path) {
+    std::set<std::int64_t> blocks;
+    static const char* const kBlock[] = {"input_layernorm.weight", "post_attention_layernorm.weight",
+                                         "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                         "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                                         "mlp.gate_proj.weight",   "mlp.up_proj.weight",
+                                         "mlp.down_proj.weight"};
+    for (std::size_t s = 0; s < shards_.size(); ++s) {
+      for (const auto& [key, t] : shards_[s]->tensors()) {
+        bool known = key == "model.embed_tokens.weight" || key == "model.norm.weight" || key == "lm_head.weight";
+        if (key.rfind("model.layers.", 0) == 0) {
+          const std::size_t dot = key.find('.', 13);
+          const std::string index = key.substr(13, dot == std::string::npos ? 0 : dot - 13);
+          const std::string rest = dot == std::string::npos ? "" : key.substr(dot + 1);
+          if (rest == "self_attn.rotary_emb.inv_freq") continue;
+          if (!index.empty() && index.find_first_not_of("0123456789") == std::string::npos && index.size() < 7) {
+            for (const char* b : kBlock) known = known || rest == b;
+            if (known) blocks.insert(std::atoll(index.c_str()));
+          }
+        }
+        if (!known) {
+          throw InputError(shards_[s]->path() + ": tensor '" + key + "' is not part of a Llama (LlamaForCausalLM" +
+                           (key.find("bias") != std::string::npos ? " without biases" : "") + ")");
+        }
+        if (!where_.emplace(key, std::make_pair(s, key)).second) {
+          throw InputError(path + ": tensor '" + key + "' is stored twice");
+        }
+      }
+    }
+    for (const char* needed : {"model.embed_tokens.weight", "model.norm.weight"}) {
+      if (where_.count(needed) == 0) throw InputError(path + ": no tensor '" + needed + "' (is this a Llama?)");
+    }
+    const auto& embed = raw("model.embed_tokens.weight");
+    if (embed.shape.size() != 2) throw InputError(path + ": model.embed_tokens.weight must be a matrix");
+    model_.vocab_size = embed.shape[0];
+    model_.d_model = embed.shape[1];
+    model_.layers = static_cast<std::int64_t>(blocks.size());
+    if (!blocks.empty() && (*blocks.begin() != 0 || *blocks.rbegin() != model_.layers - 1)) {
+      throw InputError(path + ": the blocks model.layers.N are not numbered 0 to " + std::to_string(model_.layers - 1));
+    }
+    for (std::int64_t i = 0; i < model_.layers; ++i) {
+      for (const char* b : kBlock) {
+        const std::string key = "model.layers." + std::to_string(i) + "." + b;
+        if (where_.count(key) == 0) throw InputError(path + ": no tensor '" + key + "'");
+      }
+    }
+    if (model_.layers > 0) {
+      const auto& gate = raw("model.layers.0.mlp.gate_proj.weight");
+      if (gate.shape.size() == 2) model_.ffn_hidden = gate.shape[0];
+    }
+    model_.parts.norm = NormKind::rmsnorm;
+    model_.parts.position = PositionKind::rotary;
+    model_.parts.mlp = MlpKind::swiglu;
+    model_.parts.bias = false;
+    dtype_ = embed.dtype;
+  }
+
+  // LlamaForCausalLM's configuration: what the tensors cannot say (heads, key/value heads,
+  // the norm's epsilon, the rotary base and scaling) is read from it, so it must be there.
+  void read_llama_config(const std::string& path) {
+    std::error_code ec;
+    if (!fs::exists(path, ec)) {
+      throw InputError(path_ + ": a Llama's safetensors need their config.json beside them (heads, key/value heads, "
+                               "rms_norm_eps, rope_theta)");
+    }
+#if defined(LAMINA_HAVE_NLOHMANN_JSON)
+    const nlohmann::json j = read_json(path, "model configuration");
+    config_ = path;
+    const auto bad = [&](const std::string& what) { return InputError(path + ": " + what); };
+    if (!j.is_object()) throw bad("not a JSON object");
+    if (j.contains("model_type") && j["model_type"] != "llama") {
+      throw bad("model_type " + j["model_type"].dump() + " with Llama's tensor names: lamina reads \"llama\"");
+    }
+    const auto integer = [&](const char* key) {
+      if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<std::int64_t>() < 1) {
+        throw bad(std::string("needs ") + key + ", a positive integer");
+      }
+      return j[key].get<std::int64_t>();
+    };
+    const auto number = [&](const nlohmann::json& o, const char* key, double def) {
+      if (!o.contains(key)) return def;
+      if (!o[key].is_number() || !(o[key].get<double>() > 0.0)) throw bad(std::string(key) + " must be a positive number");
+      return o[key].get<double>();
+    };
+    const auto count = [&](const char* key, std::int64_t tensors) {
+      if (j.contains(key) && (!j[key].is_number_integer() || j[key].get<std::int64_t>() != tensors)) {
+        throw bad(strprintf("%s = %s, but the tensors say %lld", key, j[key].dump().c_str(), static_cast<long long>(tensors)));
+      }
+    };
+    count("num_hidden_layers", model_.layers);
+    count("hidden_size", model_.d_model);
+    count("vocab_size", model_.vocab_size);
+    count("intermediate_size", model_.ffn_hidden);
+    model_.heads = integer("num_attention_heads");
+    model_.kv_heads = j.contains("num_key_value_heads") ? integer("num_key_value_heads") : model_.heads;
+    if (model_.d_model % model_.heads != 0 || model_.heads % model_.kv_heads != 0 ||
+        (model_.d_model / model_.heads) % 2 != 0) {
+      throw bad(strprintf("num_attention_heads = %lld and num_key_value_heads = %lld do not fit hidden_size = %lld "
+                          "(whole heads of an even width, whole groups of query heads)",
+                          static_cast<long long>(model_.heads), static_cast<long long>(model_.kv_heads),
+                          static_cast<long long>(model_.d_model)));
+    }
+    if (j.contains("head_dim") && !j["head_dim"].is_null() && j["head_dim"] != model_.d_model / model_.heads) {
+      throw bad("head_dim = " + j["head_dim"].dump() + ": lamina's heads are hidden_size / num_attention_heads wide");
+    }
+    model_.seq_len = j.contains("max_position_embeddings") ? integer("max_position_embeddings") : 2048;  // LlamaConfig's default
+    if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
+      throw bad("hidden_act " + j["hidden_act"].dump() + ": lamina's SwiGLU gates with SiLU (\"silu\")");
+    }
+    for (const char* key : {"attention_bias", "mlp_bias"}) {
+      if (j.contains(key) && j[key] != false) throw bad(std::string(key) + " = true: lamina's Llama has no biases");
+    }
+    // LlamaConfig's default is untied; a file without lm_head.weight was saved tied.
+    const bool tied = j.contains("tie_word_embeddings") ? j["tie_word_embeddings"] == true : where_.count("lm_head.weight") == 0;
+    if (!tied) {
+      throw bad("tie_word_embeddings = false: an untied output layer (lm_head.weight of its own), which lamina "
+                "does not train yet");
+    }
+    model_.parts.norm_eps = number(j, "rms_norm_eps", 1e-6);
+    model_.parts.rope_theta = number(j, "rope_theta", 10000.0);
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+      const nlohmann::json& r = j["rope_scaling"];
+      const nlohmann::json type = r.is_object() ? (r.contains("rope_type") ? r["rope_type"] : r.value("type", nlohmann::json())) : nlohmann::json();
+      if (type != "llama3") {
+        throw bad("rope_scaling " + r.dump() + ": lamina scales rotary frequencies as Llama 3 does (rope_type \"llama3\") only");
+      }
+      RotaryScaling& sc = model_.parts.rope_scaling;
+      sc.factor = number(r, "factor", 0.0);
+      sc.low_freq_factor = number(r, "low_freq_factor", 1.0);
+      sc.high_freq_factor = number(r, "high_freq_factor", 4.0);
+      sc.original_context = number(r, "original_max_position_embeddings", 8192.0);
+      if (sc.factor <= 0.0 || sc.high_freq_factor <= sc.low_freq_factor) {
+        throw bad("rope_scaling " + r.dump() + ": needs a factor and high_freq_factor > low_freq_factor");
+      }
+    }
+#else
+    throw InputError(path + ": this lamina was built without nlohmann-json, so it cannot read config.json");
+#endif
+  }
+
+  // A HuggingFace tensor, (out, in) as nn.Linear stores it.
+  WeightsTensor hf(const std::string& key) const {
+    const auto it = where_.find(key);
+    if (it == where_.end()) throw InputError(path_ + ": no tensor '" + key + "'");
+    const SafetensorsFile& f = *shards_[it->second.first];
+    return {f.tensor(key).shape, f.floats(key)};
+  }
+
+  // lamina's tensor of a Llama: matrices (in, out), c_attn = [q | k | v], c_fc = [gate | up].
+  WeightsTensor llama_tensor(const std::string& name) const {
+    if (name == "wte") {
+      WeightsTensor t = hf("model.embed_tokens.weight");
+      if (where_.count("lm_head.weight") != 0) {
+        const WeightsTensor head = hf("lm_head.weight");
+        if (head.shape != t.shape || std::memcmp(head.values.data(), t.values.data(), t.values.size() * 4) != 0) {
+          throw InputError(path_ + ": lm_head.weight differs from model.embed_tokens.weight: an untied output layer, "
+                                   "which lamina does not train yet");
+        }
+      }
+      return t;
+    }
+    if (name == "ln_f.weight") return hf("model.norm.weight");
+    const std::size_t dot = name.find('.', 2);
+    if (name.rfind("h.", 0) != 0 || dot == std::string::npos) throw InputError(path_ + ": no tensor '" + name + "'");
+    const std::string layer = "model.layers." + name.substr(2, dot - 2) + ".", part = name.substr(dot + 1);
+    if (part == "ln_1.weight") return hf(layer + "input_layernorm.weight");
+    if (part == "ln_2.weight") return hf(layer + "post_attention_layernorm.weight");
+    // Columns of the (in, out) result, each matrix's rows after the previous one's.
+    const auto transposed = [&](const std::vector<std::string>& keys) {
+      std::vector<WeightsTensor> ts;
+      std::int64_t in = -1, out = 0;
+      for (const std::string& k : keys) {
+        ts.push_back(hf(layer + k));
+        const auto& sh = ts.back().shape;
+        if (sh.size() != 2 || (in >= 0 && sh[1] != in)) {
+          throw InputError(path_ + ": tensor '" + layer + k + "' has shape " + shape_string(sh) +
+                           ", not (rows, " + std::to_string(in) + ")");
+        }
+        in = sh[1];
+        out += sh[0];
+      }
+      WeightsTensor r{{in, out}, std::vector<float>(static_cast<std::size_t>(in * out))};
+      std::int64_t col = 0;
+      for (const WeightsTensor& t : ts) {
+        const std::int64_t rows = t.shape[0];
+        for (std::int64_t o = 0; o < rows; ++o) {
+          for (std::int64_t i = 0; i < in; ++i) r.values[static_cast<std::size_t>(i * out + col + o)] = t.values[static_cast<std::size_t>(o * in + i)];
+        }
+        col += rows;
+      }
+      return r;
+    };
+    if (part == "attn.c_attn.weight") {
+      return transposed({"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"});
+    }
+    if (part == "attn.c_proj.weight") return transposed({"self_attn.o_proj.weight"});
+    if (part == "mlp.c_fc.weight") return transposed({"mlp.gate_proj.weight", "mlp.up_proj.weight"});
+    if (part == "mlp.c_proj.weight") return transposed({"mlp.down_proj.weight"});
+    throw InputError(path_ + ": a Llama has no tensor '" + name + "'");
+  }
+
+  bool llama_ = false;  // LlamaForCausalLM's names, not GPT-2's
   std::string path_, config_, dtype_;
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;
   std::string index_path_;                                  // the sharded index read, if any
@@ -294,8 +508,82 @@ class SafetensorsSource : public WeightsSource {
 // ---------------------------------------------------------------------------------------
 // Writing
 
+// LlamaForCausalLM's tensors from lamina's: nn.Linear's (out, in) matrices, c_attn split
+// into q, k and v, c_fc into gate and up, in the order of its state_dict; the tied head
+// left out.
+void llama_entries(const ParamLayout& layout, const std::function<std::vector<float>(const TensorSpec&)>& get,
+                   std::vector<std::vector<float>>& values, std::vector<SafetensorsEntry>& entries) {
+  // Columns [begin, begin + n) of an (in, out) matrix as an (n, in) one.
+  const auto rows = [](const std::vector<float>& m, std::int64_t in, std::int64_t out, std::int64_t begin,
+                       std::int64_t n) {
+    std::vector<float> r(static_cast<std::size_t>(n * in));
+    for (std::int64_t o = 0; o < n; ++o) {
+      for (std::int64_t i = 0; i < in; ++i) r[static_cast<std::size_t>(o * in + i)] = m[static_cast<std::size_t>(i * out + begin + o)];
+    }
+    return r;
+  };
+  const auto add = [&](const std::string& key, std::vector<std::int64_t> shape, std::vector<float> v) {
+    values.push_back(std::move(v));
+    entries.push_back({key, std::move(shape), nullptr});
+  };
+  const auto spec = [&](const std::string& name) -> const TensorSpec& {
+    int layer = 0;
+    const TensorSpec* t = nullptr;
+    if (!layout.find(name, layer, t)) throw std::logic_error("no tensor " + name);
+    return *t;
+  };
+  const TensorSpec& wte = spec("wte");
+  add("model.embed_tokens.weight", wte.global_shape, get(wte));
+  const std::int64_t layers = layout.num_layers() - 2, C = wte.global_shape[1];
+  for (std::int64_t i = 0; i < layers; ++i) {
+    const std::string h = "h." + std::to_string(i) + ".", key = "model.layers." + std::to_string(i) + ".";
+    const TensorSpec& qkv = spec(h + "attn.c_attn.weight");
+    const std::vector<float> w = get(qkv);
+    const std::int64_t Q = qkv.tp_blocks.at(0), KV = qkv.tp_blocks.at(1), W = qkv.global_shape[1];
+    add(key + "self_attn.q_proj.weight", {Q, C}, rows(w, C, W, 0, Q));
+    add(key + "self_attn.k_proj.weight", {KV, C}, rows(w, C, W, Q, KV));
+    add(key + "self_attn.v_proj.weight", {KV, C}, rows(w, C, W, Q + KV, KV));
+    const TensorSpec& proj = spec(h + "attn.c_proj.weight");
+    add(key + "self_attn.o_proj.weight", {C, Q}, rows(get(proj), Q, C, 0, C));
+    const TensorSpec& fc = spec(h + "mlp.c_fc.weight");
+    const std::int64_t F = fc.global_shape[1] / 2;
+    const std::vector<float> f = get(fc);
+    add(key + "mlp.gate_proj.weight", {F, C}, rows(f, C, 2 * F, 0, F));
+    add(key + "mlp.up_proj.weight", {F, C}, rows(f, C, 2 * F, F, F));
+    add(key + "mlp.down_proj.weight", {C, F}, rows(get(spec(h + "mlp.c_proj.weight")), F, C, 0, C));
+    add(key + "input_layernorm.weight", {C}, get(spec(h + "ln_1.weight")));
+    add(key + "post_attention_layernorm.weight", {C}, get(spec(h + "ln_2.weight")));
+  }
+  add("model.norm.weight", {C}, get(spec("ln_f.weight")));
+}
+
+std::string llama_config(const ModelConfig& m, const char* dtype) {
+  const BlockParts& p = m.parts;
+  std::string s = "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n";
+  s += strprintf("  \"num_hidden_layers\": %lld,\n  \"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n"
+                 "  \"num_attention_heads\": %lld,\n  \"num_key_value_heads\": %lld,\n"
+                 "  \"max_position_embeddings\": %lld,\n  \"vocab_size\": %lld,\n",
+                 static_cast<long long>(m.layers), static_cast<long long>(m.d_model),
+                 static_cast<long long>(m.mlp_hidden()), static_cast<long long>(m.heads),
+                 static_cast<long long>(m.key_value_heads()), static_cast<long long>(m.seq_len),
+                 static_cast<long long>(m.vocab_size));
+  s += strprintf("  \"hidden_act\": \"silu\",\n  \"rms_norm_eps\": %.17g,\n  \"rope_theta\": %.17g,\n", p.norm_eps,
+                 p.rope_theta);
+  if (p.rope_scaling.factor > 0.0) {
+    const RotaryScaling& r = p.rope_scaling;
+    s += strprintf("  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": %.17g, "
+                   "\"high_freq_factor\": %.17g, \"original_max_position_embeddings\": %.17g},\n",
+                   r.factor, r.low_freq_factor, r.high_freq_factor, r.original_context);
+  }
+  s += "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n";
+  s += strprintf("  \"initializer_range\": %.17g,\n", m.init_std);
+  s += std::string("  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"") + dtype + "\"\n}\n";
+  return s;
+}
+
 std::string hf_config(const ModelConfig& m, StoredFloat type) {
   const char* dtype = type == StoredFloat::bf16 ? "bfloat16" : type == StoredFloat::f16 ? "float16" : "float32";
+  if (llama_block(m)) return llama_config(m, dtype);
   std::string s = "{\n";
   s += "  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n";
   s += strprintf("  \"n_layer\": %lld,\n  \"n_head\": %lld,\n  \"n_embd\": %lld,\n  \"n_positions\": %lld,\n"
@@ -384,9 +672,13 @@ WeightsFormat weights_format_of(const std::string& out) {
 std::vector<std::string> write_weights(const std::string& out, const WeightsSource& source, const ModelConfig& m,
                                        const WeightsOutput& options) {
   check_weights_model(source, m);
-  if (options.format != WeightsFormat::lamina && !gpt2_block(m)) {
-    throw InputError(out + ": HuggingFace and llm.c files hold GPT-2's block here; this model's (" +
-                     block_signature(m) + ") converts to a lamina checkpoint (.h5) only, for now");
+  if (options.format == WeightsFormat::llmc && !gpt2_block(m)) {
+    throw InputError(out + ": llm.c model files hold GPT-2's block; this model's (" + block_signature(m) +
+                     ") converts to a lamina checkpoint (.h5) or HuggingFace's Llama");
+  }
+  if (options.format == WeightsFormat::huggingface && !gpt2_block(m) && !llama_block(m)) {
+    throw InputError(out + ": HuggingFace files hold GPT-2's block or Llama's; this model's (" + block_signature(m) +
+                     ") converts to a lamina checkpoint (.h5)");
   }
   const ParamLayout layout = ParamLayout::of(m);
   const auto get = [&](const TensorSpec& t) { return fetch_tensor(source, t.name, t.global_shape); };
@@ -426,15 +718,19 @@ std::vector<std::string> write_weights(const std::string& out, const WeightsSour
     writer.commit(meta, 1);
     return {out};
   }
-  // HuggingFace: GPT2LMHeadModel's names, as save_pretrained writes them.
+  // HuggingFace: GPT2LMHeadModel's or LlamaForCausalLM's names, as save_pretrained writes them.
   const bool one_file = out.size() > 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0;
   std::vector<std::vector<float>> values;
   std::vector<SafetensorsEntry> entries;
-  for (const LayerSpec& l : layout.layers()) {
-    for (const TensorSpec& t : l.tensors) {
-      values.push_back(get(t));
-      const std::string key = t.name == "wte" || t.name == "wpe" ? t.name + ".weight" : t.name;
-      entries.push_back({"transformer." + key, t.global_shape, nullptr});
+  if (llama_block(m)) {
+    llama_entries(layout, get, values, entries);
+  } else {
+    for (const LayerSpec& l : layout.layers()) {
+      for (const TensorSpec& t : l.tensors) {
+        values.push_back(get(t));
+        const std::string key = t.name == "wte" || t.name == "wpe" ? t.name + ".weight" : t.name;
+        entries.push_back({"transformer." + key, t.global_shape, nullptr});
+      }
     }
   }
   for (std::size_t i = 0; i < entries.size(); ++i) entries[i].values = values[i].data();

@@ -1,10 +1,11 @@
 #pragma once
-// A GPT-2's weights in any of the files lamina reads and writes: its own checkpoints
+// A model's weights in any of the files lamina reads and writes: its own checkpoints
 // (HDF5), HuggingFace's safetensors (one file, a directory with config.json, or shards with
-// model.safetensors.index.json) and llm.c's model files. Every source hands out tensors by
-// lamina's names and layout (HuggingFace GPT-2's names without `transformer.`, Conv1D
-// matrices (in, out), float32), so that `lamina convert` and `model.init` need not know
-// where they came from.
+// model.safetensors.index.json; GPT2LMHeadModel's or LlamaForCausalLM's) and llm.c's model
+// files (GPT-2). Every source hands out tensors by lamina's names and layout (HuggingFace
+// GPT-2's names without `transformer.`, Conv1D matrices (in, out), float32; a Llama's q, k,
+// v and gate, up joined as c_attn and c_fc), so that `lamina convert` and `model.init` need
+// not know where they came from.
 #include <cstdint>
 #include <memory>
 #include <string>

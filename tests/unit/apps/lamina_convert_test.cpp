@@ -124,6 +124,36 @@ TEST_F(Convert, TrainingFromInitialWeightsEvaluatesBeforeAndAfter) {
   expect_same_weights(dir_ + "/run/checkpoints/step_00000002.h5", dir_ + "/back.h5");
 }
 
+// Fine-tuning a HuggingFace Llama as a user would: a deck describing its block, the
+// directory as model.init, two steps, and the checkpoint handed back as HuggingFace files
+// that read back bit-exact; a deck with another block is exit 2 naming both.
+TEST_F(Convert, ALlamaFineTunesFromHuggingFaceAndConvertsBack) {
+  const std::string llama = kWeights + "/llama/hf";
+  deck(llama,
+       "[checkpoint]\nsave_final = true\n");
+  const std::string parts = " --set model.arch=llama --set model.kv_heads=2 --set model.ffn_hidden=48"
+                            " --set model.rope_scaling=4 --set model.rope_original_context=8";
+  Result r = run("train " + dir_ + "/d.toml" + parts);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("model: Llama, "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("initial weights: " + llama), std::string::npos) << r.out;
+  const std::string ckpt = dir_ + "/run/checkpoints/step_00000002.h5";
+  r = run("convert " + ckpt + " " + dir_ + "/out");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(slurp(dir_ + "/out/config.json").find("\"LlamaForCausalLM\""), std::string::npos);
+  ASSERT_EQ(run("convert " + dir_ + "/out " + dir_ + "/back.h5").code, 0);
+  const auto a = open_weights(ckpt), b = open_weights(dir_ + "/back.h5");
+  const ParamLayout layout = ParamLayout::of(a->model());
+  for (const LayerSpec& l : layout.layers()) {
+    for (const TensorSpec& t : l.tensors) {
+      EXPECT_EQ(fetch_tensor(*a, t.name, t.global_shape), fetch_tensor(*b, t.name, t.global_shape)) << t.name;
+    }
+  }
+  r = run("train " + dir_ + "/d.toml" + parts + " --set model.rope_theta=500000 --check");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("rope_theta=500000"), std::string::npos) << r.out;
+}
+
 TEST_F(Convert, WeightsThatDoNotFitTheDeckAreExit2) {
   deck(kWeights + "/hf");
   Result r = run("train " + dir_ + "/d.toml --set model.vocab_size=96");

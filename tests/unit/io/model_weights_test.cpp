@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "lamina/core/error.hpp"
+#include "lamina/io/checkpoint.hpp"
 #include "lamina/io/llmc_model.hpp"
 #include "lamina/io/model_checkpoint.hpp"
 #include "lamina/io/safetensors.hpp"
@@ -74,9 +75,9 @@ struct Expected {
   double loss = 0.0;
 };
 
-Expected expected() {
+Expected expected(const std::string& dir = kWeights) {
   Expected e;
-  const SafetensorsFile f(kWeights + "/expected.safetensors");
+  const SafetensorsFile f(dir + "/expected.safetensors");
   const auto& tok = f.tensor("tokens");
   e.tokens.resize(static_cast<std::size_t>(tok.numel()));
   std::memcpy(e.tokens.data(), tok.data, static_cast<std::size_t>(tok.bytes));
@@ -87,11 +88,13 @@ Expected expected() {
   return e;
 }
 
-// lamina's logits and loss from `path` on PyTorch's tokens; returns the largest logit difference.
-double expect_pytorch_outputs(const std::string& path, double tolerance = 1e-5) {
+// lamina's logits and loss for model `m` from `path` on PyTorch's tokens (`expected_dir`'s);
+// returns the largest logit difference. With `grads`, a file of PyTorch's gradients stored
+// like the weights, every gradient too (relative L2 within 1e-5).
+double expect_pytorch_outputs(const std::string& path, double tolerance = 1e-5, const ModelConfig& m = tiny(),
+                              const std::string& expected_dir = kWeights, const std::string& grads = "") {
   SCOPED_TRACE(path);
-  const Expected e = expected();
-  const ModelConfig m = tiny();
+  const Expected e = expected(expected_dir);
   const std::int64_t B = 2, T = m.seq_len, V = m.vocab_size;
   Plan plan;
   plan.layout.micro_batch_size = B;
@@ -121,6 +124,23 @@ double expect_pytorch_outputs(const std::string& path, double tolerance = 1e-5) 
   const double loss = rt.forward_backward(load, B * T).loss;
   EXPECT_NEAR(loss, e.loss, 1e-5);
   EXPECT_GT(std::fabs(loss - std::log(static_cast<double>(V))), 1e-3);  // not a uniform model
+  if (!grads.empty()) {
+    const auto expected_grads = open_weights(grads);
+    const ParamLayout& layout = rt.state().layout();
+    for (int l = 0; l < layout.num_layers(); ++l) {
+      const auto g = rt.state().grads_host(l);
+      for (const TensorSpec& t : layout.layers()[static_cast<std::size_t>(l)].tensors) {
+        const std::vector<float> want = fetch_tensor(*expected_grads, t.name, t.global_shape);
+        double num = 0.0, den = 0.0;
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          const double d = static_cast<double>(g[static_cast<std::size_t>(t.offset) + i]) - want[i];
+          num += d * d;
+          den += static_cast<double>(want[i]) * want[i];
+        }
+        EXPECT_LT(std::sqrt(num / den), 1e-5) << "gradient of " << t.name;
+      }
+    }
+  }
   return worst;
 }
 
@@ -135,6 +155,127 @@ TEST(ModelWeights, LogitsAndLossEqualPyTorchFromHuggingFace) {
   if (!safetensors_supported()) GTEST_SKIP() << "built without nlohmann-json";
   expect_pytorch_outputs(kWeights + "/hf");
   expect_pytorch_outputs(kWeights + "/hf/model.safetensors");
+}
+
+// The project's own PyTorch Llama (tests/reference/make_llama.py: grouped-query attention,
+// rotary positions with Llama 3's scaling, SwiGLU, RMSNorm, tied head) in HuggingFace's
+// LlamaForCausalLM files: lamina reads its configuration, and its logits, loss and every
+// gradient are PyTorch's.
+const std::string kLlama = kWeights + "/llama";
+
+ModelConfig tiny_llama() {
+  ModelConfig m = tiny();
+  m.kv_heads = 2;
+  m.ffn_hidden = 48;
+  m.parts.norm = NormKind::rmsnorm;
+  m.parts.position = PositionKind::rotary;
+  m.parts.rope_scaling = {4.0, 1.0, 4.0, 8.0};
+  m.parts.mlp = MlpKind::swiglu;
+  m.parts.bias = false;
+  return m;
+}
+
+TEST(ModelWeights, ALlamaFromHuggingFaceGivesPyTorchsLogitsLossAndGradients) {
+  if (!safetensors_supported()) GTEST_SKIP() << "built without nlohmann-json";
+  const auto source = open_weights(kLlama + "/hf");
+  EXPECT_EQ(source->model().kv_heads, 2);
+  EXPECT_EQ(source->model().mlp_hidden(), 48);
+  EXPECT_DOUBLE_EQ(source->model().parts.rope_scaling.factor, 4.0);
+  EXPECT_EQ(block_signature(source->model()), block_signature(tiny_llama()));
+  expect_pytorch_outputs(kLlama + "/hf", 1e-5, tiny_llama(), kLlama, kLlama + "/grads");
+  // bfloat16 shards: the same model, rounded.
+  const auto bf16 = open_weights(kLlama + "/sharded");
+  const ParamLayout layout = ParamLayout::of(tiny_llama());
+  for (const LayerSpec& l : layout.layers()) {
+    for (const TensorSpec& t : l.tensors) {
+      EXPECT_EQ(fetch_tensor(*bf16, t.name, t.global_shape),
+                rounded(fetch_tensor(*source, t.name, t.global_shape), StoredFloat::bf16))
+          << t.name;
+    }
+  }
+}
+
+// lamina writes LlamaForCausalLM's files as HuggingFace does, and reads them back bit for bit.
+TEST(ModelWeights, ALlamaWrittenToHuggingFaceReadsBackBitExact) {
+  if (!safetensors_supported()) GTEST_SKIP() << "built without nlohmann-json";
+  const std::string dir = (std::filesystem::temp_directory_path() / ("lamina_llama_" + std::to_string(::getpid()))).string();
+  const auto source = open_weights(kLlama + "/hf");
+  WeightsOutput out;
+  out.max_shard_bytes = 40000;  // shards and an index
+  const auto files = write_weights(dir, *source, source->model(), out);
+  EXPECT_GE(files.size(), 3u);
+  const auto back = open_weights(dir);
+  EXPECT_EQ(model_signature(back->model()), model_signature(source->model()));
+  const ParamLayout layout = ParamLayout::of(tiny_llama());
+  for (const LayerSpec& l : layout.layers()) {
+    for (const TensorSpec& t : l.tensors) {
+      EXPECT_EQ(fetch_tensor(*back, t.name, t.global_shape), fetch_tensor(*source, t.name, t.global_shape)) << t.name;
+    }
+  }
+  // The tensors under HuggingFace's own names and shapes.
+  const SafetensorsFile original(kLlama + "/hf/model.safetensors");
+  std::size_t seen = 0;
+  for (const auto& f : files) {
+    if (f.size() < 12 || f.compare(f.size() - 12, 12, ".safetensors") != 0) continue;
+    const SafetensorsFile shard(f);
+    for (const auto& [key, t] : shard.tensors()) {
+      ASSERT_TRUE(original.has(key)) << key;
+      EXPECT_EQ(t.shape, original.tensor(key).shape) << key;
+      EXPECT_EQ(shard.floats(key), original.floats(key)) << key;
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, original.tensors().size());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ModelWeights, ALlamaThatLaminaCannotTrainIsRefusedSayingWhy) {
+  if (!safetensors_supported()) GTEST_SKIP() << "built without nlohmann-json";
+  const std::string dir = (std::filesystem::temp_directory_path() / ("lamina_llama_bad_" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(kLlama + "/hf/model.safetensors", dir + "/model.safetensors");
+  std::ifstream in(kLlama + "/hf/config.json");
+  const std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto error_with = [&](const std::string& from, const std::string& to) {
+    std::string c = config;
+    const auto at = c.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) c.replace(at, from.size(), to);
+    std::ofstream(dir + "/config.json") << c;
+    try {
+      open_weights(dir);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(error_with("\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false").find("an untied output layer"),
+            std::string::npos);
+  EXPECT_NE(error_with("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"").find("hidden_act \"gelu\""),
+            std::string::npos);
+  EXPECT_NE(error_with("\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\"").find("rope_type \"llama3\""),
+            std::string::npos);
+  EXPECT_NE(error_with("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3").find("do not fit hidden_size"),
+            std::string::npos);
+  std::filesystem::remove(dir + "/config.json");
+  try {
+    open_weights(dir);
+    ADD_FAILURE() << "a Llama without config.json was read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("need their config.json"), std::string::npos) << e.what();
+  }
+  // A deck whose block differs is named with both blocks.
+  std::ofstream(dir + "/config.json") << config;
+  ModelConfig deck = tiny_llama();
+  deck.parts.rope_theta = 500000;
+  try {
+    check_weights_model(*open_weights(dir), deck);
+    ADD_FAILURE() << "a deck with another rotary base took the file";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("rope_theta=10000"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rope_theta=500000"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ModelWeights, AShapeThatDoesNotFitNamesTheTensorAndBothShapes) {
