@@ -63,6 +63,26 @@ TEST_F(MixedPrecision, Bf16DiffersFromFp32ButOnlyByRounding) {
   EXPECT_GT(not_bf16, w.size() / 2);
 }
 
+// A Llama block (grouped queries: 2 heads share 1 key/value head) in bf16: within bf16's
+// rounding of its fp32 run, and bit for bit the same under the memory options.
+TEST_F(MixedPrecision, ALlamaInBf16DiffersFromFp32OnlyByRoundingUnderEveryPolicy) {
+  const std::vector<std::string> llama{"model.arch=llama", "model.kv_heads=1", "model.ffn_hidden=40"};
+  auto with = [&](std::vector<std::string> sets) {
+    sets.insert(sets.end(), llama.begin(), llama.end());
+    return sets;
+  };
+  run_training(deck("llama_fp32", 3, with({})), quiet_, MPI_COMM_WORLD);
+  run_training(deck("llama_bf16", 3, with({"train.precision=bf16"})), quiet_, MPI_COMM_WORLD);
+  const auto a = metric_lines(dir_ + "/llama_fp32/metrics.jsonl"), b = metric_lines(dir_ + "/llama_bf16/metrics.jsonl");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_NE(loss_of(a[0]), loss_of(b[0]));
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_NEAR(std::stod(loss_of(b[i])), std::stod(loss_of(a[i])), 2e-2) << i;
+  expect_like_baseline("llama_bf16_recompute", {"memory.activations=recompute"}, with({"train.precision=bf16"}));
+  expect_like_baseline("llama_bf16_offload", {"memory.activations=offload", "memory.optimizer=dynamic"},
+                       with({"train.precision=bf16"}));
+}
+
 TEST_F(MixedPrecision, PredictedPeakMemoryIsWhatTheRunAllocates) {
   for (const std::vector<std::string>& sets :
        {std::vector<std::string>{}, {"memory.activations=recompute"}, {"memory.activations=offload"},
