@@ -261,38 +261,43 @@ INSTANTIATE_TEST_SUITE_P(
 // the same losses and final model as on one rank.
 const std::vector<std::string> kLlama = {"model.arch=llama", "model.kv_heads=2", "model.ffn_hidden=48"};
 
-class LlamaLayouts : public ParallelTraining, public ::testing::WithParamInterface<Layout> {
- public:
-  static void SetUpTestSuite() {
-    ParallelTraining::SetUpTestSuite();
-    llama_reference_ = new JobResult(train(1, "llama_reference", kLlama));
+// A model of the test deck's size with other parts, on layouts against its own one-rank run.
+class ModelLayouts : public ParallelTraining, public ::testing::WithParamInterface<Layout> {
+ protected:
+  // The model's deck keys, and the name its runs go by.
+  void check(const std::vector<std::string>& model, const std::string& prefix) {
+    const Layout& l = GetParam();
+    JobResult*& reference = references_[prefix];
+    if (reference == nullptr) reference = new JobResult(train(1, prefix + "reference", model));
+    ASSERT_EQ(reference->code, 0) << reference->out;
+    ASSERT_EQ(reference->losses.size(), 5u);
+    EXPECT_NE(reference->out.find("model: Llama, "), std::string::npos) << reference->out;
+    std::vector<std::string> sets = model;
+    sets.insert(sets.end(), l.sets.begin(), l.sets.end());
+    const std::string name = prefix + l.name;
+    const JobResult r = train(l.np, name, sets);
+    ASSERT_EQ(r.code, 0) << r.out;
+    ASSERT_EQ(r.losses.size(), 5u) << r.out;
+    for (std::size_t i = 0; i < 5; ++i) {
+      EXPECT_NEAR(r.losses[i], reference->losses[i], 1e-5 * std::fabs(reference->losses[i])) << "step " << i + 1;
+    }
+    expect_same_model(final_checkpoint(name), final_checkpoint(prefix + "reference"), parameter_tolerance(l), model);
   }
+
+ public:
   static void TearDownTestSuite() {
-    delete llama_reference_;
+    for (auto& kv : references_) delete kv.second;
+    references_.clear();
     ParallelTraining::TearDownTestSuite();
   }
-  static JobResult* llama_reference_;
+  static std::map<std::string, JobResult*> references_;
 };
 
-JobResult* LlamaLayouts::llama_reference_ = nullptr;
+std::map<std::string, JobResult*> ModelLayouts::references_;
 
-TEST_P(LlamaLayouts, LossesAndFinalModelEqualTheSingleRankRun) {
-  const Layout& l = GetParam();
-  ASSERT_EQ(llama_reference_->code, 0) << llama_reference_->out;
-  ASSERT_EQ(llama_reference_->losses.size(), 5u);
-  EXPECT_NE(llama_reference_->out.find("model: Llama, "), std::string::npos) << llama_reference_->out;
-  std::vector<std::string> sets = kLlama;
-  sets.insert(sets.end(), l.sets.begin(), l.sets.end());
-  const std::string name = std::string("llama_") + l.name;
-  const JobResult r = train(l.np, name, sets);
-  ASSERT_EQ(r.code, 0) << r.out;
-  ASSERT_EQ(r.losses.size(), 5u) << r.out;
-  for (std::size_t i = 0; i < 5; ++i) {
-    EXPECT_NEAR(r.losses[i], llama_reference_->losses[i], 1e-5 * std::fabs(llama_reference_->losses[i]))
-        << "step " << i + 1;
-  }
-  expect_same_model(final_checkpoint(name), final_checkpoint("llama_reference"), parameter_tolerance(l), kLlama);
-}
+using LlamaLayouts = ModelLayouts;
+
+TEST_P(LlamaLayouts, LossesAndFinalModelEqualTheSingleRankRun) { check(kLlama, "llama_"); }
 
 INSTANTIATE_TEST_SUITE_P(
     Mpi, LlamaLayouts,
@@ -308,6 +313,27 @@ INSTANTIATE_TEST_SUITE_P(
                              {"parallel.dp=2", "parallel.zero=1", "memory.optimizer=dynamic",
                               "memory.activations=recompute"}}),
     [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
+
+// With an output layer of its own (lm_head, vocabulary-parallel), on the layouts that place
+// it differently from the embedding: the last stage, tensor-parallel rows, ZeRO-3 shards.
+class UntiedLlamaLayouts : public ModelLayouts {};
+
+TEST_P(UntiedLlamaLayouts, LossesAndFinalModelEqualTheSingleRankRun) {
+  std::vector<std::string> untied = kLlama;
+  untied.push_back("model.tie_embeddings=false");
+  check(untied, "untied_");
+}
+
+INSTANTIATE_TEST_SUITE_P(Mpi, UntiedLlamaLayouts,
+                         ::testing::Values(Layout{"pp2_1f1b", 2, {"parallel.pp=2"}},
+                                           Layout{"tp2", 2, {"parallel.tp=2"}},
+                                           Layout{"dp2_zero3_params_host", 2,
+                                                  {"parallel.dp=2", "parallel.zero=3", "memory.params=host",
+                                                   "memory.optimizer=dynamic"}},
+                                           Layout{"tp2_pp2_interleaved", 4,
+                                                  {"parallel.tp=2", "parallel.pp=2", "parallel.schedule=interleaved",
+                                                   "parallel.virtual_stages=2"}}),
+                         [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
 
 // Bytes of each layer's flat buffer, padded for a data-parallel group of dp.
 std::vector<double> padded_bytes(int dp) {

@@ -5,11 +5,11 @@ The model is the Llama block written out here in float64 (no downloaded code): R
 rotary positions on q and k with HuggingFace's half-split pairs and Llama 3's frequency
 scaling, grouped-query attention (query head h reads key/value head h // (heads /
 kv_heads)), a SwiGLU MLP down(silu(gate(x)) * up(x)), no biases, the output layer tied
-to the embedding. Norm gains are perturbed so that a tensor read into the wrong place
-shows. Files, in --out:
+to the embedding (--untied 1: an lm_head.weight of its own). Norm gains are perturbed so
+that a tensor read into the wrong place shows. Files, in --out:
 
   hf/model.safetensors, hf/config.json   LlamaForCausalLM's names, float32, nn.Linear's
-                                         (out, in) matrices, no lm_head.weight (tied)
+                                         (out, in) matrices, lm_head.weight only if untied
   sharded/                               bfloat16 in two shards with
                                          model.safetensors.index.json, config.json
   grads/model.safetensors, config.json   the loss's gradient with respect to every weight,
@@ -51,6 +51,8 @@ def init_params(a, gen):
         p[h + "input_layernorm.weight"] = 1 + 0.1 * normal(d, std=1.0)
         p[h + "post_attention_layernorm.weight"] = 1 + 0.1 * normal(d, std=1.0)
     p["model.norm.weight"] = 1 + 0.1 * normal(d, std=1.0)
+    if a.untied:
+        p["lm_head.weight"] = normal(a.vocab, d)
     return p
 
 
@@ -104,7 +106,7 @@ def logits_fn(p, x, a):
         m = F.silu(n @ p[q + "mlp.gate_proj.weight"].t()) * (n @ p[q + "mlp.up_proj.weight"].t())
         h = h + m @ p[q + "mlp.down_proj.weight"].t()
     h = rms_norm(h, p["model.norm.weight"], a.eps)
-    return h @ p["model.embed_tokens.weight"].t()
+    return h @ p.get("lm_head.weight", p["model.embed_tokens.weight"]).t()
 
 
 def write_config(path, a, dtype):
@@ -114,7 +116,7 @@ def write_config(path, a, dtype):
            "hidden_act": "silu", "rms_norm_eps": a.eps, "rope_theta": a.rope_theta,
            "rope_scaling": {"rope_type": "llama3", "factor": a.rope_factor, "low_freq_factor": a.rope_low,
                             "high_freq_factor": a.rope_high, "original_max_position_embeddings": a.rope_original},
-           "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": True, "torch_dtype": dtype}
+           "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": not a.untied, "torch_dtype": dtype}
     with open(path, "w") as f:
         json.dump(cfg, f, indent=2)
 
@@ -122,7 +124,7 @@ def write_config(path, a, dtype):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for k, v in (("layers", 2), ("d-model", 32), ("heads", 4), ("kv-heads", 2), ("ffn", 48), ("seq", 16),
-                 ("batch", 2), ("vocab", 64), ("seed", 5)):
+                 ("batch", 2), ("vocab", 64), ("seed", 5), ("untied", 0)):
         ap.add_argument("--" + k, type=int, default=v)
     # Scaling that reaches every branch at head width 8: wavelengths 6.3 (between the
     # bounds 2 and 8: interpolated), 63, 628 and 6283 (beyond: divided by the factor).

@@ -52,6 +52,9 @@ struct ModelConfig {
   std::int64_t kv_heads = 0;    // key/value heads (grouped-query attention); 0: heads
   std::int64_t ffn_hidden = 0;  // the MLP's hidden width; 0: 4 d_model
   BlockParts parts;
+  // The output layer is the token embedding (GPT-2, SmolLM, Llama 3.2 1B), or a matrix of
+  // its own, lm_head (TinyLlama, Llama 3 8B).
+  bool tie_embeddings = true;
   std::int64_t seq_len = 0;  // context length = size of the position table
   std::int64_t vocab_size = 0;
   double init_std = 0.02;

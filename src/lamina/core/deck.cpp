@@ -134,7 +134,7 @@ const std::vector<Section>& schema() {
       {"model",
        {"layers", "d_model", "heads", "seq_len", "vocab_size", "init_std", "attention", "init", "arch", "kv_heads",
         "ffn_hidden", "norm", "norm_eps", "position", "rope_theta", "rope_scaling", "rope_low_freq_factor",
-        "rope_high_freq_factor", "rope_original_context", "mlp"}},
+        "rope_high_freq_factor", "rope_original_context", "mlp", "tie_embeddings"}},
       {"data", {"format", "path", "batch_size", "micro_batch_size", "shuffle", "eval_path"}},
       {"train", {"steps", "seed", "precision", "skip_nonfinite", "max_skipped", "eval_every", "eval_batches"}},
       {"optimizer",
@@ -583,6 +583,7 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
                                                                                                : MlpKind::gelu;
   // The projections' biases come with the MLP: GPT-2's GELU block has them, Llama's none.
   parts.bias = parts.mlp == MlpKind::gelu;
+  m.tie_embeddings = r.boolean("model", "tie_embeddings", true);
   m.kv_heads = r.integer("model", "kv_heads", m.heads, 1, 1 << 16);
   m.ffn_hidden = r.integer("model", "ffn_hidden", default_ffn_hidden(m), 1, 1 << 24);
 

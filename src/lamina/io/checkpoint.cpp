@@ -125,13 +125,15 @@ std::string block_signature(const ModelConfig& m) {
                      r.factor, r.low_freq_factor, r.high_freq_factor, r.original_context);
     }
   }
-  return s + (p.mlp == MlpKind::swiglu ? " mlp=swiglu" : " mlp=gelu");
+  s += p.mlp == MlpKind::swiglu ? " mlp=swiglu" : " mlp=gelu";
+  return s + (m.tie_embeddings ? "" : " tie_embeddings=false");
 }
 
 bool gpt2_block(const ModelConfig& m) {
   ModelConfig gpt2 = m;
   gpt2.parts = BlockParts();
   gpt2.kv_heads = gpt2.ffn_hidden = 0;
+  gpt2.tie_embeddings = true;
   return block_signature(m) == block_signature(gpt2);
 }
 
@@ -163,6 +165,7 @@ bool parse_model_signature(const std::string& text, ModelConfig& out) {
   m.vocab_size = v[4];
   m.parts = BlockParts();
   m.kv_heads = m.ffn_hidden = 0;
+  m.tie_embeddings = true;
   // The block's parts, key=value words in any order.
   std::istringstream rest(text.substr(static_cast<std::size_t>(used)));
   for (std::string word; rest >> word;) {
@@ -177,6 +180,8 @@ bool parse_model_signature(const std::string& text, ModelConfig& out) {
       p.norm = value == "rmsnorm" ? NormKind::rmsnorm : NormKind::layernorm;
     } else if (key == "position" && (value == "rotary" || value == "learned")) {
       p.position = value == "rotary" ? PositionKind::rotary : PositionKind::learned;
+    } else if (key == "tie_embeddings" && (value == "true" || value == "false")) {
+      m.tie_embeddings = value == "true";
     } else if (key == "mlp" && (value == "swiglu" || value == "gelu")) {
       p.mlp = value == "swiglu" ? MlpKind::swiglu : MlpKind::gelu;
       p.bias = p.mlp == MlpKind::gelu;

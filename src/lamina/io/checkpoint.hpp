@@ -103,9 +103,11 @@ class CheckpointReader {
 // they always have).
 std::string model_signature(const ModelConfig& m);
 // The block's parts as deck keys: "kv_heads=8 ffn_hidden=8192 norm=rmsnorm norm_eps=1e-05
-// position=rotary rope_theta=500000 mlp=swiglu" (Llama 3.2 1B's).
+// position=rotary rope_theta=500000 mlp=swiglu" (Llama 3.2 1B's), and
+// "tie_embeddings=false" for an untied output layer.
 std::string block_signature(const ModelConfig& m);
-// Whether the block is GPT-2's (the parts' defaults, kv_heads = heads, ffn_hidden = 4 d_model).
+// Whether the block is GPT-2's (the parts' defaults, kv_heads = heads, ffn_hidden = 4
+// d_model, tied embeddings).
 bool gpt2_block(const ModelConfig& m);
 // Whether the block is Llama's: RMSNorm, rotary positions, SwiGLU, no biases (HuggingFace's
 // LlamaForCausalLM), whatever its sizes, key/value heads and rotary base.

@@ -408,10 +408,10 @@ class SafetensorsSource : public WeightsSource {
       if (j.contains(key) && j[key] != false) throw bad(std::string(key) + " = true: lamina's Llama has no biases");
     }
     // LlamaConfig's default is untied; a file without lm_head.weight was saved tied.
-    const bool tied = j.contains("tie_word_embeddings") ? j["tie_word_embeddings"] == true : where_.count("lm_head.weight") == 0;
-    if (!tied) {
-      throw bad("tie_word_embeddings = false: an untied output layer (lm_head.weight of its own), which lamina "
-                "does not train yet");
+    model_.tie_embeddings =
+        j.contains("tie_word_embeddings") ? j["tie_word_embeddings"] == true : where_.count("lm_head.weight") == 0;
+    if (!model_.tie_embeddings && where_.count("lm_head.weight") == 0) {
+      throw bad("tie_word_embeddings = false, but the files hold no lm_head.weight for the untied output layer");
     }
     model_.parts.norm_eps = number(j, "rms_norm_eps", 1e-6);
     model_.parts.rope_theta = number(j, "rope_theta", 10000.0);
@@ -445,13 +445,14 @@ class SafetensorsSource : public WeightsSource {
 
   // lamina's tensor of a Llama: matrices (in, out), c_attn = [q | k | v], c_fc = [gate | up].
   WeightsTensor llama_tensor(const std::string& name) const {
+    if (name == "lm_head" && !model_.tie_embeddings) return hf("lm_head.weight");
     if (name == "wte") {
       WeightsTensor t = hf("model.embed_tokens.weight");
-      if (where_.count("lm_head.weight") != 0) {
+      if (model_.tie_embeddings && where_.count("lm_head.weight") != 0) {
         const WeightsTensor head = hf("lm_head.weight");
         if (head.shape != t.shape || std::memcmp(head.values.data(), t.values.data(), t.values.size() * 4) != 0) {
-          throw InputError(path_ + ": lm_head.weight differs from model.embed_tokens.weight: an untied output layer, "
-                                   "which lamina does not train yet");
+          throw InputError(path_ + ": lm_head.weight differs from model.embed_tokens.weight, but config.json says "
+                                   "tie_word_embeddings = true");
         }
       }
       return t;
@@ -509,8 +510,8 @@ class SafetensorsSource : public WeightsSource {
 // Writing
 
 // LlamaForCausalLM's tensors from lamina's: nn.Linear's (out, in) matrices, c_attn split
-// into q, k and v, c_fc into gate and up, in the order of its state_dict; the tied head
-// left out.
+// into q, k and v, c_fc into gate and up, in the order of its state_dict; the head only
+// where it is untied.
 void llama_entries(const ParamLayout& layout, const std::function<std::vector<float>(const TensorSpec&)>& get,
                    std::vector<std::vector<float>>& values, std::vector<SafetensorsEntry>& entries) {
   // Columns [begin, begin + n) of an (in, out) matrix as an (n, in) one.
@@ -555,6 +556,9 @@ void llama_entries(const ParamLayout& layout, const std::function<std::vector<fl
     add(key + "post_attention_layernorm.weight", {C}, get(spec(h + "ln_2.weight")));
   }
   add("model.norm.weight", {C}, get(spec("ln_f.weight")));
+  int layer = 0;
+  const TensorSpec* head = nullptr;
+  if (layout.find("lm_head", layer, head)) add("lm_head.weight", head->global_shape, get(*head));
 }
 
 std::string llama_config(const ModelConfig& m, const char* dtype) {
@@ -577,7 +581,8 @@ std::string llama_config(const ModelConfig& m, const char* dtype) {
   }
   s += "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n";
   s += strprintf("  \"initializer_range\": %.17g,\n", m.init_std);
-  s += std::string("  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"") + dtype + "\"\n}\n";
+  s += std::string("  \"tie_word_embeddings\": ") + (m.tie_embeddings ? "true" : "false") +
+       ",\n  \"torch_dtype\": \"" + dtype + "\"\n}\n";
   return s;
 }
 

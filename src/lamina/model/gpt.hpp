@@ -7,7 +7,7 @@
 //   x0 = wte[tokens] + wpe                      embedding
 //   x_{l+1} = block_l(x_l)                      l = 0..L-1, pre-norm:
 //       x2 = x + c_proj(attn(c_attn(ln_1(x))));  out = x2 + mlp(ln_2(x2))
-//   loss_i = CE(ln_f(x_L) @ wte^T, target_i)    head (tied LM head)
+//   loss_i = CE(ln_f(x_L) @ wte^T, target_i)    head (tied LM head; or lm_head^T, untied)
 //
 // The block is built from its parts (Dims, core/config.hpp): GPT-2's LayerNorm, learned
 // positions, GELU MLP and biases, or Llama's RMSNorm, rotary positions applied to q and k
@@ -182,15 +182,15 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   Kokkos::Profiling::popRegion();
 }
 
-// Final norm (the block's kind), tied LM head and per-position losses (h.losses) of x, the last block's output
+// Final norm (the block's kind), LM head (wte, or an untied lm_head) and per-position losses (h.losses) of x, the last block's output
 // as stored.
 template <class Exec, class XV>
-void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const FinalNormTensors<Exec>& w,
+void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const FinalWeights<Exec>& w,
                   const HeadActs<Exec>& h, const XV& x, const Tokens<Exec>& targets, const Dims& d,
                   const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::head_forward");
   block_norm_forward(exec, d, h.lnf, h.lnf_mean, h.lnf_rstd, x, w.w, w.b);
-  tied_head_forward(exec, h.logits, h.lnf, e.wte, d.products, ws.widened);
+  tied_head_forward(exec, h.logits, h.lnf, w.lm_head.rows() > 0 ? w.lm_head : e.wte, d.products, ws.widened);
   cross_entropy_row_max(exec, h.rowmax, h.logits);
   detail::combine(exec, tp.max, h.rowmax);
   cross_entropy_row_sumexp(exec, h.sumexp, h.logits, h.rowmax);
@@ -205,12 +205,14 @@ void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const Final
 // Leaves d objective / d(x) in dres.
 template <class Exec, class XV>
 void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const FinalNormTensors<Exec>& g,
-                   const EmbeddingWeights<Exec>& e, const FinalNormTensors<Exec>& w, const HeadActs<Exec>& h,
+                   const EmbeddingWeights<Exec>& e, const FinalWeights<Exec>& w, const HeadActs<Exec>& h,
                    const XV& x, const Mat<Exec>& dres, const Tokens<Exec>& targets, const Dims& d,
                    const Workspace<Exec>& ws, float loss_scale, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::head_backward");
   cross_entropy_backward(exec, h.logits, h.logits, h.lse, targets, d.vocab_begin, loss_scale);
-  tied_head_backward(exec, ws.dln, ge.wte, h.logits, h.lnf, e.wte, d.products, ws.widened);
+  const bool untied = w.lm_head.rows() > 0;
+  tied_head_backward(exec, ws.dln, untied ? g.lm_head : ge.wte, h.logits, h.lnf, untied ? w.lm_head : e.wte,
+                     d.products, ws.widened);
   detail::combine(exec, tp.sum, ws.dln);
   block_norm_backward(exec, d, dres, g.w, g.b, ws.dln, ConstMat<Exec>(), x, w.w, h.lnf_mean, h.lnf_rstd, ws);
   Kokkos::Profiling::popRegion();
@@ -257,7 +259,7 @@ void range_embed_forward(const Exec& exec, const EmbeddingWeights<Exec>& w, cons
 
 // The head on the range's output as stored.
 template <class Exec>
-void range_head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const FinalNormTensors<Exec>& w,
+void range_head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const FinalWeights<Exec>& w,
                         const LayerRangeActs<Exec>& a, const Workspace<Exec>& ws, const ShardCombine& tp) {
   if (a.bf16()) {
     head_forward(exec, e, w, a.head, a.output().b16, a.targets, a.dims(), ws, tp);
@@ -268,7 +270,7 @@ void range_head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const
 
 template <class Exec>
 void range_head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const FinalNormTensors<Exec>& g,
-                         const EmbeddingWeights<Exec>& e, const FinalNormTensors<Exec>& w,
+                         const EmbeddingWeights<Exec>& e, const FinalWeights<Exec>& w,
                          const LayerRangeActs<Exec>& a, const Mat<Exec>& dres, const Workspace<Exec>& ws,
                          float loss_scale, const ShardCombine& tp) {
   if (a.bf16()) {

@@ -15,7 +15,7 @@ namespace lamina {
 
 template <class Exec>
 struct EmbeddingTensors {
-  Mat<Exec> wte;  // (V, C), also the LM head
+  Mat<Exec> wte;  // (V, C), also the LM head unless it is untied
   Mat<Exec> wpe;  // (T, C); empty with rotary positions
 };
 
@@ -35,12 +35,19 @@ struct BlockTensors {
 
 template <class Exec>
 struct FinalNormTensors {
-  Vec<Exec> w, b;  // (C)
+  Vec<Exec> w, b;     // (C); no b with RMSNorm
+  Mat<Exec> lm_head;  // (V, C): an untied output layer; empty when tied to wte
+};
+
+template <class Exec>
+struct FinalWeights {
+  ConstVec<Exec> w, b;   // (C); no b with RMSNorm
+  MatRef<Exec> lm_head;  // (V, C) as stored: an untied output layer; empty when tied to wte
 };
 
 template <class Exec>
 struct EmbeddingWeights {
-  MatRef<Exec> wte;  // (V, C), also the LM head
+  MatRef<Exec> wte;  // (V, C), also the LM head unless it is untied
   MatRef<Exec> wpe;  // (T, C); empty with rotary positions
 };
 
@@ -137,14 +144,11 @@ BlockWeights<Exec> bind_block_weights(const ParamLayout& layout, std::int64_t bl
 }
 
 template <class Exec>
-FinalNormTensors<Exec> bind_final_norm_weights(const ParamLayout& layout, const LayerParams& p) {
+FinalWeights<Exec> bind_final_norm_weights(const ParamLayout& layout, const LayerParams& p) {
   const LayerSpec& l = layout.layers().back();
-  auto gain = [&](const char* name) {
-    const ConstVec<Exec> v = detail::bind_gain<Exec>(l, detail::index_of(l, name, true), p);
-    if (v.data() == nullptr) return Vec<Exec>();
-    return as_vec<Exec>(const_cast<float*>(v.data()), static_cast<std::int64_t>(v.extent(0)));
-  };
-  return {gain("ln_f.weight"), gain("ln_f.bias")};
+  return {detail::bind_gain<Exec>(l, detail::index_of(l, "ln_f.weight"), p),
+          detail::bind_gain<Exec>(l, detail::optional_index(l, "ln_f.bias"), p),
+          detail::bind_weight<Exec>(l, detail::optional_index(l, "lm_head"), p)};
 }
 
 template <class Exec>
@@ -180,7 +184,8 @@ template <class Exec>
 FinalNormTensors<Exec> bind_final_norm(const ParamLayout& layout, float* base) {
   const LayerSpec& l = layout.layers().back();
   return {detail::bind_vec<Exec>(l, detail::index_of(l, "ln_f.weight"), base),
-          detail::bind_vec<Exec>(l, detail::optional_index(l, "ln_f.bias"), base)};
+          detail::bind_vec<Exec>(l, detail::optional_index(l, "ln_f.bias"), base),
+          detail::bind_mat<Exec>(l, detail::optional_index(l, "lm_head"), base)};
 }
 
 }  // namespace lamina

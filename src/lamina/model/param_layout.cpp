@@ -147,9 +147,11 @@ ParamLayout ParamLayout::of(const ModelConfig& m, int tp_size, int tp_rank) {
     bias("mlp.c_proj.bias", C, -1);
     p.layers_.push_back(make_layer("h." + std::to_string(i), std::move(ts)));
   }
-  std::vector<TensorSpec> final_norm;
-  norm(final_norm, "ln_f");
-  p.layers_.push_back(make_layer("ln_f", std::move(final_norm)));
+  std::vector<TensorSpec> head;
+  norm(head, "ln_f");
+  // An untied output layer is vocabulary-parallel, as the embedding.
+  if (!m.tie_embeddings) head.push_back(t("lm_head", {V, C}, 0, matrix, InitKind::normal));
+  p.layers_.push_back(make_layer("ln_f", std::move(head)));
   return p;
 }
 

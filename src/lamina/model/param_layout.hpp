@@ -63,7 +63,8 @@ class ParamLayout {
   // norms, position table and the projections' biases replicated). Its block's parts
   // decide which tensors there are: no position table with rotary positions, no norm
   // biases with RMSNorm, no projection biases without `bias`.
-  // Layer 0 = embedding (wte, wpe), layers 1..L = blocks h.0..h.{L-1}, layer L+1 = ln_f.
+  // Layer 0 = embedding (wte, wpe), layers 1..L = blocks h.0..h.{L-1}, layer L+1 = ln_f
+  // (and lm_head, an untied output layer).
   static ParamLayout of(const ModelConfig& model, int tp_size = 1, int tp_rank = 0);
 
   const std::vector<LayerSpec>& layers() const { return layers_; }

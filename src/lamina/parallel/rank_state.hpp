@@ -53,7 +53,7 @@ class RankState : public ModelStateAccess {
   BlockWeights<Exec> block_weights(std::int64_t b, const Vec<Exec>& vectors) const {
     return bind_block_weights<Exec>(layout_, b, widened(layout_.block_layer(b), vectors));
   }
-  FinalNormTensors<Exec> final_weights(const Vec<Exec>& vectors) const {
+  FinalWeights<Exec> final_weights(const Vec<Exec>& vectors) const {
     return bind_final_norm_weights<Exec>(layout_, widened(layout_.final_layer(), vectors));
   }
   EmbeddingTensors<Exec> embedding_grads() const { return bind_embedding<Exec>(layout_, reducer_->grads(0)); }

@@ -180,7 +180,10 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision prec
     auto final_weights = [&] {
       LayerParams p = stored[2];
       if (bf16) {
-        from_bf16(exec, as_vec<Exec>(w.vectors.data(), 2 * d.C), Bf16Vec<Exec>(params16[2].data(), static_cast<std::size_t>(2 * d.C)));
+        const LayerSpec& l = layout.layers()[2];
+        const std::int64_t n = l.numel - l.matrix_numel;
+        from_bf16(exec, as_vec<Exec>(w.vectors.data(), n),
+                  Bf16Vec<Exec>(params16[2].data() + l.matrix_numel, static_cast<std::size_t>(n)));
         p.vectors = w.vectors.data();
       }
       return bind_final_norm_weights<Exec>(layout, p);

@@ -131,10 +131,23 @@ TEST_F(MemoryOptions, LlamaBlocksTrainBitIdenticallyAndThePeakIsPredicted) {
   expect_like_baseline("llama_recompute", {"memory.activations=recompute"}, llama);
   expect_like_baseline("llama_offload", {"memory.activations=offload", "memory.params=host",
                                          "memory.optimizer=dynamic"}, llama);
+  // An untied output layer's: the same options, the same numbers as keeping everything.
+  std::vector<std::string> untied = llama;
+  untied.push_back("model.tie_embeddings=false");
+  run_training(deck("untied_baseline", 3, untied), quiet_, MPI_COMM_WORLD);
+  std::vector<std::string> moved = untied;
+  for (const char* s : {"memory.activations=recompute", "memory.params=host", "memory.optimizer=dynamic"}) {
+    moved.push_back(s);
+  }
+  const Deck d = deck("untied_moved", 3, moved);
+  run_training(d, quiet_, MPI_COMM_WORLD);
+  expect_identical_checkpoints(dir_ + "/untied_baseline/checkpoints/step_00000003.h5",
+                               dir_ + "/untied_moved/checkpoints/step_00000003.h5", d.model);
   for (std::vector<std::string> sets :
        {std::vector<std::string>{}, {"memory.activations=recompute"}, {"memory.activations=offload"},
         {"memory.params=host", "memory.optimizer=host"},
-        {"parallel.layered=true", "memory.activations=offload_checkpoint", "train.precision=bf16"}}) {
+        {"parallel.layered=true", "memory.activations=offload_checkpoint", "train.precision=bf16"},
+        {"model.tie_embeddings=false", "memory.params=host", "memory.optimizer=dynamic", "train.precision=bf16"}}) {
     sets.insert(sets.end(), llama.begin(), llama.end());
     const std::string s = bench_memory(deck("llama_bench", 2, sets), 2, quiet_).str();
     const auto k = s.find("\"max_relative_error\": ");
