@@ -529,5 +529,39 @@ TEST_F(ParallelTraining, CheckpointsRestartOnOtherLayouts) {
   }
 }
 
+// An untied Llama's checkpoint from tp 2 restarts on a pipeline and on ZeRO-3 data
+// parallelism; a deck with other parts is refused naming both models.
+TEST_F(ParallelTraining, ALlamaCheckpointRestartsOnOtherLayoutsAndRefusesAnotherBlock) {
+  std::vector<std::string> llama = kLlama;
+  llama.push_back("model.tie_embeddings=false");
+  auto with = [&](std::vector<std::string> sets) {
+    sets.insert(sets.begin(), llama.begin(), llama.end());
+    return sets;
+  };
+  const JobResult full = train(2, "llama_reshard_tp2", with({"parallel.tp=2", "checkpoint.every=3"}));
+  ASSERT_EQ(full.code, 0) << full.out;
+  ASSERT_EQ(full.losses.size(), 5u) << full.out;
+  const std::string ckpt = dir_ + "/llama_reshard_tp2/checkpoints/step_00000003.h5";
+  for (const auto& [name, sets] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"llama_reshard_pp2", {"parallel.pp=2"}}, {"llama_reshard_zero3", {"parallel.dp=2", "parallel.zero=3"}}}) {
+    auto s = with(sets);
+    s.push_back("checkpoint.resume=" + ckpt);
+    const JobResult r = train(2, name, s);
+    ASSERT_EQ(r.code, 0) << r.out;
+    ASSERT_EQ(r.losses.size(), 2u) << name;
+    for (std::size_t i = 0; i < 2; ++i) {
+      EXPECT_NEAR(r.losses[i], full.losses[3 + i], 1e-5 * full.losses[3 + i]) << name << " step " << 4 + i;
+    }
+    // The uninterrupted run had tensor parallelism, these have none (parameter_tolerance).
+    expect_same_model(final_checkpoint(name), final_checkpoint("llama_reshard_tp2"), 3e-5, llama);
+  }
+  auto other = with({"model.kv_heads=4", "checkpoint.resume=" + ckpt});
+  const JobResult refused = train(1, "llama_reshard_mha", other);
+  EXPECT_EQ(refused.code, 2) << refused.out;
+  EXPECT_NE(refused.out.find("the checkpoint holds a model with"), std::string::npos) << refused.out;
+  EXPECT_NE(refused.out.find("kv_heads=2"), std::string::npos) << refused.out;
+  EXPECT_NE(refused.out.find("kv_heads=4"), std::string::npos) << refused.out;
+}
+
 }  // namespace
 }  // namespace lamina::test
