@@ -56,11 +56,20 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // (T, T) scores unless fused (read and write them in fp32, write the saved probabilities),
   // the MLP's bias and GELU (read the product, write the pre-activation and the activation:
   // in place in fp32).
+  // A Llama block's parts: RMSNorm moves what LayerNorm does, but the second norm runs
+  // after the residual add, a pass of its own (read the stream, write y); rotary positions
+  // read and write q and k in place; SwiGLU reads the [gate | up] product (2F, fp32) and
+  // writes it as stored for backward and the activation (F). The q/k/v scatter moves the
+  // key/value heads there are.
   const double s = bf16_ ? 2.0 : 4.0;
   const double A = static_cast<double>(d.A()), F = static_cast<double>(d.F), score_count = static_cast<double>(d.B) * heads * T * T;
+  const double KV = static_cast<double>(d.NKV * d.hd);
   const double scores = fused ? 0.0 : (8 + s) * score_count;
-  const double ew_forward =
-      2 * s * N * C + (3 * s + 4) * N * C + (2 * s + 4) * N * C + 2 * 3 * s * N * A + scores + (4 + 2 * s) * N * F;
+  const bool layernorm = d.parts.norm == NormKind::layernorm, swiglu = d.parts.mlp == MlpKind::swiglu;
+  const double norms = layernorm ? 2 * s * N * C + (3 * s + 4) * N * C : 2 * s * N * C + (2 * s + 4) * N * C + 2 * s * N * C;
+  const double rotary = d.parts.position == PositionKind::rotary ? 2 * s * N * (A + KV) : 0.0;
+  const double mlp = swiglu ? (8 + 3 * s) * N * F : (4 + 2 * s) * N * F;
+  const double ew_forward = norms + (2 * s + 4) * N * C + 2 * s * N * (A + 2 * KV) + rotary + scores + mlp;
   // Tensor parallelism: two all-reduces of the (N, C) residual stream per pass (Megatron).
   const double tp_comm = o.tp > 1 ? 2.0 * collective(2.0 * (tp - 1) / tp * 4.0 * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
   // What bf16 runs still convert, 6 bytes per element (the fp32 side and the bf16 one). A

@@ -90,6 +90,29 @@ TEST(CostModel, BlockForwardIsItsGemmsAttentionAndElementwisePasses) {
               1e-12);
 }
 
+// A Llama block (4 key/value heads for 16 query heads, SwiGLU of 2816) prices its own
+// products and passes: q, k/v, output projection and three MLP matrices; RMSNorm's second
+// pass apart from the residual add (2 s + 4, then 2 s), rotary q and k in place, the
+// narrower k/v scatter, SwiGLU reading the [gate | up] product and writing it and the
+// activation.
+TEST(CostModel, ALlamaBlockPricesItsOwnProductsAndPasses) {
+  ModelConfig m = model();
+  m.kv_heads = 4;
+  m.ffn_hidden = 2816;
+  m.parts.norm = NormKind::rmsnorm;
+  m.parts.position = PositionKind::rotary;
+  m.parts.mlp = MlpKind::swiglu;
+  m.parts.bias = false;
+  const CostModel f(m, plan(1, 1, 1, Precision::fp32), machine());
+  const double N = 2048, C = 1024, T = 2048, H = 16, KV = 4 * 64, F = 2816, s = 4, bandwidth = 2e12 * 0.5;
+  const double gemm = 2 * N * (C * (C + 2 * KV) + C * C + 3 * C * F) / (100e12 * 0.5);
+  const double attention = 4 * N * T * C / (100e12 * 0.25);
+  const double bytes = 2 * s * N * C + (2 * s + 4) * N * C + 2 * s * N * C + (2 * s + 4) * N * C +
+                       2 * s * N * (C + 2 * KV) + 2 * s * N * (C + KV) + (8 + s) * H * T * T + (8 + 3 * s) * N * F;
+  EXPECT_NEAR(f.block_forward(), gemm + attention + bytes / bandwidth, 1e-12);
+  EXPECT_NEAR(f.block_backward(), 2 * (gemm + attention + bytes / bandwidth), 1e-12);
+}
+
 TEST(CostModel, FusedAttentionRecomputesTheScoresInsteadOfMovingThem) {
   ModelConfig m = model();
   m.attention = AttentionProducts::fused;
