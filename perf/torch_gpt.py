@@ -100,23 +100,11 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for k, v in (("layers", 6), ("d-model", 384), ("heads", 6), ("seq", 256), ("batch", 4), ("vocab", 8192),
-                 ("threads", 2), ("steps", 10), ("warmup", 3), ("seed", 1)):
-        ap.add_argument("--" + k, type=int, default=v)
-    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
-                    help="fp32 (default), or bf16 autocast with the fused AdamW on a GPU")
-    a = ap.parse_args()
-    if a.d_model % a.heads:
-        ap.error("--d-model must be divisible by --heads")
-    if a.steps < 1 or a.warmup < 0:
-        ap.error("--steps must be at least 1 and --warmup at least 0")
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(a.seed)
+def time_training(model, a, flops_per_token, shape, fields):
+    """Times a.warmup + a.steps training steps of `model` (model(x, y) is the loss) on random
+    tokens; prints a line per measured step, a summary naming the model by `shape`, and the
+    JSON line with the model's `fields`."""
     dev = torch.device(a.device)
-    model = GPT(a.layers, a.d_model, a.heads, a.seq, a.vocab).to(dev)
     bf16 = a.precision == "bf16"
     fused = bf16 and dev.type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
@@ -145,24 +133,51 @@ def main():
             print(f"step {s - a.warmup + 1}/{a.steps}: {dt * 1e3:.1f} ms, loss {loss_value:.4f}", flush=True)
 
     tokens_per_step = a.batch * a.seq
-    flops_per_token = training_flops_per_token(a.layers, a.d_model, a.seq, a.vocab)
     flops_per_step = flops_per_token * tokens_per_step
     med = statistics.median(times)
     print(f"torch {torch.__version__} on {a.device} ({a.threads} threads, {a.precision}"
-          f"{', fused AdamW' if fused else ''}), {a.layers} layers, d {a.d_model}, "
-          f"{a.heads} heads, seq {a.seq}, batch {a.batch}, vocab {a.vocab}, {params} parameters: "
+          f"{', fused AdamW' if fused else ''}), {shape}, {params} parameters: "
           f"{med * 1e3:.1f} ms per step (median of {len(times)}), {tokens_per_step / med:.0f} tokens/s, "
           f"{flops_per_step / 1e9:.1f} GFLOP per step, {flops_per_step / med / 1e12:.4f} TFLOP/s")
     print(json.dumps({
         "peer": "pytorch", "torch": torch.__version__, "device": a.device, "threads": a.threads,
-        "precision": a.precision, "fused_adamw": fused,
-        "layers": a.layers, "d_model": a.d_model, "heads": a.heads, "seq": a.seq, "batch": a.batch,
-        "vocab": a.vocab, "params": params, "steps": len(times), "warmup": a.warmup,
+        "precision": a.precision, "fused_adamw": fused, **fields,
+        "params": params, "steps": len(times), "warmup": a.warmup,
         "attention": "sdpa" if hasattr(F, "scaled_dot_product_attention") else "explicit",
         "ms_per_step_median": round(med * 1e3, 3), "ms_per_step_min": round(min(times) * 1e3, 3),
         "tokens_per_s": round(tokens_per_step / med, 1), "flops_per_token": flops_per_token,
         "flops_per_step": flops_per_step, "tflops_per_s": round(flops_per_step / med / 1e12, 5),
         "loss_first": round(losses[0], 6), "loss_last": round(losses[-1], 6)}))
+
+
+def add_run_arguments(ap):
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                    help="fp32 (default), or bf16 autocast with the fused AdamW on a GPU")
+
+
+def check_run_arguments(ap, a):
+    if a.steps < 1 or a.warmup < 0:
+        ap.error("--steps must be at least 1 and --warmup at least 0")
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for k, v in (("layers", 6), ("d-model", 384), ("heads", 6), ("seq", 256), ("batch", 4), ("vocab", 8192),
+                 ("threads", 2), ("steps", 10), ("warmup", 3), ("seed", 1)):
+        ap.add_argument("--" + k, type=int, default=v)
+    add_run_arguments(ap)
+    a = ap.parse_args()
+    if a.d_model % a.heads:
+        ap.error("--d-model must be divisible by --heads")
+    check_run_arguments(ap, a)
+    model = GPT(a.layers, a.d_model, a.heads, a.seq, a.vocab).to(torch.device(a.device))
+    time_training(model, a, training_flops_per_token(a.layers, a.d_model, a.seq, a.vocab),
+                  f"{a.layers} layers, d {a.d_model}, {a.heads} heads, seq {a.seq}, batch {a.batch}, vocab {a.vocab}",
+                  {"layers": a.layers, "d_model": a.d_model, "heads": a.heads, "seq": a.seq, "batch": a.batch,
+                   "vocab": a.vocab})
 
 
 if __name__ == "__main__":

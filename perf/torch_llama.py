@@ -21,17 +21,15 @@ N_mm = L (C (Q + 2 KV) + Q C + 3 C F) + V C.
     --seq 256 --batch 4 --vocab 8192 --threads 2 --steps 10 --warmup 3
 """
 import argparse
-import inspect
-import json
 import math
-import statistics
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-LR, BETAS, EPS, WEIGHT_DECAY, GRAD_CLIP, NORM_EPS, THETA = 3e-4, (0.9, 0.999), 1e-8, 0.01, 1.0, 1e-5, 10000.0
+from torch_gpt import add_run_arguments, check_run_arguments, time_training
+
+NORM_EPS, THETA = 1e-5, 10000.0  # the optimizer's settings are torch_gpt.py's
 
 
 def training_flops_per_token(layers, d, heads, kv_heads, ffn, seq, vocab):
@@ -123,65 +121,18 @@ def main():
     for k, v in (("layers", 6), ("d-model", 384), ("heads", 6), ("kv-heads", 2), ("ffn", 1024), ("seq", 256),
                  ("batch", 4), ("vocab", 8192), ("threads", 2), ("steps", 10), ("warmup", 3), ("seed", 1)):
         ap.add_argument("--" + k, type=int, default=v)
-    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
-                    help="fp32 (default), or bf16 autocast with the fused AdamW on a GPU")
+    add_run_arguments(ap)
     a = ap.parse_args()
     if a.d_model % a.heads or a.heads % a.kv_heads or (a.d_model // a.heads) % 2:
         ap.error("--d-model must be divisible by --heads into even widths, --heads by --kv-heads")
-    if a.steps < 1 or a.warmup < 0:
-        ap.error("--steps must be at least 1 and --warmup at least 0")
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(a.seed)
-    dev = torch.device(a.device)
-    model = Llama(a.layers, a.d_model, a.heads, a.kv_heads, a.ffn, a.seq, a.vocab).to(dev)
-    bf16 = a.precision == "bf16"
-    fused = bf16 and dev.type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
-                            **({"fused": True} if fused else {}))
-    params = sum(p.numel() for p in model.parameters())
-    tokens = torch.randint(0, a.vocab, (a.warmup + a.steps, a.batch, a.seq + 1), device=dev)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-
-    times, losses = [], []
-    for s in range(a.warmup + a.steps):
-        x, y = tokens[s, :, :-1], tokens[s, :, 1:]
-        sync()
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-        opt.step()
-        loss_value = loss.item()  # waits for the step on a GPU
-        sync()
-        dt = time.perf_counter() - t0
-        losses.append(loss_value)
-        if s >= a.warmup:
-            times.append(dt)
-            print(f"step {s - a.warmup + 1}/{a.steps}: {dt * 1e3:.1f} ms, loss {loss_value:.4f}", flush=True)
-
-    tokens_per_step = a.batch * a.seq
-    flops_per_token = training_flops_per_token(a.layers, a.d_model, a.heads, a.kv_heads, a.ffn, a.seq, a.vocab)
-    flops_per_step = flops_per_token * tokens_per_step
-    med = statistics.median(times)
-    print(f"torch {torch.__version__} on {a.device} ({a.threads} threads, {a.precision}"
-          f"{', fused AdamW' if fused else ''}), {a.layers} layers, d {a.d_model}, "
-          f"{a.heads} heads ({a.kv_heads} key/value), ffn {a.ffn}, seq {a.seq}, batch {a.batch}, vocab {a.vocab}, {params} parameters: "
-          f"{med * 1e3:.1f} ms per step (median of {len(times)}), {tokens_per_step / med:.0f} tokens/s, "
-          f"{flops_per_step / 1e9:.1f} GFLOP per step, {flops_per_step / med / 1e12:.4f} TFLOP/s")
-    print(json.dumps({
-        "peer": "pytorch", "torch": torch.__version__, "device": a.device, "threads": a.threads,
-        "precision": a.precision, "fused_adamw": fused,
-        "model": "llama", "layers": a.layers, "d_model": a.d_model, "heads": a.heads, "kv_heads": a.kv_heads,
-        "ffn": a.ffn, "seq": a.seq, "batch": a.batch,
-        "vocab": a.vocab, "params": params, "steps": len(times), "warmup": a.warmup,
-        "attention": "sdpa" if hasattr(F, "scaled_dot_product_attention") else "explicit",
-        "ms_per_step_median": round(med * 1e3, 3), "ms_per_step_min": round(min(times) * 1e3, 3),
-        "tokens_per_s": round(tokens_per_step / med, 1), "flops_per_token": flops_per_token,
-        "flops_per_step": flops_per_step, "tflops_per_s": round(flops_per_step / med / 1e12, 5),
-        "loss_first": round(losses[0], 6), "loss_last": round(losses[-1], 6)}))
+    check_run_arguments(ap, a)
+    model = Llama(a.layers, a.d_model, a.heads, a.kv_heads, a.ffn, a.seq, a.vocab).to(torch.device(a.device))
+    time_training(model, a,
+                  training_flops_per_token(a.layers, a.d_model, a.heads, a.kv_heads, a.ffn, a.seq, a.vocab),
+                  f"{a.layers} layers, d {a.d_model}, {a.heads} heads ({a.kv_heads} key/value), ffn {a.ffn}, "
+                  f"seq {a.seq}, batch {a.batch}, vocab {a.vocab}",
+                  {"model": "llama", "layers": a.layers, "d_model": a.d_model, "heads": a.heads,
+                   "kv_heads": a.kv_heads, "ffn": a.ffn, "seq": a.seq, "batch": a.batch, "vocab": a.vocab})
 
 
 if __name__ == "__main__":

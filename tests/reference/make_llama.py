@@ -28,7 +28,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from make_weights import write_safetensors
+from make_weights import write_safetensors, write_two_shards
 
 
 def init_params(a, gen):
@@ -143,17 +143,7 @@ def main():
         os.makedirs(os.path.join(a.out, sub), exist_ok=True)
     write_safetensors(os.path.join(a.out, "hf", "model.safetensors"), p, {"format": "pt"})
     write_config(os.path.join(a.out, "hf", "config.json"), a, "float32")
-    half = {k: v.to(torch.bfloat16) for k, v in p.items()}
-    names = list(half)
-    shards = [names[: len(names) // 2], names[len(names) // 2:]]
-    weight_map = {}
-    for s, keys in enumerate(shards):
-        fname = f"model-{s + 1:05d}-of-{len(shards):05d}.safetensors"
-        write_safetensors(os.path.join(a.out, "sharded", fname), {k: half[k] for k in keys}, {"format": "pt"})
-        weight_map.update({k: fname for k in keys})
-    with open(os.path.join(a.out, "sharded", "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": sum(v.numel() * 2 for v in half.values())}, "weight_map": weight_map},
-                  f, indent=2)
+    write_two_shards(os.path.join(a.out, "sharded"), {k: v.to(torch.bfloat16) for k, v in p.items()})
     write_config(os.path.join(a.out, "sharded", "config.json"), a, "bfloat16")
 
     p64 = {k: v.double().requires_grad_() for k, v in p.items()}

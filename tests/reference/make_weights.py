@@ -59,6 +59,21 @@ def write_safetensors(path, tensors, metadata=None):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(data))
 
 
+def write_two_shards(directory, tensors):
+    """The tensors (2 bytes each) in two shards and model.safetensors.index.json, as
+    save_pretrained writes them."""
+    names = list(tensors)
+    shards = [names[: len(names) // 2], names[len(names) // 2:]]
+    weight_map = {}
+    for s, keys in enumerate(shards):
+        fname = f"model-{s + 1:05d}-of-{len(shards):05d}.safetensors"
+        write_safetensors(os.path.join(directory, fname), {k: tensors[k] for k in keys}, {"format": "pt"})
+        weight_map.update({k: fname for k in keys})
+    total = sum(v.numel() * 2 for v in tensors.values())
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
 def hf_names(p, prefix):
     out = {}
     for k, v in p.items():
@@ -127,16 +142,7 @@ def main():
         bare[f"h.{i}.attn.bias"] = mask.to(torch.bfloat16)
     write_safetensors(os.path.join(a.out, "bare_bf16.safetensors"), bare)
     half = {k: v.to(torch.float16) for k, v in hf_names(p, "transformer.").items()}
-    names = list(half)
-    shards = [names[: len(names) // 2], names[len(names) // 2:]]
-    weight_map = {}
-    for s, keys in enumerate(shards):
-        fname = f"model-{s + 1:05d}-of-{len(shards):05d}.safetensors"
-        write_safetensors(os.path.join(a.out, "sharded", fname), {k: half[k] for k in keys}, {"format": "pt"})
-        weight_map.update({k: fname for k in keys})
-    total = sum(v.numel() * 2 for v in half.values())
-    with open(os.path.join(a.out, "sharded", "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    write_two_shards(os.path.join(a.out, "sharded"), half)
     write_config(os.path.join(a.out, "sharded", "config.json"), *dims)
     write_llmc(os.path.join(a.out, "llmc.bin"), p, *dims, torch.float32)
     write_llmc(os.path.join(a.out, "llmc_bf16.bin"), p, *dims, torch.bfloat16)
