@@ -49,7 +49,7 @@ peak_tflops = 1.0
 struct JobResult {
   int code = -1;
   std::string out;
-  std::vector<double> losses;
+  std::vector<double> losses, grad_norms;
   std::vector<std::map<std::string, double>> comm;  // per step: group -> bytes
   std::vector<double> bubble;                        // per step, virtual clock
 };
@@ -92,6 +92,8 @@ class ParallelTraining : public ::testing::Test {
     for (std::string line; std::getline(in, line);) {
       const auto a = line.find("\"loss\": ") + 8;
       r.losses.push_back(std::stod(line.substr(a, line.find(',', a) - a)));
+      const auto g = line.find("\"grad_norm\": ") + 13;
+      r.grad_norms.push_back(std::stod(line.substr(g, line.find(',', g) - g)));
       std::map<std::string, double> c;
       for (const char* g : {"dp", "tp", "pp"}) {
         const auto k = line.find(std::string("\"") + g + "\": ", line.find("\"comm_bytes\""));
@@ -264,18 +266,19 @@ const std::vector<std::string> kLlama = {"model.arch=llama", "model.kv_heads=2",
 // A model of the test deck's size with other parts, on layouts against its own one-rank run.
 class ModelLayouts : public ParallelTraining, public ::testing::WithParamInterface<Layout> {
  protected:
-  // The model's deck keys, and the name its runs go by.
-  void check(const std::vector<std::string>& model, const std::string& prefix) {
+  // The model's deck keys, the name its runs go by, and the log's name for the model.
+  void check(const std::vector<std::string>& model, const std::string& prefix, const std::string& kind = "Llama") {
     const Layout& l = GetParam();
     JobResult*& reference = references_[prefix];
     if (reference == nullptr) reference = new JobResult(train(1, prefix + "reference", model));
     ASSERT_EQ(reference->code, 0) << reference->out;
     ASSERT_EQ(reference->losses.size(), 5u);
-    EXPECT_NE(reference->out.find("model: Llama, "), std::string::npos) << reference->out;
+    EXPECT_NE(reference->out.find("model: " + kind + ", "), std::string::npos) << reference->out;
     std::vector<std::string> sets = model;
     sets.insert(sets.end(), l.sets.begin(), l.sets.end());
     const std::string name = prefix + l.name;
-    const JobResult r = train(l.np, name, sets);
+    last_ = train(l.np, name, sets);
+    const JobResult& r = last_;
     ASSERT_EQ(r.code, 0) << r.out;
     ASSERT_EQ(r.losses.size(), 5u) << r.out;
     for (std::size_t i = 0; i < 5; ++i) {
@@ -291,6 +294,7 @@ class ModelLayouts : public ParallelTraining, public ::testing::WithParamInterfa
     ParallelTraining::TearDownTestSuite();
   }
   static std::map<std::string, JobResult*> references_;
+  JobResult last_;  // the layout's run
 };
 
 std::map<std::string, JobResult*> ModelLayouts::references_;
@@ -333,6 +337,42 @@ INSTANTIATE_TEST_SUITE_P(Mpi, UntiedLlamaLayouts,
                                            Layout{"tp2_pp2_interleaved", 4,
                                                   {"parallel.tp=2", "parallel.pp=2", "parallel.schedule=interleaved",
                                                    "parallel.virtual_stages=2"}}),
+                         [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
+
+// Multi-query attention (one key/value head) on tensor-parallel layouts: the two ranks of a
+// tensor-parallel group share the head (Megatron's replication) and add their halves of its
+// gradient; the gradient norm counts it once (the first step's norm is the one rank's to
+// the last digits; later steps differ by the runs' rounding).
+class SharedKeyValueLayouts : public ModelLayouts {};
+
+const std::vector<std::string> kMultiQuery = {"model.arch=llama", "model.kv_heads=1", "model.ffn_hidden=48"};
+
+TEST_P(SharedKeyValueLayouts, LossesAndFinalModelEqualTheSingleRankRun) {
+  check(kMultiQuery, "mqa_");
+  const JobResult& one = *references_.at("mqa_");
+  const JobResult& r = last_;
+  ASSERT_FALSE(one.grad_norms.empty());
+  ASSERT_EQ(r.grad_norms.size(), one.grad_norms.size());
+  EXPECT_NEAR(r.grad_norms[0], one.grad_norms[0], 1e-7 * one.grad_norms[0]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Mpi, SharedKeyValueLayouts,
+                         ::testing::Values(Layout{"tp2", 2, {"parallel.tp=2"}},
+                                           Layout{"dp2_tp2_zero3", 4,
+                                                  {"parallel.dp=2", "parallel.tp=2", "parallel.zero=3"}},
+                                           Layout{"tp2_pp2_zero1_dynamic", 4,
+                                                  {"parallel.tp=2", "parallel.pp=2", "parallel.zero=1",
+                                                   "memory.optimizer=dynamic"}}),
+                         [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
+
+// GPT-2's block with one key/value head: the shared head's bias columns are added too.
+class SharedKeyValueBiasLayouts : public ModelLayouts {};
+
+TEST_P(SharedKeyValueBiasLayouts, LossesAndFinalModelEqualTheSingleRankRun) {
+  check({"model.kv_heads=1"}, "mqa_gpt2_", "a GPT-2 block with other parts");
+}
+
+INSTANTIATE_TEST_SUITE_P(Mpi, SharedKeyValueBiasLayouts, ::testing::Values(Layout{"tp2", 2, {"parallel.tp=2"}}),
                          [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
 
 // Bytes of each layer's flat buffer, padded for a data-parallel group of dp.
@@ -561,6 +601,31 @@ TEST_F(ParallelTraining, ALlamaCheckpointRestartsOnOtherLayoutsAndRefusesAnother
   EXPECT_NE(refused.out.find("the checkpoint holds a model with"), std::string::npos) << refused.out;
   EXPECT_NE(refused.out.find("kv_heads=2"), std::string::npos) << refused.out;
   EXPECT_NE(refused.out.find("kv_heads=4"), std::string::npos) << refused.out;
+}
+
+// A checkpoint written where two tensor-parallel ranks share the key/value head (written
+// once, by the first) restarts without tensor parallelism and on tp 2 again.
+TEST_F(ParallelTraining, ASharedKeyValueHeadsCheckpointRestartsOnOtherLayouts) {
+  auto with = [&](std::vector<std::string> sets) {
+    sets.insert(sets.begin(), kMultiQuery.begin(), kMultiQuery.end());
+    return sets;
+  };
+  const JobResult full = train(2, "mqa_reshard_tp2", with({"parallel.tp=2", "checkpoint.every=3"}));
+  ASSERT_EQ(full.code, 0) << full.out;
+  ASSERT_EQ(full.losses.size(), 5u) << full.out;
+  const std::string ckpt = dir_ + "/mqa_reshard_tp2/checkpoints/step_00000003.h5";
+  for (const auto& [name, sets] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"mqa_reshard_zero3", {"parallel.dp=2", "parallel.zero=3"}}, {"mqa_reshard_tp2_again", {"parallel.tp=2"}}}) {
+    auto s = with(sets);
+    s.push_back("checkpoint.resume=" + ckpt);
+    const JobResult r = train(2, name, s);
+    ASSERT_EQ(r.code, 0) << r.out;
+    ASSERT_EQ(r.losses.size(), 2u) << name;
+    for (std::size_t i = 0; i < 2; ++i) {
+      EXPECT_NEAR(r.losses[i], full.losses[3 + i], 1e-5 * full.losses[3 + i]) << name << " step " << 4 + i;
+    }
+    expect_same_model(final_checkpoint(name), final_checkpoint("mqa_reshard_tp2"), 3e-5, kMultiQuery);
+  }
 }
 
 }  // namespace

@@ -208,10 +208,14 @@ void select(hid_t file_space, Id& mem_space, const std::vector<Hyperslab>& piece
     return;
   }
   for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const H5S_seloper_t op = i == 0 ? H5S_SELECT_SET : H5S_SELECT_OR;
     std::vector<hsize_t> off(pieces[i].offset.begin(), pieces[i].offset.end());
     std::vector<hsize_t> cnt(pieces[i].count.begin(), pieces[i].count.end());
-    H5Sselect_hyperslab(file_space, i == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, off.data(), nullptr, cnt.data(),
-                        nullptr);
+    H5Sselect_hyperslab(file_space, op, off.data(), nullptr, cnt.data(), nullptr);
+    if (!pieces[i].local_offset.empty()) {
+      std::vector<hsize_t> at(pieces[i].local_offset.begin(), pieces[i].local_offset.end());
+      H5Sselect_hyperslab(mem_space, op, at.data(), nullptr, cnt.data(), nullptr);
+    }
   }
 }
 

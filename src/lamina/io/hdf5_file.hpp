@@ -59,14 +59,15 @@ void read(hid_t file, const std::string& path, const std::string& name, double* 
 void read(hid_t file, const std::string& path, const std::string& name, std::int32_t* out,
           const std::vector<std::int64_t>& offset = {}, const std::vector<std::int64_t>& count = {});
 
-// Part of a dataset: a rectangle at `offset` of extent `count`.
+// Part of a dataset: a rectangle at `offset` of extent `count`, and where it sits in the
+// rank's local array (empty: the pieces, taken in row-major order of the file, fill that
+// array exactly).
 struct Hyperslab {
-  std::vector<std::int64_t> offset, count;
+  std::vector<std::int64_t> offset, count, local_offset;
 };
 
 // Creates a float32 dataset of the global shape (collective: every rank, same order) and
-// writes this rank's pieces from `data`, a row-major array of `local_shape` that the
-// pieces, taken in row-major order of the file, fill exactly. No pieces: the rank takes
+// writes this rank's pieces from `data`, a row-major array of `local_shape`. No pieces: the rank takes
 // part without writing. `path` names the file in errors. The dataset is chunked with a
 // Fletcher32 checksum per chunk (HDF5 writes filtered datasets collectively since 1.10.2).
 void write_slab(hid_t file, const std::string& path, const std::string& name,

@@ -57,9 +57,10 @@ void walk_model_state(const ParamLayout& layout, ModelStateAccess& state, Buffer
         slab.global_shape = t.global_shape;
         slab.local_shape = t.shape;
         slab.data = data == nullptr ? nullptr : const_cast<float*>(data) + t.offset;
-        // Tensors every tensor-parallel rank holds whole are written by the first.
-        if (writer_rank && (!t.replicated() || state.tp_rank() == 0)) {
-          for (const SlabMap& m : t.slabs()) slab.pieces.push_back({m.global_offset, m.count});
+        // What several tensor-parallel ranks hold is written by the first copy.
+        if (writer_rank) {
+          for (const SlabMap& m : t.slabs())
+            if (m.first_copy) slab.pieces.push_back({m.global_offset, m.count, m.local_offset});
         }
         visit(slab);
       }
@@ -151,7 +152,7 @@ void read_model_state(CheckpointReader& reader, const ParamLayout& layout, Model
         slab.local_shape = t.shape;
         slab.data = held ? full.data() + t.offset : nullptr;
         if (held) {
-          for (const SlabMap& m : t.slabs()) slab.pieces.push_back({m.global_offset, m.count});
+          for (const SlabMap& m : t.slabs()) slab.pieces.push_back({m.global_offset, m.count, m.local_offset});
         }
         reader.read(slab);
       }

@@ -22,7 +22,6 @@ class ModelStateAccess {
   virtual bool holds(int layer) const = 0;
   // This rank writes the layer's pieces (one writer per piece of the global tensors).
   virtual bool writes(int layer) const = 0;
-  virtual int tp_rank() const = 0;
   // Elements of the layer's (padded) flat buffer.
   virtual std::int64_t padded(int layer) const = 0;
   // The layer's whole contents (this tensor-parallel rank's shapes) on the host.

@@ -12,10 +12,20 @@ std::int64_t TensorSpec::numel() const {
 
 namespace {
 
-// The blocks of a tensor's split dimension: global sizes (one block when none are given).
-std::vector<std::int64_t> split_blocks(const TensorSpec& t) {
-  if (!t.tp_blocks.empty()) return t.tp_blocks;
-  return {t.global_shape[static_cast<std::size_t>(t.tp_split_dim)]};
+// The blocks of a tensor's split dimension: global size and how many ranks hold each piece.
+struct Block {
+  std::int64_t size;
+  int replicas;
+  std::int64_t local(int tp_size) const { return size / (tp_size / replicas); }
+};
+
+std::vector<Block> split_blocks(const TensorSpec& t) {
+  if (t.tp_blocks.empty()) return {{t.global_shape[static_cast<std::size_t>(t.tp_split_dim)], 1}};
+  std::vector<Block> out;
+  for (std::size_t b = 0; b < t.tp_blocks.size(); ++b) {
+    out.push_back({t.tp_blocks[b], t.tp_replicas.empty() ? 1 : t.tp_replicas[b]});
+  }
+  return out;
 }
 
 }  // namespace
@@ -23,22 +33,45 @@ std::vector<std::int64_t> split_blocks(const TensorSpec& t) {
 std::vector<SlabMap> TensorSpec::slabs() const {
   const std::size_t rank = shape.size();
   if (tp_split_dim < 0) {
-    return {SlabMap{std::vector<std::int64_t>(rank, 0), std::vector<std::int64_t>(rank, 0), shape}};
+    return {SlabMap{std::vector<std::int64_t>(rank, 0), std::vector<std::int64_t>(rank, 0), shape, tp_rank == 0, tp_size}};
   }
   const auto d = static_cast<std::size_t>(tp_split_dim);
   std::vector<SlabMap> out;
   std::int64_t global_begin = 0, local_begin = 0;
-  for (const std::int64_t block : split_blocks(*this)) {
-    const std::int64_t local = block / tp_size;
-    SlabMap s{std::vector<std::int64_t>(rank, 0), std::vector<std::int64_t>(rank, 0), shape};
-    s.global_offset[d] = global_begin + tp_rank * local;
+  for (const Block& block : split_blocks(*this)) {
+    const std::int64_t local = block.local(tp_size);
+    SlabMap s{std::vector<std::int64_t>(rank, 0), std::vector<std::int64_t>(rank, 0), shape, true, block.replicas};
+    s.global_offset[d] = global_begin + (tp_rank / block.replicas) * local;
     s.local_offset[d] = local_begin;
     s.count[d] = local;
+    s.first_copy = tp_rank % block.replicas == 0;
     out.push_back(s);
-    global_begin += block;
+    global_begin += block.size;
     local_begin += local;
   }
   return out;
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> TensorSpec::runs(const SlabMap& slab) const {
+  if (tp_split_dim < 0) return {{0, numel()}};
+  const auto d = static_cast<std::size_t>(tp_split_dim);
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t k = 0; k < d; ++k) outer *= shape[k];
+  for (std::size_t k = d + 1; k < shape.size(); ++k) inner *= shape[k];
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  for (std::int64_t o = 0; o < outer; ++o) {
+    const std::int64_t first = (o * shape[d] + slab.local_offset[d]) * inner, last = first + slab.count[d] * inner;
+    if (!out.empty() && out.back().second == first) {
+      out.back().second = last;
+    } else {
+      out.emplace_back(first, last);
+    }
+  }
+  return out;
+}
+
+bool TensorSpec::has_replicated_blocks() const {
+  return tp_split_dim >= 0 && std::any_of(tp_replicas.begin(), tp_replicas.end(), [](int r) { return r > 1; });
 }
 
 std::int64_t TensorSpec::global_index(std::int64_t e) const {
@@ -51,13 +84,13 @@ std::int64_t TensorSpec::global_index(std::int64_t e) const {
   }
   const auto d = static_cast<std::size_t>(tp_split_dim);
   std::int64_t global_begin = 0, local_begin = 0;
-  for (const std::int64_t block : split_blocks(*this)) {
-    const std::int64_t local = block / tp_size;
+  for (const Block& block : split_blocks(*this)) {
+    const std::int64_t local = block.local(tp_size);
     if (idx[d] < local_begin + local) {
-      idx[d] = global_begin + tp_rank * local + (idx[d] - local_begin);
+      idx[d] = global_begin + (tp_rank / block.replicas) * local + (idx[d] - local_begin);
       break;
     }
-    global_begin += block;
+    global_begin += block.size;
     local_begin += local;
   }
   std::int64_t g = 0;
@@ -86,20 +119,26 @@ class Maker {
   Maker(int tp_size, int tp_rank) : tp_size_(tp_size), tp_rank_(tp_rank) {}
 
   // split: dimension split over tensor-parallel ranks (-1: none); blocks: the global sizes
-  // of its separately split parts (empty: one).
+  // of its separately split parts (empty: one), replicas: how many ranks share each one's
+  // piece (empty: one each).
   TensorSpec operator()(std::string name, std::vector<std::int64_t> shape, int split, bool matrix, InitKind init,
-                        std::vector<std::int64_t> blocks = {}) const {
+                        std::vector<std::int64_t> blocks = {}, std::vector<int> replicas = {}) const {
     TensorSpec t;
     t.name = std::move(name);
     t.global_shape = shape;
     t.shape = shape;
     t.tp_split_dim = tp_size_ > 1 ? split : -1;
     t.tp_blocks = std::move(blocks);
+    t.tp_replicas = std::move(replicas);
     t.tp_rank = tp_rank_;
     t.tp_size = tp_size_;
     t.is_matrix = matrix;
     t.init = init;
-    if (t.tp_split_dim >= 0) t.shape[static_cast<std::size_t>(split)] /= tp_size_;
+    if (t.tp_split_dim >= 0) {
+      std::int64_t local = 0;
+      for (const Block& b : split_blocks(t)) local += b.local(tp_size_);
+      t.shape[static_cast<std::size_t>(split)] = local;
+    }
     return t;
   }
 
@@ -115,6 +154,9 @@ ParamLayout ParamLayout::of(const ModelConfig& m, int tp_size, int tp_rank) {
   const BlockParts& parts = m.parts;
   const bool layernorm = parts.norm == NormKind::layernorm, swiglu = parts.mlp == MlpKind::swiglu;
   const Maker t(tp_size, tp_rank);
+  // Where tp exceeds the key/value heads, tp / kv_heads ranks hold each one (Megatron's).
+  const int kv_replicas = tp_size > m.key_value_heads() ? tp_size / static_cast<int>(m.key_value_heads()) : 1;
+  const std::vector<int> qkv_replicas = {1, kv_replicas, kv_replicas};
   const bool matrix = true, vector = false;
   ParamLayout p;
   std::vector<TensorSpec> embedding = {t("wte", {V, C}, 0, matrix, InitKind::normal)};
@@ -128,12 +170,16 @@ ParamLayout ParamLayout::of(const ModelConfig& m, int tp_size, int tp_rank) {
   for (std::int64_t i = 0; i < m.layers; ++i) {
     const std::string h = "h." + std::to_string(i) + ".";
     std::vector<TensorSpec> ts;
-    auto bias = [&](const std::string& name, std::int64_t n, int split, std::vector<std::int64_t> blocks = {}) {
-      if (parts.bias) ts.push_back(t(h + name, {n}, split, vector, InitKind::zeros, std::move(blocks)));
+    auto bias = [&](const std::string& name, std::int64_t n, int split, std::vector<std::int64_t> blocks = {},
+                    std::vector<int> replicas = {}) {
+      if (parts.bias) {
+        ts.push_back(t(h + name, {n}, split, vector, InitKind::zeros, std::move(blocks), std::move(replicas)));
+      }
     };
     norm(ts, h + "ln_1");
-    ts.push_back(t(h + "attn.c_attn.weight", {C, Q + 2 * KV}, 1, matrix, InitKind::normal, {Q, KV, KV}));
-    bias("attn.c_attn.bias", Q + 2 * KV, 0, {Q, KV, KV});
+    ts.push_back(t(h + "attn.c_attn.weight", {C, Q + 2 * KV}, 1, matrix, InitKind::normal, {Q, KV, KV},
+                 qkv_replicas));
+    bias("attn.c_attn.bias", Q + 2 * KV, 0, {Q, KV, KV}, qkv_replicas);
     ts.push_back(t(h + "attn.c_proj.weight", {Q, C}, 0, matrix, InitKind::scaled_normal));
     bias("attn.c_proj.bias", C, -1);
     norm(ts, h + "ln_2");

@@ -7,6 +7,7 @@
 // description.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lamina/core/config.hpp"
@@ -18,6 +19,11 @@ enum class InitKind { normal, scaled_normal, zeros, ones };
 // A rectangle of this rank's local tensor and where it sits in the global tensor.
 struct SlabMap {
   std::vector<std::int64_t> global_offset, local_offset, count;
+  // Whether this rank holds the first of the copies of the rectangle that tensor-parallel
+  // ranks hold (a replicated tensor's, or a replicated K/V head's): it is written and
+  // counted in the gradient norm by that copy alone.
+  bool first_copy = true;
+  int copies = 1;  // how many tensor-parallel ranks hold it
 };
 
 struct TensorSpec {
@@ -28,6 +34,9 @@ struct TensorSpec {
   // The global sizes of the blocks of the split dimension that split separately ([q|k|v]:
   // three, unequal with grouped-query attention); empty: one block.
   std::vector<std::int64_t> tp_blocks;
+  // How many tensor-parallel ranks hold each block's piece (Megatron's K/V heads where tp
+  // exceeds kv_heads: tp / kv_heads ranks share one); empty: one each.
+  std::vector<int> tp_replicas;
   int tp_rank = 0, tp_size = 1;
   bool is_matrix = false;                  // matrices and embeddings decay; biases and gains on request
   InitKind init = InitKind::zeros;
@@ -37,6 +46,10 @@ struct TensorSpec {
   bool replicated() const { return tp_split_dim < 0; }
   // One slab per block of the split dimension (one for an unsplit tensor).
   std::vector<SlabMap> slabs() const;
+  // The runs [first, last) of local flat indices a slab covers.
+  std::vector<std::pair<std::int64_t, std::int64_t>> runs(const SlabMap& slab) const;
+  // Whether some block's piece is held by several tensor-parallel ranks.
+  bool has_replicated_blocks() const;
   // Flat index in the global tensor of flat index `e` of the local piece.
   std::int64_t global_index(std::int64_t e) const;
 };

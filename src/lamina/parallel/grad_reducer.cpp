@@ -25,7 +25,51 @@ void add(const Exec& exec, float* dst, const float* src, std::int64_t n) {
                        AccumulateShard{dev(dst, n), dev(const_cast<float*>(src), n)});
 }
 
+// One replicated piece of a full gradient into its place in the group's buffer (zeros in
+// the other pieces' places), and back.
+struct PackPiece {
+  DeviceView full, packed;
+  ReplicatedPiece p;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
+    const std::int64_t n = p.rows * p.cols, k = i / n, row = (i % n) / p.cols, col = i % p.cols;
+    packed(i) = k == p.piece ? full(p.offset + row * p.stride + col) : 0.0f;
+  }
+};
+struct UnpackPiece {
+  DeviceView full, packed;
+  ReplicatedPiece p;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
+    full(p.offset + (i / p.cols) * p.stride + i % p.cols) = packed(p.piece * p.rows * p.cols + i);
+  }
+};
+
 }  // namespace
+
+std::vector<ReplicatedPiece> replicated_pieces(const LayerSpec& layer) {
+  std::vector<ReplicatedPiece> out;
+  for (const TensorSpec& t : layer.tensors) {
+    if (!t.has_replicated_blocks()) continue;
+    for (const SlabMap& m : t.slabs()) {
+      if (m.copies == 1) continue;
+      const auto runs = t.runs(m);
+      ReplicatedPiece p;
+      p.offset = t.offset + runs.front().first;
+      p.rows = static_cast<std::int64_t>(runs.size());
+      p.cols = runs.front().second - runs.front().first;
+      p.stride = runs.size() > 1 ? runs[1].first - runs[0].first : p.cols;
+      p.piece = t.tp_rank / m.copies;
+      p.pieces = t.tp_size / m.copies;
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+std::int64_t replica_sum_elements(const LayerSpec& layer) {
+  std::int64_t n = 0;
+  for (const ReplicatedPiece& p : replicated_pieces(layer)) n += p.packed();
+  return n;
+}
 
 GradientReducer::GradientReducer(MemoryTracker& tracker, const ParamLayout& layout, const ProcessGrid& grid,
                                  const std::vector<int>& held, int zero, Precision precision, std::int64_t bucket,
@@ -41,17 +85,31 @@ GradientReducer::GradientReducer(MemoryTracker& tracker, const ParamLayout& layo
       s.grad_shard = Buffer<float, DeviceMem>(tracker, MemCategory::gradients, "lamina::grad_shard_" + spec.name, n.shard);
     }
     slots_.emplace(l, std::move(s));
+    replicated_[l] = replicated_pieces(spec);
   }
+  std::int64_t sums = 0;
+  for (const int l : held) sums = std::max(sums, replica_sum_elements(layout.layers()[static_cast<std::size_t>(l)]));
+  if (sums > 0) replica_sums_ = Buffer<float, DeviceMem>(tracker, MemCategory::communication, "lamina::replica_sums", sums);
   // The elements this rank is the one owner of, every tensor's piece of them, summed in one
   // reduction per step.
   std::vector<Span> spans;
   for (const auto& [l, s] : slots_) {
     if (l == 0 && !grid_.first_stage()) continue;  // the last stage's copy of the tied embedding
     const std::int64_t begin = grid_.dp_rank() * s.shard.shard, end = std::min(s.shard.numel, begin + s.shard.shard);
-    for (const TensorSpec& t : layout_.layers()[static_cast<std::size_t>(l)].tensors) {
-      if (t.replicated() && grid_.tp_rank() != 0) continue;
-      const std::int64_t b = std::max(begin, t.offset), e = std::min(end, t.offset + t.numel());
+    const auto add_span = [&](std::int64_t first, std::int64_t last) {
+      const std::int64_t b = std::max(begin, first), e = std::min(end, last);
       if (b < e) spans.push_back({zero_ <= 1 ? s.grads.data() + b : s.grad_shard.data() + (b - begin), e - b});
+    };
+    for (const TensorSpec& t : layout_.layers()[static_cast<std::size_t>(l)].tensors) {
+      const std::vector<SlabMap> slabs = t.slabs();
+      if (std::all_of(slabs.begin(), slabs.end(), [](const SlabMap& m) { return m.first_copy; })) {
+        add_span(t.offset, t.offset + t.numel());
+        continue;
+      }
+      for (const SlabMap& m : slabs) {
+        if (!m.first_copy) continue;
+        for (const auto& [first, last] : t.runs(m)) add_span(t.offset + first, t.offset + last);
+      }
     }
   }
   norm_ = SpansSumOfSquares<Exec>(spans);
@@ -78,8 +136,32 @@ float* GradientReducer::grads(int layer) const {
   return zero_ < 2 ? s.grads.data() : s.full_grads;
 }
 
+void GradientReducer::sum_replicas(int layer, float* full) {
+  const std::vector<ReplicatedPiece>& pieces = replicated_.at(layer);
+  if (pieces.empty()) return;
+  const Exec exec;
+  const Slot& s = slot(layer);
+  const DeviceView grads = dev(full, s.shard.padded);
+  std::int64_t n = 0;
+  for (const ReplicatedPiece& p : pieces) {
+    Kokkos::parallel_for("lamina::pack_replicated_grads", Range<Exec>(exec, 0, p.packed()),
+                         PackPiece{grads, dev(replica_sums_.data() + n, p.packed()), p});
+    n += p.packed();
+  }
+  exec.fence();
+  grid_.tp().allreduce(replica_sums_.data(), n, ReduceOp::sum);
+  n = 0;
+  for (const ReplicatedPiece& p : pieces) {
+    Kokkos::parallel_for("lamina::unpack_replicated_grads", Range<Exec>(exec, 0, p.rows * p.cols),
+                         UnpackPiece{grads, dev(replica_sums_.data() + n, p.packed()), p});
+    n += p.packed();
+  }
+  exec.fence();  // the data-parallel reduction reads them next
+}
+
 Completion GradientReducer::reduce(int layer) {
   Slot& s = slot(layer);
+  sum_replicas(layer, zero_ < 2 ? s.grads.data() : s.full_grads);
   Completion done;
   if (zero_ == 0) {
     // Subgroup-sized buckets keep messages bounded.

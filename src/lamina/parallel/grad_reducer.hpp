@@ -8,6 +8,9 @@
 //            the micro-batches between two reductions and return to it once reduce-scattered
 // One reduce-scatter is in flight at a time (it holds a full-size buffer). The first and
 // last pipeline stages both hold the tied token embedding and add their halves in sync().
+// A piece that several tensor-parallel ranks hold (a K/V head where tp exceeds kv_heads)
+// has on each holder the gradient of its own query heads alone: the holders add theirs
+// before the data-parallel reduction, so that every copy updates alike.
 #include <cstdint>
 #include <map>
 #include <vector>
@@ -28,6 +31,19 @@ struct StoredGrads {
   }
 };
 
+// A layer's pieces that several tensor-parallel ranks hold, as rows of its flat buffer.
+struct ReplicatedPiece {
+  std::int64_t offset = 0;               // flat index of the first row's first element
+  std::int64_t rows = 0, cols = 0, stride = 0;
+  int piece = 0, pieces = 1;             // this rank's piece, of how many distinct ones
+  std::int64_t packed() const { return pieces * rows * cols; }
+};
+std::vector<ReplicatedPiece> replicated_pieces(const LayerSpec& layer);
+// Elements of the buffer in which a layer's replicated pieces are summed: every piece of
+// the group in its place, so that one all-reduce over the tensor-parallel group adds the
+// copies of each.
+std::int64_t replica_sum_elements(const LayerSpec& layer);
+
 class GradientReducer {
  public:
   using Exec = DeviceExec;
@@ -46,8 +62,9 @@ class GradientReducer {
   float* grads(int layer) const;
 
   // Starts the data-parallel reduction of a layer's gradients (non-blocking), whose
-  // backward the caller has waited for; the completion adds a reduce-scattered shard into
-  // the accumulator and gives the buffers back.
+  // backward the caller has waited for, after adding the copies of its replicated pieces
+  // (blocking); the completion adds a reduce-scattered shard into the accumulator and
+  // gives the buffers back.
   Completion reduce(int layer);
   // Adds the tied embedding's two halves (pp > 1), once every reduction is done.
   void sync_embedding();
@@ -66,6 +83,7 @@ class GradientReducer {
     float* full_grads = nullptr;  // ZeRO >= 2: the accumulator until reduced
   };
   Slot& slot(int layer) { return slots_.at(layer); }
+  void sum_replicas(int layer, float* full);
   const Slot& slot(int layer) const { return slots_.at(layer); }
 
   const ParamLayout& layout_;
@@ -73,6 +91,8 @@ class GradientReducer {
   int zero_;
   std::int64_t bucket_;
   std::map<int, Slot> slots_;
+  std::map<int, std::vector<ReplicatedPiece>> replicated_;
+  Buffer<float, DeviceMem> replica_sums_;
   DevicePools& pools_;
   Exec follow_up_;  // where a reduce-scatter's shard is added into the accumulator
   SpansSumOfSquares<Exec> norm_;

@@ -47,8 +47,6 @@ LayerParams RankState::widened(int layer, const Vec<Exec>& vectors) const {
 
 bool RankState::writes(int layer) const { return grid_.dp_rank() == 0 && (layer != 0 || grid_.first_stage()); }
 
-int RankState::tp_rank() const { return grid_.tp_rank(); }
-
 void RankState::init(std::uint64_t seed) {
   std::vector<float> full;
   for (const auto& [l, opt] : optimizers_) {

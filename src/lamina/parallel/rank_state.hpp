@@ -67,7 +67,6 @@ class RankState : public ModelStateAccess {
   // ModelStateAccess (checkpoints).
   bool holds(int layer) const override { return store_->holds(layer); }
   bool writes(int layer) const override;
-  int tp_rank() const override;
   std::int64_t padded(int layer) const override { return store_->shard(layer).padded; }
   const float* assemble(int layer, CheckpointPart part, std::vector<float>& out) override;
   void scatter(int layer, CheckpointPart part, const std::vector<float>& full) override;

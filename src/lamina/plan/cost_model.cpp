@@ -6,6 +6,7 @@
 
 #include "lamina/model/gpt_activations.hpp"
 #include "lamina/model/param_layout.hpp"
+#include "lamina/parallel/grad_reducer.hpp"
 #include "lamina/parallel/shard.hpp"
 
 namespace lamina {
@@ -25,7 +26,10 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
                      const std::vector<MeasuredCosts>& measured, const ParamLayout& layout)
     : model_(model), plan_(plan), machine_(machine), bf16_(plan.precision == Precision::bf16) {
   const ParallelLayout& o = plan.layout;
-  for (const LayerSpec& l : layout.layers()) numel_.push_back(static_cast<double>(l.numel));
+  for (const LayerSpec& l : layout.layers()) {
+    numel_.push_back(static_cast<double>(l.numel));
+    replica_sums_.push_back(static_cast<double>(replica_sum_elements(l)));
+  }
   const Dims d = Dims::shape(model, o.micro_batch_size, o.tp, 0);
   inner_ = static_cast<double>(activation_sizes(d).inner);
 
@@ -184,14 +188,23 @@ double CostModel::checkpoint_copy(bool to_host) const {
   return bytes / host_link(to_host);
 }
 
+double CostModel::replica_sum_bytes(int layer) const {
+  const double tp = plan_.layout.tp;
+  return 2.0 * (tp - 1) / tp * 4.0 * replica_sums_[static_cast<std::size_t>(layer)];
+}
+
 double CostModel::reduce(int layer) const {
   const ParallelLayout& o = plan_.layout;
-  if (o.dp == 1) return 0.0;
+  // Replicated K/V heads' copies are added over the tensor-parallel group first.
+  const double replicas = replica_sums_[static_cast<std::size_t>(layer)] > 0
+                              ? collective(replica_sum_bytes(layer), 2 * (o.tp - 1), o.tp)
+                              : 0.0;
+  if (o.dp == 1) return replicas;
   const double dp = o.dp;
   const double bytes = 4.0 * static_cast<double>(LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.dp, bf16_).padded);
   // ZeRO-0 all-reduces; ZeRO-1+ reduce-scatters (half the volume).
-  return o.zero == 0 ? collective(2 * (dp - 1) / dp * bytes, 2 * (o.dp - 1), o.dp * o.tp)
-                     : collective((dp - 1) / dp * bytes, o.dp - 1, o.dp * o.tp);
+  return replicas + (o.zero == 0 ? collective(2 * (dp - 1) / dp * bytes, 2 * (o.dp - 1), o.dp * o.tp)
+                                 : collective((dp - 1) / dp * bytes, o.dp - 1, o.dp * o.tp));
 }
 
 double CostModel::flush(int layer) const {
@@ -322,6 +335,7 @@ std::map<std::string, double> CostModel::traffic(const std::vector<Instruction>&
         if (o.zero == 3) bytes["dp"] += (dp - 1) / dp * static_cast<double>(shard(i.layer).padded) * param_bytes();
         break;
       case Op::reduce_grads:
+        bytes["tp"] += replica_sum_bytes(i.layer);
         bytes["dp"] += (o.zero == 0 ? 2.0 : 1.0) * (dp - 1) / dp * 4.0 * static_cast<double>(shard(i.layer).padded);
         break;
       case Op::sync_grads:

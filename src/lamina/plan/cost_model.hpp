@@ -84,8 +84,10 @@ class CostModel {
   // Bytes per second of one device's copies to or from the host: its link, or its share of
   // the host memory's bandwidth, which the node's devices copy through together.
   double host_link(bool to_host) const;
-  // The data-parallel reduction of a layer's gradients.
+  // The data-parallel reduction of a layer's gradients, after adding the copies of its
+  // replicated K/V heads over the tensor-parallel group.
   double reduce(int layer) const;
+  double replica_sum_bytes(int layer) const;  // per rank, the all-reduce of its replicated K/V heads
   // The layer's owned gradients to the host.
   double flush(int layer) const;
   // AdamW on n parameters at a site (device subgroups of a host-resident layer include
@@ -117,6 +119,7 @@ class CostModel {
   MachineSpec machine_;
   bool bf16_;
   std::vector<double> numel_;  // per parameter-layout layer, this rank's tensor-parallel piece
+  std::vector<double> replica_sums_;  // per layer, the elements its replicated K/V heads add (replica_sum_elements)
   std::map<int, std::vector<std::int64_t>> subgroups_;  // per layer: subgroup sizes
   std::map<int, std::int64_t> host_elements_;           // per layer: elements updated on the host
   double inner_ = 0.0;         // floats of a block's inner activations per micro-batch

@@ -91,6 +91,9 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
   // Buffers that live the whole run: the layers' state.
   Footprint f;
   for (int l : held) f += layer_state(shard(l), plan.layer(l), o.zero, plan.precision);
+  std::int64_t replica_sums = 0;  // the gradient reducer's buffer for replicated K/V heads
+  for (int l : held) replica_sums = std::max(replica_sums, replica_sum_elements(layout.layers()[static_cast<std::size_t>(l)]));
+  f.add(dev, MemCategory::communication, 4 * replica_sums);
 
   // Buffers that live part of a step: the pools' peaks as the simulator replays the step,
   // the update and a checkpoint.

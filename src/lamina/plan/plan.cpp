@@ -121,10 +121,13 @@ Plan plan_from_deck(const Deck& deck, int world) {
     error("parallel.tp", strprintf("model.heads = %lld must be divisible by tp = %d (each rank takes whole heads)",
                                    ll(m.heads), o.tp));
   }
-  if (o.tp > 1 && m.heads % o.tp == 0 && m.key_value_heads() % o.tp != 0) {
-    error("parallel.tp", strprintf("model.kv_heads = %lld must be divisible by tp = %d (each rank takes whole key/value "
-                                   "heads; replicating them where tp exceeds kv_heads is not supported yet)",
-                                   ll(m.key_value_heads()), o.tp));
+  // Each rank takes whole key/value heads, or, where tp exceeds them, one that tp / kv_heads
+  // ranks share (Megatron's replication).
+  const std::int64_t kv = m.key_value_heads();
+  if (o.tp > 1 && m.heads % o.tp == 0 && kv % o.tp != 0 && o.tp % kv != 0) {
+    error("parallel.tp", strprintf("model.kv_heads = %lld and tp = %d: one must divide the other (each rank takes "
+                                   "whole key/value heads, or one that tp / kv_heads ranks share)",
+                                   ll(kv), o.tp));
   }
   if (o.tp > 1 && m.mlp_hidden() % o.tp != 0) {
     error("model.ffn_hidden", strprintf("%lld is not divisible by parallel.tp = %d (the MLP is split by columns)",

@@ -342,7 +342,12 @@ std::vector<ParallelLayout> layouts(const Deck& deck, int ranks, const Freedom& 
   std::vector<ParallelLayout> out;
   const std::vector<int> tps = f.has("parallel.tp") ? divisors(ranks, machine.devices_per_node) : std::vector<int>{static_cast<int>(p.tp)};
   for (const int tp : tps) {
-    if (m.heads % tp != 0 || m.vocab_size % tp != 0 || ranks % tp != 0) continue;
+    // Whole query heads, whole (or shared) key/value heads, MLP columns, vocabulary rows.
+    const std::int64_t kv = m.key_value_heads();
+    if (m.heads % tp != 0 || (kv % tp != 0 && tp % kv != 0) || m.mlp_hidden() % tp != 0 || m.vocab_size % tp != 0 ||
+        ranks % tp != 0) {
+      continue;
+    }
     const std::vector<int> pps = f.has("parallel.pp") ? divisors(ranks / tp, m.layers) : std::vector<int>{static_cast<int>(p.pp)};
     for (const int pp : pps) {
       if ((ranks / tp) % pp != 0) continue;
@@ -767,7 +772,8 @@ std::string no_layout_message(const Deck& deck, const MachineSpec& machine, cons
   const std::string batch = options.batch_cap > 0 ? strprintf("at most %lld", static_cast<long long>(options.batch_cap))
                                                   : strprintf("%lld", static_cast<long long>(deck.data.batch_size));
   return strprintf("no layout of %d rank(s) splits this model and batch: dp x tp x pp must be %d, with tp dividing "
-                   "the %lld heads and the vocabulary of %lld and at most the %d device(s) of a node, pp at most the "
+                   "the %lld heads, the MLP width and the vocabulary of %lld (and the key/value heads, or a multiple of "
+                   "them) and at most the %d device(s) of a node, pp at most the "
                    "%lld layers, and dp x micro-batch dividing the batch of %s sequences%s; %s",
                    options.ranks, options.ranks, static_cast<long long>(m.heads), static_cast<long long>(m.vocab_size),
                    machine.devices_per_node, static_cast<long long>(m.layers), batch.c_str(),

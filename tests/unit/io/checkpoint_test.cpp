@@ -88,6 +88,22 @@ TEST_F(CheckpointFiles, RoundTripKeepsTensorsAndMetadataExactly) {
   EXPECT_EQ(row, (std::vector<float>{a[3], a[4], a[5]}));
 }
 
+// A rank that writes some of its local array only (the first copy of a piece other ranks
+// also hold is written by that copy): each piece says where it sits locally.
+TEST_F(CheckpointFiles, PiecesWrittenFromWhereTheySitInTheLocalArray) {
+  // Local (2, 3): columns 0 and 2 are this rank's, column 1 another rank's to write.
+  std::vector<float> local = {1, -7, 2, 3, -7, 4};
+  const std::string path = write_one(
+      dir_, 1,
+      {{"model/a", {2, 4}, {h5::Hyperslab{{0, 1}, {2, 1}, {0, 0}}, h5::Hyperslab{{0, 3}, {2, 1}, {0, 2}}}, {2, 3},
+        local.data()}},
+      1);
+  CheckpointReader r(path, MPI_COMM_WORLD);
+  std::vector<float> all(8, -1);
+  r.read(whole("model/a", {2, 4}, all.data()));
+  EXPECT_EQ(all, (std::vector<float>{0, 1, 0, 2, 0, 3, 0, 4}));  // never written: HDF5's fill value
+}
+
 // GPT-2 models keep the signature their checkpoints always had; any other block adds its
 // parts, and the signature reads back into the same model.
 TEST(ModelSignature, NamesTheBlocksPartsBeyondGpt2sAndReadsBack) {

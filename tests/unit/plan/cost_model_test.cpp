@@ -178,6 +178,20 @@ TEST(CostModel, CollectivesUseTheLinkTheirGroupSpans) {
   EXPECT_DOUBLE_EQ(c.reduce(1), c.collective(2.0 * 3 / 4 * 4 * padded, 6, 8));
 }
 
+// Where tp exceeds the key/value heads, the reduction first adds the copies of each over
+// the tensor-parallel group: one all-reduce of every head's K and V columns.
+TEST(CostModel, SharedKeyValueHeadsAddTheirCopiesOverTheTensorParallelGroup) {
+  ModelConfig m = model();
+  m.kv_heads = 4;
+  const CostModel whole(m, plan(1, 4, 1, Precision::bf16), machine());  // a head per rank
+  EXPECT_DOUBLE_EQ(whole.reduce(1), 0.0);
+  const CostModel shared(m, plan(1, 8, 1, Precision::bf16), machine());  // two ranks per head
+  const double packed = 2 * 4 * (1024 + 1) * 64;  // K and V: 4 heads of 64 columns, C weight rows and the bias
+  EXPECT_DOUBLE_EQ(shared.replica_sum_bytes(1), 2.0 * 7 / 8 * 4 * packed);
+  EXPECT_DOUBLE_EQ(shared.reduce(1), shared.collective(2.0 * 7 / 8 * 4 * packed, 14, 8));
+  EXPECT_DOUBLE_EQ(shared.reduce(0), 0.0);  // the embedding has none
+}
+
 TEST(CostModel, AdamWOnTheDeviceMovesTwentyEightBytesPerParameter) {
   const CostModel c(model(), plan(1, 1, 1, Precision::fp32), machine());
   EXPECT_DOUBLE_EQ(c.update(1000000, UpdateSite::device, false), 28e6 / (2e12 * 0.5));

@@ -78,6 +78,14 @@ TEST(Plan, LayoutProblemsPointAtTheKeyToChange) {
   EXPECT_NE(both.find("parallel.layered: layered gradient accumulation runs each layer"), std::string::npos) << both;
 }
 
+// Each tensor-parallel rank takes whole key/value heads or shares one: tp 4 over 2 heads
+// plans (two ranks a head), tp 6 over 4 heads of 12 queries does not.
+TEST(Plan, TensorParallelismTakesWholeKeyValueHeadsOrSharesThem) {
+  EXPECT_EQ(error_of({"model.kv_heads=2", "parallel.tp=4"}, 8), "(no error)");
+  const std::string e = error_of({"model.d_model=48", "model.heads=12", "model.kv_heads=4", "parallel.tp=6"}, 12);
+  EXPECT_NE(e.find("parallel.tp: model.kv_heads = 4 and tp = 6: one must divide the other"), std::string::npos) << e;
+}
+
 TEST(Plan, ABatchThatMicroBatchesDoNotDivideIsADeckError) {
   const std::string e = error_of({"data.micro_batch_size=3"});
   EXPECT_NE(e.find("deck.toml:9:14: data.batch_size: 8 is not a multiple of micro_batch_size x parallel.dp = 3 x 1"),
