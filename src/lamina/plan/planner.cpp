@@ -772,8 +772,8 @@ std::string no_layout_message(const Deck& deck, const MachineSpec& machine, cons
   const std::string batch = options.batch_cap > 0 ? strprintf("at most %lld", static_cast<long long>(options.batch_cap))
                                                   : strprintf("%lld", static_cast<long long>(deck.data.batch_size));
   return strprintf("no layout of %d rank(s) splits this model and batch: dp x tp x pp must be %d, with tp dividing "
-                   "the %lld heads, the MLP width and the vocabulary of %lld (and the key/value heads, or a multiple of "
-                   "them) and at most the %d device(s) of a node, pp at most the "
+                   "the %lld heads, the MLP width and the vocabulary of %lld, a divisor or a multiple of the key/value "
+                   "heads, and at most the %d device(s) of a node, pp at most the "
                    "%lld layers, and dp x micro-batch dividing the batch of %s sequences%s; %s",
                    options.ranks, options.ranks, static_cast<long long>(m.heads), static_cast<long long>(m.vocab_size),
                    machine.devices_per_node, static_cast<long long>(m.layers), batch.c_str(),

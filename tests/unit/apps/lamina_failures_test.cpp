@@ -296,8 +296,8 @@ TEST_F(CliFailures, MessagesNameTheSetArgumentTheRangeAndTheRankCountsThatWork) 
   const std::string dgx = std::string(LAMINA_SOURCE_DIR) + "/inputs/machines/dgx-a100-80gb.toml";
   expect_exit2_with(run("plan " + deck + " --ranks 3 --machine " + dgx),
                     "no layout of 3 rank(s) splits this model and batch: dp x tp x pp must be 3, with tp dividing the "
-                    "2 heads and the vocabulary of 64 and at most the 8 device(s) of a node, pp at most the 2 layers, "
-                    "and dp x micro-batch dividing the batch of 4 sequences; rank counts that have layouts: 1, 2, 4, 8, 16");
+                    "2 heads, the MLP width and the vocabulary of 64, a divisor or a multiple of the key/value heads, "
+                    "and at most the 8 device(s) of a node, pp at most the 2 layers, and dp x micro-batch dividing the batch of 4 sequences; rank counts that have layouts: 1, 2, 4, 8, 16");
 }
 
 }  // namespace
