@@ -396,6 +396,21 @@ TEST_F(ParallelTraining, DataParallelTrafficIsOneAllReduceOfTheGradients) {
   for (const auto& step : r.comm) EXPECT_DOUBLE_EQ(step.at("dp"), all * 2 * (2 - 1) / 2);
 }
 
+// A tied embedding's two halves are added across the pipeline's ends every step (an
+// all-reduce of its gradient: its bytes, over two ranks); an untied model's last stage holds
+// no embedding, and the pipeline carries the messages alone.
+TEST_F(ParallelTraining, AnUntiedPipelineAddsNoEmbeddingAcrossItsEnds) {
+  std::vector<std::string> tied = kLlama, untied = kLlama;
+  tied.push_back("parallel.pp=2");
+  untied.insert(untied.end(), {"parallel.pp=2", "model.tie_embeddings=false"});
+  const JobResult a = train(2, "sync_tied", tied), b = train(2, "sync_untied", untied);
+  ASSERT_EQ(a.code, 0) << a.out;
+  ASSERT_EQ(b.code, 0) << b.out;
+  ASSERT_EQ(a.comm.size(), b.comm.size());
+  const double embedding = 4.0 * 64 * 32;  // wte (vocabulary 64, width 32), fp32 gradients
+  for (std::size_t i = 0; i < a.comm.size(); ++i) EXPECT_DOUBLE_EQ(a.comm[i].at("pp") - b.comm[i].at("pp"), embedding);
+}
+
 TEST_F(ParallelTraining, LayeredAccumulationCutsZero3TrafficByTheMicroBatches) {
   const int M = 2;  // batch 8 = dp 2 x micro-batch 2 x 2 micro-batches
   const JobResult depth = train(2, "bytes_zero3", {"parallel.dp=2", "parallel.zero=3"});

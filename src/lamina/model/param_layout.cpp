@@ -198,6 +198,7 @@ ParamLayout ParamLayout::of(const ModelConfig& m, int tp_size, int tp_rank) {
   // An untied output layer is vocabulary-parallel, as the embedding.
   if (!m.tie_embeddings) head.push_back(t("lm_head", {V, C}, 0, matrix, InitKind::normal));
   p.layers_.push_back(make_layer("ln_f", std::move(head)));
+  p.tied_ = m.tie_embeddings;
   return p;
 }
 

@@ -84,6 +84,8 @@ class ParamLayout {
   int num_layers() const { return static_cast<int>(layers_.size()); }
   int block_layer(std::int64_t block) const { return static_cast<int>(block) + 1; }
   int final_layer() const { return num_layers() - 1; }
+  // Whether the head reads the token embedding (no lm_head of its own).
+  bool tied_embeddings() const { return tied_; }
   std::int64_t total_numel() const;
   // Returns false when no tensor has this name.
   bool find(const std::string& name, int& layer, const TensorSpec*& spec) const;
@@ -94,6 +96,7 @@ class ParamLayout {
 
  private:
   std::vector<LayerSpec> layers_;
+  bool tied_ = true;
 };
 
 }  // namespace lamina

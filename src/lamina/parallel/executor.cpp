@@ -180,7 +180,7 @@ void Executor::forward(const Chunk& c, int layer, int mb, int buffer, const Micr
   if (layer == 0) {
     range_embed_forward(exec, state_.embedding_weights(), a, ws, tp_);
   } else if (layer == final_) {
-    range_head_forward(exec, state_.embedding_weights(), state_.final_weights(ws.vectors), a, ws, tp_);
+    range_head_forward(exec, head_embedding(), state_.final_weights(ws.vectors), a, ws, tp_);
     sum_losses(exec, a.head, Kokkos::subview(losses_, static_cast<std::size_t>(mb)));
   } else {
     // Inner activations, written as stored: into the slot (keep), a scratch (recompute:
@@ -222,6 +222,10 @@ InnerActs Executor::restored(const LayerRangeActs<Exec>& a, std::int64_t b, int 
   return staging(buffer);
 }
 
+EmbeddingWeights<Executor::Exec> Executor::head_embedding() const {
+  return schedule_.spec().tied_embeddings ? state_.embedding_weights() : EmbeddingWeights<Exec>{};
+}
+
 void Executor::backward(const Chunk& c, int layer, int mb, int buffer, float loss_scale) {
   const Exec exec;
   LayerRangeActs<Exec>& a = slot(c.index, mb);
@@ -230,10 +234,11 @@ void Executor::backward(const Chunk& c, int layer, int mb, int buffer, float los
   // the tied embedding's collects from the head to the lookup.
   const Workspace<Exec>& ws = ws_.ws;
   if (layer == final_) {
-    grads.begin(0);
+    const bool tied = schedule_.spec().tied_embeddings;
+    if (tied) grads.begin(0);
     grads.begin(final_);
-    range_head_backward(exec, state_.embedding_grads(), state_.final_grads(), state_.embedding_weights(),
-                        state_.final_weights(ws.vectors), a, a.dres, ws, loss_scale, tp_);
+    range_head_backward(exec, tied ? state_.embedding_grads() : EmbeddingTensors<Exec>{}, state_.final_grads(),
+                        head_embedding(), state_.final_weights(ws.vectors), a, a.dres, ws, loss_scale, tp_);
   } else if (layer == 0) {
     grads.begin(0);
     embed_backward(exec, state_.embedding_grads(), a.dres, a.inputs, a.token_runs(), dims_);  // needs no parameters

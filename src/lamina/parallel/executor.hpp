@@ -110,6 +110,9 @@ class Executor {
   Completion execute_update(const Instruction& i, const AdamWStep& step);
   float* outgoing_buffer(std::int64_t n);
   LayerRangeActs<Exec>& slot(int chunk, int mb);
+  // The token embedding as the head reads it: tied, the embedding; untied, none (the
+  // head's own lm_head is in the final layer, and this stage need not hold layer 0).
+  EmbeddingWeights<Exec> head_embedding() const;
   void take(const PoolEvent& e);
   void give(const PoolEvent& e);
   int first_layer(const Chunk& c) const { return c.embedding ? 0 : static_cast<int>(c.first_block) + 1; }

@@ -194,7 +194,7 @@ Completion GradientReducer::reduce(int layer) {
 }
 
 void GradientReducer::sync_embedding() {
-  if (grid_.pp_size() <= 1 || !slots_.count(0)) return;
+  if (grid_.pp_size() <= 1 || !layout_.tied_embeddings() || !slots_.count(0)) return;
   // The tied embedding: the first stage has the lookup's gradient, the last the head's
   // (the instruction waits for every reduction, which waited for the backward passes).
   Slot& s = slot(0);

@@ -66,7 +66,7 @@ class GradientReducer {
   // (blocking); the completion adds a reduce-scattered shard into the accumulator and
   // gives the buffers back.
   Completion reduce(int layer);
-  // Adds the tied embedding's two halves (pp > 1), once every reduction is done.
+  // Adds the tied embedding's two halves (pp > 1, tied), once every reduction is done.
   void sync_embedding();
   // The reduced gradients of the owned elements, device memory, at the first owned element.
   const float* owned(int layer) const;

@@ -291,7 +291,7 @@ class StageBuilder {
       auto read_of = [&](const ChunkStep& x) {
         const Chunk& xc = part.chunk(x.chunk);
         std::vector<int> ls = s_.layers_of(xc);
-        if (!x.forward && xc.embedding && !xc.head) ls.erase(ls.begin());
+        if (!x.forward && xc.embedding && !(xc.head && spec_.tied_embeddings)) ls.erase(ls.begin());
         return ls;
       };
       // The first step of the run after this one (order.size(): none).
@@ -330,7 +330,8 @@ class StageBuilder {
         if (forward) {
           first.push_back(c.embedding ? 0 : static_cast<int>(c.first_block) + 1);
         } else if (c.head) {
-          first = {0, s_.final_layer()};
+          if (spec_.tied_embeddings) first.push_back(0);
+          first.push_back(s_.final_layer());
         } else {
           first.push_back(static_cast<int>(c.last_block));
         }
@@ -455,7 +456,7 @@ class StageBuilder {
       if (reads_params && !resident(layer)) i.after.push_back(fetch_.at(layer));
     };
     if (l == head) {
-      needs(0);
+      if (spec_.tied_embeddings) needs(0);
       needs(head);
     } else {
       needs(l);
@@ -535,6 +536,7 @@ class StageBuilder {
 
   void forward(const Chunk& c, int mb) {
     const int head = s_.final_layer();
+    const bool tied = spec_.tied_embeddings;
     if (c.embedding) {
       use(0);
       compute(Op::forward, c, 0, mb);
@@ -562,22 +564,23 @@ class StageBuilder {
       unuse(l);
     }
     if (c.head) {
-      use(0);
+      if (tied) use(0);
       use(head);
       compute(Op::forward, c, head, mb);
-      unuse(0);
+      if (tied) unuse(0);
       unuse(head);
     }
   }
 
   void backward(const Chunk& c, int mb, bool reduce) {
     const int head = s_.final_layer();
+    const bool tied = spec_.tied_embeddings;
     const bool final = mb == spec_.layout.micro_batches - 1;
     if (c.head) {
-      use(0);
+      if (tied) use(0);
       use(head);
       compute(Op::backward, c, head, mb);
-      unuse(0);
+      if (tied) unuse(0);
       unuse(head);
       if (reduce) reduce_layer(head, final);
     }
@@ -596,8 +599,11 @@ class StageBuilder {
       if (reduce) reduce_layer(l, final);
     }
     if (c.embedding) compute(Op::backward, c, 0, mb);  // needs no parameters
-    if (reduce && (c.embedding || c.head)) reduce_layer(0, final);
+    if (reduce && (c.embedding || (c.head && tied))) reduce_layer(0, final);
   }
+
+  // Whether the pipeline's two ends add their halves of the tied embedding's gradient.
+  bool synced_embedding() const { return spec_.layout.pp > 1 && spec_.tied_embeddings; }
 
   // A layer used by several local chunks (the tied embedding) is reduced after the last.
   void reduce_layer(int l, bool final) {
@@ -614,7 +620,7 @@ class StageBuilder {
     // other pipeline end's part (sync_grads).
     for (int f : final_) flush(f);
     final_.clear();
-    if (final && host_updated(l) && !(l == 0 && spec_.layout.pp > 1)) final_.push_back(l);
+    if (final && host_updated(l) && !(l == 0 && synced_embedding())) final_.push_back(l);
   }
   void flush(int l) {
     Instruction i = make(Op::flush_grads, Stream::device_to_host, -1, l, -1);
@@ -778,7 +784,7 @@ class StageBuilder {
         }
         break;
       case Op::sync_grads:
-        if (spec_.layout.pp > 1 && users_.count(0)) write(owned_grads(0));
+        if (synced_embedding() && users_.count(0)) write(owned_grads(0));
         break;
       case Op::flush_grads:
         read(owned_grads(l));
@@ -897,7 +903,7 @@ std::string layer_name(int layer, int final_layer, bool compute) {
 
 std::vector<int> Schedule::layers_of(const Chunk& c) const {
   std::vector<int> out;
-  if (c.embedding || c.head) out.push_back(0);
+  if (c.embedding || (c.head && spec_.tied_embeddings)) out.push_back(0);
   for (std::int64_t b = c.first_block; b < c.last_block; ++b) out.push_back(static_cast<int>(b) + 1);
   if (c.head) out.push_back(final_layer());
   return out;

@@ -44,7 +44,7 @@ enum class Op : std::uint8_t {
   prefetch_checkpoint,   // back into a device frame, one micro-batch ahead of its recomputation
   // gradients
   reduce_grads,       // start the data-parallel reduction of the layer's gradients
-  sync_grads,         // every reduction done; add the tied embedding's two halves (pp > 1)
+  sync_grads,         // every reduction done; add the tied embedding's two halves (pp > 1, tied)
   flush_grads,        // the layer's reduced gradients leave for the host, where it is updated there
   // optimizer step (update_program)
   optimizer_update,   // AdamW on one subgroup of the owned elements, on the host or the device
@@ -106,6 +106,9 @@ struct StepSpec {
   ParallelLayout layout;
   std::vector<LayerPolicy> blocks;  // one per transformer block
   Precision precision = Precision::fp32;
+  // The head reads the token embedding (layer 0): the last stage holds it too, and the
+  // two pipeline ends add their gradients (sync_grads). Untied, the head has lm_head.
+  bool tied_embeddings = true;
 };
 
 // A chunk whose block's checkpoint waits in the host tier (offload_checkpoint; layered
@@ -149,7 +152,7 @@ class Schedule {
   // Micro-batches of `chunk` whose forward has run but not yet the backward, at most.
   int max_in_flight(int chunk) const;
   // Parameter-layout layers a chunk reads: the embedding (lookup or tied head), its
-  // blocks, the final norm (head).
+  // blocks, the final layer (head).
   std::vector<int> layers_of(const Chunk& c) const;
   // The layers a stage holds.
   std::vector<int> layers_of_stage(int stage) const;

@@ -265,7 +265,7 @@ double CostModel::p2p(bool activation) const {
 
 double CostModel::sync() const {
   const ParallelLayout& o = plan_.layout;
-  if (o.pp == 1) return 0.0;
+  if (o.pp == 1 || !model_.tie_embeddings) return 0.0;
   const LayerShard s = LayerShard::of(static_cast<std::int64_t>(layer_numel(0)), o.dp, bf16_);
   return collective(4.0 * static_cast<double>(s.owned_size(o.zero)), 2, o.dp * o.tp * o.pp);
 }
@@ -339,7 +339,7 @@ std::map<std::string, double> CostModel::traffic(const std::vector<Instruction>&
         bytes["dp"] += (o.zero == 0 ? 2.0 : 1.0) * (dp - 1) / dp * 4.0 * static_cast<double>(shard(i.layer).padded);
         break;
       case Op::sync_grads:
-        if (o.pp > 1) bytes["pp"] += 4.0 * static_cast<double>(shard(0).owned_size(o.zero));
+        if (o.pp > 1 && model_.tie_embeddings) bytes["pp"] += 4.0 * static_cast<double>(shard(0).owned_size(o.zero));
         break;
       default: break;
     }

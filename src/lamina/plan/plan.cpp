@@ -196,6 +196,7 @@ StepSpec step_spec(const Plan& plan, const ModelConfig& model) {
   s.layout = plan.layout;
   s.blocks = plan.blocks;
   s.precision = plan.precision;
+  s.tied_embeddings = model.tie_embeddings;
   return s;
 }
 

@@ -668,10 +668,11 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o, bool checkpo
       lm.micro_batch_seconds[static_cast<std::size_t>(s)] +=
           static_cast<double>(ch.blocks()) * (cost.block_forward() + cost.block_backward());
     }
-    // The embedding and the final norm: their states on the device (their policies follow
-    // the neighbouring blocks; the exact estimate checks the final plan).
+    // The embedding (also on the last stage when the head reads it) and the final layer:
+    // their states on the device (their policies follow the neighbouring blocks; the exact
+    // estimate checks the final plan).
     for (int l : {0, static_cast<int>(m.layers) + 1}) {
-      const bool held = (l == 0 && (s == 0 || s == stages - 1)) || (l != 0 && s == stages - 1);
+      const bool held = l == 0 ? s == 0 || (s == stages - 1 && m.tie_embeddings) : s == stages - 1;
       if (!held) continue;
       const LayerShard ls = LayerShard::of(layout.layers()[static_cast<std::size_t>(l)].numel, o.dp, bf16);
       fixed += static_cast<double>(layer_state(ls, LayerPolicy{}, o.zero, plan.precision).total(MemTier::device));

@@ -93,7 +93,7 @@ class PoolReplay {
         case Op::prefetch_params: fetch(i.layer, k); break;
         case Op::release_params: release(i.layer); break;
         case Op::backward:
-          if (i.layer == final_layer) begin(0);
+          if (i.layer == final_layer && schedule.spec().tied_embeddings) begin(0);  // as the executor
           begin(i.layer);
           break;
         case Op::reduce_grads: reduce(i.layer, k); break;

@@ -109,6 +109,29 @@ TEST(Schedule, ZeroThreeLayeredGathersOncePerPassAndReducesOncePerStep) {
   EXPECT_EQ(dp.program(0).back().op, Op::sync_grads);
 }
 
+// A tied head reads the token embedding: the last stage holds it too and gathers it under
+// ZeRO-3. An untied head has its own lm_head: the last stage holds no embedding, never
+// fetches or reduces one, and sync_grads adds nothing.
+TEST(Schedule, AnUntiedHeadLeavesTheEmbeddingToTheFirstStage) {
+  const int L = 4, M = 2;
+  for (const bool tied : {true, false}) {
+    StepSpec s = spec(L, ScheduleKind::one_f_one_b, 2, M, 1, false, 3);
+    s.tied_embeddings = tied;
+    const Schedule pipe = Schedule::build(s);
+    const std::vector<int> last = pipe.layers_of_stage(1);
+    EXPECT_EQ(std::count(last.begin(), last.end(), 0), tied ? 1 : 0);
+    const auto& p = pipe.program(1);
+    EXPECT_EQ(count(p, Op::gather_params, 0) + count(p, Op::prefetch_params, 0), tied ? 2 * M : 0);
+    EXPECT_EQ(count(p, Op::reduce_grads, 0), tied ? M : 0);
+    // One stage, depth-first: per micro-batch the lookup gathers the embedding, and a tied
+    // head's forward and backward again.
+    s.layout.pp = 1;
+    const Schedule single = Schedule::build(s);
+    const auto& one = single.program(0);
+    EXPECT_EQ(count(one, Op::gather_params, 0) + count(one, Op::prefetch_params, 0), tied ? 3 * M : M) << tied;
+  }
+}
+
 TEST(Schedule, MemoryPoliciesAddTheirInstructionsAroundEachLayer) {
   StepSpec s = spec(3, ScheduleKind::one_f_one_b, 1, 1);
   s.blocks[0].activations = ActivationPolicy::offload;
