@@ -137,12 +137,25 @@ struct Span {
   std::int64_t n = 0;
 };
 
-// Sums of squares of blocks of eight across several spans: block k of the concatenation
-// lies in the last span whose first block is <= k; blocks past a span's end count zeros.
+// Blocks of eight per work item of a spans reduction: one on a device (neighbouring
+// threads read neighbouring blocks), many on a host, where an item's lookup of its span
+// would otherwise cost more than its arithmetic.
+template <class Exec>
+constexpr std::int64_t kSpanItemBlocks =
+    Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible ? 256 : 1;
+
+// Sums of squares of blocks of eight across several spans: work item k lies in the last
+// span whose first item is <= k and sums its blocks of eight; blocks past a span's end
+// count zeros.
 template <class Exec>
 struct SumOfSquaresSpans {
   Kokkos::View<const Span*, typename Exec::memory_space> spans;
-  Kokkos::View<const std::int64_t*, typename Exec::memory_space> first;  // first block of each span, then the total
+  Kokkos::View<const std::int64_t*, typename Exec::memory_space> first;  // first item of each span, then the total
+  KOKKOS_INLINE_FUNCTION static float block(const float* x) {
+    float t[8];
+    for (int j = 0; j < 8; ++j) t[j] = x[j] * x[j];
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+  }
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k, double& s) const {
     std::int64_t lo = 0, hi = static_cast<std::int64_t>(spans.extent(0)) - 1;
     while (lo < hi) {
@@ -154,10 +167,17 @@ struct SumOfSquaresSpans {
       }
     }
     const Span sp = spans(lo);
-    const std::int64_t at = 8 * (k - first(lo));
-    float t[8];
-    for (int j = 0; j < 8; ++j) t[j] = at + j < sp.n ? sp.data[at + j] * sp.data[at + j] : 0.0f;
-    s += static_cast<double>(((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7])));
+    const std::int64_t begin = 8 * kSpanItemBlocks<Exec> * (k - first(lo));
+    const std::int64_t end = begin + 8 * kSpanItemBlocks<Exec> < sp.n ? begin + 8 * kSpanItemBlocks<Exec> : sp.n;
+    std::int64_t at = begin;
+    double sum = 0.0;
+    for (; at + 8 <= end; at += 8) sum += static_cast<double>(block(sp.data + at));
+    if (at < end) {
+      float t[8] = {};
+      for (std::int64_t j = at; j < end; ++j) t[j - at] = sp.data[j];
+      sum += static_cast<double>(block(t));
+    }
+    s += sum;
   }
 };
 
@@ -169,24 +189,25 @@ class SpansSumOfSquares {
   using Mem = typename Exec::memory_space;
   SpansSumOfSquares() = default;
   explicit SpansSumOfSquares(const std::vector<Span>& spans)
-      : spans_("lamina::norm_spans", spans.size()), first_("lamina::norm_span_blocks", spans.size() + 1) {
+      : spans_("lamina::norm_spans", spans.size()), first_("lamina::norm_span_items", spans.size() + 1) {
     const auto s = Kokkos::create_mirror_view(spans_);
     const auto f = Kokkos::create_mirror_view(first_);
-    std::int64_t blocks = 0;
+    constexpr std::int64_t per_item = 8 * kSpanItemBlocks<Exec>;
+    std::int64_t items = 0;
     for (std::size_t i = 0; i < spans.size(); ++i) {
       s(i) = spans[i];
-      f(i) = blocks;
-      blocks += (spans[i].n + 7) / 8;
+      f(i) = items;
+      items += (spans[i].n + per_item - 1) / per_item;
     }
-    f(spans.size()) = blocks_ = blocks;
+    f(spans.size()) = items_ = items;
     Kokkos::deep_copy(spans_, s);
     Kokkos::deep_copy(first_, f);
   }
   // Waits for the result (its only wait).
   double operator()(const Exec& exec) const {
     double sum = 0.0;
-    if (blocks_ == 0) return sum;
-    Kokkos::parallel_reduce("lamina::sum_of_squares_spans", Range<Exec>(exec, 0, blocks_),
+    if (items_ == 0) return sum;
+    Kokkos::parallel_reduce("lamina::sum_of_squares_spans", Range<Exec>(exec, 0, items_),
                             SumOfSquaresSpans<Exec>{spans_, first_}, sum);
     return sum;
   }
@@ -194,7 +215,7 @@ class SpansSumOfSquares {
  private:
   Kokkos::View<Span*, Mem> spans_;
   Kokkos::View<std::int64_t*, Mem> first_;
-  std::int64_t blocks_ = 0;
+  std::int64_t items_ = 0;
 };
 
 }  // namespace lamina

@@ -58,10 +58,11 @@ TYPED_TEST(RowReductionTest, SerialRowEqualsATeamOfOneBitForBit) {
 }
 
 // The gradient norm's one reduction over many pieces of memory: equal to the double sum
-// of every piece's squares, pieces of any length (empty ones and ones not a multiple of 8).
+// of every piece's squares, pieces of any length (empty ones, ones not a multiple of 8, and
+// ones of several of a host's work items of 2048 elements, ending inside one).
 TYPED_TEST(RowReductionTest, SpansSumOfSquaresIsTheSumOverEverySpan) {
   using Exec = TypeParam;
-  const std::vector<std::int64_t> lengths = {13, 0, 8, 1, 0, 300, 7};
+  const std::vector<std::int64_t> lengths = {13, 0, 8, 1, 0, 300, 7, 2048, 5000, 4096 + 8};
   std::vector<Vec<Exec>> buffers;
   std::vector<Span> spans;
   double want = 0.0;
