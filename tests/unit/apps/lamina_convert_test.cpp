@@ -1,9 +1,10 @@
 // `lamina convert`, `model.init` and `lamina eval` as a user runs them, on the small GPT-2
-// tests/reference/make_weights.py wrote: round trips through every format are bit-exact,
+// tests/reference/make_weights.py wrote (and the Llama of make_llama.py): round trips through every format are bit-exact,
 // llm.c files come out byte for byte as llm.c's own writer lays them out, the held-out loss
 // equals PyTorch's, and files that do not fit are exit 2 with the reason.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -152,6 +153,47 @@ TEST_F(Convert, ALlamaFineTunesFromHuggingFaceAndConvertsBack) {
   r = run("train " + dir_ + "/d.toml" + parts + " --set model.rope_theta=500000 --check");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("rope_theta=500000"), std::string::npos) << r.out;
+}
+
+// `lamina eval` of HuggingFace Llama weights: the loss of the reference's first sequence,
+// as PyTorch's logits (make_llama.py, float64) give it.
+TEST_F(Convert, ALlamaEvaluatesFromHuggingFaceWeightsAsPyTorch) {
+  const SafetensorsFile e(kWeights + "/llama/expected.safetensors");
+  const auto& tokens = e.tensor("tokens");  // (2, 17) int32
+  const auto& logits = e.tensor("logits");  // (2, 16, 64) float64
+  const std::int64_t T = 16, V = 64;
+  std::vector<std::int32_t> x(T + 1);
+  std::memcpy(x.data(), tokens.data, x.size() * 4);
+  std::vector<double> z(static_cast<std::size_t>(T * V));
+  std::memcpy(z.data(), logits.data, z.size() * 8);
+  double expected = 0.0;
+  for (std::int64_t t = 0; t < T; ++t) {
+    const double* row = z.data() + t * V;
+    const double top = *std::max_element(row, row + V);
+    double sum = 0.0;
+    for (std::int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - top);
+    expected += (top + std::log(sum) - row[x[static_cast<std::size_t>(t + 1)]]) / static_cast<double>(T);
+  }
+  // An llm.c token file holding that one window of T + 1 tokens.
+  std::ofstream out(dir_ + "/window.bin", std::ios::binary);
+  std::int32_t header[256] = {20240520, 1, static_cast<std::int32_t>(T + 1)};
+  out.write(reinterpret_cast<const char*>(header), sizeof(header));
+  for (const std::int32_t t : x) {
+    const auto u = static_cast<std::uint16_t>(t);
+    out.write(reinterpret_cast<const char*>(&u), 2);
+  }
+  out.close();
+  file("d.toml", "[model]\narch = \"llama\"\nlayers = 2\nd_model = 32\nheads = 4\nkv_heads = 2\nffn_hidden = 48\n"
+                 "seq_len = 16\nvocab_size = 64\nrope_scaling = 4\nrope_original_context = 8\ninit = \"" +
+                     kWeights + "/llama/hf\"\n[data]\nformat = \"llmc\"\npath = \"" + dir_ +
+                     "/window.bin\"\neval_path = \"" + dir_ + "/window.bin\"\nbatch_size = 1\n[train]\nsteps = 1\n[output]\ndir = \"" +
+                     dir_ + "/run\"\n");
+  const Result r = run("eval " + dir_ + "/d.toml");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string metrics = slurp(dir_ + "/run/metrics.jsonl");
+  const auto at = metrics.rfind("\"eval_loss\": ");
+  ASSERT_NE(at, std::string::npos) << metrics;
+  EXPECT_NEAR(std::atof(metrics.c_str() + at + 13), expected, 1e-5);
 }
 
 TEST_F(Convert, WeightsThatDoNotFitTheDeckAreExit2) {
