@@ -1,7 +1,8 @@
 // `lamina convert`, `model.init` and `lamina eval` as a user runs them, on the small GPT-2
-// tests/reference/make_weights.py wrote (and the Llama of make_llama.py): round trips through every format are bit-exact,
-// llm.c files come out byte for byte as llm.c's own writer lays them out, the held-out loss
-// equals PyTorch's, and files that do not fit are exit 2 with the reason.
+// tests/reference/make_weights.py wrote and the Llama of make_llama.py: round trips through
+// every format are bit-exact, llm.c files come out byte for byte as llm.c's own writer lays
+// them out, the held-out loss equals PyTorch's, and files that do not fit are exit 2 with
+// the reason.
 #include <gtest/gtest.h>
 
 #include <algorithm>
