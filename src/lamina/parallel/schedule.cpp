@@ -706,7 +706,7 @@ class StageBuilder {
           read(param(0));
           write(acts(Buf::input, c->index, mb));
         } else if (l == head) {
-          read(param(0));
+          if (spec_.tied_embeddings) read(param(0));
           read(param(head));
           read(chunk_output(*c, mb));
         } else {
@@ -722,10 +722,10 @@ class StageBuilder {
         break;
       case Op::backward:
         if (l == head) {
-          read(param(0));
+          if (spec_.tied_embeddings) read(param(0));
           read(param(head));
           read(chunk_output(*c, mb));
-          begin(i, 0);
+          if (spec_.tied_embeddings) begin(i, 0);
           begin(i, head);
           write(grad(*c, mb));
         } else if (l == 0) {

@@ -95,7 +95,7 @@ TEST(Hazards, EveryScheduleKindPolicyAndTierIsRaceFree) {
 }
 
 // The layouts the multi-rank tests train (tests/mpi/parallel_training_test.cpp), one stage's
-// lists each: 4 blocks, 4 micro-batches.
+// lists each: 4 blocks, 4 micro-batches; tied and untied.
 TEST(Hazards, TheMultiRankTestLayoutsAreRaceFree) {
   auto layout = [](ScheduleKind k, int pp, int zero, bool layered = false, int v = 1) {
     StepSpec s = spec(4, k, pp, 4, v, layered, zero);
@@ -123,7 +123,11 @@ TEST(Hazards, TheMultiRankTestLayoutsAreRaceFree) {
     b.optimizer = OptimizerPlacement::host;
   }
   specs.push_back(recompute_host);
-  for (const StepSpec& s : specs) expect_race_free(s, "multi-rank test layout");
+  for (StepSpec s : specs) {
+    expect_race_free(s, "multi-rank test layout");
+    s.tied_embeddings = false;  // the head reads its own lm_head, not the embedding
+    expect_race_free(s, "multi-rank test layout, untied");
+  }
 }
 
 // Index of the first instruction that matches.
