@@ -266,8 +266,10 @@ const std::vector<std::string> kLlama = {"model.arch=llama", "model.kv_heads=2",
 // A model of the test deck's size with other parts, on layouts against its own one-rank run.
 class ModelLayouts : public ParallelTraining, public ::testing::WithParamInterface<Layout> {
  protected:
-  // The model's deck keys, the name its runs go by, and the log's name for the model.
-  void check(const std::vector<std::string>& model, const std::string& prefix, const std::string& kind = "Llama") {
+  // The model's deck keys, the name its runs go by, the log's name for the model, and the
+  // parameters' tolerance (0: the layout's, parameter_tolerance).
+  void check(const std::vector<std::string>& model, const std::string& prefix, const std::string& kind = "Llama",
+             double tolerance = 0.0) {
     const Layout& l = GetParam();
     JobResult*& reference = references_[prefix];
     if (reference == nullptr) reference = new JobResult(train(1, prefix + "reference", model));
@@ -284,7 +286,8 @@ class ModelLayouts : public ParallelTraining, public ::testing::WithParamInterfa
     for (std::size_t i = 0; i < 5; ++i) {
       EXPECT_NEAR(r.losses[i], reference->losses[i], 1e-5 * std::fabs(reference->losses[i])) << "step " << i + 1;
     }
-    expect_same_model(final_checkpoint(name), final_checkpoint(prefix + "reference"), parameter_tolerance(l), model);
+    expect_same_model(final_checkpoint(name), final_checkpoint(prefix + "reference"),
+                      tolerance > 0.0 ? tolerance : parameter_tolerance(l), model);
   }
 
  public:
@@ -366,10 +369,15 @@ INSTANTIATE_TEST_SUITE_P(Mpi, SharedKeyValueLayouts,
                          [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
 
 // GPT-2's block with one key/value head: the shared head's bias columns are added too.
+// Parameters and moments at 1e-4: the head's gradient, one sum over all query heads on one
+// rank, is two partial sums added by the all-reduce on tp 2, and five Adam steps at lr 1e-2
+// amplify that rounding; measured worst tensor 1.1e-5 in the Release build and 6.7e-5 in
+// CI's -O1 sanitizer build on MPICH (multi-head GPT-2 on tp 2: 1.0e-5 and 1.3e-5; losses
+// within 1e-5 in all). Without the copies' sum the tensors are 0.19-0.81 apart.
 class SharedKeyValueBiasLayouts : public ModelLayouts {};
 
 TEST_P(SharedKeyValueBiasLayouts, LossesAndFinalModelEqualTheSingleRankRun) {
-  check({"model.kv_heads=1"}, "mqa_gpt2_", "a GPT-2 block with other parts");
+  check({"model.kv_heads=1"}, "mqa_gpt2_", "a GPT-2 block with other parts", 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Mpi, SharedKeyValueBiasLayouts, ::testing::Values(Layout{"tp2", 2, {"parallel.tp=2"}}),

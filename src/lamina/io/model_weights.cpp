@@ -58,7 +58,7 @@ class CheckpointSource : public WeightsSource {
     slab.name = "model/" + name;
     slab.global_shape = t.shape;
     slab.local_shape = t.shape;
-    slab.pieces.push_back({std::vector<std::int64_t>(t.shape.size(), 0), t.shape});
+    slab.pieces.push_back({std::vector<std::int64_t>(t.shape.size(), 0), t.shape, {}});
     slab.data = t.values.data();
     reader_.read(slab);
     return t;
@@ -707,7 +707,7 @@ std::vector<std::string> write_weights(const std::string& out, const WeightsSour
           slab.name = prefix + t.name;
           slab.global_shape = t.global_shape;
           slab.local_shape = t.global_shape;
-          slab.pieces.push_back({std::vector<std::int64_t>(t.global_shape.size(), 0), t.global_shape});
+          slab.pieces.push_back({std::vector<std::int64_t>(t.global_shape.size(), 0), t.global_shape, {}});
           slab.data = values.data();
           writer.write(slab);
         }

@@ -49,7 +49,7 @@ CheckpointMeta meta_at(std::int64_t step) {
 
 // A whole tensor as one rank's piece.
 TensorSlab whole(const std::string& name, std::vector<std::int64_t> shape, float* data) {
-  return {name, shape, {h5::Hyperslab{std::vector<std::int64_t>(shape.size(), 0), shape}}, shape, data};
+  return {name, shape, {h5::Hyperslab{std::vector<std::int64_t>(shape.size(), 0), shape, {}}}, shape, data};
 }
 
 std::string write_one(const std::string& dir, std::int64_t step, std::vector<TensorSlab> slabs, std::int64_t keep) {
@@ -84,7 +84,7 @@ TEST_F(CheckpointFiles, RoundTripKeepsTensorsAndMetadataExactly) {
   EXPECT_EQ(b2, b);
   // A piece: the second row only.
   std::vector<float> row(3);
-  r.read({"model/a", {2, 3}, {h5::Hyperslab{{1, 0}, {1, 3}}}, {1, 3}, row.data()});
+  r.read({"model/a", {2, 3}, {h5::Hyperslab{{1, 0}, {1, 3}, {}}}, {1, 3}, row.data()});
   EXPECT_EQ(row, (std::vector<float>{a[3], a[4], a[5]}));
 }
 
@@ -149,7 +149,7 @@ TEST_F(CheckpointFiles, PiecesOfSplitTensorsLandInGlobalPlace) {
   // [q | k | v] of two, each split over two tensor-parallel ranks: rank 0 holds global
   // columns 0, 2, 4 as a local (2, 3) array. Written alone, the rest keeps the fill value.
   const std::vector<float> local = {0, 2, 4, 10, 12, 14};
-  const std::vector<h5::Hyperslab> pieces = {{{0, 0}, {2, 1}}, {{0, 2}, {2, 1}}, {{0, 4}, {2, 1}}};
+  const std::vector<h5::Hyperslab> pieces = {{{0, 0}, {2, 1}, {}}, {{0, 2}, {2, 1}, {}}, {{0, 4}, {2, 1}, {}}};
   {
     CheckpointWriter w(dir_, 1, MPI_COMM_WORLD);
     w.write({"model/qkv", {2, 6}, pieces, {2, 3}, const_cast<float*>(local.data())});
