@@ -6,6 +6,27 @@
 
 namespace lamina {
 
+namespace {
+
+// A bf16 run's conversions and copies on Exec (into s, of dims d).
+template <class Exec>
+void add_bf16_workspace(ActivationSizes& s, const Dims& d) {
+  const std::int64_t N = d.N(), C = d.C, A = d.A(), W = d.qkv_width(), F = d.F, F1 = d.fc_width();
+  s.product_out = N * std::max({W, F1, C});  // within the shared part's backward
+  const ProductMath math = product_math<Exec>(Precision::bf16);
+  s.attention_copies = attention_copies<Exec>(d.attention, math, d.B, d.T, d.NH, d.hd, d.NKV);
+  s.param_vectors = d.block_vectors();  // a block's; the final norm's fit
+  // Weights products read as bf16 (op(B) of K rows): the projections both ways, the head's.
+  const std::int64_t largest = std::max({C * W, A * C, C * F1, F * C, d.V * C});
+  const std::int64_t largest_k = std::max({C, W, F1, F, d.V});
+  // Attention's products round their operands into it too where they run on a host's oneDNN.
+  s.product_scratch =
+      std::max(product_scratch<Exec>(largest, largest_k), attention_scratch<Exec>(d.attention, math, d.B, d.T, d.NH, d.hd));
+  s.workspace += s.attention_copies + s.param_vectors + s.product_scratch;
+}
+
+}  // namespace
+
 ActivationSizes activation_sizes(const Dims& d) {
   const std::int64_t N = d.N(), C = d.C, A = d.A(), W = d.qkv_width(), F = d.F, F1 = d.fc_width(),
                      scores = d.B * d.NH * d.T;
@@ -31,18 +52,13 @@ ActivationSizes activation_sizes(const Dims& d) {
   s.workspace = std::max(forward, backward);
   s.ones = N;
   if (d.bf16) {
-    s.product_out = N * std::max({W, F1, C});  // within the shared part's backward
-    using Exec = Kokkos::DefaultExecutionSpace;
-    const ProductMath math = product_math<Exec>(Precision::bf16);
-    s.attention_copies = attention_copies<Exec>(d.attention, math, d.B, d.T, d.NH, d.hd, d.NKV);
-    s.param_vectors = d.block_vectors();  // a block's; the final norm's fit
-    // Weights products read as bf16 (op(B) of K rows): the projections both ways, the head's.
-    const std::int64_t largest = std::max({C * W, A * C, C * F1, F * C, d.V * C});
-    const std::int64_t largest_k = std::max({C, W, F1, F, d.V});
-    // Attention's products round their operands into it too where they run on a host's oneDNN.
-    s.product_scratch =
-        std::max(product_scratch<Exec>(largest, largest_k), attention_scratch<Exec>(d.attention, math, d.B, d.T, d.NH, d.hd));
-    s.workspace += s.attention_copies + s.param_vectors + s.product_scratch;
+    // The dims' execution space: the build's default, or (a test's blocks) its host one.
+    using Default = Kokkos::DefaultExecutionSpace;
+    if (d.host_attention == kAttentionInPlace<Default>) {
+      add_bf16_workspace<Default>(s, d);
+    } else {
+      add_bf16_workspace<Kokkos::DefaultHostExecutionSpace>(s, d);
+    }
   }
   s.workspace += s.rotary;
   return s;

@@ -35,6 +35,10 @@ struct Dims {
   // how attention runs (it decides what a block saves): what the build's default
   // execution space runs fastest
   AttentionProducts attention = kAttentionProducts<Kokkos::DefaultExecutionSpace>;
+  // whether the execution space that runs the block has a host BLAS for attention (in_place
+  // possible; fused keeps the probabilities it recomputes in the workspace) or runs it as a
+  // device does: of() sets it for the space it is asked for
+  bool host_attention = kAttentionInPlace<Kokkos::DefaultExecutionSpace>;
   // how the BLAS products (projections, head, staged attention) read their operands (the
   // run's precision decides: product_math)
   ProductMath products = ProductMath::fp32;
@@ -61,19 +65,22 @@ struct Dims {
   // a time, on a host BLAS (a device's fused products keep both in team scratch).
   std::int64_t saved_attention_columns() const { return lamina::saved_attention_columns(attention, T); }
   std::int64_t score_gradient_columns() const {
-    return attention != AttentionProducts::fused || kAttentionInPlace<Kokkos::DefaultExecutionSpace> ? T : 0;
+    return attention != AttentionProducts::fused || host_attention ? T : 0;
   }
   std::int64_t recomputed_probability_columns() const {
-    return attention == AttentionProducts::fused && kAttentionInPlace<Kokkos::DefaultExecutionSpace> ? T : 0;
+    return attention == AttentionProducts::fused && host_attention ? T : 0;
   }
   std::int64_t A() const { return NH * hd; }  // attention width on this rank (C / tp)
-  // The dims of a run on this build: refuses what the build cannot run.
+  // The dims of a run on Exec (a run's: the build's default space): refuses what it cannot run.
+  template <class Exec = Kokkos::DefaultExecutionSpace>
   static Dims of(const ModelConfig& m, std::int64_t micro_batch, int tp_size = 1, int tp_rank = 0) {
-    const Dims d = shape(m, micro_batch, tp_size, tp_rank);
-    if (d.attention == AttentionProducts::in_place && !kAttentionInPlace<Kokkos::DefaultExecutionSpace>) {
+    Dims d = shape(m, micro_batch, tp_size, tp_rank);
+    d.host_attention = kAttentionInPlace<Exec>;
+    d.attention = m.attention.value_or(kAttentionProducts<Exec>);
+    if (d.attention == AttentionProducts::in_place && !d.host_attention) {
       throw InputError(std::string("model.attention = \"in_place\" needs host execution and OpenBLAS; this build "
                                    "runs on ") +
-                       Kokkos::DefaultExecutionSpace::name() + ": choose \"fused\" or \"staged\"");
+                       Exec::name() + ": choose \"fused\" or \"staged\"");
     }
     return d;
   }

@@ -140,7 +140,7 @@ TYPED_TEST(LlamaBlockTest, ForwardMatchesDoubleReferenceAndBackwardFiniteDiffere
     if (how == AttentionProducts::in_place && !kAttentionInPlace<Exec>) continue;
     SCOPED_TRACE(attention_products_name(how));
     m.attention = how;
-    const Dims d = Dims::of(m, sh.B);
+    const Dims d = Dims::of<Exec>(m, sh.B);  // Exec need not be the build's default space
     ASSERT_EQ(d.qkv_width(), sh.W());
     MemoryTracker tracker;
     WorkspaceBuffers<Exec> buffers(tracker, d);
