@@ -354,9 +354,11 @@ TYPED_TEST(AttentionTest, Bf16StorageMatchesAReferenceOfTheStoredAndRoundedOpera
 // log-sum-exps, 2^-18 relative).
 TYPED_TEST(AttentionTest, FlashKernelsReadAndWriteBf16Storage) {
   using Exec = TypeParam;
-  const int B = 2, T = 70, C = 16, NH = 2, hd = C / NH, N = B * T, BNH = B * NH;
-  for (const int NKV : {NH, 1}) {
-    SCOPED_TRACE(std::to_string(NKV) + " key/value heads");
+  const int B = 2, C = 16, NH = 2, hd = C / NH, BNH = B * NH;
+  // T = 150: several blocks of keys per row block, each key/value head read by two query heads.
+  for (const auto& [T, NKV] : {std::pair{70, NH}, std::pair{70, 1}, std::pair{150, 1}}) {
+    SCOPED_TRACE(std::to_string(NKV) + " key/value heads, " + std::to_string(T) + " positions");
+    const int N = B * T;
     const int W = C + 2 * NKV * hd;
     const auto qkv = random_vector(N * W, 54, -3.0, 3.0), dout = random_vector(N * C, 55);
     std::vector<double> want, want_dqkv;
