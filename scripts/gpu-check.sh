@@ -11,6 +11,11 @@
 #
 #   CMAKE_PREFIX_PATH=/opt/kokkos-cuda scripts/gpu-check.sh [build dir] [extra cmake args]
 #
+# GPU_CHECK_SECONDS=N gives the whole check N seconds of wall time (a GPU lent for minutes):
+# steps run in the order that matters most, correctness first (lamina, verify, the two steps'
+# speed, the suites), each stopped when the time is up, and the steps left are reported as
+# skipped.
+#
 # The C++ compiler is Kokkos' nvcc_wrapper when the Kokkos found is a CUDA one (set CXX to
 # choose another). Output of every step is kept in <build dir>/gpu-check/*.log. Exit
 # status: 0 when every step passed, 1 otherwise.
@@ -37,12 +42,23 @@ fi
 
 summary=()
 failed=0
-# step NAME LOGFILE COMMAND...: runs it, records PASS/FAIL and the time.
+deadline=0
+[[ ${GPU_CHECK_SECONDS:-0} -gt 0 ]] && deadline=$((SECONDS + GPU_CHECK_SECONDS))
+# step NAME LOGFILE COMMAND...: runs it (shell functions too: they are exported), records
+# PASS/FAIL and the time; with a deadline, stopped at it, or skipped once it has passed.
 step() {
   local name=$1 log=$logs/$2
   shift 2
-  local t0=$SECONDS
-  if "$@" > "$log" 2>&1; then
+  local t0=$SECONDS limit=()
+  if ((deadline)); then
+    if ((deadline - SECONDS < 5)); then
+      summary+=("$(printf '%-36s SKIP        (out of time)' "$name")")
+      failed=1
+      return
+    fi
+    limit=(timeout $((deadline - SECONDS)))
+  fi
+  if "${limit[@]}" bash -c '"$@"' step "$@" > "$log" 2>&1; then
     summary+=("$(printf '%-36s PASS %5ds' "$name" $((SECONDS - t0)))")
   else
     summary+=("$(printf '%-36s FAIL %5ds  (%s)' "$name" $((SECONDS - t0)) "$log")")
@@ -51,7 +67,7 @@ step() {
 }
 
 # The last line of a log when it is a JSON object, for the summary.
-json_of() { tail -n 1 "$logs/$1" | grep '^{' || echo "{}"; }
+json_of() { tail -n 1 "$logs/$1" 2> /dev/null | grep '^{' || echo "{}"; }
 field() {
   python3 -c "import json,sys; v=json.loads(sys.argv[1]).get(sys.argv[2], 'n/a'); print(f'{v:.4g}' if isinstance(v, float) else v)" \
     "$1" "$2" 2> /dev/null
@@ -59,16 +75,14 @@ field() {
 
 step configure configure.log cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
   -DLAMINA_REFERENCE_DIR="$root/tests/reference" "$@"
-step build build.log cmake --build "$build" -j "$jobs"
+# lamina first, so that verify and the step's speed come before the test suites' longer build.
+step "build lamina" build_lamina.log cmake --build "$build" -j "$jobs" --target lamina
 lamina=$build/apps/lamina/lamina
 if [[ ! -x $lamina ]]; then
   printf '%s\n' "${summary[@]}"
-  echo "gpu-check: the build failed; see $logs/build.log"
+  echo "gpu-check: the build failed; see $logs/build_lamina.log"
   exit 1
 fi
-in_build() { (cd "$build" && "$@"); }
-step "unit tests" unit.log in_build ctest -LE mpi -j "$jobs" --output-on-failure
-step "MPI tests" mpi.log in_build ctest -L mpi --output-on-failure
 for ref in "$root"/tests/reference/ref_*.h5; do
   name=$(basename "$ref" .h5)
   for attention in auto staged fused; do
@@ -99,6 +113,12 @@ fi
 step "bench step fp32" bench_step.log "$lamina" bench step "${bench[@]}" --steps 10 --warmup 3
 step "bench step bf16" bench_step_bf16.log "$lamina" bench step "${bench[@]}" --set train.precision=bf16 \
   --steps 10 --warmup 3
+export build
+in_build() { (cd "$build" && "$@"); }
+export -f in_build
+step "build tests" build.log cmake --build "$build" -j "$jobs"
+step "unit tests" unit.log in_build ctest -LE mpi -j "$jobs" --output-on-failure
+step "MPI tests" mpi.log in_build ctest -L mpi --output-on-failure
 step "bench step fp32, attention $other" bench_step_other.log "$lamina" bench step "${bench[@]}" \
   --set model.attention=$other --steps 10 --warmup 3
 step "bench step bf16, attention $other" bench_step_bf16_other.log "$lamina" bench step "${bench[@]}" \
@@ -120,6 +140,7 @@ same_losses() {
     <(grep -E '^step +(2[6-9]|[34][0-9]|50)/' "$2" | cut -d'|' -f1,2,4) &&
     [[ $(grep -cE '^step +(2[6-9]|[34][0-9]|50)/' "$2") == 25 ]]
 }
+export -f same_losses
 for p in fp32 bf16; do
   run=("${text[@]}" --set data.format=text --set "data.path=[${text_files%,}]" --set train.steps=50
     --set train.precision=$p --set checkpoint.every=25 --set output.log_every=1)
