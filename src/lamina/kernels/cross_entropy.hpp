@@ -4,6 +4,10 @@
 // Written as row statistics so that the vocabulary can be split over tensor-parallel
 // ranks (Megatron's vocabulary-parallel cross-entropy): each rank computes them on its
 // shard of the logits, and the group combines them (max, then sums) before the loss.
+#include <cstring>
+#include <stdexcept>
+
+#include "lamina/kernels/bf16.hpp"
 #include "lamina/kernels/fast_math.hpp"
 #include "lamina/kernels/reduction.hpp"
 
@@ -129,6 +133,74 @@ void cross_entropy_backward(const Exec& exec, const Mat<Exec>& dlogits, const Co
   const std::int64_t V = static_cast<std::int64_t>(logits.extent(1));
   Kokkos::parallel_for("lamina::cross_entropy_backward", Teams<Exec>(exec, N, Kokkos::AUTO),
                        CrossEntropyBackward<Exec>{dlogits, logits, lse, targets, vocab_begin, V, scale});
+}
+
+// One team per row, writing its bf16 gradients over the row's own fp32 logits: element j
+// of row i goes to bf16 slot j of the row's memory (its first half), which lies in fp32
+// elements j / 2 <= j. The team reads a block of kBlock elements per thread (consecutive
+// threads, consecutive elements) before any of it is written, so every write lands where
+// the team has already read, and no later read meets a written element. The logits are
+// read as bytes (memcpy), so that no compiler may move a bf16 store above a read of the
+// float it overwrites.
+template <class Exec>
+struct CrossEntropyBackwardBf16 {
+  static constexpr int kBlock = 16;
+  Mat<Exec> logits;
+  ConstVec<Exec> lse;
+  Tokens<Exec> targets;
+  std::int64_t vocab_begin, V;
+  float scale;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    const std::int64_t i = team.league_rank(), S = team.team_size(), t = team.team_rank();
+    const float l = lse(i);
+    const std::int64_t y = targets(i) - vocab_begin;
+    const float* row = &logits(i, 0);
+    std::uint16_t* d = reinterpret_cast<std::uint16_t*>(&logits(i, 0));
+    if (S == 1) {  // a host's team: whole blocks in order, loops that vectorise
+      std::int64_t j0 = 0;
+      for (; j0 + kBlock <= V; j0 += kBlock) {
+        float g[kBlock];
+        memcpy(g, row + j0, sizeof g);
+        for (int k = 0; k < kBlock; ++k) g[k] = fast_exp(g[k] - l);
+        for (int k = 0; k < kBlock; ++k) d[j0 + k] = to_bf16(scale * (g[k] - (j0 + k == y ? 1.0f : 0.0f)));
+      }
+      for (std::int64_t j = j0; j < V; ++j) {
+        float x;
+        memcpy(&x, row + j, sizeof x);
+        d[j] = to_bf16(scale * (fast_exp(x - l) - (j == y ? 1.0f : 0.0f)));
+      }
+      return;
+    }
+    for (std::int64_t j0 = 0; j0 < V; j0 += S * kBlock) {
+      float g[kBlock];
+      for (int k = 0; k < kBlock; ++k) {
+        const std::int64_t j = j0 + k * S + t;
+        float x = 0.0f;
+        if (j < V) memcpy(&x, row + j, sizeof x);
+        g[k] = scale * (fast_exp(x - l) - (j == y ? 1.0f : 0.0f));
+      }
+      team.team_barrier();
+      for (int k = 0; k < kBlock; ++k) {
+        const std::int64_t j = j0 + k * S + t;
+        if (j < V) d[j] = to_bf16(g[k]);
+      }
+    }
+  }
+};
+
+// cross_entropy_backward's gradients rounded to bf16 in place (bf16 runs whose products take
+// them as they are): row i's V values in the first half of its own memory, so the bf16
+// matrix has a row stride of 2 V; the logits are gone afterwards.
+template <class Exec>
+void cross_entropy_backward_bf16(const Exec& exec, const Mat<Exec>& logits, const ConstVec<Exec>& lse,
+                                 const Tokens<Exec>& targets, std::int64_t vocab_begin, float scale) {
+  const std::int64_t N = static_cast<std::int64_t>(logits.extent(0));
+  const std::int64_t V = static_cast<std::int64_t>(logits.extent(1));
+  if (static_cast<std::int64_t>(logits.stride_0()) != V) {
+    throw std::logic_error("lamina::cross_entropy_backward_bf16: the logits' rows are not contiguous");
+  }
+  Kokkos::parallel_for("lamina::cross_entropy_backward_bf16", Teams<Exec>(exec, N, Kokkos::AUTO),
+                       CrossEntropyBackwardBf16<Exec>{logits, lse, targets, vocab_begin, V, scale});
 }
 
 }  // namespace lamina

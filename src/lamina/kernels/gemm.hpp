@@ -461,6 +461,52 @@ void backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& 
   }
 }
 
+// The LM head's two backward products on a bf16 engine with its logits' gradient dY already
+// in bf16 as the engine reads it (N rows of V, ld apart: cross_entropy_backward_bf16's rows)
+// and the head's weight W (V, C) in bf16: dX = dY W in one product, dW += dY^T X with X (N, C,
+// fp32) rounded into `scratch` (product_scratch() elements) a block of rows at a time.
+template <class Exec>
+void head_backward_products_bf16(const Exec& exec, const std::uint16_t* dy, std::int64_t ld,
+                                 const MatRefArg<Exec>& W, const ConstMat<Exec>& X, const Mat<Exec>& dX,
+                                 const Mat<Exec>& dW, const Vec<Exec>& scratch) {
+  const std::int64_t N = static_cast<std::int64_t>(X.extent(0)), C = static_cast<std::int64_t>(X.extent(1));
+  const std::int64_t V = W.rows();
+  if (!W.bf16() || !detail::bf16_engine<Exec>()) {
+    throw std::logic_error("lamina::head_backward_products_bf16: needs a bf16 weight and a bf16 engine");
+  }
+  RowMajorGemm gx;  // dX = dY W
+  gx.ta = 'N';
+  gx.tb = 'N';
+  gx.m = N;
+  gx.n = C;
+  gx.k = V;
+  gx.lda = ld;
+  gx.ldb = static_cast<std::int64_t>(W.b16.stride_0());
+  gx.beta = 0.0f;
+  gx.c = dX.data();
+  gx.ldc = static_cast<std::int64_t>(dX.stride_0());
+  detail::bf16_product(exec, gx, dy, W.b16.data());
+  const std::int64_t rows = 2 * static_cast<std::int64_t>(scratch.extent(0)) / std::max<std::int64_t>(C, 1);
+  if (rows < 1) throw std::logic_error("lamina::head_backward_products_bf16: the bf16 scratch holds less than a row");
+  std::uint16_t* x16 = reinterpret_cast<std::uint16_t*>(scratch.data());
+  RowMajorGemm gw;  // dW += (rows of dY)^T (rows of X)
+  gw.ta = 'T';
+  gw.tb = 'N';
+  gw.m = V;
+  gw.n = C;
+  gw.lda = ld;
+  gw.ldb = C;
+  gw.beta = 1.0f;
+  gw.c = dW.data();
+  gw.ldc = static_cast<std::int64_t>(dW.stride_0());
+  for (std::int64_t r0 = 0; r0 < N; r0 += rows) {
+    const std::int64_t r = std::min(rows, N - r0);
+    detail::narrow_rows(exec, x16, X, r0, r);
+    gw.k = r;
+    detail::bf16_product(exec, gw, dy + r0 * ld, x16);
+  }
+}
+
 // The same product for every matrix of a batch: C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i].
 // Each slice is a contiguous row-major matrix, so every product reaches the vendor BLAS.
 // `math` as for gemm.

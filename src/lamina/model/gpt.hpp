@@ -209,10 +209,19 @@ void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const Fin
                    const XV& x, const Mat<Exec>& dres, const Tokens<Exec>& targets, const Dims& d,
                    const Workspace<Exec>& ws, float loss_scale, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::head_backward");
-  cross_entropy_backward(exec, h.logits, h.logits, h.lse, targets, d.vocab_begin, loss_scale);
   const bool untied = w.lm_head.rows() > 0;
-  tied_head_backward(exec, ws.dln, untied ? g.lm_head : ge.wte, h.logits, h.lnf, untied ? w.lm_head : e.wte,
-                     d.products, ws.widened);
+  const MatRef<Exec> weight = untied ? w.lm_head : e.wte;
+  const Mat<Exec> dweight = untied ? g.lm_head : ge.wte;
+  if (d.products == ProductMath::bf16 && weight.bf16() && detail::bf16_engine<Exec>()) {
+    // The logits' gradient rounded where it is computed, and read by both products as it is.
+    cross_entropy_backward_bf16(exec, h.logits, h.lse, targets, d.vocab_begin, loss_scale);
+    head_backward_products_bf16(exec, reinterpret_cast<const std::uint16_t*>(h.logits.data()),
+                                2 * static_cast<std::int64_t>(h.logits.extent(1)), weight,
+                                h.lnf, ws.dln, dweight, ws.widened);
+  } else {
+    cross_entropy_backward(exec, h.logits, h.logits, h.lse, targets, d.vocab_begin, loss_scale);
+    tied_head_backward(exec, ws.dln, dweight, h.logits, h.lnf, weight, d.products, ws.widened);
+  }
   detail::combine(exec, tp.sum, ws.dln);
   block_norm_backward(exec, d, dres, g.w, g.b, ws.dln, ConstMat<Exec>(), x, w.w, h.lnf_mean, h.lnf_rstd, ws);
   Kokkos::Profiling::popRegion();

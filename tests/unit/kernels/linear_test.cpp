@@ -148,6 +148,37 @@ TYPED_TEST(LinearTest, Bf16BackwardProductsMatchAReferenceOfTheRoundedOperands) 
   }
 }
 
+// The LM head's backward on a bf16 engine with its logit gradients already in bf16, rows 2 V
+// apart (cross_entropy_backward_bf16's, the rest of each row NaN): against a double reference
+// of them, the stored weight and X rounded; X in blocks of 3 rows (7 rows: 3, 3, 1).
+TYPED_TEST(LinearTest, HeadBackwardReadsBf16LogitGradientsAsStored) {
+  using Exec = TypeParam;
+  if (product_math<Exec>(Precision::bf16) != ProductMath::bf16) GTEST_SKIP() << "no bf16 engine on this space";
+  const int N = 7, C = 6, V = 9;
+  const auto w = bf16_values(random_vector(V * C, 101)), dy = bf16_values(random_vector(N * V, 102));
+  const auto x = random_vector(N * C, 103), w0 = random_vector(V * C, 104), xr = bf16_values(x);
+  std::vector<double> want_dx(N * C, 0.0), want_dw = w0;
+  for (int i = 0; i < N; ++i) {
+    for (int v = 0; v < V; ++v) {
+      for (int c = 0; c < C; ++c) {
+        want_dx[i * C + c] += dy[i * V + v] * w[v * C + c];
+        want_dw[v * C + c] += dy[i * V + v] * xr[i * C + c];
+      }
+    }
+  }
+  std::vector<double> dy_rows(2 * N * V, NAN), w_rows(w);
+  for (int i = 0; i < N; ++i) std::copy(dy.begin() + i * V, dy.begin() + (i + 1) * V, dy_rows.begin() + 2 * i * V);
+  auto dy16 = to_device_bf16<Exec>(dy_rows);
+  auto w16 = to_device_bf16<Exec>(w_rows);
+  auto dx = to_device<Exec>(x), dw = to_device<Exec>(w0), gx = to_device<Exec>(std::vector<double>(N * C, NAN));
+  auto scratch = to_device<Exec>(std::vector<double>(3 * C / 2, NAN));
+  head_backward_products_bf16(Exec(), dy16.data(), 2 * V, MatRef<Exec>(ConstMat16<Exec>(w16.data(), V, C)),
+                              as_mat<Exec>(dx.data(), N, C), as_mat<Exec>(gx.data(), N, C),
+                              as_mat<Exec>(dw.data(), V, C), scratch);
+  EXPECT_LT(rel_error(to_host(gx), want_dx), 1e-6);
+  EXPECT_LT(rel_error(to_host(dw), want_dw), 1e-6);
+}
+
 // A bf16 run's products on stored bf16 activations and weights: forward into fp32 (the
 // projections) and into bf16 with the bias added as it is rounded (the QKV projection), and
 // both backward products with X read as stored. Against a double reference of the stored
