@@ -102,7 +102,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
     convert_forward = 6 * 3 * N * A + attention_forward + (engine ? 0.0 : 6 * weights + read_activations);
     convert_backward = attention_backward + (engine ? 6 * N * (2 * C + F + 3 * A) : 6 * weights + read_activations);
     convert_head = 6 * (engine ? N * C : V * C);
-    convert_head_backward = 6 * (engine ? N * V + N * C : V * C);
+    convert_head_backward = 6 * (engine ? N * C : V * C);  // the logits' gradient is rounded where computed
   }
   forward_parts_ = {2 * N * weights / gemm, 4 * N * T * A / attention, ew_forward / bandwidth,
                     convert_forward / bandwidth, tp_comm};
@@ -116,7 +116,10 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   embed_backward_ = 3 * 4 * N * C / bandwidth;
   const double logits = 4.0 * N * V;  // bytes of this rank's logits
   head_forward_ = 2 * N * C * V / gemm + (4 * logits + 4 * 4 * N * C + convert_head) / bandwidth + embed_tp;
-  head_backward_ = 4 * N * C * V / gemm + (3 * logits + 4 * 4 * N * C + convert_head_backward) / bandwidth + embed_tp;
+  // The logits read, their gradient written and read by the products: in fp32, or (a bf16
+  // engine) rounded to bf16 as the cross-entropy backward writes it.
+  const double logit_gradient = bf16_ && machine.bf16_products() ? 2 * logits : 3 * logits;
+  head_backward_ = 4 * N * C * V / gemm + (logit_gradient + 4 * 4 * N * C + convert_head_backward) / bandwidth + embed_tp;
   for (const MeasuredCosts& m : measured) {
     if (m.micro_batch_size != o.micro_batch_size || m.tp != o.tp) continue;
     forward_parts_ = backward_parts_ = Parts{};

@@ -73,6 +73,19 @@ Conversions conversions(double N, double C, double tp, double saved) {
   return {6 * 3 * N * A + copies, copies + 6 * N * (2 * C + F + 3 * A)};
 }
 
+// The head's backward: its two products, the logits read, their gradient written and read by
+// the products (bf16 with a bf16 engine, rounded as the cross-entropy backward writes it: 2 +
+// 2 of the 4 + 4 + 4 bytes an fp32 run moves), the final norm's passes, and with an engine
+// the final norm's output rounded for the weight's gradient.
+TEST(CostModel, HeadBackwardMovesTheLogitGradientInTheProductsPrecision) {
+  const double N = 2048, C = 1024, V = 32768, bandwidth = 2e12 * 0.5, logits = 4 * N * V;
+  const CostModel b(model(), plan(1, 1, 1, Precision::bf16), machine());
+  EXPECT_NEAR(b.head_backward(), 4 * N * C * V / (400e12 * 0.5) + (2 * logits + 16 * N * C + 6 * N * C) / bandwidth,
+              1e-12);
+  const CostModel f(model(), plan(1, 1, 1, Precision::fp32), machine());
+  EXPECT_NEAR(f.head_backward(), 4 * N * C * V / (100e12 * 0.5) + (3 * logits + 16 * N * C) / bandwidth, 1e-12);
+}
+
 TEST(CostModel, BlockForwardIsItsGemmsAttentionAndElementwisePasses) {
   const CostModel c(model(), plan(1, 1, 1, Precision::bf16), machine());
   const double N = 2048, C = 1024, T = 2048, H = 16, bandwidth = 2e12 * 0.5;
