@@ -133,7 +133,8 @@ if ((has_torch)); then
     --precision bf16
 fi
 # 50 steps on text with a checkpoint at step 25, then the run again from that checkpoint:
-# every step's loss and gradient norm as the log prints them must repeat.
+# every step's loss and gradient norm as the log prints them must repeat. Step 30's
+# instructions as the executor ran them go to <run dir>/trace_step30_rank0.json.
 text_files=$(printf '"%s",' "$root"/README.md "$root"/docs/*.md)
 same_losses() {
   diff <(grep -E '^step +(2[6-9]|[34][0-9]|50)/' "$1" | cut -d'|' -f1,2,4) \
@@ -143,7 +144,7 @@ same_losses() {
 export -f same_losses
 for p in fp32 bf16; do
   run=("${text[@]}" --set data.format=text --set "data.path=[${text_files%,}]" --set train.steps=50
-    --set train.precision=$p --set checkpoint.every=25 --set output.log_every=1)
+    --set train.precision=$p --set checkpoint.every=25 --set output.log_every=1 --set output.trace_step=30)
   step "train 50 steps on text, $p" "train_$p.log" "$lamina" train "${run[@]}" --set output.dir="$build/gpu-check/run-$p"
   step "resumed from step 25, $p: same losses" "resume_$p.log" "$lamina" train "${run[@]}" \
     --set output.dir="$build/gpu-check/resume-$p" \
