@@ -67,16 +67,25 @@ void device_gemm(cudaStream_t stream, ProductMath math, const RowMajorGemm& g, c
         "cublasGemmStridedBatchedEx");
 }
 
-void device_gemm_bf16(cudaStream_t stream, const RowMajorGemm& g, const std::uint16_t* a, const std::uint16_t* b) {
-  if (g.m == 0 || g.n == 0) return;
+void device_gemm_bf16(cudaStream_t stream, const RowMajorGemm& g, const std::uint16_t* a, const std::uint16_t* b,
+                      const GemmBatch& batch) {
+  if (g.m == 0 || g.n == 0 || batch.count == 0) return;
   cublasHandle_t h = handle();
   check(cublasSetStream(h, stream), "cublasSetStream");
   const int m = blas_int(g.n, "n"), n = blas_int(g.m, "m"), k = blas_int(g.k, "k");
-  check(cublasGemmEx(h, op(g.tb), op(g.ta), m, n, k, &g.alpha, b, CUDA_R_16BF,
-                     blas_int(std::max<std::int64_t>(g.ldb, 1), "ldb"), a, CUDA_R_16BF,
-                     blas_int(std::max<std::int64_t>(g.lda, 1), "lda"), &g.beta, g.c, CUDA_R_32F,
-                     blas_int(std::max<std::int64_t>(g.ldc, 1), "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-        "cublasGemmEx (bf16)");
+  const int ldb = blas_int(std::max<std::int64_t>(g.ldb, 1), "ldb");
+  const int lda = blas_int(std::max<std::int64_t>(g.lda, 1), "lda");
+  const int ldc = blas_int(std::max<std::int64_t>(g.ldc, 1), "ldc");
+  if (batch.count == 1) {
+    check(cublasGemmEx(h, op(g.tb), op(g.ta), m, n, k, &g.alpha, b, CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &g.beta,
+                       g.c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx (bf16)");
+    return;
+  }
+  check(cublasGemmStridedBatchedEx(h, op(g.tb), op(g.ta), m, n, k, &g.alpha, b, CUDA_R_16BF, ldb, batch.stride_b, a,
+                                   CUDA_R_16BF, lda, batch.stride_a, &g.beta, g.c, CUDA_R_32F, ldc, batch.stride_c,
+                                   blas_int(batch.count, "batch"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmStridedBatchedEx (bf16)");
 }
 
 }  // namespace lamina

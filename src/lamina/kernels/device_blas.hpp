@@ -32,9 +32,10 @@ struct GemmBatch {
 #if defined(KOKKOS_ENABLE_CUDA)
 // The products on `stream`, device pointers. Throws RunError naming cuBLAS's status.
 void device_gemm(cudaStream_t stream, ProductMath math, const RowMajorGemm& g, const GemmBatch& batch);
-// One product whose operands are stored in bf16 (g.a and g.b are not read: a and b are),
-// summed in fp32 into the fp32 C.
-void device_gemm_bf16(cudaStream_t stream, const RowMajorGemm& g, const std::uint16_t* a, const std::uint16_t* b);
+// Products whose operands are stored in bf16 (g.a and g.b are not read: a and b are),
+// summed in fp32 into the fp32 C: one, or a batch in one launch.
+void device_gemm_bf16(cudaStream_t stream, const RowMajorGemm& g, const std::uint16_t* a, const std::uint16_t* b,
+                      const GemmBatch& batch = GemmBatch{});
 #endif
 
 }  // namespace lamina

@@ -95,19 +95,25 @@ bool bf16_engine() {
   return false;
 }
 
-// One product on Exec's bf16 engine with both operands stored in bf16 (g.a, g.b not read).
+// Products on Exec's bf16 engine with both operands stored in bf16 (g.a, g.b not read): one,
+// or a batch of equally spaced ones.
 template <class Exec>
 void bf16_product([[maybe_unused]] const Exec& exec, const RowMajorGemm& g, const std::uint16_t* a,
-                  const std::uint16_t* b) {
+                  const std::uint16_t* b, const GemmBatch& batch = GemmBatch{}) {
 #if defined(KOKKOS_ENABLE_CUDA)
   if constexpr (kDeviceBlas<Exec>) {
-    device_gemm_bf16(exec.cuda_stream(), g, a, b);
+    device_gemm_bf16(exec.cuda_stream(), g, a, b, batch);
     return;
   }
 #endif
   if constexpr (kOnHost<Exec>) {
     exec.fence();  // the operands' rounding, on this instance
-    host_gemm_bf16(g, a, b);
+    HeadBatch heads;  // one sequence of `count` heads (its sequence stride past them all)
+    heads.heads = batch.count;
+    heads.a = {batch.count * batch.stride_a, batch.stride_a};
+    heads.b = {batch.count * batch.stride_b, batch.stride_b};
+    heads.c = {batch.count * batch.stride_c, batch.stride_c};
+    host_gemm_bf16(g, a, b, heads);
   }
 }
 
@@ -542,6 +548,32 @@ void batched_gemm(const Exec& exec, const char* ta, const char* tb, float alpha,
       gemm(exec, ta, tb, alpha, a, b, beta, c);
     }
   }
+}
+
+// The same product for every matrix of a batch, operands stored in bf16, summed in fp32 on
+// Exec's bf16 engine (detail::bf16_engine<Exec>() true): C[i] = alpha * op(A[i]) @ op(B[i]) +
+// beta * C[i], each slice a contiguous row-major matrix.
+template <class Exec>
+void batched_gemm_bf16(const Exec& exec, const char* ta, const char* tb, float alpha, const Mats16<Exec>& A,
+                       const Mats16<Exec>& B, float beta, const Mats<Exec>& C) {
+  const std::int64_t count = static_cast<std::int64_t>(C.extent(0));
+  if (count == 0) return;
+  if (!detail::bf16_engine<Exec>()) throw std::logic_error("lamina::batched_gemm_bf16: no bf16 engine on this space");
+  RowMajorGemm g;
+  g.ta = *ta;
+  g.tb = *tb;
+  g.m = static_cast<std::int64_t>(C.extent(1));
+  g.n = static_cast<std::int64_t>(C.extent(2));
+  g.k = static_cast<std::int64_t>(g.ta == 'N' ? A.extent(2) : A.extent(1));
+  g.alpha = alpha;
+  g.lda = static_cast<std::int64_t>(A.stride_1());
+  g.ldb = static_cast<std::int64_t>(B.stride_1());
+  g.beta = beta;
+  g.c = C.data();
+  g.ldc = static_cast<std::int64_t>(C.stride_1());
+  const GemmBatch batch{count, static_cast<std::int64_t>(A.stride_0()), static_cast<std::int64_t>(B.stride_0()),
+                        static_cast<std::int64_t>(C.stride_0())};
+  detail::bf16_product(exec, g, A.data(), B.data(), batch);
 }
 
 // dst(C) += sum over rows of M(N, C). `ones` holds at least N ones. A product with a
