@@ -34,67 +34,68 @@ KOKKOS_INLINE_FUNCTION std::int64_t staged_head(const QkvLayout& L, std::int64_t
   return h % G * B * L.NKV + b * L.NKV + h / G;
 }
 
-// (B*T, width) rows, NH heads from column col0 <-> staged (B*NH, T, hd) copies.
-template <class Exec>
+// (B*T, width) rows, NH heads from column col0 <-> staged (B*NH, T, hd) copies, each side
+// fp32 or bf16 (a value rounded where it goes from fp32 to bf16).
+template <class Rows, class Heads>
 struct QueryRowsAndHeads {
-  Mat<Exec> rows;
-  Mats<Exec> heads;
+  Rows rows;
+  Heads heads;
   QkvLayout L;
   std::int64_t B, T, col0;
   bool to_rows;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t d) const {
-    float& r = rows(b * T + t, col0 + h * L.hd + d);
-    float& x = heads(staged_head(L, B, b, h), t, d);
+    auto& r = rows(b * T + t, col0 + h * L.hd + d);
+    auto& x = heads(staged_head(L, B, b, h), t, d);
     if (to_rows) {
-      r = x;
+      put(r, widen(x));
     } else {
-      x = r;
+      put(x, widen(r));
     }
   }
 };
 
 // (B*T, width) rows' NKV key and value heads <-> (B*NKV, T, hd) copies.
-template <class Exec>
+template <class Rows, class Heads>
 struct KeyValueRowsAndHeads {
-  Mat<Exec> rows;
-  Mats<Exec> k, v;
+  Rows rows;
+  Heads k, v;
   QkvLayout L;
   std::int64_t T;
   bool to_rows;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b, std::int64_t g, std::int64_t t, std::int64_t d) const {
-    float& rk = rows(b * T + t, L.column(1) + g * L.hd + d);
-    float& rv = rows(b * T + t, L.column(2) + g * L.hd + d);
-    float& xk = k(b * L.NKV + g, t, d);
-    float& xv = v(b * L.NKV + g, t, d);
+    auto& rk = rows(b * T + t, L.column(1) + g * L.hd + d);
+    auto& rv = rows(b * T + t, L.column(2) + g * L.hd + d);
+    auto& xk = k(b * L.NKV + g, t, d);
+    auto& xv = v(b * L.NKV + g, t, d);
     if (to_rows) {
-      rk = xk;
-      rv = xv;
+      put(rk, widen(xk));
+      put(rv, widen(xv));
     } else {
-      xk = rk;
-      xv = rv;
+      put(xk, widen(rk));
+      put(xv, widen(rv));
     }
   }
 };
 
 // NH heads of (B*T, width) rows from column col0 <-> staged copies (to_rows: back).
-template <class Exec>
-void split_heads(const Exec& exec, const char* label, const Mat<Exec>& rows, std::int64_t col0, const Mats<Exec>& heads,
+template <class Exec, class Rows, class Heads>
+void split_heads(const Exec& exec, const char* label, const Rows& rows, std::int64_t col0, const Heads& heads,
                  const QkvLayout& L, bool to_rows) {
   const std::int64_t B = static_cast<std::int64_t>(heads.extent(0)) / L.NH;
   const std::int64_t T = static_cast<std::int64_t>(heads.extent(1));
   Kokkos::parallel_for(label, HeadsPolicy<Exec>(exec, {0, 0, 0, 0}, {B, L.NH, T, L.hd}),
-                       QueryRowsAndHeads<Exec>{rows, heads, L, B, T, col0, to_rows});
+                       QueryRowsAndHeads<Rows, Heads>{rows, heads, L, B, T, col0, to_rows});
 }
 
 // [q | k | v] rows <-> staged copies of q (B*NH, T, hd) and k, v (B*NKV, T, hd).
-template <class Exec>
-void permute_heads(const Exec& exec, const char* label, const Mat<Exec>& rows, const Mats<Exec>& q,
-                   const Mats<Exec>& k, const Mats<Exec>& v, const QkvLayout& L, bool to_rows) {
+template <class Exec, class Rows, class Heads>
+void permute_heads(const Exec& exec, const char* label, const Rows& rows, const Heads& q, const Heads& k,
+                   const Heads& v, const QkvLayout& L, bool to_rows) {
   split_heads(exec, label, rows, 0, q, L, to_rows);
   const std::int64_t B = static_cast<std::int64_t>(q.extent(0)) / L.NH;
   const std::int64_t T = static_cast<std::int64_t>(q.extent(1));
   Kokkos::parallel_for(label, HeadsPolicy<Exec>(exec, {0, 0, 0, 0}, {B, L.NKV, T, L.hd}),
-                       KeyValueRowsAndHeads<Exec>{rows, k, v, L, T, to_rows});
+                       KeyValueRowsAndHeads<Rows, Heads>{rows, k, v, L, T, to_rows});
 }
 
 // A score row's maximum and sum of exponentials: its log-sum-exp is max + log(sum).
@@ -142,6 +143,47 @@ struct AttentionSoftmaxBackward {
     const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
     causal_softmax_row_backward(TeamRow<typename Teams<Exec>::member_type>{team}, &datt(bh, t, 0), &att(bh, t, 0),
                                 t, T);
+  }
+};
+
+// Staged products in bf16: the softmax of a row of fp32 scores (unscaled: scale > 0 applies
+// in the softmax, as oneDNN 2's bf16 products would not fuse it) in place, its probabilities
+// rounded into the saved bf16 row (entries past t: 0).
+template <class Exec>
+struct AttentionSoftmaxForward16 {
+  Mats<Exec> scores;
+  Mats16<Exec> att;
+  float scale;
+  std::int64_t T;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
+    const TeamRow<typename Teams<Exec>::member_type> loop{team};
+    float* row = &scores(bh, t, 0);
+    causal_softmax_row(loop, row, t, T, scale);
+    loop.barrier();
+    std::uint16_t* saved = &att(bh, t, 0);
+    loop.for_each(T, [&](std::int64_t j) { saved[j] = to_bf16(row[j]); });
+  }
+};
+
+// Its backward: the score gradients scale * P * (dP - sum_j P dP) from the fp32 dP and the
+// saved bf16 P, rounded into a bf16 row for the products (masked entries 0).
+template <class Exec>
+struct AttentionSoftmaxBackward16 {
+  Mats<Exec> datt;
+  Mats16<Exec> att, ds;
+  float scale;
+  std::int64_t T;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
+    const TeamRow<typename Teams<Exec>::member_type> loop{team};
+    const float* drow = &datt(bh, t, 0);
+    const std::uint16_t* prow = &att(bh, t, 0);
+    std::uint16_t* srow = &ds(bh, t, 0);
+    const float dot = loop.sum(t + 1, [&](std::int64_t j) { return from_bf16(prow[j]) * drow[j]; });
+    loop.for_each(T, [&](std::int64_t j) {
+      srow[j] = j <= t ? to_bf16(scale * (from_bf16(prow[j]) * (drow[j] - dot))) : std::uint16_t{0};
+    });
   }
 };
 
@@ -690,20 +732,46 @@ bool attention_on_host_bf16(AttentionProducts how, ProductMath math) {
          detail::bf16_engine<Exec>();
 }
 
-// Whether attention reads and writes bf16 storage as it is (else through fp32 copies): on a
-// host's oneDNN, and in a device's fused kernels.
+// Whether staged products in bf16 run on Exec's bf16 engine (cuBLAS, a host's oneDNN) on
+// bf16 copies of q, k, v and dy, the saved bf16 probabilities and the score gradients
+// rounded to bf16.
 template <class Exec>
-bool attention_stores_bf16(AttentionProducts how, ProductMath math) {
-  return attention_on_host_bf16<Exec>(how, math) || (!kAttentionInPlace<Exec> && how == AttentionProducts::fused);
+bool attention_staged_bf16(AttentionProducts how, ProductMath math) {
+  return how == AttentionProducts::staged && math == ProductMath::bf16 && detail::bf16_engine<Exec>();
 }
 
-// Floats of the fp32 copies (qkv32, y32, att32) that attention on bf16 storage takes, with
-// NKV key/value heads.
+// Whether attention reads and writes bf16 storage as it is (else through fp32 copies): on a
+// host's oneDNN, in a device's fused kernels, and in staged products in bf16.
+template <class Exec>
+bool attention_stores_bf16(AttentionProducts how, ProductMath math) {
+  return attention_on_host_bf16<Exec>(how, math) || (!kAttentionInPlace<Exec> && how == AttentionProducts::fused) ||
+         attention_staged_bf16<Exec>(how, math);
+}
+
+// Floats of the fp32 copies that attention on bf16 storage takes, with NKV key/value heads:
+// qkv32, y32 and att32 where it has no bf16 way of its own; staged products in bf16 take
+// att32 alone, for the fp32 scores and then the bf16 score gradients.
 template <class Exec>
 std::int64_t attention_copies(AttentionProducts how, ProductMath math, std::int64_t B, std::int64_t T, std::int64_t NH,
                               std::int64_t hd, std::int64_t NKV) {
+  if (attention_staged_bf16<Exec>(how, math)) return B * NH * T * T;
   if (attention_stores_bf16<Exec>(how, math)) return 0;
   return B * T * (2 * NH + 2 * NKV) * hd + B * NH * T * saved_attention_columns(how, T);
+}
+
+// Points ws's fp32 copies (attention_copies() floats from p) at their places.
+template <class Exec>
+void place_attention_copies(AttentionWorkspace<Exec>& ws, float* p, AttentionProducts how, ProductMath math,
+                            std::int64_t B, std::int64_t T, std::int64_t NH, std::int64_t hd, std::int64_t NKV) {
+  const std::int64_t N = B * T, A = NH * hd, W = A + 2 * NKV * hd;
+  if (attention_copies<Exec>(how, math, B, T, NH, hd, NKV) == 0) return;
+  if (attention_staged_bf16<Exec>(how, math)) {
+    ws.att32 = as_mats<Exec>(p, B * NH, T, T);
+    return;
+  }
+  ws.qkv32 = as_mat<Exec>(p, N, W);
+  ws.y32 = as_mat<Exec>(p + N * W, N, A);
+  ws.att32 = as_mats<Exec>(p + N * (W + A), B * NH, T, saved_attention_columns(how, T));
 }
 
 // Floats of AttentionWorkspace::narrowed that attention takes on Exec (0: none).
@@ -724,8 +792,20 @@ Mats<Exec> staged_group(const Mats<Exec>& m, const QkvLayout& L, std::int64_t B,
   return as_mats<Exec>(m.data() + j * n * rows * cols, n, rows, cols);
 }
 template <class Exec>
+Mats16<Exec> staged_group(const Mats16<Exec>& m, const QkvLayout& L, std::int64_t B, std::int64_t j) {
+  const std::int64_t n = B * L.NKV, rows = static_cast<std::int64_t>(m.extent(1)),
+                     cols = static_cast<std::int64_t>(m.extent(2));
+  return Mats16<Exec>(m.data() + j * n * rows * cols, n, rows, cols);
+}
+template <class Exec>
 Mats<Exec> staged_kv(const Mats<Exec>& m, const QkvLayout& L, std::int64_t B) {
   return staged_group<Exec>(m, L, B, 0);
+}
+
+// A bf16 copy of m's shape in the first half of m's memory.
+template <class Exec>
+Mats16<Exec> halves(const Mats<Exec>& m) {
+  return Mats16<Exec>(reinterpret_cast<std::uint16_t*>(m.data()), m.extent(0), m.extent(1), m.extent(2));
 }
 
 // The fp32 copy of bf16 [q | k | v] rows, in their shape.
@@ -733,6 +813,62 @@ template <class Exec>
 Mat<Exec> shaped_like(const Mat<Exec>& copy, const Mat16<Exec>& rows) {
   return as_mat<Exec>(copy.data(), static_cast<std::int64_t>(rows.extent(0)),
                       static_cast<std::int64_t>(rows.extent(1)));
+}
+
+// Staged products in bf16 (attention_staged_bf16) on bf16 storage: q, k, v copied per head
+// as they are stored, into the first half of the staged copies' fp32 memory; the scores in
+// fp32 (ws.att32, scaled in the softmax), their softmax rounded into the saved probabilities, which the output's
+// products read as saved; the output in fp32 (ws.y), rounded into its rows.
+template <class Exec>
+void staged_bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Exec>& att,
+                                   const Mat16<Exec>& qkv, const AttentionWorkspace<Exec>& ws, const QkvLayout& L) {
+  const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0)), T = static_cast<std::int64_t>(att.extent(1));
+  const std::int64_t B = BNH / L.NH;
+  const float scale = 1.0f / math::sqrt(static_cast<float>(L.hd));
+  const Mats16<Exec> q = halves<Exec>(ws.q), k = halves<Exec>(staged_kv<Exec>(ws.k, L, B)),
+                     v = halves<Exec>(staged_kv<Exec>(ws.v, L, B));
+  permute_heads(exec, "lamina::attention_forward_split", qkv, q, k, v, L, false);
+  for (std::int64_t j = 0; j < L.group(); ++j) {
+    batched_gemm_bf16(exec, "N", "T", 1.0f, staged_group<Exec>(q, L, B, j), k, 0.0f,
+                      staged_group<Exec>(ws.att32, L, B, j));
+  }
+  Kokkos::parallel_for("lamina::attention_forward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
+                       AttentionSoftmaxForward16<Exec>{ws.att32, att, scale, T});
+  for (std::int64_t j = 0; j < L.group(); ++j) {
+    batched_gemm_bf16(exec, "N", "N", 1.0f, staged_group<Exec>(att, L, B, j), v, 0.0f,
+                      staged_group<Exec>(ws.y, L, B, j));
+  }
+  split_heads(exec, "lamina::attention_forward_merge", out, 0, ws.y, L, true);
+}
+
+// Its backward: dy rounded into bf16 copies (ws.y's memory), q, k and v copied again; dP in
+// fp32 (datt), the score gradients rounded to bf16 with attention's scale (ws.att32's
+// memory); dq, dk, dv in fp32 (dk, dv summed over each group), into dqkv's rows.
+template <class Exec>
+void staged_bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& datt,
+                                    const Mat<Exec>& dout, const Mat16<Exec>& qkv, const Mats16<Exec>& att,
+                                    const AttentionWorkspace<Exec>& ws, const QkvLayout& L) {
+  const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0)), T = static_cast<std::int64_t>(att.extent(1));
+  const std::int64_t B = BNH / L.NH, G = L.group();
+  const float scale = 1.0f / math::sqrt(static_cast<float>(L.hd));
+  const Mats16<Exec> dy = halves<Exec>(ws.y), q = halves<Exec>(ws.q), k = halves<Exec>(staged_kv<Exec>(ws.k, L, B)),
+                     v = halves<Exec>(staged_kv<Exec>(ws.v, L, B)), ds = halves<Exec>(ws.att32);
+  const Mats<Exec> dk = staged_kv<Exec>(ws.dk, L, B), dv = staged_kv<Exec>(ws.dv, L, B);
+  split_heads(exec, "lamina::attention_backward_split", dout, 0, dy, L, false);
+  permute_heads(exec, "lamina::attention_backward_split_qkv", qkv, q, k, v, L, false);
+  for (std::int64_t j = 0; j < G; ++j) {  // dP = dy v^T; dv = sum over the group of P^T dy
+    const Mats16<Exec> dyj = staged_group<Exec>(dy, L, B, j);
+    batched_gemm_bf16(exec, "N", "T", 1.0f, dyj, v, 0.0f, staged_group<Exec>(datt, L, B, j));
+    batched_gemm_bf16(exec, "T", "N", 1.0f, staged_group<Exec>(att, L, B, j), dyj, j == 0 ? 0.0f : 1.0f, dv);
+  }
+  Kokkos::parallel_for("lamina::attention_backward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
+                       AttentionSoftmaxBackward16<Exec>{datt, att, ds, scale, T});
+  for (std::int64_t j = 0; j < G; ++j) {  // dq = dS k; dk = sum over the group of dS^T q
+    const Mats16<Exec> dsj = staged_group<Exec>(ds, L, B, j);
+    batched_gemm_bf16(exec, "N", "N", 1.0f, dsj, k, 0.0f, staged_group<Exec>(ws.dq, L, B, j));
+    batched_gemm_bf16(exec, "T", "N", 1.0f, dsj, staged_group<Exec>(q, L, B, j), j == 0 ? 0.0f : 1.0f, dk);
+  }
+  permute_heads(exec, "lamina::attention_backward_merge", dqkv, ws.dq, dk, dv, L, true);
 }
 
 }  // namespace detail
@@ -848,16 +984,22 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
 }
 
 // Attention on bf16 storage (bf16 runs): qkv, out and att as attention_forward's, stored in
-// bf16. On a host's oneDNN and in a device's fused kernels they are read and written as they
-// are; elsewhere attention runs on fp32 copies of them in AttentionWorkspace (qkv32, y32,
-// att32).
+// bf16. On a host's oneDNN, in a device's fused kernels and in staged products on a bf16
+// engine they are read and written as they are; elsewhere attention runs on fp32 copies of
+// them in AttentionWorkspace (qkv32, y32, att32).
 template <class Exec>
 void attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Exec>& att, const Mat16<Exec>& qkv,
                        const AttentionWorkspace<Exec>& ws, std::int64_t NH,
                        AttentionProducts how = kAttentionProducts<Exec>, ProductMath math = ProductMath::fp32) {
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
+  if (attention_staged_bf16<Exec>(how, math)) {
+    const std::int64_t width = static_cast<std::int64_t>(out.extent(1));
+    detail::staged_bf16_attention_forward(exec, out, att, qkv, ws,
+                                          QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, width / NH));
+    return;
+  }
   if constexpr (kAttentionInPlace<Exec>) {
-    if (attention_stores_bf16<Exec>(how, math)) {
+    if (attention_on_host_bf16<Exec>(how, math)) {
       const bool fused = how == AttentionProducts::fused;
       const std::int64_t width = static_cast<std::int64_t>(out.extent(1));
       const QkvLayout L = QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, width / NH);
@@ -885,8 +1027,14 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
                         const AttentionWorkspace<Exec>& ws, std::int64_t NH,
                         AttentionProducts how = kAttentionProducts<Exec>, ProductMath math = ProductMath::fp32) {
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
+  if (attention_staged_bf16<Exec>(how, math)) {
+    const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
+    detail::staged_bf16_attention_backward(exec, dqkv, datt, dout, qkv, att, ws,
+                                           QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, hd));
+    return;
+  }
   if constexpr (kAttentionInPlace<Exec>) {
-    if (attention_stores_bf16<Exec>(how, math)) {
+    if (attention_on_host_bf16<Exec>(how, math)) {
       const bool fused = how == AttentionProducts::fused;
       const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
       detail::bf16_attention_backward(exec, dqkv, detail::score_heads<Exec>(datt, NH), dout, qkv, att, fused,

@@ -218,9 +218,9 @@ class WorkspaceBuffers {
     // the rotary table last, which lives as long as the run.
     p = buf_.data() + s.workspace - s.rotary - s.attention_copies - s.param_vectors - s.product_scratch;
     if (s.attention_copies > 0) {
-      ws.heads.qkv32 = ws.dheads.qkv32 = as_mat<Exec>(p, N, W);
-      ws.heads.y32 = ws.dheads.y32 = as_mat<Exec>(p + N * W, N, A);
-      ws.heads.att32 = ws.dheads.att32 = as_mats<Exec>(p + N * (W + A), BNH, T, d.saved_attention_columns());
+      const ProductMath math = product_math<Exec>(Precision::bf16);
+      place_attention_copies(ws.heads, p, d.attention, math, d.B, T, d.NH, hd, d.NKV);
+      place_attention_copies(ws.dheads, p, d.attention, math, d.B, T, d.NH, hd, d.NKV);
     }
     ws.vectors = as_vec<Exec>(p += s.attention_copies, s.param_vectors);
     ws.widened = as_vec<Exec>(p += s.param_vectors, s.product_scratch);

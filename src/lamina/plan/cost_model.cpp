@@ -84,8 +84,10 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // host's oneDNN reads q, k, v as stored and rounds its output, dy, a row block's score
   // gradients (and, fused, its recomputed probabilities) in bf16 beside fp32 (2 bytes each,
   // half of the (T, T) scores under the mask); a device's fused kernels read and write the
-  // storage as they are; elsewhere it runs on fp32 copies of q, k, v, its output and what it
-  // saves, widened and rounded each pass. Without an engine, the
+  // storage as they are; staged products on an engine read q, k, v and the saved
+  // probabilities as stored and round the output, dy and the (T, T) score gradients (written
+  // in bf16, 2 bytes each); elsewhere it runs on fp32 copies of q, k, v, its output and what
+  // it saves, widened and rounded each pass. Without an engine, the
   // host BLAS widens the weights (each matrix once per forward and once for the input
   // gradients) and the activations the products read.
   double convert_forward = 0.0, convert_backward = 0.0, convert_head = 0.0, convert_head_backward = 0.0;
@@ -96,8 +98,13 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
     const bool host_attention = engine && machine.device_is_host && !own_kernels && d.attention != AttentionProducts::staged;
     const bool device_kernels = !machine.device_is_host && fused;
     const double copies = device_kernels ? 0.0 : 6 * (4 * N * A + saved);
-    const double attention_forward = host_attention ? 6 * N * A + (fused ? 2 * half_scores : 0.0) : copies;
-    const double attention_backward = host_attention ? 6 * N * A + (fused ? 4 : 2) * half_scores : copies;
+    const bool staged_engine = engine && d.attention == AttentionProducts::staged;
+    const double attention_forward = host_attention  ? 6 * N * A + (fused ? 2 * half_scores : 0.0)
+                                     : staged_engine ? 6 * N * A
+                                                     : copies;
+    const double attention_backward = host_attention  ? 6 * N * A + (fused ? 4 : 2) * half_scores
+                                      : staged_engine ? 6 * N * A + 2 * score_count
+                                                      : copies;
     const double read_activations = 6 * N * (2 * C + A + F);  // ln1, atty, ln2, gelu widened
     convert_forward = 6 * 3 * N * A + attention_forward + (engine ? 0.0 : 6 * weights + read_activations);
     convert_backward = attention_backward + (engine ? 6 * N * (2 * C + F + 3 * A) : 6 * weights + read_activations);

@@ -62,15 +62,16 @@ double elementwise_bytes(double s, double N, double C, double tp, double scores)
 }
 
 // The bytes a bf16 block still converts on a device with a bf16 engine (6 per element: the
-// fp32 side and the bf16 one): the QKV projection's output rounded with its bias; attention
-// other than the fused kernels on fp32 copies (q, k, v, its output and the `saved` scores,
-// each pass; 0: none); in backward each product's output gradient dY (dres, dfch, dres, dqkv).
+// fp32 side and the bf16 one): the QKV projection's output rounded with its bias; staged
+// attention's output and dy rounded, and its `scores` score gradients written in bf16 (2
+// bytes each; 0: the fused kernels, which convert nothing); in backward each product's
+// output gradient dY (dres, dfch, dres, dqkv).
 struct Conversions {
   double forward, backward;
 };
-Conversions conversions(double N, double C, double tp, double saved) {
-  const double A = C / tp, F = 4 * C / tp, copies = saved > 0 ? 6 * (4 * N * A + saved) : 0.0;
-  return {6 * 3 * N * A + copies, copies + 6 * N * (2 * C + F + 3 * A)};
+Conversions conversions(double N, double C, double tp, double scores) {
+  const double A = C / tp, F = 4 * C / tp, staged = scores > 0 ? 6 * N * A : 0.0;
+  return {6 * 3 * N * A + staged, staged + 2 * scores + 6 * N * (2 * C + F + 3 * A)};
 }
 
 // The head's backward: its two products, the logits read, their gradient written and read by
@@ -146,7 +147,8 @@ TEST(CostModel, FusedAttentionRecomputesTheScoresInsteadOfMovingThem) {
 // On a host's bf16 engine (oneDNN) the in_place attention reads the bf16 storage as it is,
 // rounding only its output, dy and the score gradients it writes in bf16 beside fp32 (half of
 // the (T, T) scores), where a device's runs on fp32 copies of q, k, v, its output and the
-// saved probabilities; staged attention runs on the copies on both. Nothing else differs.
+// saved probabilities; staged attention runs its products on the engine on both. Nothing else
+// differs.
 TEST(CostModel, AHostsBf16EngineReadsAttentionsStorageWhereADeviceMakesFp32Copies) {
   MachineSpec host = machine();
   host.device_is_host = true;
