@@ -691,10 +691,11 @@ void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Head
 // a device that is staged: the fused kernels compute without tensor cores, and GPT-2 124M's
 // bf16 step (16 x 1024 tokens, an H200) took 965 ms with them against 433 ms staged. fused
 // keeps no probabilities, for sequences whose B·heads·T² do not fit.
+constexpr AttentionProducts kDeviceAttentionProducts = AttentionProducts::staged;
 template <class Exec>
 constexpr AttentionProducts kAttentionProducts =
     kHostBlasLinked && Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible ? AttentionProducts::in_place
-                                                                                      : AttentionProducts::staged;
+                                                                                      : kDeviceAttentionProducts;
 
 // Whether the host BLAS products (in_place, and fused on a host) can run on Exec.
 template <class Exec>

@@ -84,7 +84,20 @@ struct Dims {
     }
     return d;
   }
-  // The dims alone, for pricing a machine that need not be this build's.
+  // The dims of a run on a machine that need not be this build's (planning): a host as this
+  // build's host space runs it, a device as a device build does (no host BLAS for attention).
+  static Dims on_machine(const ModelConfig& m, std::int64_t micro_batch, int tp_size, bool host) {
+    if (host) return of<Kokkos::DefaultHostExecutionSpace>(m, micro_batch, tp_size, 0);
+    Dims d = shape(m, micro_batch, tp_size, 0);
+    d.host_attention = false;
+    d.attention = m.attention.value_or(kDeviceAttentionProducts);
+    if (d.attention == AttentionProducts::in_place) {
+      throw InputError("model.attention = \"in_place\" needs host execution and OpenBLAS; the machine planned "
+                       "for runs on a device: choose \"fused\" or \"staged\"");
+    }
+    return d;
+  }
+  // The dims alone.
   static Dims shape(const ModelConfig& m, std::int64_t micro_batch, int tp_size = 1, int tp_rank = 0) {
     Dims d;
     d.B = micro_batch;

@@ -30,7 +30,8 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
     numel_.push_back(static_cast<double>(l.numel));
     replica_sums_.push_back(static_cast<double>(replica_sum_elements(l)));
   }
-  const Dims d = Dims::shape(model, o.micro_batch_size, o.tp, 0);
+  // The attention a build for the machine runs (a device's staged unless the deck says fused).
+  const Dims d = Dims::on_machine(model, o.micro_batch_size, o.tp, machine.device_is_host);
   inner_ = static_cast<double>(activation_sizes(d).inner);
 
   // Roofline of one micro-batch (Narayanan et al. 2021 count the same GEMMs: 24 N C^2 in
@@ -46,11 +47,11 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // device kernels are lamina's own and compute in fp32 without tensor cores; BLAS products
   // run at the precision's rate.
   const bool fused = d.attention == AttentionProducts::fused;
-  const bool own_kernels = fused && !kAttentionInPlace<Kokkos::DefaultExecutionSpace>;
+  const bool own_kernels = fused && !d.host_attention;
   const double gemm = machine.peak_flops(bf16_) * machine.gemm_efficiency;
   const double attention = machine.peak_flops(bf16_ && !own_kernels) * machine.attention_efficiency;
   const double bandwidth = machine.memory_bandwidth * machine.elementwise_efficiency;
-  const double attention_backward = !fused ? 2.0 : kAttentionInPlace<Kokkos::DefaultExecutionSpace> ? 2.5 : 3.5;
+  const double attention_backward = !fused ? 2.0 : d.host_attention ? 2.5 : 3.5;
   // Element-wise passes of a block's forward, in bytes moved: what is stored (the residual
   // stream and the saved activations) in its storage type, `s` bytes (bf16 runs: 2, read and
   // written as they are), products' outputs and softmax rows in fp32. The first layer norm
@@ -74,6 +75,23 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double rotary = d.parts.position == PositionKind::rotary ? 2 * s * N * (A + KV) : 0.0;
   const double mlp = swiglu ? (8 + 3 * s) * N * F : (4 + 2 * s) * N * F;
   const double ew_forward = norms + (2 * s + 4) * N * C + 2 * s * N * (A + 2 * KV) + rotary + scores + mlp;
+  // And of its backward, whose gradients are fp32: each norm's kernel reads the output's
+  // gradient, the skip's and the input, writes the input's gradient and the gain's per-row
+  // terms, which a column sum reads (with LayerNorm's bias gradient, the output's); the biases'
+  // gradients are column sums of the products' output gradients; GELU reads its gradient and
+  // pre-activation and writes in place, SwiGLU reads the activation's gradient and [gate | up]
+  // and writes theirs; rotary positions turn dq and dk back in place; attention copies q, k, v
+  // again, reads its probabilities and the product's dP (written fp32), writes the score
+  // gradients (fp32, or bf16 on an engine: conversions below) and merges dq, dk, dv into one
+  // gradient.
+  const bool engine = bf16_ && machine.bf16_products(), staged_engine = engine && d.attention == AttentionProducts::staged;
+  const double norms_backward = 2 * (layernorm ? 24 + s : 20 + s) * N * C;
+  const double biases = d.parts.bias ? 4 * N * (2 * C + F + A + 2 * KV) : 0.0;
+  const double mlp_backward = swiglu ? (12 + 2 * s) * N * F : (8 + s) * N * F;
+  const double scores_backward = fused ? 0.0 : (8 + s + (staged_engine ? 0.0 : 4.0)) * score_count;
+  const double rotary_backward = rotary > 0 ? 8 * N * (A + KV) : 0.0;
+  const double ew_backward = norms_backward + biases + mlp_backward + rotary_backward + (2 * s + 8) * N * (A + 2 * KV) +
+                             scores_backward;
   // Tensor parallelism: two all-reduces of the (N, C) residual stream per pass (Megatron).
   const double tp_comm = o.tp > 1 ? 2.0 * collective(2.0 * (tp - 1) / tp * 4.0 * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
   // What bf16 runs still convert, 6 bytes per element (the fp32 side and the bf16 one). A
@@ -92,13 +110,10 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // gradients) and the activations the products read.
   double convert_forward = 0.0, convert_backward = 0.0, convert_head = 0.0, convert_head_backward = 0.0;
   if (bf16_) {
-    const bool engine = machine.bf16_products();
     const double half_scores = score_count / 2, saved = static_cast<double>(d.B) * heads * T *
                                                         static_cast<double>(saved_attention_columns(d.attention, d.T));
-    const bool host_attention = engine && machine.device_is_host && !own_kernels && d.attention != AttentionProducts::staged;
-    const bool device_kernels = !machine.device_is_host && fused;
-    const double copies = device_kernels ? 0.0 : 6 * (4 * N * A + saved);
-    const bool staged_engine = engine && d.attention == AttentionProducts::staged;
+    const bool host_attention = engine && d.host_attention && d.attention != AttentionProducts::staged;
+    const double copies = own_kernels ? 0.0 : 6 * (4 * N * A + saved);
     const double attention_forward = host_attention  ? 6 * N * A + (fused ? 2 * half_scores : 0.0)
                                      : staged_engine ? 6 * N * A
                                                      : copies;
@@ -114,7 +129,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   forward_parts_ = {2 * N * weights / gemm, 4 * N * T * A / attention, ew_forward / bandwidth,
                     convert_forward / bandwidth, tp_comm};
   backward_parts_ = {2 * 2 * N * weights / gemm, attention_backward * 4 * N * T * A / attention,
-                     2 * ew_forward / bandwidth, convert_backward / bandwidth, tp_comm};
+                     ew_backward / bandwidth, convert_backward / bandwidth, tp_comm};
   auto sum = [](const Parts& p) { return p.gemm + p.attention + p.elementwise + p.conversions + p.tp; };
   block_forward_ = sum(forward_parts_);
   block_backward_ = sum(backward_parts_);

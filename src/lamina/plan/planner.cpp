@@ -478,7 +478,7 @@ class BlockCosts {
       : k_(k), o_(plan.layout), plan_(plan), cost_(cost), serial_(k.machine.device_is_host),
         bf16_(plan.precision == Precision::bf16),
         shard_(LayerShard::of(layout.layers()[1].numel, plan.layout.dp, bf16_)) {
-    Dims d = Dims::of(k.deck.model, o_.micro_batch_size, o_.tp, 0);
+    Dims d = Dims::on_machine(k.deck.model, o_.micro_batch_size, o_.tp, k.machine.device_is_host);
     d.bf16 = bf16_;
     acts_ = activation_sizes(d);
     gather_device_ = cost.gather(1);

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "lamina/core/error.hpp"
 #include "lamina/kernels/attention.hpp"
 #include "lamina/parallel/shard.hpp"
 
@@ -61,6 +62,17 @@ double elementwise_bytes(double s, double N, double C, double tp, double scores)
   return (7 * s + 8) * N * C + 6 * s * N * A + (8 + s) * scores + (4 + 2 * s) * N * F;
 }
 
+// And of its backward, whose gradients are fp32: two layer norms (each reads dout, dskip and x,
+// writes dx and the gain's per-row terms, then sums those and dout: 24 + s), the column sums
+// of the biases' gradients, GELU's backward in place (8 + s), q, k, v copied again and dq,
+// dk, dv merged (2 s + 8), the softmax's backward over `scores` (dP written and read, the
+// probabilities read, the score gradients written in fp32 unless `ds_in_conversions`).
+double elementwise_backward_bytes(double s, double N, double C, double tp, double scores, bool ds_in_conversions) {
+  const double A = C / tp, F = 4 * C / tp;
+  return 2 * (24 + s) * N * C + 4 * N * (2 * C + F + 3 * A) + (8 + s) * N * F + (2 * s + 8) * 3 * N * A +
+         (8 + s + (ds_in_conversions ? 0 : 4)) * scores;
+}
+
 // The bytes a bf16 block still converts on a device with a bf16 engine (6 per element: the
 // fp32 side and the bf16 one): the QKV projection's output rounded with its bias; staged
 // attention's output and dy rounded, and its `scores` score gradients written in bf16 (2
@@ -93,22 +105,25 @@ TEST(CostModel, BlockForwardIsItsGemmsAttentionAndElementwisePasses) {
   const double gemm = 24 * N * C * C / (400e12 * 0.5);  // qkv, projection, two MLP products
   const double attention = 4 * N * T * C / (400e12 * 0.25);
   const double elementwise = elementwise_bytes(2, N, C, 1, H * T * T) / bandwidth;
+  const double elementwise_backward = elementwise_backward_bytes(2, N, C, 1, H * T * T, true) / bandwidth;
   const Conversions bf16 = conversions(N, C, 1, H * T * T);
   EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / bandwidth, 1e-12);
-  EXPECT_NEAR(c.block_backward(), 2 * (gemm + attention + elementwise) + bf16.backward / bandwidth, 1e-12);
+  EXPECT_NEAR(c.block_backward(), 2 * (gemm + attention) + elementwise_backward + bf16.backward / bandwidth, 1e-12);
   // fp32: at the fp32 rate, 4 bytes per stored element, no conversions.
   const CostModel f(model(), plan(1, 1, 1, Precision::fp32), machine());
-  EXPECT_NEAR(f.block_forward(),
-              24 * N * C * C / (100e12 * 0.5) + 4 * N * T * C / (100e12 * 0.25) +
-                  elementwise_bytes(4, N, C, 1, H * T * T) / bandwidth,
-              1e-12);
+  const double gemm32 = 24 * N * C * C / (100e12 * 0.5), attention32 = 4 * N * T * C / (100e12 * 0.25);
+  EXPECT_NEAR(f.block_forward(), gemm32 + attention32 + elementwise_bytes(4, N, C, 1, H * T * T) / bandwidth, 1e-12);
+  EXPECT_NEAR(f.block_backward(),
+              2 * (gemm32 + attention32) + elementwise_backward_bytes(4, N, C, 1, H * T * T, false) / bandwidth, 1e-12);
 }
 
 // A Llama block (4 key/value heads for 16 query heads, SwiGLU of 2816) prices its own
 // products and passes: q, k/v, output projection and three MLP matrices; RMSNorm's second
 // pass apart from the residual add (2 s + 4, then 2 s), rotary q and k in place, the
 // narrower k/v scatter, SwiGLU reading the [gate | up] product and writing it and the
-// activation.
+// activation; in backward RMSNorm's two passes (20 + s each: no bias), no bias sums, SwiGLU
+// reading the activation's gradient and [gate | up] and writing theirs, dq and dk turned back
+// in place.
 TEST(CostModel, ALlamaBlockPricesItsOwnProductsAndPasses) {
   ModelConfig m = model();
   m.kv_heads = 4;
@@ -123,8 +138,10 @@ TEST(CostModel, ALlamaBlockPricesItsOwnProductsAndPasses) {
   const double attention = 4 * N * T * C / (100e12 * 0.25);
   const double bytes = 2 * s * N * C + (2 * s + 4) * N * C + 2 * s * N * C + (2 * s + 4) * N * C +
                        2 * s * N * (C + 2 * KV) + 2 * s * N * (C + KV) + (8 + s) * H * T * T + (8 + 3 * s) * N * F;
+  const double backward_bytes = 2 * (20 + s) * N * C + (12 + 2 * s) * N * F + 8 * N * (C + KV) +
+                                (2 * s + 8) * N * (C + 2 * KV) + (12 + s) * H * T * T;
   EXPECT_NEAR(f.block_forward(), gemm + attention + bytes / bandwidth, 1e-12);
-  EXPECT_NEAR(f.block_backward(), 2 * (gemm + attention + bytes / bandwidth), 1e-12);
+  EXPECT_NEAR(f.block_backward(), 2 * (gemm + attention) + backward_bytes / bandwidth, 1e-12);
 }
 
 TEST(CostModel, FusedAttentionRecomputesTheScoresInsteadOfMovingThem) {
@@ -133,38 +150,62 @@ TEST(CostModel, FusedAttentionRecomputesTheScoresInsteadOfMovingThem) {
   const CostModel c(m, plan(1, 1, 1, Precision::bf16), machine());
   const double N = 2048, C = 1024, T = 2048, bandwidth = 2e12 * 0.5;
   const double gemm = 24 * N * C * C / (400e12 * 0.5);
-  // On a host BLAS the products run at the bf16 rate; a device's fused kernels at the fp32 one.
-  const bool blas = kAttentionInPlace<Kokkos::DefaultExecutionSpace>;
-  const double attention = 4 * N * T * C / ((blas ? 400e12 : 100e12) * 0.25);
+  // A device's fused kernels compute at the fp32 rate, recomputing the scores twice in backward.
+  const double attention = 4 * N * T * C / (100e12 * 0.25);
   const double elementwise = elementwise_bytes(2, N, C, 1, 0) / bandwidth;
-  const double recompute = blas ? 2.5 : 3.5;
+  const double elementwise_backward = elementwise_backward_bytes(2, N, C, 1, 0, true) / bandwidth;
   const Conversions bf16 = conversions(N, C, 1, 0);  // the fused kernels read and write bf16
   EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / bandwidth, 1e-12);
-  EXPECT_NEAR(c.block_backward(), 2 * gemm + recompute * attention + 2 * elementwise + bf16.backward / bandwidth,
+  EXPECT_NEAR(c.block_backward(), 2 * gemm + 3.5 * attention + elementwise_backward + bf16.backward / bandwidth,
               1e-12);
+  // On a host with a BLAS for attention, its products run at the bf16 rate, the scores once more.
+  if (!kAttentionInPlace<Kokkos::DefaultHostExecutionSpace>) return;
+  MachineSpec host = machine();
+  host.device_is_host = true;
+  const CostModel h(m, plan(1, 1, 1, Precision::fp32), host);
+  const double gemm32 = 24 * N * C * C / (100e12 * 0.5), attention32 = 4 * N * T * C / (100e12 * 0.25);
+  EXPECT_NEAR(h.block_backward(),
+              2 * gemm32 + 2.5 * attention32 + elementwise_backward_bytes(4, N, C, 1, 0, false) / bandwidth, 1e-12);
+}
+
+// A plan prices the attention a build for its machine runs: on a device, staged unless the
+// deck says fused (whatever the planning build's own default); in_place, which needs a host
+// BLAS, is refused there.
+TEST(CostModel, ADeviceIsPricedWithTheAttentionADeviceBuildRuns) {
+  ModelConfig automatic = model(), staged = model(), in_place = model();
+  automatic.attention.reset();
+  in_place.attention = AttentionProducts::in_place;
+  const Plan p = plan(1, 1, 1, Precision::bf16);
+  const CostModel a(automatic, p, machine()), s(staged, p, machine());
+  EXPECT_DOUBLE_EQ(a.block_forward(), s.block_forward());
+  EXPECT_DOUBLE_EQ(a.block_backward(), s.block_backward());
+  try {
+    const CostModel refused(in_place, p, machine());
+    FAIL() << "in_place attention priced on a device";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.attention = \"in_place\" needs host execution"), std::string::npos)
+        << e.what();
+  }
 }
 
 // On a host's bf16 engine (oneDNN) the in_place attention reads the bf16 storage as it is,
 // rounding only its output, dy and the score gradients it writes in bf16 beside fp32 (half of
-// the (T, T) scores), where a device's runs on fp32 copies of q, k, v, its output and the
-// saved probabilities; staged attention runs its products on the engine on both. Nothing else
-// differs.
-TEST(CostModel, AHostsBf16EngineReadsAttentionsStorageWhereADeviceMakesFp32Copies) {
+// the (T, T) scores), where staged attention on the engine rounds its output, dy and all the
+// score gradients, which it writes in bf16 only. Nothing else differs.
+TEST(CostModel, AHostsBf16EngineReadsAttentionsStorageInPlace) {
+  if (!kAttentionInPlace<Kokkos::DefaultHostExecutionSpace>) GTEST_SKIP() << "no host BLAS for attention";
   MachineSpec host = machine();
   host.device_is_host = true;
   const double N = 2048, C = 1024, T = 2048, H = 16, bandwidth = 2e12 * 0.5;
-  for (const AttentionProducts how : {AttentionProducts::in_place, AttentionProducts::staged}) {
-    SCOPED_TRACE(attention_products_name(how));
-    ModelConfig m = model();
-    m.attention = how;
-    const CostModel d(m, plan(1, 1, 1, Precision::bf16), machine()), h(m, plan(1, 1, 1, Precision::bf16), host);
-    const bool reads = how == AttentionProducts::in_place;
-    const double copies = 6 * (4 * N * C + H * T * T);
-    const double fwd = reads ? 6 * N * C - copies : 0.0, bwd = reads ? 6 * N * C + H * T * T - copies : 0.0;
-    EXPECT_NEAR(h.block_forward() - d.block_forward(), fwd / bandwidth, 1e-12);
-    EXPECT_NEAR(h.block_backward() - d.block_backward(), bwd / bandwidth, 1e-12);
-    EXPECT_NEAR(h.head_backward(), d.head_backward(), 1e-12);
-  }
+  ModelConfig in_place = model();
+  in_place.attention = AttentionProducts::in_place;
+  const CostModel i(in_place, plan(1, 1, 1, Precision::bf16), host), s(model(), plan(1, 1, 1, Precision::bf16), host);
+  // in_place: dS written fp32 (4 bytes) in its pass and half of it rounded (2 of 6 bytes);
+  // staged: dS in bf16 only (2 bytes).
+  const double scores = H * T * T;
+  EXPECT_NEAR(i.block_forward() - s.block_forward(), 0.0, 1e-12);
+  EXPECT_NEAR(i.block_backward() - s.block_backward(), (4 * scores + scores - 2 * scores) / bandwidth, 1e-12);
+  EXPECT_NEAR(i.head_backward(), s.head_backward(), 1e-12);
 }
 
 TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {
@@ -173,13 +214,14 @@ TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {
   const double gemm = 24 * N * C * C / 2 / (400e12 * 0.5);
   const double attention = 4 * N * T * C / 2 / (400e12 * 0.25);
   const double elementwise = elementwise_bytes(2, N, C, 2, H * T * T) / bandwidth;
+  const double elementwise_backward = elementwise_backward_bytes(2, N, C, 2, H * T * T, true) / bandwidth;
   // An all-reduce of the (N, C) fp32 residual over 2 ranks inside a node: 2 (p-1)/p of its
   // bytes, 2 (p-1) latency-bound steps; two per pass (Megatron's f and g).
   const double allreduce = 4 * N * C / 200e9 + 2 * 1e-5;
   const Conversions bf16 = conversions(N, C, 2, H * T * T);
   EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / bandwidth + 2 * allreduce, 1e-12);
-  EXPECT_NEAR(c.block_backward(), 2 * (gemm + attention + elementwise) + bf16.backward / bandwidth + 2 * allreduce,
-              1e-12);
+  EXPECT_NEAR(c.block_backward(),
+              2 * (gemm + attention) + elementwise_backward + bf16.backward / bandwidth + 2 * allreduce, 1e-12);
 }
 
 TEST(CostModel, CollectivesUseTheLinkTheirGroupSpans) {
