@@ -13,32 +13,38 @@ KOKKOS_INLINE_FUNCTION float gelu(float x) {
   return 0.5f * x * (1.0f + fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x)));
 }
 
-// The MLP's bias and activation in one pass, one team per row: the product's fp32 output
-// in, the pre-activation and the activation out in their storage type T.
-template <class Exec, class T>
+// The MLP's bias and activation in one pass, one team per row: the product's output in
+// (fp32, or bf16 where the product rounded it into the pre-activation itself), the
+// pre-activation and the activation out in their storage type T.
+template <class Exec, class P, class T>
 struct BiasGeluForward {
-  ConstMat<Exec> product;
+  MatOf<Exec, const P> product;
   MatOf<Exec, T> pre, out;
   ConstVec<Exec> bias;
+  bool has_bias, writes_pre;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
     const std::int64_t i = team.league_rank();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, static_cast<std::int64_t>(pre.extent(1))),
                          [&](std::int64_t j) {
-                           const float x = product(i, j) + bias(j);
-                           put(pre(i, j), x);
+                           const float x = has_bias ? widen(product(i, j)) + bias(j) : widen(product(i, j));
+                           if (writes_pre) put(pre(i, j), x);
                            put(out(i, j), gelu(x));
                          });
   }
 };
 
 // pre: (N, F) = product + bias (kept for backward); out: (N, F) = gelu(pre), both as stored;
-// product: (N, F) the product without its bias, fp32 (it may be pre itself in fp32 runs)
-template <class Exec, class V>
-void bias_gelu_forward(const Exec& exec, const V& pre, const V& out, const ConstMat<Exec>& product,
-                       const ConstVec<Exec>& bias) {
+// product: (N, F) the product, fp32 without its bias, or pre itself (its bias included where
+// the product's epilogue added it: bias empty)
+template <class Exec, class V, class PV>
+void bias_gelu_forward(const Exec& exec, const V& pre, const V& out, const PV& product, const ConstVec<Exec>& bias) {
+  using P = StoredType<PV>;
+  const bool has_bias = bias.data() != nullptr;
+  const bool writes_pre = has_bias || static_cast<const void*>(product.data()) != static_cast<const void*>(pre.data());
   Kokkos::parallel_for("lamina::bias_gelu_forward",
                        Teams<Exec>(exec, static_cast<std::int64_t>(pre.extent(0)), Kokkos::AUTO),
-                       BiasGeluForward<Exec, StoredType<V>>{product, pre, out, bias});
+                       BiasGeluForward<Exec, P, StoredType<V>>{MatOf<Exec, const P>(product), pre, out, bias, has_bias,
+                                                               writes_pre});
 }
 
 template <class Exec, class T>

@@ -381,6 +381,37 @@ void gemm(const Exec& exec, const char* tb, float alpha, const ConstMat16<Exec>&
   }
 }
 
+// Whether Exec's products in `math` can write bf16 with a bias as their epilogue
+// (gemm_rounded): a host's oneDNN on a CPU with bf16 instructions. Elsewhere a bf16 output
+// is an fp32 product rounded by the kernel that reads it (a device's cuBLASLt epilogue could
+// do it too: not yet written).
+template <class Exec>
+bool rounding_products(ProductMath math) {
+  if constexpr (detail::kOnHost<Exec> && kHostDnnlLinked) return math == ProductMath::bf16 && host_bf16_products();
+  return false;
+}
+
+// C = bf16(A @ op(B) + bias) with A stored in bf16 and B a weight stored in bf16, where
+// rounding_products<Exec>(ProductMath::bf16): the fp32 sums and the bias (or none) rounded
+// to nearest as the product writes them, in one pass.
+template <class Exec>
+void gemm_rounded(const Exec& exec, const char* tb, const ConstMat16<Exec>& A, const MatRefArg<Exec>& B,
+                  const ConstVec<Exec>& bias, const Mat16<Exec>& C) {
+  if (!B.bf16() || !rounding_products<Exec>(ProductMath::bf16)) {
+    throw std::logic_error("lamina::gemm_rounded: needs a bf16 weight and a space whose products round");
+  }
+  RowMajorGemm g;
+  g.tb = *tb;
+  g.m = static_cast<std::int64_t>(A.extent(0));
+  g.n = static_cast<std::int64_t>(C.extent(1));
+  g.k = static_cast<std::int64_t>(A.extent(1));
+  g.lda = static_cast<std::int64_t>(A.stride_0());
+  g.ldb = static_cast<std::int64_t>(B.b16.stride_0());
+  g.ldc = static_cast<std::int64_t>(C.stride_0());
+  exec.fence();  // the operands' producers, on this instance
+  host_gemm_bf16_rounded(g, A.data(), B.b16.data(), C.data(), bias.data());
+}
+
 // The weight gradient of a layer's backward: dW += X^T dY (a linear layer, W: in x out) or
 // dY^T X (the tied LM head, W: vocabulary x in).
 enum class WeightGradient { xt_dy, dyt_x };

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <stdexcept>
+#include <unordered_map>
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -56,29 +58,34 @@ class Engine {
     return e;
   }
 
-  void run(const RowMajorGemm& g, const std::uint16_t* a, const std::uint16_t* b, const HeadBatch& h) {
-    const Key key{g.ta,         g.tb,     g.m,          g.n,      g.k,          g.lda,        g.ldb,
-                  g.ldc,        bits(g.alpha), bits(g.beta), h.sequences, h.heads, h.a.sequence, h.a.head,
-                  h.b.sequence, h.b.head, h.c.sequence, h.c.head};
+  // C in fp32 (c16 null) or, with its bias if any, rounded to bf16 into c16.
+  void run(const RowMajorGemm& g, const std::uint16_t* a, const std::uint16_t* b, const HeadBatch& h,
+           std::uint16_t* c16 = nullptr, const float* bias = nullptr) {
+    const Key key{g.ta,          g.tb,          g.m,         g.n,        g.k,          g.lda,
+                  g.ldb,         g.ldc,         bits(g.alpha), bits(g.beta), h.sequences, h.heads,
+                  h.a.sequence,  h.a.head,      h.b.sequence, h.b.head,   h.c.sequence, h.c.head,
+                  c16 != nullptr, bias != nullptr};
     const std::pair<dnnl::matmul, Descs>* p = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = primitives_.find(key);
-      if (it == primitives_.end()) it = primitives_.emplace(key, make(g, h)).first;
+      if (it == primitives_.end()) it = primitives_.emplace(key, make(g, h, c16 != nullptr, bias != nullptr)).first;
       p = &it->second;  // map nodes stay where they are
     }
     const Descs& md = p->second;
     dnnl::memory A(md.src, engine_, const_cast<std::uint16_t*>(a));
     dnnl::memory B(md.weights, engine_, const_cast<std::uint16_t*>(b));
-    dnnl::memory C(md.dst, engine_, g.c);
-    p->first.execute(stream_, {{DNNL_ARG_SRC, A}, {DNNL_ARG_WEIGHTS, B}, {DNNL_ARG_DST, C}});
+    dnnl::memory C(md.dst, engine_, c16 != nullptr ? static_cast<void*>(c16) : static_cast<void*>(g.c));
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, A}, {DNNL_ARG_WEIGHTS, B}, {DNNL_ARG_DST, C}};
+    if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, dnnl::memory(md.bias, engine_, const_cast<float*>(bias)));
+    p->first.execute(stream_, args);
     stream_.wait();
   }
 
  private:
-  using Key = std::array<std::int64_t, 18>;
+  using Key = std::array<std::int64_t, 20>;
   struct Descs {
-    dnnl::memory::desc src, weights, dst;
+    dnnl::memory::desc src, weights, dst, bias;
   };
 
   Engine() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
@@ -98,9 +105,11 @@ class Engine {
     return dnnl::memory::desc(Dims{h.sequences, h.heads, rows, cols}, type, Dims{s.sequence, s.head, row, col});
   }
 
-  std::pair<dnnl::matmul, Descs> make(const RowMajorGemm& g, const HeadBatch& h) {
+  std::pair<dnnl::matmul, Descs> make(const RowMajorGemm& g, const HeadBatch& h, bool bf16_dst, bool bias) {
     Descs d{operand(g.ta, g.m, g.k, g.lda, dt::bf16, h, h.a), operand(g.tb, g.k, g.n, g.ldb, dt::bf16, h, h.b),
-            operand('N', g.m, g.n, g.ldc, dt::f32, h, h.c)};
+            operand('N', g.m, g.n, g.ldc, bf16_dst ? dt::bf16 : dt::f32, h, h.c), dnnl::memory::desc()};
+    // One bias per output column, added to the fp32 sums before they are written.
+    if (bias) d.bias = dnnl::memory::desc(Dims{1, g.n}, dt::f32, Dims{g.n, 1});
     // alpha scales the product, then beta C is added. oneDNN 3 has no output scales: there
     // an eltwise post-op scales, which oneDNN 2's bf16 kernels do not fuse (ten times slower
     // there); lamina's own products pass alpha 1.
@@ -115,9 +124,13 @@ class Engine {
     attr.set_post_ops(ops);
     try {
 #if DNNL_VERSION_MAJOR >= 3
-      const dnnl::matmul::primitive_desc pd(engine_, d.src, d.weights, d.dst, attr);
+      const dnnl::matmul::primitive_desc pd =
+          bias ? dnnl::matmul::primitive_desc(engine_, d.src, d.weights, d.bias, d.dst, attr)
+               : dnnl::matmul::primitive_desc(engine_, d.src, d.weights, d.dst, attr);
 #else
-      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(d.src, d.weights, d.dst), attr, engine_);
+      const dnnl::matmul::primitive_desc pd(
+          bias ? dnnl::matmul::desc(d.src, d.weights, d.bias, d.dst) : dnnl::matmul::desc(d.src, d.weights, d.dst), attr,
+          engine_);
 #endif
       return {dnnl::matmul(pd), d};
     } catch (const dnnl::error& e) {
@@ -165,6 +178,13 @@ void host_gemm_bf16(const RowMajorGemm& g, const std::uint16_t* a, const std::ui
   Engine::get().run(g, a, b, batch);
 }
 
+void host_gemm_bf16_rounded(const RowMajorGemm& g, const std::uint16_t* a, const std::uint16_t* b, std::uint16_t* c,
+                            const float* bias) {
+  if (g.m == 0 || g.n == 0) return;
+  if (g.beta != 0.0f) throw std::logic_error("lamina::host_gemm_bf16_rounded: beta must be 0");
+  Engine::get().run(g, a, b, HeadBatch{}, c, bias);
+}
+
 #else
 
 bool host_bf16_products() { return false; }
@@ -174,6 +194,11 @@ std::string host_product_engine() { return "no oneDNN: bf16 runs keep fp32 produ
 void set_host_product_threads(int) {}
 
 void host_gemm_bf16(const RowMajorGemm&, const std::uint16_t*, const std::uint16_t*, const HeadBatch&) {
+  throw RunError("host bf16 product: lamina was built without oneDNN");
+}
+
+void host_gemm_bf16_rounded(const RowMajorGemm&, const std::uint16_t*, const std::uint16_t*, std::uint16_t*,
+                            const float*) {
   throw RunError("host bf16 product: lamina was built without oneDNN");
 }
 

@@ -62,13 +62,20 @@ void linear_forward(const Exec& exec, const Mat<Exec>& out, const InV& inp, cons
   detail::linear_product(exec, out, inp, weight, 1.0f, math, scratch);
 }
 
-// The same with out stored in bf16: the product into `product` (N, OC) fp32, then its bias
-// (if any) added as it is rounded into out, in one pass.
+// The same with out stored in bf16: where the products round (rounding_products), the
+// product writes out with its bias as its epilogue; else the product into `product` (N, OC)
+// fp32, then its bias (if any) added as it is rounded into out, in one pass.
 template <class Exec, class InV>
 void linear_forward(const Exec& exec, const Mat16<Exec>& out, const InV& inp, const MatRefArg<Exec>& weight,
                     const ConstVec<Exec>& bias, ProductMath math, const Vec<Exec>& scratch, const Mat<Exec>& product) {
   const std::int64_t N = static_cast<std::int64_t>(out.extent(0));
   const std::int64_t OC = static_cast<std::int64_t>(out.extent(1));
+  if constexpr (std::is_same<StoredType<InV>, std::uint16_t>::value) {
+    if (weight.bf16() && rounding_products<Exec>(math)) {
+      gemm_rounded(exec, "N", ConstMat16<Exec>(inp), weight, bias, out);
+      return;
+    }
+  }
   detail::linear_product(exec, product, inp, weight, 0.0f, math, scratch);
   Kokkos::parallel_for("lamina::linear_forward_bias_bf16", RowMajor<Exec, 2>(exec, {0, 0}, {N, OC}),
                        LinearBiasStore<Exec>{out, product, bias, bias.data() != nullptr});

@@ -10,18 +10,21 @@ namespace lamina {
 
 KOKKOS_INLINE_FUNCTION float sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
 
-// One team per row: the product's fp32 output in, the kept halves and the activation out
-// in their storage type T.
-template <class Exec, class T>
+// One team per row: the product's output in (fp32, or bf16 where the product rounded it
+// into the kept halves themselves), the kept halves and the activation out in their storage
+// type T.
+template <class Exec, class P, class T>
 struct SwigluForward {
-  ConstMat<Exec> product;
+  MatOf<Exec, const P> product;
   MatOf<Exec, T> pre, out;
+  bool writes_pre;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
     const std::int64_t i = team.league_rank(), F = static_cast<std::int64_t>(out.extent(1));
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](std::int64_t j) {
-      const float g = product(i, j), u = product(i, F + j);
-      put(pre(i, j), g);
-      put(pre(i, F + j), u);
+      if (writes_pre) {
+        put(pre(i, j), widen(product(i, j)));
+        put(pre(i, F + j), widen(product(i, F + j)));
+      }
       // From the values as kept, so that backward differentiates what forward computed.
       const float gs = widen(pre(i, j)), us = widen(pre(i, F + j));
       put(out(i, j), gs * sigmoid(gs) * us);
@@ -30,12 +33,14 @@ struct SwigluForward {
 };
 
 // pre: (N, 2F) = [gate | up] as stored, kept for backward; out: (N, F) = silu(gate) * up as
-// stored; product: (N, 2F) fp32 (it may be pre itself in fp32 runs)
-template <class Exec, class V>
-void swiglu_forward(const Exec& exec, const V& pre, const V& out, const ConstMat<Exec>& product) {
+// stored; product: (N, 2F) fp32, or pre itself
+template <class Exec, class V, class PV>
+void swiglu_forward(const Exec& exec, const V& pre, const V& out, const PV& product) {
+  using P = StoredType<PV>;
+  const bool writes_pre = static_cast<const void*>(product.data()) != static_cast<const void*>(pre.data());
   Kokkos::parallel_for("lamina::swiglu_forward",
                        Teams<Exec>(exec, static_cast<std::int64_t>(out.extent(0)), Kokkos::AUTO),
-                       SwigluForward<Exec, StoredType<V>>{product, pre, out});
+                       SwigluForward<Exec, P, StoredType<V>>{MatOf<Exec, const P>(product), pre, out, writes_pre});
 }
 
 template <class Exec, class T>

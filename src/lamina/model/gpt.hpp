@@ -137,12 +137,31 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
     residual_forward(exec, s.x2, x, ws.attproj, w.proj_b);
     block_norm_forward(exec, d, s.ln2, s.ln2_mean, s.ln2_rstd, s.x2, w.ln2_w, w.ln2_b);
   }
-  const Mat<Exec> fc = detail::product_out<Exec>(s.fch, ws);
-  linear_forward(exec, fc, s.ln2, w.fc_w, ConstVec<Exec>(), s.products, ws.widened);
-  if (d.parts.mlp == MlpKind::gelu) {
-    bias_gelu_forward(exec, s.fch, s.fch_gelu, fc, w.fc_b);
-  } else {
-    swiglu_forward(exec, s.fch, s.fch_gelu, fc);
+  // The MLP's first product: where products round (a bf16 run on a host's oneDNN), it writes
+  // the kept pre-activation with its bias, which the activation reads; else the activation
+  // reads its fp32 output and adds the bias.
+  const bool gelu = d.parts.mlp == MlpKind::gelu;
+  bool rounded = false;
+  if constexpr (!std::is_same<T, float>::value) {
+    rounded = w.fc_w.bf16() && rounding_products<Exec>(s.products);
+    if (rounded) {
+      linear_forward(exec, s.fch, s.ln2, w.fc_w, gelu ? w.fc_b : ConstVec<Exec>(), s.products, ws.widened,
+                     Mat<Exec>());
+      if (gelu) {
+        bias_gelu_forward(exec, s.fch, s.fch_gelu, s.fch, ConstVec<Exec>());
+      } else {
+        swiglu_forward(exec, s.fch, s.fch_gelu, s.fch);
+      }
+    }
+  }
+  if (!rounded) {
+    const Mat<Exec> fc = detail::product_out<Exec>(s.fch, ws);
+    linear_forward(exec, fc, s.ln2, w.fc_w, ConstVec<Exec>(), s.products, ws.widened);
+    if (gelu) {
+      bias_gelu_forward(exec, s.fch, s.fch_gelu, fc, w.fc_b);
+    } else {
+      swiglu_forward(exec, s.fch, s.fch_gelu, fc);
+    }
   }
   linear_forward(exec, ws.fcproj, s.fch_gelu, w.fcproj_w, ConstVec<Exec>(), s.products, ws.widened);
   detail::combine(exec, tp.sum, ws.fcproj);

@@ -73,7 +73,12 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const bool layernorm = d.parts.norm == NormKind::layernorm, swiglu = d.parts.mlp == MlpKind::swiglu;
   const double norms = layernorm ? 2 * s * N * C + (3 * s + 4) * N * C : 2 * s * N * C + (2 * s + 4) * N * C + 2 * s * N * C;
   const double rotary = d.parts.position == PositionKind::rotary ? 2 * s * N * (A + KV) : 0.0;
-  const double mlp = swiglu ? (8 + 3 * s) * N * F : (4 + 2 * s) * N * F;
+  // A host's bf16 engine (oneDNN) writes the QKV projection's and the MLP's first products
+  // in bf16 with their biases (kernels/gemm.hpp, rounding_products): the activation then
+  // reads the kept pre-activation (SwiGLU: [gate | up]) as stored.
+  const bool engine = bf16_ && machine.bf16_products(), rounding = engine && machine.device_is_host;
+  const double mlp = rounding ? (swiglu ? 3 * s * N * F : 2 * s * N * F)
+                              : (swiglu ? (8 + 3 * s) * N * F : (4 + 2 * s) * N * F);
   const double ew_forward = norms + (2 * s + 4) * N * C + 2 * s * N * (A + 2 * KV) + rotary + scores + mlp;
   // And of its backward, whose gradients are fp32: each norm's kernel reads the output's
   // gradient, the skip's and the input, writes the input's gradient and the gain's per-row
@@ -84,7 +89,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // again, reads its probabilities and the product's dP (written fp32), writes the score
   // gradients (fp32, or bf16 on an engine: conversions below) and merges dq, dk, dv into one
   // gradient.
-  const bool engine = bf16_ && machine.bf16_products(), staged_engine = engine && d.attention == AttentionProducts::staged;
+  const bool staged_engine = engine && d.attention == AttentionProducts::staged;
   const double norms_backward = 2 * (layernorm ? 24 + s : 20 + s) * N * C;
   const double biases = d.parts.bias ? 4 * N * (2 * C + F + A + 2 * KV) : 0.0;
   const double mlp_backward = swiglu ? (12 + 2 * s) * N * F : (8 + s) * N * F;
@@ -98,7 +103,8 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // bf16 engine reads stored activations and weights as they are; it rounds the fp32
   // operands: each product's output gradient dY in backward (once for both of its products),
   // and at the head the final norm's output (both passes) and the logits' gradient. The QKV
-  // projection's output is rounded into storage with its bias (its epilogue). Attention on a
+  // projection's output is rounded into storage with its bias in a pass of its own, or (a
+  // host's engine) as the product writes it. Attention on a
   // host's oneDNN reads q, k, v as stored and rounds its output, dy, a row block's score
   // gradients (and, fused, its recomputed probabilities) in bf16 beside fp32 (2 bytes each,
   // half of the (T, T) scores under the mask); a device's fused kernels read and write the
@@ -121,7 +127,8 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
                                       : staged_engine ? 6 * N * A + 2 * score_count
                                                       : copies;
     const double read_activations = 6 * N * (2 * C + A + F);  // ln1, atty, ln2, gelu widened
-    convert_forward = 6 * 3 * N * A + attention_forward + (engine ? 0.0 : 6 * weights + read_activations);
+    const double qkv_rounded = rounding ? 0.0 : 6 * N * (A + 2 * KV);
+    convert_forward = qkv_rounded + attention_forward + (engine ? 0.0 : 6 * weights + read_activations);
     convert_backward = attention_backward + (engine ? 6 * N * (2 * C + F + 3 * A) : 6 * weights + read_activations);
     convert_head = 6 * (engine ? N * C : V * C);
     convert_head_backward = 6 * (engine ? N * C : V * C);  // the logits' gradient is rounded where computed

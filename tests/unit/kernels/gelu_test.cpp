@@ -73,6 +73,15 @@ TYPED_TEST(GeluTest, Bf16StorageIsWrittenOnceAndReadAsStored) {
   EXPECT_LT(rel_error(widened_to_host(out), want), 1e-3);
   gelu_backward(Exec(), dinp, pre, dd);
   EXPECT_LT(rel_error(to_host(dinp), want_grad), 2e-6);
+  // Where the product wrote the pre-activation with its bias (rounding products), the
+  // activation reads it as stored and leaves it as it is.
+  std::vector<double> want_from_stored(n);
+  for (int i = 0; i < n; ++i) want_from_stored[i] = from_bf16(to_bf16(static_cast<float>(gelu_ref(want_pre[i]))));
+  Bf16Vec<Exec> out2("out2", n);
+  bias_gelu_forward(Exec(), Mat16<Exec>(pre.data(), N, F), Mat16<Exec>(out2.data(), N, F),
+                    Mat16<Exec>(pre.data(), N, F), ConstVec<Exec>());
+  EXPECT_EQ(widened_to_host(pre), want_pre);
+  EXPECT_LT(rel_error(widened_to_host(out2), want_from_stored), 1e-3);
 }
 
 }  // namespace

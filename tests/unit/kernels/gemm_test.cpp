@@ -118,6 +118,45 @@ TYPED_TEST(GemmTest, ProductsWithABf16WeightMatchDoubleReference) {
   }
 }
 
+// A product that writes bf16 with its bias (the epilogue of a host's oneDNN): each output is
+// the exact sum of the bf16 operands plus the fp32 bias, rounded to nearest, within the fp32
+// sums' own error (which can tip a value onto the neighbouring bf16 one).
+TYPED_TEST(GemmTest, RoundingProductsWriteTheirSumAndBiasRoundedToBf16) {
+  using Exec = TypeParam;
+  if (!rounding_products<Exec>(ProductMath::bf16)) GTEST_SKIP() << "products on this space do not round";
+  const int m = 33, n = 21, k = 70;
+  const auto a = bf16_values(random_vector(m * k, 81)), w = bf16_values(random_vector(k * n, 82));
+  const auto bias = random_vector(n, 83);
+  for (const char* tb : {"N", "T"}) {
+    for (const bool with_bias : {true, false}) {
+      SCOPED_TRACE(std::string(tb) + (with_bias ? ", bias" : ", no bias"));
+      const bool bt = *tb == 'T';
+      std::vector<double> stored(k * n);
+      for (int l = 0; l < k; ++l)
+        for (int j = 0; j < n; ++j) stored[bt ? j * k + l : l * n + j] = w[l * n + j];
+      auto a16 = to_device_bf16<Exec>(a), w16 = to_device_bf16<Exec>(stored);
+      auto dbias = to_device<Exec>(bias);
+      Bf16Vec<Exec> c16("c16", m * n);
+      gemm_rounded(Exec(), tb, ConstMat16<Exec>(a16.data(), m, k),
+                   MatRef<Exec>(ConstMat16<Exec>(w16.data(), bt ? n : k, bt ? k : n)),
+                   with_bias ? ConstVec<Exec>(dbias) : ConstVec<Exec>(), Mat16<Exec>(c16.data(), m, n));
+      const auto got = widened_to_host(c16);
+      int off_by_a_step = 0;
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < n; ++j) {
+          double s = with_bias ? static_cast<double>(static_cast<float>(bias[j])) : 0.0;
+          for (int l = 0; l < k; ++l) s += a[i * k + l] * w[l * n + j];
+          const double want = from_bf16(to_bf16(static_cast<float>(s))), step = std::abs(want) / 128 + 1e-30;
+          const double e = std::abs(got[i * n + j] - want);
+          ASSERT_LE(e, step) << i << ", " << j << ": " << got[i * n + j] << " against " << s;
+          if (e > 0) ++off_by_a_step;
+        }
+      }
+      EXPECT_LE(off_by_a_step, m * n / 50) << "values a bf16 step from the rounded exact sum";
+    }
+  }
+}
+
 TYPED_TEST(GemmTest, ColumnSumsAccumulate) {
   using Exec = TypeParam;
   const int rows = 9, cols = 4;

@@ -76,5 +76,21 @@ TYPED_TEST(SwigluTest, Bf16StorageIsReadAndWrittenAsStored) {
   EXPECT_LT(rel_error(to_host(dinp), want_grad), 1e-6);
 }
 
+// Where the product wrote the kept halves itself (rounding products), the activation reads
+// them as stored: the same output as from the fp32 product, the halves left as they are.
+TYPED_TEST(SwigluTest, TheActivationReadsHalvesTheProductKept) {
+  using Exec = TypeParam;
+  const int N = 3, F = 31;
+  const auto product = random_vector(N * 2 * F, 27, -6, 6);
+  auto dprod = to_device<Exec>(product), kept16 = to_device_bf16<Exec>(bf16_values(product));
+  Bf16Vec<Exec> pre("pre", N * 2 * F), out("out", N * F), out2("out2", N * F);
+  swiglu_forward(Exec(), Mat16<Exec>(pre.data(), N, 2 * F), Mat16<Exec>(out.data(), N, F),
+                 as_mat<Exec>(dprod.data(), N, 2 * F));
+  const Mat16<Exec> kept(kept16.data(), N, 2 * F);
+  swiglu_forward(Exec(), kept, Mat16<Exec>(out2.data(), N, F), kept);
+  EXPECT_EQ(widened_to_host(out2), widened_to_host(out));
+  EXPECT_EQ(widened_to_host(kept16), widened_to_host(pre));
+}
+
 }  // namespace
 }  // namespace lamina::test

@@ -196,7 +196,7 @@ TEST(CostModel, AHostsBf16EngineReadsAttentionsStorageInPlace) {
   if (!kAttentionInPlace<Kokkos::DefaultHostExecutionSpace>) GTEST_SKIP() << "no host BLAS for attention";
   MachineSpec host = machine();
   host.device_is_host = true;
-  const double N = 2048, C = 1024, T = 2048, H = 16, bandwidth = 2e12 * 0.5;
+  const double T = 2048, H = 16, bandwidth = 2e12 * 0.5;
   ModelConfig in_place = model();
   in_place.attention = AttentionProducts::in_place;
   const CostModel i(in_place, plan(1, 1, 1, Precision::bf16), host), s(model(), plan(1, 1, 1, Precision::bf16), host);
@@ -206,6 +206,18 @@ TEST(CostModel, AHostsBf16EngineReadsAttentionsStorageInPlace) {
   EXPECT_NEAR(i.block_forward() - s.block_forward(), 0.0, 1e-12);
   EXPECT_NEAR(i.block_backward() - s.block_backward(), (4 * scores + scores - 2 * scores) / bandwidth, 1e-12);
   EXPECT_NEAR(i.head_backward(), s.head_backward(), 1e-12);
+}
+
+// A host's engine (oneDNN) writes the QKV projection and the MLP's first product in bf16 with
+// their biases: no pass rounds the QKV output (6 bytes per element), and GELU reads the kept
+// bf16 pre-activation instead of the fp32 product (2 bytes, not 4, and no write of it).
+TEST(CostModel, AHostsEngineWritesTheQkvAndMlpProductsInBf16) {
+  MachineSpec host = machine();
+  host.device_is_host = true;
+  const double N = 2048, C = 1024, F = 4 * C, bandwidth = 2e12 * 0.5;
+  const CostModel d(model(), plan(1, 1, 1, Precision::bf16), machine()), h(model(), plan(1, 1, 1, Precision::bf16), host);
+  EXPECT_NEAR(d.block_forward() - h.block_forward(), (6 * 3 * N * C + 4 * N * F) / bandwidth, 1e-12);
+  EXPECT_NEAR(d.block_backward(), h.block_backward(), 1e-12);
 }
 
 TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {
