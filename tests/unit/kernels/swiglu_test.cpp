@@ -82,7 +82,8 @@ TYPED_TEST(SwigluTest, TheActivationReadsHalvesTheProductKept) {
   using Exec = TypeParam;
   const int N = 3, F = 31;
   const auto product = random_vector(N * 2 * F, 27, -6, 6);
-  auto dprod = to_device<Exec>(product), kept16 = to_device_bf16<Exec>(bf16_values(product));
+  auto dprod = to_device<Exec>(product);
+  auto kept16 = to_device_bf16<Exec>(bf16_values(product));
   Bf16Vec<Exec> pre("pre", N * 2 * F), out("out", N * F), out2("out2", N * F);
   swiglu_forward(Exec(), Mat16<Exec>(pre.data(), N, 2 * F), Mat16<Exec>(out.data(), N, F),
                  as_mat<Exec>(dprod.data(), N, 2 * F));
