@@ -82,13 +82,16 @@ void linear_forward(const Exec& exec, const Mat16<Exec>& out, const InV& inp, co
 }
 
 // dinp: (N, IC) overwritten; dweight: (IC, OC) +=; dbias: (OC) +=, or empty when the
-// caller reduces the bias gradient itself; inp: as stored; ones: (>=N) ones
+// caller reduces the bias gradient itself; inp: as stored; ones: (>=N) ones. A host's bf16
+// engine on one thread sums the bias gradient as it rounds dout for the products; elsewhere a
+// product with a ones row sums it.
 template <class Exec, class InV>
 void linear_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
                      const ConstMat<Exec>& dout, const InV& inp, const MatRefArg<Exec>& weight,
                      const ConstVec<Exec>& ones, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
-  backward_products(exec, "T", weight, dout, inp, dinp, dweight, WeightGradient::xt_dy, math, scratch);
-  if (dbias.data() != nullptr) add_column_sums(exec, dbias, dout, ones);
+  const bool summed =
+      backward_products(exec, "T", weight, dout, inp, dinp, dweight, WeightGradient::xt_dy, math, scratch, dbias);
+  if (dbias.data() != nullptr && !summed) add_column_sums(exec, dbias, dout, ones);
 }
 
 // logits: (N, V); inp: (N, C); embedding: (V, C)
