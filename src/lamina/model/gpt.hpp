@@ -141,27 +141,26 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
   // the kept pre-activation with its bias, which the activation reads; else the activation
   // reads its fp32 output and adds the bias.
   const bool gelu = d.parts.mlp == MlpKind::gelu;
+  auto activate = [&](const auto& product, const ConstVec<Exec>& bias) {
+    if (gelu) {
+      bias_gelu_forward(exec, s.fch, s.fch_gelu, product, bias);
+    } else {
+      swiglu_forward(exec, s.fch, s.fch_gelu, product);
+    }
+  };
   bool rounded = false;
   if constexpr (!std::is_same<T, float>::value) {
     rounded = w.fc_w.bf16() && rounding_products<Exec>(s.products);
     if (rounded) {
       linear_forward(exec, s.fch, s.ln2, w.fc_w, gelu ? w.fc_b : ConstVec<Exec>(), s.products, ws.widened,
                      Mat<Exec>());
-      if (gelu) {
-        bias_gelu_forward(exec, s.fch, s.fch_gelu, s.fch, ConstVec<Exec>());
-      } else {
-        swiglu_forward(exec, s.fch, s.fch_gelu, s.fch);
-      }
+      activate(s.fch, ConstVec<Exec>());
     }
   }
   if (!rounded) {
     const Mat<Exec> fc = detail::product_out<Exec>(s.fch, ws);
     linear_forward(exec, fc, s.ln2, w.fc_w, ConstVec<Exec>(), s.products, ws.widened);
-    if (gelu) {
-      bias_gelu_forward(exec, s.fch, s.fch_gelu, fc, w.fc_b);
-    } else {
-      swiglu_forward(exec, s.fch, s.fch_gelu, fc);
-    }
+    activate(fc, w.fc_b);
   }
   linear_forward(exec, ws.fcproj, s.fch_gelu, w.fcproj_w, ConstVec<Exec>(), s.products, ws.widened);
   detail::combine(exec, tp.sum, ws.fcproj);
