@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "lamina/core/exec_instances.hpp"
@@ -52,19 +53,25 @@ const Exec& staging_instance() {
   return e;
 }
 
+using DeviceView = Kokkos::View<float*, DeviceMem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+DeviceView device_view(const float* p, std::int64_t n) {
+  return DeviceView(const_cast<float*>(p), static_cast<std::size_t>(n));
+}
+
 // A host copy of a device buffer for an MPI library that cannot read device memory. The
 // caller has waited for the work that wrote the buffer.
 class Staged {
  public:
   Staged(const float* device, std::int64_t n, bool copy_in) : device_(const_cast<float*>(device)), n_(n) {
     if (direct()) return;
-    host_.resize(static_cast<std::size_t>(n));
+    host_.reset(new float[static_cast<std::size_t>(n)]);  // not value-initialised: MPI or the copy writes it
     if (copy_in) {
       Kokkos::deep_copy(staging_instance(), host_view(), device_view());
       staging_instance().fence();
     }
   }
-  float* get() { return direct() ? device_ : host_.data(); }
+  float* get() { return direct() ? device_ : host_.get(); }
   void copy_out() {
     if (direct()) return;
     Kokkos::deep_copy(staging_instance(), device_view(), host_view());
@@ -73,14 +80,23 @@ class Staged {
 
  private:
   static bool direct() { return MpiCommunicator::device_buffers_direct(); }
-  using DeviceView = Kokkos::View<float*, DeviceMem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   using HostView = Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  DeviceView device_view() const { return DeviceView(device_, static_cast<std::size_t>(n_)); }
-  HostView host_view() { return HostView(host_.data(), static_cast<std::size_t>(n_)); }
+  DeviceView device_view() const { return lamina::device_view(device_, n_); }
+  HostView host_view() { return HostView(host_.get(), static_cast<std::size_t>(n_)); }
   float* device_;
   std::int64_t n_;
-  std::vector<float> host_;
+  std::unique_ptr<float[]> host_;
 };
+
+// A group of one: what a collective would deliver is its own input, copied on the device
+// where input and output differ; staging it through the host would move it twice for nothing.
+Request copied_alone(const float* send, float* recv, std::int64_t n) {
+  if (send != recv) {
+    Kokkos::deep_copy(staging_instance(), device_view(recv, n), device_view(send, n));
+    staging_instance().fence();
+  }
+  return Request();
+}
 
 class MpiRequest : public Request::Impl {
  public:
@@ -257,6 +273,7 @@ void MpiCommunicator::all_gather(const float* send, float* recv, std::int64_t co
 }
 
 void MpiCommunicator::broadcast(float* data, std::int64_t n, int root) {
+  if (size_ == 1) return;
   auto s = std::make_unique<Staged>(data, n, rank_ == root);
   float* p = s->get();
   auto r = std::make_unique<MpiRequest>(*this, "MPI_Ibcast", -1, std::move(s), nullptr);
@@ -276,6 +293,7 @@ void MpiCommunicator::barrier() {
 }
 
 Request MpiCommunicator::iallreduce(float* data, std::int64_t n, ReduceOp op) {
+  if (size_ == 1) return Request();  // the sum over a group of one is the data
   auto s = std::make_unique<Staged>(data, n, true);
   float* p = s->get();
   auto r = std::make_unique<MpiRequest>(*this, "MPI_Iallreduce", -1, std::move(s), nullptr);
@@ -285,6 +303,7 @@ Request MpiCommunicator::iallreduce(float* data, std::int64_t n, ReduceOp op) {
 }
 
 Request MpiCommunicator::ireduce_scatter(const float* send, float* recv, std::int64_t count) {
+  if (size_ == 1) return copied_alone(send, recv, count);
   auto in = std::make_unique<Staged>(send, count * size_, true);
   auto out = std::make_unique<Staged>(recv, count, false);
   const float* pin = in->get();
@@ -297,6 +316,7 @@ Request MpiCommunicator::ireduce_scatter(const float* send, float* recv, std::in
 }
 
 Request MpiCommunicator::iall_gather(const float* send, float* recv, std::int64_t count) {
+  if (size_ == 1) return copied_alone(send, recv, count);
   auto in = std::make_unique<Staged>(send, count, true);
   auto out = std::make_unique<Staged>(recv, count * size_, false);
   const float* pin = in->get();

@@ -2,7 +2,8 @@
 // The MPI backend. Device buffers go straight to MPI when the library reads device memory
 // (asked where the library has a query: Open MPI's MPIX_Query_cuda_support, MPICH 4's
 // MPIX_GPU_query_support; or as the deck's parallel.mpi_device_buffers or the environment's
-// LAMINA_MPI_DEVICE_BUFFERS say), otherwise through host staging. Every wait is bounded by
+// LAMINA_MPI_DEVICE_BUFFERS say), otherwise through host staging. A group of one calls no MPI
+// for float collectives and stages nothing: its input is the result. Every wait is bounded by
 // parallel.timeout (core/bounded_wait.hpp).
 #include <mpi.h>
 
