@@ -5,6 +5,7 @@
 #include <set>
 #include <stdexcept>
 #include <tuple>
+#include <utility>
 
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
@@ -369,7 +370,7 @@ class StageBuilder {
     }
     Instruction sync = make(Op::sync_grads, Stream::collective, -1, -1, -1);
     sync.after = reductions_;
-    emit(sync);
+    emit(std::move(sync));
     for (int l : s_.layers_of_stage(stage_))
       if (host_updated(l) && !flushed_.count(l)) flush(l);
     for (const auto& [l, n] : holds_) {
@@ -418,7 +419,7 @@ class StageBuilder {
     Instruction i = make(Op::release_params, Stream::host, -1, l, -1);
     i.after = after_last_compute();
     i.pool.push_back({false, gathered(l), false});
-    emit(i);
+    emit(std::move(i));
   }
   // Per use, unless a breadth-first run holds the chunk's parameters.
   void use(int l) {
@@ -433,7 +434,7 @@ class StageBuilder {
     i.peer = peer;
     i.after = after_last_compute();
     if (op == Op::recv_activation && offloaded_checkpoint(spec_, s_.partition().chunk(chunk))) wait_frame(i);
-    received_ = emit(i);
+    received_ = emit(std::move(i));
   }
   // An instruction that takes an input frame in forward waits for the stage's offload
   // before the last one, which gives its frame back.
@@ -444,7 +445,7 @@ class StageBuilder {
     Instruction i = make(op, Stream::link, chunk, -1, mb);
     i.peer = peer;
     i.after = after_last_compute();
-    emit(i);
+    emit(std::move(i));
   }
 
   // A compute instruction of chunk c on layer l, after what it reads.
@@ -479,7 +480,7 @@ class StageBuilder {
         if (it != restored_.end() && it->second >= 0) i.after.push_back(it->second);
       }
     }
-    last_compute_ = emit(i);
+    last_compute_ = emit(std::move(i));
   }
 
   // The staging buffers of offloaded blocks, as the executor fills them: buffer 0 takes a
@@ -499,7 +500,7 @@ class StageBuilder {
     i.after = after_last_compute();
     into_staging(i, b);
     staged_[i.buffer] = b;
-    restored_[b] = emit(i);
+    restored_[b] = emit(std::move(i));
   }
   // A copy back into a staging buffer starts once its block's copy out has ended, and once
   // the copy out of that staging buffer still reading it has too.
@@ -514,7 +515,7 @@ class StageBuilder {
     Instruction i = make(Op::prefetch_checkpoint, Stream::host_to_device, c.index, static_cast<int>(c.first_block) + 1, mb);
     i.after = after_last_compute();
     i.after.push_back(checkpoint_offloaded_.at({c.index, mb}));
-    checkpoint_prefetches_[{c.index, mb}] = emit(i);
+    checkpoint_prefetches_[{c.index, mb}] = emit(std::move(i));
   }
   // Before an offloaded block's backward: its activations in a staging buffer.
   void restore(const Chunk& c, int l, int mb) {
@@ -527,7 +528,7 @@ class StageBuilder {
       into_staging(i, b);
       k = 0;
       staged_[0] = b;
-      restored_[b] = emit(i);
+      restored_[b] = emit(std::move(i));
     } else if (!restored_.count(b)) {
       restored_[b] = -1;  // still in buffer 0 from its forward
     }
@@ -550,14 +551,14 @@ class StageBuilder {
       if (policy(b) == ActivationPolicy::offload_checkpoint) {
         Instruction i = make(Op::offload_checkpoint, Stream::device_to_host, c.index, l, mb);
         i.after = after_last_compute();
-        checkpoint_offloads_.push_back(emit(i));
+        checkpoint_offloads_.push_back(emit(std::move(i)));
         checkpoint_offloaded_[{c.index, mb}] = checkpoint_offloads_.back();
       }
       if (policy(b) == ActivationPolicy::offload) {
         Instruction i = make(Op::offload_activations, Stream::device_to_host, c.index, l, mb);
         i.buffer = 0;
         i.after = after_last_compute();
-        last_offload_ = emit(i);
+        last_offload_ = emit(std::move(i));
         offloads_[{c.index, l, mb}] = last_offload_;
         staged_[0] = {c.index, l, mb};
       }
@@ -613,7 +614,7 @@ class StageBuilder {
     i.final = final;
     i.after = after_last_compute();
     if (spec_.layout.zero >= 1 && !reductions_.empty()) i.after.push_back(reductions_.back());
-    reduced_[l] = emit(i);
+    reduced_[l] = emit(std::move(i));
     reductions_.push_back(reduced_[l]);
     // Those that completed a host-updated layer's gradients start their copies to the
     // host, overlapping the rest of the backward pass. The tied embedding waits for the
@@ -626,7 +627,7 @@ class StageBuilder {
     Instruction i = make(Op::flush_grads, Stream::device_to_host, -1, l, -1);
     const auto r = reduced_.find(l);
     if (r != reduced_.end()) i.after.push_back(r->second);
-    emit(i);
+    emit(std::move(i));
     flushed_.insert(l);
   }
 

@@ -964,6 +964,7 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     if (need_dev > k.cap.device || (!k.cap.shared && static_cast<double>(c.host_bytes) > k.cap.host)) return;
     CostModel cost(deck.model, p, machine, options.measured);
     const Timeline t = simulate(schedule, cost.pricer(), cost.serial(), cost.compute_queued());
+    c.traffic = cost.traffic(schedule.program(0), {});
     double update = 0.0;
     const ParamLayout layout = ParamLayout::of(deck.model, p.layout.tp, 0);
     for (int s = 0; s < schedule.stages(); ++s) {

@@ -18,6 +18,7 @@
 // runs, priced by the cost model) and their memory estimated exactly; the fastest that
 // fits wins.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,7 @@ struct PlanCandidate {
   MemoryEstimate memory;      // exact estimate, the largest stage
   std::int64_t device_bytes = 0, host_bytes = 0;
   std::vector<std::string> sets;  // the deck overrides that give this plan
+  std::map<std::string, double> traffic;  // bytes the first stage's ranks send per step, by group (dp, tp, pp)
   std::size_t checked_instructions = 0;  // proved race-free (plan/race_check.hpp) before it was returned
 };
 

@@ -169,8 +169,7 @@ struct Figures {
   std::map<std::string, double> traffic;
 };
 
-Figures figures(const Deck& deck, const MachineSpec& machine, const PlanCandidate& c, int ranks,
-                const std::vector<MeasuredCosts>& measured) {
+Figures figures(const Deck& deck, const MachineSpec& machine, const PlanCandidate& c, int ranks) {
   Figures f;
   const ParallelLayout& o = c.plan.layout;
   const double tokens = static_cast<double>(o.dp) * static_cast<double>(o.micro_batch_size) * o.micro_batches *
@@ -178,9 +177,7 @@ Figures figures(const Deck& deck, const MachineSpec& machine, const PlanCandidat
   f.tokens_per_s = tokens / c.step_s;
   f.flops = training_flops_per_token(deck.model) * tokens;
   f.mfu = f.flops / (c.step_s * ranks * machine.peak_flops(c.plan.precision == Precision::bf16));
-  const CostModel cost(deck.model, c.plan, machine, measured);
-  const Schedule schedule = Schedule::build(step_spec(c.plan, deck.model));
-  f.traffic = cost.traffic(schedule.program(0), {});
+  f.traffic = c.traffic;
   return f;
 }
 
@@ -334,7 +331,7 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
   }
   for (std::size_t i = 0; i < r.best.size(); ++i) {
     const PlanCandidate& c = r.best[i];
-    const Figures f = figures(deck, machine, c, options.ranks, options.measured);
+    const Figures f = figures(deck, machine, c, options.ranks);
     const ParallelLayout& o = c.plan.layout;
     log.info(strprintf("%s %zu. %s, micro-batch %lld x %d: step %.4g s (optimizer %.3g s), %s tokens/s, MFU %.1f%%, "
                        "bubble %.1f%%, compute idle %.1f%%",
@@ -365,7 +362,7 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
   log.info(strprintf("instruction lists: race-free (%zu instructions of the best plan and its optimizer programs "
                      "checked)",
                      best.checked_instructions));
-  const Figures f = figures(deck, machine, best, options.ranks, options.measured);
+  const Figures f = figures(deck, machine, best, options.ranks);
   const ParallelLayout& o = best.plan.layout;
   j.add("dp", o.dp).add("tp", o.tp).add("pp", o.pp).add("zero", o.zero).add("schedule", schedule_kind_name(o.schedule));
   j.add("virtual_stages", o.virtual_stages).add("layered", o.layered).add("micro_batch_size", o.micro_batch_size);
