@@ -135,6 +135,7 @@ StageSolution solve_dp(const StageProblem& problem, std::size_t max_frontier) {
   std::vector<Point> next, other, kept;
   std::vector<std::size_t> runs, merged;
   std::vector<std::pair<std::int64_t, std::int64_t>> stairs;
+  std::vector<char> taken;  // memory buckets that have their fastest point
   for (std::size_t b = 0; b < n; ++b) {
     next.clear();
     const auto& prev = levels[b];
@@ -200,16 +201,20 @@ StageSolution solve_dp(const StageProblem& problem, std::size_t max_frontier) {
         dmax = std::max(dmax, static_cast<double>(q.dev));
         hmax = std::max(hmax, static_cast<double>(q.host));
       }
-      std::map<std::pair<int, int>, Point> cells;
+      // The frontier is in time order: a bucket's first point is its fastest, and the points
+      // kept stay in order for the next level's runs.
+      constexpr int kCells = 129;  // 0 ... 128 per memory
+      taken.assign(kCells * kCells, 0);
+      std::size_t out = 0;
       for (const Point& q : kept) {
         const int dc = dmax > 0 ? static_cast<int>(std::ceil(128.0 * q.dev / dmax)) : 0;
         const int hc = hmax > 0 ? static_cast<int>(std::ceil(128.0 * q.host / hmax)) : 0;
-        auto it = cells.find({dc, hc});
-        if (it == cells.end() || q.time < it->second.time) cells[{dc, hc}] = q;
+        char& cell = taken[static_cast<std::size_t>(dc * kCells + hc)];
+        if (cell) continue;
+        cell = 1;
+        kept[out++] = q;
       }
-      kept.clear();
-      for (const auto& kv : cells) kept.push_back(kv.second);
-      std::sort(kept.begin(), kept.end(), earlier);  // the next level's runs start in order
+      kept.resize(out);
     }
     levels[b + 1].assign(kept.begin(), kept.end());
   }
