@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "lamina/core/format.hpp"
+#include "lamina/core/host_parallel.hpp"
 
 namespace lamina {
 
@@ -330,14 +331,15 @@ std::vector<Hazard> find_hazards(const Schedule& schedule, const std::vector<Ins
 
 void check_hazards(const Schedule& schedule, const std::vector<std::vector<Instruction>>& updates) {
   static const std::vector<Instruction> none;
-  for (int st = 0; st < schedule.stages(); ++st) {
-    const auto& update = static_cast<std::size_t>(st) < updates.size() ? updates[static_cast<std::size_t>(st)] : none;
-    const std::vector<Hazard> h = find_hazards(schedule, st, update);
-    if (h.empty()) continue;
-    std::string msg = strprintf("schedule '%s', stage %d: %zu hazard(s):", schedule.name().c_str(), st, h.size());
+  // Stages are checked side by side; the first stage with hazards is the one reported.
+  for_each_index(static_cast<std::size_t>(schedule.stages()), 0, [&](std::size_t st) {
+    const auto& update = st < updates.size() ? updates[st] : none;
+    const std::vector<Hazard> h = find_hazards(schedule, static_cast<int>(st), update);
+    if (h.empty()) return;
+    std::string msg = strprintf("schedule '%s', stage %zu: %zu hazard(s):", schedule.name().c_str(), st, h.size());
     for (std::size_t k = 0; k < h.size() && k < 5; ++k) msg += "\n  " + h[k].message;
     throw std::logic_error(msg);
-  }
+  });
 }
 
 }  // namespace lamina

@@ -6,6 +6,8 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -933,8 +935,20 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   r.inner_s = std::chrono::duration<double>(Clock::now() - t0).count() - r.model_s;
   // The best estimates, simulated and their memory estimated exactly.
   const RunExtras extras = RunExtras::of(deck.checkpoint, deck.output);
-  // Side by side, each candidate into its own slot (none: it does not fit after all).
+  // Fastest first; among equally fast plans the one that needs less memory (what a
+  // person would pick: no layered accumulation where it buys nothing).
+  const auto faster = [](const PlanCandidate& a, const PlanCandidate& b) {
+    const double ta = a.step_s / a.plan.layout.micro_batches / a.plan.layout.micro_batch_size / a.plan.layout.dp;
+    const double tb = b.step_s / b.plan.layout.micro_batches / b.plan.layout.micro_batch_size / b.plan.layout.dp;
+    if (ta != tb) return ta < tb;
+    return a.device_bytes + a.host_bytes < b.device_bytes + b.host_bytes;
+  };
+  const std::size_t top = static_cast<std::size_t>(std::max(options.top, 1));
+  // Side by side, each candidate into its own slot (none: it does not fit after all). The
+  // instruction lists of the fastest so far stay for the race check (at most `top`).
   std::vector<std::optional<PlanCandidate>> simulated(solved.size());
+  std::vector<std::shared_ptr<const Schedule>> schedules(solved.size());
+  std::mutex schedules_mutex;
   for_each_index(solved.size(), options.threads, [&](std::size_t n) {
     const Solved& sv = solved[n];
     const LayoutModel& lm = models[sv.model];
@@ -961,7 +975,8 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     p.subgroup_size = deck.optimizer.subgroup_size;
     p.budget = {deck.memory.device_budget, deck.memory.host_budget};
     c.solver_objective = sv.objective * lm.sequences;
-    const Schedule schedule = Schedule::build(step_spec(p, deck.model));
+    const auto built = std::make_shared<const Schedule>(Schedule::build(step_spec(p, deck.model)));
+    const Schedule& schedule = *built;
     c.memory = estimate_memory(deck.model, p, extras, schedule);
     c.device_bytes = c.memory.total(tier_label(MemTier::device));
     c.host_bytes = c.memory.total(tier_label(MemTier::host));
@@ -990,25 +1005,29 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     c.idle = t.bubble_fraction();
     c.sets = overrides(p, f);
     simulated[n] = std::move(c);
+    if (!options.check_races) return;
+    const std::lock_guard<std::mutex> lock(schedules_mutex);
+    schedules[n] = built;
+    std::vector<std::size_t> held;
+    for (std::size_t i = 0; i < schedules.size(); ++i)
+      if (schedules[i]) held.push_back(i);
+    if (held.size() <= top) return;
+    std::sort(held.begin(), held.end(), [&](std::size_t a, std::size_t b) { return faster(*simulated[a], *simulated[b]); });
+    for (std::size_t k = top; k < held.size(); ++k) schedules[held[k]].reset();
   });
-  for (auto& c : simulated) {
-    if (c) r.best.push_back(std::move(*c));
-  }
-  // Fastest first; among equally fast plans the one that needs less memory (what a
-  // person would pick: no layered accumulation where it buys nothing).
-  std::sort(r.best.begin(), r.best.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
-    const double ta = a.step_s / a.plan.layout.micro_batches / a.plan.layout.micro_batch_size / a.plan.layout.dp;
-    const double tb = b.step_s / b.plan.layout.micro_batches / b.plan.layout.micro_batch_size / b.plan.layout.dp;
-    if (ta != tb) return ta < tb;
-    return a.device_bytes + a.host_bytes < b.device_bytes + b.host_bytes;
-  });
-  if (r.best.size() > static_cast<std::size_t>(std::max(options.top, 1))) r.best.resize(static_cast<std::size_t>(std::max(options.top, 1)));
+  std::vector<std::size_t> fastest;
+  for (std::size_t i = 0; i < simulated.size(); ++i)
+    if (simulated[i]) fastest.push_back(i);
+  std::sort(fastest.begin(), fastest.end(), [&](std::size_t a, std::size_t b) { return faster(*simulated[a], *simulated[b]); });
+  if (fastest.size() > top) fastest.resize(top);
+  for (const std::size_t i : fastest) r.best.push_back(std::move(*simulated[i]));
   // Every plan returned is proved race-free (a hazard is a bug of the builders: it throws).
   if (options.check_races) {
     for_each_index(r.best.size(), options.threads, [&](std::size_t n) {
       PlanCandidate& c = r.best[n];
-      const Schedule schedule = Schedule::build(step_spec(c.plan, deck.model));
-      c.checked_instructions = check_races(c.plan, deck.model, schedule).instructions;
+      std::shared_ptr<const Schedule> schedule = std::move(schedules[fastest[n]]);
+      if (!schedule) schedule = std::make_shared<const Schedule>(Schedule::build(step_spec(c.plan, deck.model)));
+      c.checked_instructions = check_races(c.plan, deck.model, *schedule).instructions;
     });
   }
   r.feasible = !r.best.empty();
