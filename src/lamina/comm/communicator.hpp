@@ -54,6 +54,9 @@ class Communicator {
   // In place over all ranks.
   virtual void allreduce(float* data, std::int64_t n, ReduceOp op) = 0;
   virtual void allreduce(double* data, std::int64_t n, ReduceOp op) = 0;
+  // Sum in place of bf16 values (their bits), each pair summed in fp32 and rounded to
+  // nearest even: what a bf16 run's tensor-parallel partial results take, half the bytes.
+  virtual void allreduce_bf16(std::uint16_t* data, std::int64_t n) = 0;
   // send: size() * count elements; rank r receives the reduced block r.
   virtual void reduce_scatter(const float* send, float* recv, std::int64_t count) = 0;
   // send: count elements; recv: size() * count, rank r's block at r * count.

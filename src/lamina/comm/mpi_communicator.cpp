@@ -16,6 +16,7 @@
 #include "lamina/core/bounded_wait.hpp"
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
+#include "lamina/kernels/bf16.hpp"
 
 namespace lamina {
 
@@ -53,40 +54,43 @@ const Exec& staging_instance() {
   return e;
 }
 
-using DeviceView = Kokkos::View<float*, DeviceMem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+template <class T>
+using DeviceView = Kokkos::View<T*, DeviceMem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
-DeviceView device_view(const float* p, std::int64_t n) {
-  return DeviceView(const_cast<float*>(p), static_cast<std::size_t>(n));
+template <class T>
+DeviceView<T> device_view(const T* p, std::int64_t n) {
+  return DeviceView<T>(const_cast<T*>(p), static_cast<std::size_t>(n));
 }
 
 // A host copy of a device buffer for an MPI library that cannot read device memory. The
 // caller has waited for the work that wrote the buffer.
-class Staged {
+template <class T>
+class StagedOf {
  public:
-  Staged(const float* device, std::int64_t n, bool copy_in) : device_(const_cast<float*>(device)), n_(n) {
+  StagedOf(const T* device, std::int64_t n, bool copy_in) : device_(const_cast<T*>(device)), n_(n) {
     if (direct()) return;
-    host_.reset(new float[static_cast<std::size_t>(n)]);  // not value-initialised: MPI or the copy writes it
+    host_.reset(new T[static_cast<std::size_t>(n)]);  // not value-initialised: MPI or the copy writes it
     if (copy_in) {
-      Kokkos::deep_copy(staging_instance(), host_view(), device_view());
+      Kokkos::deep_copy(staging_instance(), host_view(), device_view(device_, n_));
       staging_instance().fence();
     }
   }
-  float* get() { return direct() ? device_ : host_.get(); }
+  T* get() { return direct() ? device_ : host_.get(); }
   void copy_out() {
     if (direct()) return;
-    Kokkos::deep_copy(staging_instance(), device_view(), host_view());
+    Kokkos::deep_copy(staging_instance(), device_view(device_, n_), host_view());
     staging_instance().fence();
   }
 
  private:
   static bool direct() { return MpiCommunicator::device_buffers_direct(); }
-  using HostView = Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  DeviceView device_view() const { return lamina::device_view(device_, n_); }
+  using HostView = Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   HostView host_view() { return HostView(host_.get(), static_cast<std::size_t>(n_)); }
-  float* device_;
+  T* device_;
   std::int64_t n_;
-  std::unique_ptr<float[]> host_;
+  std::unique_ptr<T[]> host_;
 };
+using Staged = StagedOf<float>;
 
 // A group of one: what a collective would deliver is its own input, copied on the device
 // where input and output differ; staging it through the host would move it twice for nothing.
@@ -96,6 +100,14 @@ Request copied_alone(const float* send, float* recv, std::int64_t n) {
     staging_instance().fence();
   }
   return Request();
+}
+
+// MPI's user function for bf16 sums: each pair in fp32, rounded to nearest even (the
+// rounding of the exact sum of two bf16 values, so the order of a pair does not matter).
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = to_bf16(from_bf16(a[i]) + from_bf16(b[i]));
 }
 
 class MpiRequest : public Request::Impl {
@@ -144,6 +156,15 @@ std::vector<int> world_ranks_of(MPI_Comm comm) {
 }
 
 }  // namespace
+
+MPI_Op bf16_sum_op() {
+  static const MPI_Op op = [] {
+    MPI_Op o = MPI_OP_NULL;
+    check(MPI_Op_create(&bf16_sum, 1, &o), "MPI_Op_create");
+    return o;
+  }();
+  return op;
+}
 
 void wait_bounded(MPI_Request& request, const std::string& what) {
   bounded_wait(
@@ -262,6 +283,16 @@ void MpiCommunicator::allreduce(double* data, std::int64_t n, ReduceOp op) {
   check(MPI_Iallreduce(MPI_IN_PLACE, data, count_of(n), MPI_DOUBLE, op_of(op), comm_, r->handle()), "MPI_Iallreduce");
   count_allreduce(8 * n);
   Request(std::move(r)).wait();
+}
+
+void MpiCommunicator::allreduce_bf16(std::uint16_t* data, std::int64_t n) {
+  if (size_ == 1) return;
+  StagedOf<std::uint16_t> s(data, n, true);
+  MPI_Request r = MPI_REQUEST_NULL;
+  check(MPI_Iallreduce(MPI_IN_PLACE, s.get(), count_of(n), MPI_UINT16_T, bf16_sum_op(), comm_, &r), "MPI_Iallreduce");
+  count_allreduce(2 * n);
+  wait_bounded(r, describe_wait("MPI_Iallreduce (bf16)", -1));
+  s.copy_out();
 }
 
 void MpiCommunicator::reduce_scatter(const float* send, float* recv, std::int64_t count) {

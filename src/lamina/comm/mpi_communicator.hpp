@@ -21,6 +21,10 @@ void wait_bounded(MPI_Request& request, const std::string& what);
 // How many ranks of `comm` run on this rank's node (collective over comm).
 int ranks_on_node(MPI_Comm comm);
 
+// The reduction allreduce_bf16 applies: bf16 values (MPI_UINT16_T) summed pairwise in fp32
+// and rounded to nearest even. Created on first use, after MPI_Init.
+MPI_Op bf16_sum_op();
+
 // A raw MPI request as a Request, each wait bounded and described by `what`.
 Request bounded_request(MPI_Request request, std::string what);
 
@@ -44,6 +48,7 @@ class MpiCommunicator : public Communicator {
 
   void allreduce(float* data, std::int64_t n, ReduceOp op) override;
   void allreduce(double* data, std::int64_t n, ReduceOp op) override;
+  void allreduce_bf16(std::uint16_t* data, std::int64_t n) override;
   void reduce_scatter(const float* send, float* recv, std::int64_t count) override;
   void all_gather(const float* send, float* recv, std::int64_t count) override;
   void broadcast(float* data, std::int64_t n, int root) override;

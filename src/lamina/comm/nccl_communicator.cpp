@@ -1,5 +1,6 @@
 #include "lamina/comm/nccl_communicator.hpp"
 
+#include <cuda_bf16.h>  // before nccl.h: older NCCL releases declare ncclBfloat16 only after it
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -233,6 +234,13 @@ void NcclCommunicator::allreduce(double* data, std::int64_t n, ReduceOp op) {
                  &r);
   wait_bounded(r, "MPI_Iallreduce on group '" + s_->name + "'");
   count_allreduce(8 * n);
+}
+
+void NcclCommunicator::allreduce_bf16(std::uint16_t* data, std::int64_t n) {
+  s_->enqueued(ncclAllReduce(data, data, static_cast<size_t>(n), ncclBfloat16, ncclSum, s_->nccl, s_->stream),
+               "ncclAllReduce");
+  count_allreduce(2 * n);
+  s_->event("ncclAllReduce").wait();
 }
 
 void NcclCommunicator::reduce_scatter(const float* send, float* recv, std::int64_t count) {

@@ -24,6 +24,9 @@ struct ParallelSection {
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | modular
   std::int64_t virtual_stages = 1;
   bool layered = false;
+  // bf16 runs: the precision of the tensor-parallel sums of the blocks' partial results
+  // (fp32 | bf16, Megatron's, half the bytes).
+  std::string tp_sums = "fp32";
   // Virtual-clock prices (any unit): one block's forward and backward on a micro-batch,
   // and one pipeline message. Bubble fractions are reported in this clock.
   double cost_forward = 1.0, cost_backward = 2.0, cost_p2p = 0.0;

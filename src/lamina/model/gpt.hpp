@@ -63,6 +63,26 @@ void combine(const Exec& exec, const std::function<void(float*, std::int64_t)>& 
   op(v.data(), static_cast<std::int64_t>(v.size()));
 }
 
+// The tensor-parallel sum of a block's (N, C) partial results (the projections' outputs
+// forward, the norms' input gradients backward). With parallel.tp_sums = "bf16" (sum16), a
+// bf16 run rounds them into `room` (workspace memory nothing else holds at that point), sums
+// the bf16 values (half the bytes, as Megatron reduces its bf16 outputs) and widens the sum
+// back; otherwise they are summed in fp32.
+template <class Exec, class T>
+void combine_partials(const Exec& exec, const ShardCombine& tp, const Mat<Exec>& v, float* room) {
+  if constexpr (!std::is_same<T, float>::value) {
+    if (tp.sum16) {
+      const Bf16Vec<Exec> r(reinterpret_cast<std::uint16_t*>(room), v.size());
+      to_bf16(exec, r, ConstVec<Exec>(flat(v)));
+      exec.fence();
+      tp.sum16(r.data(), static_cast<std::int64_t>(r.size()));
+      from_bf16(exec, flat(v), r);
+      return;
+    }
+  }
+  combine(exec, tp.sum, v);
+}
+
 }  // namespace detail
 
 // out = wte[inputs] + wpe (learned positions; rotary ones turn q and k in each block
@@ -130,7 +150,7 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
   attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, d.NH, s.attention, s.products);
   // The projections' biases join the residual, the MLP's its activation (no pass of their own).
   linear_forward(exec, ws.attproj, s.atty, w.proj_w, ConstVec<Exec>(), s.products, ws.widened);
-  detail::combine(exec, tp.sum, ws.attproj);
+  detail::combine_partials<Exec, T>(exec, tp, ws.attproj, ws.fcproj.data());
   if (layernorm) {
     residual_layernorm_forward(exec, s.x2, s.ln2, s.ln2_mean, s.ln2_rstd, x, ws.attproj, w.proj_b, w.ln2_w, w.ln2_b);
   } else {
@@ -163,7 +183,7 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
     activate(fc, w.fc_b);
   }
   linear_forward(exec, ws.fcproj, s.fch_gelu, w.fcproj_w, ConstVec<Exec>(), s.products, ws.widened);
-  detail::combine(exec, tp.sum, ws.fcproj);
+  detail::combine_partials<Exec, T>(exec, tp, ws.fcproj, ws.attproj.data());
   residual_forward(exec, s.out, s.x2, ws.fcproj, w.fcproj_b);
   Kokkos::Profiling::popRegion();
 }
@@ -186,7 +206,7 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
     swiglu_backward(exec, ws.dfch, s.fch, ws.dact);
   }
   linear_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.ln2, w.fc_w, ws.ones, s.products, ws.widened);
-  detail::combine(exec, tp.sum, ws.dln);
+  detail::combine_partials<Exec, T>(exec, tp, ws.dln, ws.scratch.data());
   block_norm_backward(exec, d, dres, g.ln2_w, g.ln2_b, ws.dln, dres, s.x2, w.ln2_w, s.ln2_mean, s.ln2_rstd, ws);
   // attention branch: x2 = x + c_proj(attn(rotary(c_attn(ln_1(x)))))
   linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.ones, s.products, ws.widened);
@@ -195,7 +215,7 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   if (d.parts.position == PositionKind::rotary) rotary_apply(exec, ws.dqkv, d.NH + d.NKV, d.T, 0, ws.rotary, false);
   linear_backward(exec, ws.dln, g.qkv_w, Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w, ws.ones, s.products, ws.widened);
   if (d.parts.bias) qkv_bias_backward(exec, g.qkv_b, ws.dqkv, ws.qkv_bias_sums, ws.ones, d.NH, d.hd);
-  detail::combine(exec, tp.sum, ws.dln);
+  detail::combine_partials<Exec, T>(exec, tp, ws.dln, ws.scratch.data());
   block_norm_backward(exec, d, dres, g.ln1_w, g.ln1_b, ws.dln, dres, x, w.ln1_w, s.ln1_mean, s.ln1_rstd, ws);
   Kokkos::Profiling::popRegion();
 }

@@ -3,7 +3,8 @@
 // (sum over the group in forward) after row-parallel products and its conjugate "f"
 // (sum in backward) before column-parallel ones, plus the maximum the vocabulary-parallel
 // cross-entropy needs. The model only calls these; the parallel runtime provides them
-// (over MPI or NCCL). A single shard leaves them empty and nothing happens.
+// (over MPI or NCCL). A single shard leaves them empty and nothing happens. sum16, where a bf16
+// run asks for it (parallel.tp_sums), sums the blocks' partial results as bf16 values.
 #include <cstdint>
 #include <functional>
 
@@ -12,6 +13,7 @@ namespace lamina {
 struct ShardCombine {
   std::function<void(float* data, std::int64_t n)> sum;  // in place, over the group
   std::function<void(float* data, std::int64_t n)> max;  // in place, over the group
+  std::function<void(std::uint16_t* data, std::int64_t n)> sum16;  // bf16 values, in place
 };
 
 }  // namespace lamina

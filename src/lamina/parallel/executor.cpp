@@ -16,12 +16,13 @@ namespace {
 
 using Exec = Executor::Exec;
 
-ShardCombine combine_over(const ProcessGrid& grid) {
+ShardCombine combine_over(const ProcessGrid& grid, Precision sums) {
   ShardCombine c;
   if (grid.tp_size() > 1) {
     Communicator* tp = &grid.tp();
     c.sum = [tp](float* data, std::int64_t n) { tp->allreduce(data, n, ReduceOp::sum); };
     c.max = [tp](float* data, std::int64_t n) { tp->allreduce(data, n, ReduceOp::max); };
+    if (sums == Precision::bf16) c.sum16 = [tp](std::uint16_t* data, std::int64_t n) { tp->allreduce_bf16(data, n); };
   }
   return c;
 }
@@ -53,7 +54,7 @@ Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& 
       dims_(dims),
       prices_(prices),
       final_(schedule.final_layer()),
-      tp_(combine_over(grid)),
+      tp_(combine_over(grid, schedule.spec().tp_sums)),
       ws_(tracker, dims),
       send_pool_(tracker, MemCategory::communication, "lamina::pipeline_sends"),
       messages_(transfer_instance<Exec>()),

@@ -106,6 +106,9 @@ struct StepSpec {
   ParallelLayout layout;
   std::vector<LayerPolicy> blocks;  // one per transformer block
   Precision precision = Precision::fp32;
+  // The tensor-parallel sums of the blocks' partial results: bf16 (half the bytes, bf16 runs
+  // only) rounds them before the sum and widens it after.
+  Precision tp_sums = Precision::fp32;
   // The head reads the token embedding (layer 0): the last stage holds it too, and the
   // two pipeline ends add their gradients (sync_grads). Untied, the head has lm_head.
   bool tied_embeddings = true;

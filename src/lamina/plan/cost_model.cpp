@@ -97,8 +97,11 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double rotary_backward = rotary > 0 ? 8 * N * (A + KV) : 0.0;
   const double ew_backward = norms_backward + biases + mlp_backward + rotary_backward + (2 * s + 8) * N * (A + 2 * KV) +
                              scores_backward;
-  // Tensor parallelism: two all-reduces of the (N, C) residual stream per pass (Megatron).
-  const double tp_comm = o.tp > 1 ? 2.0 * collective(2.0 * (tp - 1) / tp * 4.0 * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
+  // Tensor parallelism: two all-reduces of the (N, C) residual stream per pass (Megatron), in
+  // fp32, or in bf16 (parallel.tp_sums) with each rounded before and widened after it.
+  const double tp_comm =
+      o.tp > 1 ? 2.0 * collective(2.0 * (tp - 1) / tp * tp_sum_bytes() * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
+  const double sum_conversions = o.tp > 1 && tp_sum_bytes() < 4.0 ? 2 * 12 * N * C : 0.0;
   // What bf16 runs still convert, 6 bytes per element (the fp32 side and the bf16 one). A
   // bf16 engine reads stored activations and weights as they are; it rounds the fp32
   // operands: each product's output gradient dY in backward (once for both of its products),
@@ -128,8 +131,9 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
                                                       : copies;
     const double read_activations = 6 * N * (2 * C + A + F);  // ln1, atty, ln2, gelu widened
     const double qkv_rounded = rounding ? 0.0 : 6 * N * (A + 2 * KV);
-    convert_forward = qkv_rounded + attention_forward + (engine ? 0.0 : 6 * weights + read_activations);
-    convert_backward = attention_backward + (engine ? 6 * N * (2 * C + F + 3 * A) : 6 * weights + read_activations);
+    convert_forward = qkv_rounded + attention_forward + (engine ? 0.0 : 6 * weights + read_activations) + sum_conversions;
+    convert_backward = attention_backward + (engine ? 6 * N * (2 * C + F + 3 * A) : 6 * weights + read_activations) +
+                       sum_conversions;
     convert_head = 6 * (engine ? N * C : V * C);
     convert_head_backward = 6 * (engine ? N * C : V * C);  // the logits' gradient is rounded where computed
   }
@@ -353,7 +357,7 @@ std::map<std::string, double> CostModel::traffic(const std::vector<Instruction>&
     switch (i.op) {
       case Op::forward:
       case Op::recompute:
-      case Op::backward: bytes["tp"] += (block ? 2.0 : 1.0) * tp_allreduce; break;
+      case Op::backward: bytes["tp"] += block ? 2.0 * tp_sum_bytes() / 4.0 * tp_allreduce : tp_allreduce; break;
       case Op::send_activation: bytes["pp"] += param_bytes() * NC / tp; break;
       case Op::send_gradient: bytes["pp"] += 4.0 * NC / tp; break;
       case Op::recv_activation: bytes["tp"] += (tp - 1) / tp * param_bytes() * NC; break;

@@ -113,6 +113,8 @@ class CostModel {
  private:
   double layer_numel(int layer) const;
   double param_bytes() const { return bf16_ ? 2.0 : 4.0; }  // also of stored activations
+  // Of an element of the blocks' tensor-parallel sums (parallel.tp_sums).
+  double tp_sum_bytes() const { return bf16_ && plan_.tp_sums == Precision::bf16 ? 2.0 : 4.0; }
 
   ModelConfig model_;
   Plan plan_;

@@ -68,6 +68,10 @@ bool Plan::any_optimizer(OptimizerPlacement p) const {
   return std::any_of(blocks.begin(), blocks.end(), [p](const LayerPolicy& b) { return b.optimizer == p; });
 }
 
+Precision tp_sum_precision(const Deck& deck) {
+  return deck.parallel.tp_sums == "bf16" ? Precision::bf16 : Precision::fp32;
+}
+
 Plan plan_from_deck(const Deck& deck, int world) {
   std::vector<std::string> errors;
   auto error = [&](const std::string& key, const std::string& msg) {
@@ -175,6 +179,11 @@ Plan plan_from_deck(const Deck& deck, int world) {
     }
   }
   plan.precision = deck.train.precision;
+  plan.tp_sums = tp_sum_precision(deck);
+  if (plan.tp_sums == Precision::bf16 && plan.precision != Precision::bf16) {
+    error("parallel.tp_sums", "'bf16' rounds a bf16 run's partial results; this run is fp32: set "
+                              "train.precision = \"bf16\" or parallel.tp_sums = \"fp32\"");
+  }
   plan.subgroup_size = deck.optimizer.subgroup_size;
   plan.budget = {mem.device_budget, mem.host_budget};
   plan.dos = {dos_split(mem.dos_split), mem.dos_host_rate, mem.dos_device_rate, mem.dos_h2d, mem.dos_d2h};
@@ -196,6 +205,7 @@ StepSpec step_spec(const Plan& plan, const ModelConfig& model) {
   s.layout = plan.layout;
   s.blocks = plan.blocks;
   s.precision = plan.precision;
+  s.tp_sums = plan.tp_sums;
   s.tied_embeddings = model.tie_embeddings;
   return s;
 }
@@ -209,6 +219,7 @@ std::string describe(const Plan& plan) {
   out += strprintf(", %d micro-batch(es) of %lld sequence(s) per rank, %s, optimizer subgroups of %lld", o.micro_batches,
                    ll(o.micro_batch_size), plan.precision == Precision::bf16 ? "bf16" : "fp32",
                    ll(plan.subgroup_size));
+  if (plan.tp_sums == Precision::bf16) out += ", tensor-parallel sums in bf16";
   if (plan.budget.device > 0) out += ", device budget " + human_bytes(static_cast<double>(plan.budget.device));
   if (plan.budget.host > 0) out += ", host budget " + human_bytes(static_cast<double>(plan.budget.host));
   // Consecutive blocks with the same policies, as ranges.
@@ -232,10 +243,11 @@ std::string describe(const Plan& plan) {
 std::string plan_summary(const Plan& plan) {
   const ParallelLayout& o = plan.layout;
   return strprintf("dp=%d tp=%d pp=%d zero=%d schedule=%s virtual_stages=%d layered=%s micro_batch_size=%lld "
-                   "micro_batches=%d precision=%s activations=%s params=%s optimizer=%s",
+                   "micro_batches=%d precision=%s%s activations=%s params=%s optimizer=%s",
                    o.dp, o.tp, o.pp, o.zero, schedule_kind_name(o.schedule), o.virtual_stages,
                    o.layered ? "true" : "false", ll(o.micro_batch_size), o.micro_batches,
                    plan.precision == Precision::bf16 ? "bf16" : "fp32",
+                   plan.tp_sums == Precision::bf16 ? " tp_sums=bf16" : "",
                    runs(plan.blocks, [](const LayerPolicy& p) { return activation_policy_name(p.activations); }).c_str(),
                    runs(plan.blocks, [](const LayerPolicy& p) { return mem_tier_name(p.params); }).c_str(),
                    runs(plan.blocks, [](const LayerPolicy& p) { return optimizer_placement_name(p.optimizer); }).c_str());

@@ -37,6 +37,7 @@ struct Plan {
   ParallelLayout layout;
   std::vector<LayerPolicy> blocks;  // one per transformer block
   Precision precision = Precision::fp32;
+  Precision tp_sums = Precision::fp32;  // the tensor-parallel sums of the blocks' partial results
   std::int64_t subgroup_size = 1 << 22;  // elements per optimizer-state subgroup
   MemoryBudget budget;
   DosSettings dos;
@@ -50,6 +51,9 @@ struct Plan {
 // file:line:col: message (the deck line to change); world > 0 also checks that dp x tp x pp
 // uses exactly that many ranks. Throws InputError.
 Plan plan_from_deck(const Deck& deck, int world = 0);
+
+// The precision of the tensor-parallel sums a deck asks for (parallel.tp_sums).
+Precision tp_sum_precision(const Deck& deck);
 
 // What one step of the plan runs (the schedule builders' input).
 StepSpec step_spec(const Plan& plan, const ModelConfig& model);

@@ -608,6 +608,7 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o, bool checkpo
   plan.layout = o;
   plan.blocks.assign(static_cast<std::size_t>(m.layers), LayerPolicy{});
   plan.precision = k.deck.train.precision;
+  plan.tp_sums = tp_sum_precision(k.deck);
   plan.subgroup_size = k.deck.optimizer.subgroup_size;
   const bool bf16 = plan.precision == Precision::bf16;
   const ParamLayout& layout = k.layout(o.tp);
@@ -972,6 +973,7 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
       }
     }
     p.precision = deck.train.precision;
+    p.tp_sums = tp_sum_precision(deck);
     p.subgroup_size = deck.optimizer.subgroup_size;
     p.budget = {deck.memory.device_budget, deck.memory.host_budget};
     c.solver_objective = sv.objective * lm.sequences;

@@ -236,6 +236,22 @@ TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {
               2 * (gemm + attention) + elementwise_backward + bf16.backward / bandwidth + 2 * allreduce, 1e-12);
 }
 
+// parallel.tp_sums = "bf16": each of the four sums moves half the bytes and costs a rounding
+// (read 4, write 2 bytes) and a widening (read 2, write 4) of the local (N, C) partials.
+TEST(CostModel, Bf16TensorParallelSumsMoveHalfTheBytesAndConvertAroundThem) {
+  Plan halves = plan(1, 2, 1, Precision::bf16);
+  halves.tp_sums = Precision::bf16;
+  const CostModel f(model(), plan(1, 2, 1, Precision::bf16), machine()), h(model(), halves, machine());
+  const double N = 2048, C = 1024, bandwidth = 2e12 * 0.5;
+  const double fp32_sum = 4 * N * C / 200e9 + 2 * 1e-5, bf16_sum = 2 * N * C / 200e9 + 2 * 1e-5;
+  EXPECT_NEAR(f.forward_parts().tp, 2 * fp32_sum, 1e-12);
+  EXPECT_NEAR(h.forward_parts().tp, 2 * bf16_sum, 1e-12);
+  EXPECT_NEAR(h.backward_parts().tp, 2 * bf16_sum, 1e-12);
+  EXPECT_NEAR(h.forward_parts().conversions - f.forward_parts().conversions, 2 * 12 * N * C / bandwidth, 1e-12);
+  EXPECT_NEAR(h.backward_parts().conversions - f.backward_parts().conversions, 2 * 12 * N * C / bandwidth, 1e-12);
+  EXPECT_NEAR(h.forward_parts().gemm, f.forward_parts().gemm, 0.0);
+}
+
 TEST(CostModel, CollectivesUseTheLinkTheirGroupSpans) {
   const CostModel c(model(), plan(4, 2, 1, Precision::bf16), machine());
   EXPECT_DOUBLE_EQ(c.collective(1e9, 3, 8), 1e9 / 200e9 + 3 * 1e-5);  // one node

@@ -112,6 +112,25 @@ TEST(Plan, SizesBeyondAnyMachineAreDeckErrorsNotOverflows) {
   }
 }
 
+// Tensor-parallel sums in bf16 round a bf16 run's partial results: an fp32 run cannot ask.
+TEST(Plan, Bf16TensorParallelSumsBelongToBf16Runs) {
+  const Plan p = plan_from_deck(
+      parse_deck(kDeck, "deck.toml", {"parallel.tp=2", "train.precision=bf16", "parallel.tp_sums=bf16"}));
+  EXPECT_EQ(p.tp_sums, Precision::bf16);
+  EXPECT_EQ(step_spec(p, parse_deck(kDeck, "deck.toml", {}).model).tp_sums, Precision::bf16);
+  EXPECT_NE(plan_summary(p).find("precision=bf16 tp_sums=bf16 "), std::string::npos) << plan_summary(p);
+  EXPECT_NE(describe(p).find(", bf16, optimizer subgroups of 4194304, tensor-parallel sums in bf16"), std::string::npos)
+      << describe(p);
+  EXPECT_EQ(plan_from_deck(parse_deck(kDeck, "deck.toml", {"train.precision=bf16"})).tp_sums, Precision::fp32);
+  const std::string e = error_of({"parallel.tp_sums=bf16"});
+  EXPECT_NE(e.find("--set parallel.tp_sums=bf16: parallel.tp_sums: 'bf16' rounds a bf16 run's partial results; this "
+                   "run is fp32"),
+            std::string::npos)
+      << e;
+  const std::string typo = error_of({"parallel.tp_sums=bf18"});
+  EXPECT_NE(typo.find("tp_sums"), std::string::npos) << typo;
+}
+
 TEST(Plan, PolicyProblemsAreDeckErrors) {
   const std::string e = error_of({"memory.params=host"});
   EXPECT_NE(e.find("memory.optimizer: block 0 has memory.params = 'host'"), std::string::npos) << e;
