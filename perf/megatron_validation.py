@@ -5,7 +5,7 @@ GPU Clusters Using Megatron-LM", table 1: GPT models of 1.7B to 1T parameters, s
 2048, vocabulary 51200, tensor-parallel 8 within a DGX A100 node, pipeline across nodes,
 activation recomputation, mixed precision). For each row, `lamina plan` evaluates that
 layout (tp, pp, dp, micro-batch 1, every block recomputed, parameters and optimizer on the
-device; the pipeline schedule left to it) on inputs/machines/dgx-a100-80gb.toml, and the
+device, the tensor-parallel sums in bf16 as Megatron's; the pipeline schedule left to it) on inputs/machines/dgx-a100-80gb.toml, and the
 predicted step is turned into TFLOP/s per GPU the paper's way (its equation 3, which counts
 the recomputed forward): 96 B s l h^2 (1 + s / 6h + V / 16 l h). Where lamina cannot fit
 that layout, the memory policies are left to the planner too (marked *).
@@ -69,7 +69,7 @@ def main():
                 f.write(deck(heads, hidden, layers, batch))
             dp = gpus // (tp * pp)
             fixed = [f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.dp={dp}", "data.micro_batch_size=1",
-                     "parallel.zero=0"]
+                     "parallel.zero=0", "parallel.tp_sums=bf16"]
             memory = ["memory.activations=recompute", "memory.params=device", "memory.optimizer=device"]
             mark = ""
             for sets in (fixed + memory, fixed):
