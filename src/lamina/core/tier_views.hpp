@@ -31,6 +31,7 @@ struct Window {
   }
 };
 using DeviceWindow = Window<DeviceView>;
+using DeviceWindow16 = Window<DeviceView16>;
 using HostWindow = Window<HostView>;
 
 }  // namespace lamina

@@ -23,9 +23,16 @@ struct Hyper {
 
 template <class E, class V>
 void adamw(const E& exec, const V& p, const V& m, const V& v, const V& g, std::int64_t begin, const AdamWStep& step,
-           const Hyper& h) {
+           const Hyper& h, const Bf16Vec<E>& rounded = Bf16Vec<E>()) {
   adamw_update_range(exec, Vec<E>(p), Vec<E>(m), Vec<E>(v), ConstVec<E>(g), begin, h.matrix_end, step,
-                     h.weight_decay, h.decay_vectors);
+                     h.weight_decay, h.decay_vectors, rounded);
+}
+
+// The stored bf16 parameters of layer elements [begin, end) on the device, which the update
+// writes (empty where they are fp32 or in host memory).
+Bf16Vec<Exec> rounded_params(ParamSink& sink, int layer, std::int64_t origin, std::int64_t begin, std::int64_t end) {
+  std::uint16_t* r = sink.device_rounded(layer);
+  return r == nullptr ? Bf16Vec<Exec>() : Bf16Vec<Exec>(DeviceWindow16{r, origin}(begin, end));
 }
 
 class DeviceAdamW final : public LayerOptimizer {
@@ -46,11 +53,10 @@ class DeviceAdamW final : public LayerOptimizer {
     const DeviceWindow p = master(sink), m{m_.data(), spec_.begin}, v{v_.data(), spec_.begin};
     const DeviceWindow gr{const_cast<float*>(owned_grads), spec_.begin};
     adamw(Exec(), p(sg.begin, sg.end), m(sg.begin, sg.end), v(sg.begin, sg.end), gr(sg.begin, sg.end), sg.begin, step,
-          h_);
+          h_, rounded_params(sink, spec_.layer, spec_.begin, sg.begin, sg.end));
   }
-  void publish(ParamSink& sink) override {
-    sink.from_device(spec_.layer, spec_.begin, spec_.end, master(sink)(spec_.begin, spec_.end).data());
-  }
+  // The updates wrote the stored parameters: fp32 ones in place, bf16 ones rounded.
+  void publish(ParamSink&) override {}
   float* state(StateKind kind, bool& on_device) override {
     on_device = true;
     return kind == StateKind::exp_avg ? m_.data() : kind == StateKind::exp_avg_sq ? v_.data() : master_.data();
@@ -116,8 +122,10 @@ class HostAdamW final : public LayerOptimizer {
     Kokkos::deep_copy(exec, dev(stage_[1], n), m(sg.begin, sg.end));
     Kokkos::deep_copy(exec, dev(stage_[2], n), v(sg.begin, sg.end));
     const DeviceWindow gd{const_cast<float*>(owned_grads), spec_.begin};
-    adamw(exec, dev(stage_[0], n), dev(stage_[1], n), dev(stage_[2], n), gd(sg.begin, sg.end), sg.begin, step, h_);
-    if (spec_.params == MemTier::device) sink.from_device(spec_.layer, sg.begin, sg.end, stage_[0]);
+    const bool stored_here = spec_.params == MemTier::device;  // else published from the host
+    adamw(exec, dev(stage_[0], n), dev(stage_[1], n), dev(stage_[2], n), gd(sg.begin, sg.end), sg.begin, step, h_,
+          stored_here ? rounded_params(sink, spec_.layer, spec_.begin, sg.begin, sg.end) : Bf16Vec<Exec>());
+    if (stored_here && !spec_.bf16) sink.from_device(spec_.layer, sg.begin, sg.end, stage_[0]);
     Kokkos::deep_copy(exec, p(sg.begin, sg.end), dev(stage_[0], n));
     Kokkos::deep_copy(exec, m(sg.begin, sg.end), dev(stage_[1], n));
     Kokkos::deep_copy(exec, v(sg.begin, sg.end), dev(stage_[2], n));

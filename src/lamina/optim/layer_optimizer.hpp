@@ -18,13 +18,17 @@ namespace lamina {
 class ParamSink {
  public:
   virtual ~ParamSink() = default;
-  // values: device memory / host memory holding elements [begin, end).
+  // values: device memory / host memory holding elements [begin, end). from_device: fp32
+  // parameters stored on the device (bf16 ones are written by the update: device_rounded).
   virtual void from_device(int layer, std::int64_t begin, std::int64_t end, float* values) = 0;
   virtual void from_host(int layer, std::int64_t begin, std::int64_t end, float* values) = 0;
   // fp32 parameters are their own master weights: the owned range's first element in the
   // device tier / host tier, or null where the parameters live in the other tier or in bf16.
   virtual float* device_master(int layer) = 0;
   virtual float* host_master(int layer) = 0;
+  // bf16 parameters stored on the device: the owned range's first element, which an update on
+  // the device writes as it computes the new values (rounded); null otherwise.
+  virtual std::uint16_t* device_rounded(int layer) = 0;
 };
 
 // Which part of the optimizer state (checkpoints read and write them by name).
@@ -44,7 +48,8 @@ class LayerOptimizer {
   virtual void update(std::int64_t g, UpdateSite site, const AdamWStep& step, const float* owned_grads,
                       ParamSink& sink) = 0;
   // The layer's updated values into the stored parameters, once every subgroup is done (the
-  // caller has waited for the device subgroups' updates).
+  // caller has waited for the device subgroups' updates). Not for state on the device, whose
+  // updates write the stored parameters themselves (update_program lists no publish for it).
   virtual void publish(ParamSink& sink) = 0;
   // The owned elements of a part of the state: in device memory (on_device) or host memory.
   // Null for the master weights where the parameters themselves are (fp32 on the device).

@@ -146,16 +146,18 @@ float* ParameterStore::host_master(int layer) {
   return s.params_host.data() + (zero_ < 3 ? s.owned_begin : 0);
 }
 
+std::uint16_t* ParameterStore::device_rounded(int layer) {
+  Slot& s = slot(layer);
+  if (s.tier != MemTier::device || !bf16_) return nullptr;
+  return s.params16.data() + (s.owned_begin - stored_begin(s));
+}
+
 void ParameterStore::from_device(int layer, std::int64_t begin, std::int64_t end, float* values) {
   Slot& s = slot(layer);
-  const Exec exec;
+  if (bf16_) throw std::logic_error("ParameterStore::from_device: bf16 parameters are written by their update");
   const std::int64_t n = end - begin;
-  if (bf16_) {
-    to_bf16(exec, Bf16Vec<Exec>(dev(s.params16.data() + (begin - stored_begin(s)), n)), ConstVec<Exec>(dev(values, n)));
-    return;
-  }
   float* p = s.params.data() + (begin - stored_begin(s));
-  if (p != values) Kokkos::deep_copy(exec, dev(p, n), dev(values, n));
+  if (p != values) Kokkos::deep_copy(Exec(), dev(p, n), dev(values, n));
 }
 
 void ParameterStore::from_host(int layer, std::int64_t begin, std::int64_t end, float* values) {

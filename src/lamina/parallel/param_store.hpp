@@ -88,6 +88,7 @@ class ParameterStore : public ParamSink {
 
   // ParamSink: updated values into the stored parameters.
   void from_device(int layer, std::int64_t begin, std::int64_t end, float* values) override;
+  std::uint16_t* device_rounded(int layer) override;
   void from_host(int layer, std::int64_t begin, std::int64_t end, float* values) override;
   float* device_master(int layer) override;
   float* host_master(int layer) override;

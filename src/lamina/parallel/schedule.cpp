@@ -1107,9 +1107,12 @@ std::vector<Instruction> update_program(const std::vector<LayerUpdate>& layers, 
     b.index = index;
     return b;
   };
-  std::map<int, int> published;
+  std::map<int, std::vector<int>> published;  // what a layer's share waits for
   for (const LayerUpdate& u : layers) {
     if (u.sites.empty()) continue;
+    // State on the device: each update writes its part of the stored parameters as it
+    // computes it (fp32 in place, bf16 rounded), and nothing is left to publish.
+    const bool in_place = u.placement == OptimizerPlacement::device;
     std::vector<int> updates;
     // Device subgroups first: their copies and kernels are queued on the device and run
     // while the host updates the others.
@@ -1123,27 +1126,29 @@ std::vector<Instruction> update_program(const std::vector<LayerUpdate>& layers, 
         i.access.push_back({of_layer(device ? (zero >= 2 ? Buf::grad_shard : Buf::grads) : Buf::host_grads, u.layer),
                             false});
         i.access.push_back({of_layer(Buf::optimizer, u.layer, static_cast<int>(g)), true});
+        if (in_place) i.access.push_back({of_layer(Buf::params, u.layer), true});
         updates.push_back(static_cast<int>(p.size()));
         p.push_back(i);
       }
     }
-    // The updated master weights reach the stored parameters (where the master weights are
-    // the stored parameters, the update writes them in place and nothing reads them before).
-    Instruction i = make(Op::publish_params,
-                         u.placement == OptimizerPlacement::device ? Stream::compute : Stream::host_to_device, -1,
-                         u.layer, -1);
+    if (in_place) {
+      published[u.layer] = updates;
+      continue;
+    }
+    // The updated master weights (in host memory) reach the stored parameters.
+    Instruction i = make(Op::publish_params, Stream::host_to_device, -1, u.layer, -1);
     i.after = updates;
     for (std::size_t g = 0; g < u.sites.size(); ++g)
       i.access.push_back({of_layer(Buf::optimizer, u.layer, static_cast<int>(g)), false});
     i.access.push_back({of_layer(Buf::params, u.layer), true});
-    published[u.layer] = static_cast<int>(p.size());
+    published[u.layer] = {static_cast<int>(p.size())};
     p.push_back(i);
   }
   if (zero == 1 || zero == 2) {
     for (const LayerUpdate& u : layers) {
       Instruction i = make(Op::share_params, Stream::collective, -1, u.layer, -1);
       const auto it = published.find(u.layer);
-      if (it != published.end()) i.after.push_back(it->second);
+      if (it != published.end()) i.after = it->second;
       i.access.push_back({of_layer(Buf::params, u.layer), true});
       p.push_back(i);
     }

@@ -48,7 +48,8 @@ enum class Op : std::uint8_t {
   flush_grads,        // the layer's reduced gradients leave for the host, where it is updated there
   // optimizer step (update_program)
   optimizer_update,   // AdamW on one subgroup of the owned elements, on the host or the device
-  publish_params,     // updated fp32 values into the stored parameters (bf16, other tier)
+                      // (state on the device: also writing the stored parameters, fp32 or bf16)
+  publish_params,     // state in host memory: updated values into the stored parameters
   share_params,       // ZeRO-1/2: all-gather every rank's updated shard
 };
 const char* op_name(Op op);
@@ -189,7 +190,8 @@ struct LayerUpdate {
 };
 // Updates layer by layer (device subgroups of a dynamic layer first, so that their copies
 // and kernels run while the host updates the rest), each layer's parameters published when
-// its update is done, then the ZeRO-1/2 all-gathers.
+// its update is done (state in host memory; state on the device writes them as it updates),
+// then the ZeRO-1/2 all-gathers.
 std::vector<Instruction> update_program(const std::vector<LayerUpdate>& layers, int zero);
 
 std::string describe(const std::vector<Instruction>& program, int final_layer);

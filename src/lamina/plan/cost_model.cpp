@@ -253,14 +253,15 @@ double CostModel::flush(int layer) const {
   return 4.0 * n / machine_.d2h;
 }
 
-double CostModel::update(std::int64_t n, UpdateSite site, bool host_resident) const {
+double CostModel::update(std::int64_t n, UpdateSite site, bool host_resident, bool rounds) const {
   const double p = static_cast<double>(n);
   if (site == UpdateSite::host) {
     const double rate = machine_.host_adamw_rate / std::max(1, machine_.devices_per_node);
     return rate > 0 ? p / rate : 0.0;
   }
-  double t = machine_.device_adamw_rate > 0 ? p / machine_.device_adamw_rate
-                                            : p * kAdamWBytes / (machine_.memory_bandwidth * machine_.adamw_efficiency);
+  const double bytes = kAdamWBytes + (rounds ? 2.0 : 0.0);  // a measured rate is fp32 AdamW's
+  double t = machine_.device_adamw_rate > 0 ? p / machine_.device_adamw_rate * bytes / kAdamWBytes
+                                            : p * bytes / (machine_.memory_bandwidth * machine_.adamw_efficiency);
   if (host_resident) t += kStateBytes * p / machine_.h2d + kStateBytes * p / machine_.d2h;
   return t;
 }
@@ -270,9 +271,6 @@ double CostModel::publish(int layer) const {
   const LayerShard s = LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.dp, bf16_);
   const double owned = static_cast<double>(s.owned_size(o.zero));
   const LayerPolicy& p = plan_.layer(layer);
-  if (p.optimizer == OptimizerPlacement::device) {
-    return bf16_ ? owned * 6.0 / (machine_.memory_bandwidth * machine_.elementwise_efficiency) : 0.0;
-  }
   if (p.params == MemTier::host) return 0.0;  // the host parameters are the master weights (or rounded there)
   const auto it = host_elements_.find(layer);
   const double host = it != host_elements_.end() ? static_cast<double>(it->second) : owned;
@@ -333,7 +331,9 @@ double CostModel::price(const Instruction& i) const {
       const std::int64_t n = it != subgroups_.end() && i.subgroup < static_cast<int>(it->second.size())
                                  ? it->second[static_cast<std::size_t>(i.subgroup)]
                                  : 0;
-      return update(n, i.site, plan_.layer(i.layer).optimizer != OptimizerPlacement::device);
+      const LayerPolicy& p = plan_.layer(i.layer);
+      return update(n, i.site, p.optimizer != OptimizerPlacement::device,
+                    bf16_ && i.site == UpdateSite::device && p.params == MemTier::device);
     }
     case Op::publish_params: return publish(i.layer);
     case Op::share_params: return share(i.layer);

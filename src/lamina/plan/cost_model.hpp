@@ -91,9 +91,10 @@ class CostModel {
   // The layer's owned gradients to the host.
   double flush(int layer) const;
   // AdamW on n parameters at a site (device subgroups of a host-resident layer include
-  // their state's copies in and out).
-  double update(std::int64_t n, UpdateSite site, bool host_resident) const;
-  // Updated parameters of a layer into its stored parameters (copies, bf16 rounding).
+  // their state's copies in and out; `rounds`: the kernel also writes the new values in
+  // bf16, the parameters stored on the device).
+  double update(std::int64_t n, UpdateSite site, bool host_resident, bool rounds) const;
+  // Updated parameters of a layer from host memory into its stored parameters.
   double publish(int layer) const;
   // ZeRO-1/2 all-gather of a layer's updated shards.
   double share(int layer) const;

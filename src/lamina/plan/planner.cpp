@@ -569,10 +569,10 @@ class BlockCosts {
     const double host_part = static_cast<double>(dos_.host_params);
     switch (p.optimizer) {
       case OptimizerPlacement::device:
-        return cost_.update(static_cast<std::int64_t>(owned), UpdateSite::device, false);
+        return cost_.update(static_cast<std::int64_t>(owned), UpdateSite::device, false, bf16_);
       case OptimizerPlacement::host:
         return exposed(4.0 * owned / k_.machine.d2h, tB) +
-               cost_.update(static_cast<std::int64_t>(owned), UpdateSite::host, true) +
+               cost_.update(static_cast<std::int64_t>(owned), UpdateSite::host, true, false) +
                (p.params == MemTier::host ? 0.0 : owned * param_bytes / k_.machine.h2d);
       case OptimizerPlacement::dynamic:
         return exposed(4.0 * host_part / k_.machine.d2h, tB) + dos_.predicted_seconds +
@@ -684,7 +684,7 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o, bool checkpo
       if (!held) continue;
       const LayerShard ls = LayerShard::of(layout.layers()[static_cast<std::size_t>(l)].numel, o.dp, bf16);
       fixed += static_cast<double>(layer_state(ls, LayerPolicy{}, o.zero, plan.precision).total(MemTier::device));
-      secs += cost.update(ls.owned_size(o.zero), UpdateSite::device, false);
+      secs += cost.update(ls.owned_size(o.zero), UpdateSite::device, false, bf16);
     }
     lm.fixed_seconds[static_cast<std::size_t>(s)] = secs;
     lm.fixed_device[static_cast<std::size_t>(s)] = fixed;

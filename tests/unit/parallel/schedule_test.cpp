@@ -222,14 +222,25 @@ TEST(Schedule, UpdateProgramPutsDeviceSubgroupsFirstAndSharesLast) {
   LayerUpdate device{2, OptimizerPlacement::device, {UpdateSite::device, UpdateSite::device}};
   LayerUpdate none{3, OptimizerPlacement::host, {}};  // this rank owns none of it
   const auto p = update_program({dynamic, device, none}, 1);
-  ASSERT_EQ(p.size(), 4u + 3u + 3u);
+  ASSERT_EQ(p.size(), 4u + 2u + 3u);
   EXPECT_EQ(p[0].subgroup, 1);
   EXPECT_EQ(p[0].site, UpdateSite::device);
   EXPECT_EQ(p[1].subgroup, 0);
   EXPECT_EQ(p[2].subgroup, 2);
   EXPECT_EQ(p[3].op, Op::publish_params);
-  EXPECT_EQ(p[6].op, Op::publish_params);
-  for (std::size_t k = 7; k < p.size(); ++k) EXPECT_EQ(p[k].op, Op::share_params);  // every layer, ZeRO-1
+  // State on the device: its updates write the stored parameters, and the layer's share
+  // waits for both of them.
+  auto writes_params = [](const Instruction& i) {
+    for (const auto& a : i.access)
+      if (a.buffer.kind == Buf::params && a.write) return true;
+    return false;
+  };
+  EXPECT_FALSE(writes_params(p[0]));
+  EXPECT_TRUE(writes_params(p[4]));
+  EXPECT_TRUE(writes_params(p[5]));
+  for (std::size_t k = 6; k < p.size(); ++k) EXPECT_EQ(p[k].op, Op::share_params);  // every layer, ZeRO-1
+  EXPECT_EQ(p[6].after, std::vector<int>{3});
+  EXPECT_EQ(p[7].after, (std::vector<int>{4, 5}));
 }
 
 TEST(Schedule, LayoutsNoBuilderSupportsNameTheirKey) {

@@ -8,6 +8,7 @@
 #include "lamina/core/error.hpp"
 #include "lamina/kernels/attention.hpp"
 #include "lamina/parallel/shard.hpp"
+#include "lamina/plan/optimizer_plan.hpp"
 
 namespace lamina::test {
 namespace {
@@ -279,11 +280,32 @@ TEST(CostModel, SharedKeyValueHeadsAddTheirCopiesOverTheTensorParallelGroup) {
 
 TEST(CostModel, AdamWOnTheDeviceMovesTwentyEightBytesPerParameter) {
   const CostModel c(model(), plan(1, 1, 1, Precision::fp32), machine());
-  EXPECT_DOUBLE_EQ(c.update(1000000, UpdateSite::device, false), 28e6 / (2e12 * 0.5));
+  EXPECT_DOUBLE_EQ(c.update(1000000, UpdateSite::device, false, false), 28e6 / (2e12 * 0.5));
+  // Writing the bf16 parameters beside the master weights: 2 bytes more.
+  EXPECT_DOUBLE_EQ(c.update(1000000, UpdateSite::device, false, true), 30e6 / (2e12 * 0.5));
   // A device subgroup of host-resident state also moves its 12 bytes each way.
-  EXPECT_DOUBLE_EQ(c.update(1000000, UpdateSite::device, true), 28e6 / 1e12 + 12e6 / 25e9 + 12e6 / 25e9);
+  EXPECT_DOUBLE_EQ(c.update(1000000, UpdateSite::device, true, false), 28e6 / 1e12 + 12e6 / 25e9 + 12e6 / 25e9);
   // On the host: a node's rate shared by its 8 devices.
-  EXPECT_DOUBLE_EQ(c.update(1000000, UpdateSite::host, true), 1e6 / 1e9);
+  EXPECT_DOUBLE_EQ(c.update(1000000, UpdateSite::host, true, false), 1e6 / 1e9);
+  // An optimizer program prices what each instruction moves: a bf16 layer on the device has
+  // no publish (its update writes the stored parameters), one with host state copies its
+  // bf16 parameters in.
+  Plan b = plan(1, 1, 1, Precision::bf16);
+  CostModel bf16(model(), b, machine());
+  RankOptimizers ro;
+  ro.layers[1].layer = 1;
+  ro.layers[1].subgroups = {Subgroup{1, 0, 1000000}};
+  bf16.set_rank_optimizers(ro);
+  Instruction u;
+  u.op = Op::optimizer_update;
+  u.layer = 1;
+  u.subgroup = 0;
+  u.site = UpdateSite::device;
+  EXPECT_DOUBLE_EQ(bf16.price(u), 30e6 / (2e12 * 0.5));
+  b.blocks.assign(4, LayerPolicy{ActivationPolicy::keep, MemTier::device, OptimizerPlacement::host});
+  const CostModel hosted(model(), b, machine());
+  const double owned = static_cast<double>(LayerShard::of(ParamLayout::of(model(), 1, 0).layers()[1].numel, 1, true).owned_size(0));
+  EXPECT_DOUBLE_EQ(hosted.publish(1), owned * 2 / 25e9);
 }
 
 }  // namespace

@@ -163,11 +163,12 @@ TEST(Planner, OffloadsCheckpointsWhereTheHostLinkKeepsUp) {
   machine.h2d = machine.d2h = 1e6;  // 1 MB/s: a checkpoint takes seconds to move
   const PlanResult slow = plan_search(deck, machine, o);
   ASSERT_TRUE(slow.feasible);
-  // Every block offloads where the link keeps up; over a slow one at most a block or two,
-  // where freeing its device memory keeps another optimizer subgroup off the link (the
-  // simulation finds one offloaded block, the first, faster than none: 498 against 507 s).
+  // Every block offloads where the link keeps up; over a slow one a few, where freeing their
+  // device memory keeps optimizer state on the device, off the link, and its updates run
+  // beside the host's (the simulation finds three offloaded blocks with three layers'
+  // state on the device faster than none: 474.5 against 507.4 s).
   EXPECT_EQ(offloaded(fast.best[0]), deck.model.layers) << plan_summary(fast.best[0].plan);
-  EXPECT_LE(offloaded(slow.best[0]), 2) << plan_summary(slow.best[0].plan);
+  EXPECT_LE(offloaded(slow.best[0]), 3) << plan_summary(slow.best[0].plan);
   EXPECT_GT(slow.best[0].step_s, fast.best[0].step_s);
 }
 
