@@ -73,6 +73,28 @@ TYPED_TEST(AdamWTest, RangeDecaysMatricesAndOptionallyVectors) {
   }
 }
 
+// The update that also writes the bf16 parameters: the same fp32 state, and beside it each
+// new value rounded to nearest even, bit for bit what a rounding pass after it would write.
+TYPED_TEST(AdamWTest, TheRoundingUpdateWritesTheNewValuesInBf16Too) {
+  using Exec = TypeParam;
+  const int n = 1001;
+  auto p0 = random_vector(n, 5);
+  auto g = to_device<Exec>(random_vector(n, 6, -2, 2));
+  auto a = to_device<Exec>(p0), b = to_device<Exec>(p0);
+  Vec<Exec> ma("ma", n), va("va", n), mb("mb", n), vb("vb", n);
+  Bf16Vec<Exec> rounded("rounded", n), want("want", n);
+  const AdamWStep step = AdamWStep::make(1e-2, 0.9, 0.95, 1e-8, 2, 0.8);
+  adamw_update_range(Exec(), a, ma, va, ConstVec<Exec>(g), 0, 600, step, 0.1f, false);
+  adamw_update_range(Exec(), b, mb, vb, ConstVec<Exec>(g), 0, 600, step, 0.1f, false, rounded);
+  to_bf16(Exec(), want, ConstVec<Exec>(a));
+  EXPECT_EQ(to_host(b), to_host(a));
+  EXPECT_EQ(to_host(mb), to_host(ma));
+  EXPECT_EQ(to_host(vb), to_host(va));
+  const auto r = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), rounded);
+  const auto w = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), want);
+  for (int i = 0; i < n; ++i) ASSERT_EQ(r(i), w(i)) << i;
+}
+
 TYPED_TEST(AdamWTest, SumOfSquaresMatchesDoubleSum) {
   using Exec = TypeParam;
   for (const int n : {1, 7, 8, 9, 1001}) {
