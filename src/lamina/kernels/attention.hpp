@@ -467,10 +467,6 @@ inline void head_products(std::int64_t B, std::int64_t NH, char ta, char tb, std
   host_gemm_bf16(g, a.data, b.data, batch);
 }
 
-inline void narrow_row(std::uint16_t* dst, const float* src, std::int64_t n) {
-  for (std::int64_t j = 0; j < n; ++j) dst[j] = to_bf16(src[j]);
-}
-
 // Rows r0..r0+m of every (sequence, head), one item per row.
 struct Bf16Rows {
   std::int64_t NH, T, r0, m, r1;
@@ -488,8 +484,21 @@ struct Bf16Rows {
   }
 };
 
+// causal_softmax_row's probabilities of row t rounded into `out` (n >= t + 1 entries, past
+// t: 0), the fp32 row written only up to t: the rows are scratch, and writing them whole and
+// reading them back to round them doubled the memory the rows' pass moved.
+inline RowSoftmax causal_softmax_row16(float* row, std::uint16_t* out, std::int64_t t, std::int64_t n, float scale) {
+  const float mx = SerialRow{}.max(t + 1, [&](std::int64_t j) { return row[j]; });
+  for (std::int64_t j = 0; j <= t; ++j) row[j] = fast_exp(scale * (row[j] - mx));
+  const float sum = SerialRow{}.sum(t + 1, [&](std::int64_t j) { return row[j]; }), inv = 1.0f / sum;
+  for (std::int64_t j = 0; j < n; ++j) out[j] = j <= t ? to_bf16(row[j] * inv) : std::uint16_t{0};
+  return {scale * mx, sum};
+}
+
 // Softmax of a block's (unscaled) score rows into probabilities, rounded into the saved
-// probabilities (in place: scores in a block scratch), or (fused: scores in the rows of
+// probabilities up to the block's last row (in place: scores in a block scratch; the
+// products read no further, and the columns past it, half the saved rows, are left
+// unwritten), or (fused: scores in the rows of
 // `P`) into the block's bf16 copy with the rows' log-sum-exps saved. The products leave
 // attention's scale to the rows: oneDNN 2's bf16 kernels would not fuse it.
 struct Bf16SoftmaxRows {
@@ -500,13 +509,11 @@ struct Bf16SoftmaxRows {
   std::uint16_t* p16;
   float scale;
   void operator()(const std::int64_t i) const {
-    float* row = scores != nullptr ? rows.in_block(scores, i) : rows.row(P, i);
-    const RowSoftmax r = causal_softmax_row(SerialRow{}, row, rows.t(i), rows.T, scale);
     if (scores != nullptr) {
-      narrow_row(rows.saved(saved, rows.T, i), row, rows.T);
+      causal_softmax_row16(rows.in_block(scores, i), rows.saved(saved, rows.T, i), rows.t(i), rows.r1, scale);
     } else {
+      const RowSoftmax r = causal_softmax_row16(rows.row(P, i), rows.in_block(p16, i), rows.t(i), rows.r1, scale);
       save_log_sum_exp(rows.saved(saved, 2, i), r.max + math::log(r.sum));
-      narrow_row(rows.in_block(p16, i), row, rows.r1);
     }
   }
 };
@@ -514,7 +521,7 @@ struct Bf16SoftmaxRows {
 // Score gradients of a block's rows (dP in dS's rows) from their probabilities: the saved
 // bf16 ones (in place), or (fused) recomputed from the unscaled scores in P's rows and the
 // saved log-sum-exps and rounded into the block's copy; the gradients times `scale`, which
-// dq and dk carry, rounded into the block's copy.
+// dq and dk carry, rounded into the block's copy (dS itself is scratch and not written).
 struct Bf16SoftmaxBackwardRows {
   Bf16Rows rows;
   HeadMatrices P, dS;
@@ -524,22 +531,26 @@ struct Bf16SoftmaxBackwardRows {
   float scale;
   void operator()(const std::int64_t i) const {
     const std::int64_t t = rows.t(i);
-    float* drow = rows.row(dS, i);
+    const float* drow = rows.row(dS, i);
     std::uint16_t* d16 = rows.in_block(ds16, i);
+    // dS = P * (dP - sum_j P dP), as causal_softmax_row_backward takes it
+    const auto round_gradients = [&](const auto& p) {
+      const float dot = SerialRow{}.sum(t + 1, [&](std::int64_t j) { return p(j) * drow[j]; });
+      for (std::int64_t j = 0; j < rows.r1; ++j) {
+        d16[j] = j <= t ? to_bf16(scale * (p(j) * (drow[j] - dot))) : std::uint16_t{0};
+      }
+    };
     if (fused) {
       float* prow = rows.row(P, i);
       const float l = load_log_sum_exp(rows.saved(saved, 2, i));
       for (std::int64_t j = 0; j <= t; ++j) prow[j] = fast_exp(scale * prow[j] - l);
-      for (std::int64_t j = t + 1; j < rows.T; ++j) prow[j] = 0.0f;
-      causal_softmax_row_backward(SerialRow{}, drow, prow, t, rows.T);
-      narrow_row(rows.in_block(p16, i), prow, rows.r1);
+      std::uint16_t* p = rows.in_block(p16, i);
+      for (std::int64_t j = 0; j < rows.r1; ++j) p[j] = j <= t ? to_bf16(prow[j]) : std::uint16_t{0};
+      round_gradients([&](std::int64_t j) { return prow[j]; });
     } else {
       const std::uint16_t* prow = rows.saved(saved, rows.T, i);
-      float dot = 0.0f;
-      for (std::int64_t j = 0; j <= t; ++j) dot += from_bf16(prow[j]) * drow[j];
-      for (std::int64_t j = 0; j < rows.T; ++j) drow[j] = j <= t ? from_bf16(prow[j]) * (drow[j] - dot) : 0.0f;
+      round_gradients([&](std::int64_t j) { return from_bf16(prow[j]); });
     }
-    for (std::int64_t j = 0; j < rows.r1; ++j) d16[j] = to_bf16(scale * drow[j]);
   }
 };
 

@@ -13,11 +13,11 @@ namespace lamina {
 // exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln(2)/2 (Cody-Waite reduction with a
 // two-part ln 2); exp(r) by its degree-7 Taylor polynomial (truncation error 5e-9).
 // Inputs are clamped to [-87.3, 88.3], where n stays a normal float exponent; a NaN goes
-// through as itself (the exponent is computed from 0 then: a NaN converted to an integer
-// is undefined behaviour).
+// through as itself. The clamp, written with the constant first, sends a NaN to -87.3 (a
+// NaN converted to an integer is undefined behaviour) and compiles to one vector minimum
+// and maximum each.
 KOKKOS_FORCEINLINE_FUNCTION float fast_exp(float in) {
-  const bool nan = !(in == in);
-  const float x = nan ? 0.0f : math::min(math::max(in, -87.3f), 88.3f);
+  const float x = math::min(88.3f, math::max(-87.3f, in));
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   const float n = (x * 1.44269504088896341f + kRound) - kRound;
   const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
@@ -27,7 +27,7 @@ KOKKOS_FORCEINLINE_FUNCTION float fast_exp(float in) {
   const std::int32_t bits = (static_cast<std::int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));  // 2^n
-  return nan ? in : p * scale;
+  return in == in ? p * scale : in;
 }
 
 // tanh as a rational function x P(x^2) / Q(x^2) on |x| <= 9 (|tanh| rounds to 1 beyond),

@@ -1,17 +1,57 @@
 #pragma once
-// Reductions in a fixed order (bitwise reproducible) that vectorize on the host: each
-// step of the reduction consumes eight elements with independent partial results, so a
-// host thread runs SIMD lanes instead of one long dependency chain, and a GPU team
-// spreads the blocks of eight over its threads.
+// Reductions in a fixed order (bitwise reproducible) that vectorize on the host: a host
+// thread keeps independent partial results in SIMD lanes instead of one long dependency
+// chain, and a GPU team spreads blocks of eight over its threads.
 #include <vector>
 
 #include "lamina/kernels/common.hpp"
 
 namespace lamina {
 
-// Sum of f(j) for j in [0, n) over the threads of a team.
+// Sum of f(j) for j in [0, n) in one thread: lane k adds f(16 b + k) block after block and
+// the tail's f(16 B + k), then the sixteen lanes are summed in a fixed tree. A host's vector
+// unit then adds sixteen elements at a time with no chain of dependent additions (a tree per
+// block of eight added into one float made the sums of exponentials cost three times the
+// exponentials).
+template <class F>
+KOKKOS_INLINE_FUNCTION float lane_sum(std::int64_t n, const F& f) {
+  constexpr int kLanes = 16;
+  float lane[kLanes] = {};
+  const std::int64_t body = n / kLanes * kLanes;
+  for (std::int64_t b = 0; b < body; b += kLanes) {
+    for (int k = 0; k < kLanes; ++k) lane[k] += f(b + k);
+  }
+  for (std::int64_t j = body; j < n; ++j) lane[j - body] += f(j);
+  for (int w = kLanes / 2; w > 0; w /= 2) {
+    for (int k = 0; k < w; ++k) lane[k] += lane[k + w];
+  }
+  return lane[0];
+}
+
+// Maximum of f(j) for j in [0, n), n >= 1, in one thread, in lanes as lane_sum.
+template <class F>
+KOKKOS_INLINE_FUNCTION float lane_max(std::int64_t n, const F& f) {
+  constexpr int kLanes = 16;
+  float lane[kLanes];
+  const float first = f(0);
+  for (int k = 0; k < kLanes; ++k) lane[k] = first;
+  const std::int64_t body = n / kLanes * kLanes;
+  for (std::int64_t b = 0; b < body; b += kLanes) {
+    for (int k = 0; k < kLanes; ++k) lane[k] = math::max(lane[k], f(b + k));
+  }
+  for (std::int64_t j = body; j < n; ++j) lane[j - body] = math::max(lane[j - body], f(j));
+  for (int w = kLanes / 2; w > 0; w /= 2) {
+    for (int k = 0; k < w; ++k) lane[k] = math::max(lane[k], lane[k + w]);
+  }
+  return lane[0];
+}
+
+// Sum of f(j) for j in [0, n) over the threads of a team: a team of one (a host's) sums in
+// lanes; a larger one (a device's) spreads blocks of eight over its threads, each block
+// summed in a tree.
 template <class Member, class F>
 KOKKOS_INLINE_FUNCTION float team_sum(const Member& team, std::int64_t n, const F& f) {
+  if (team.team_size() == 1) return lane_sum(n, f);
   const std::int64_t blocks = n / 8;
   float body = 0.0f, tail = 0.0f;
   Kokkos::parallel_reduce(
@@ -27,9 +67,10 @@ KOKKOS_INLINE_FUNCTION float team_sum(const Member& team, std::int64_t n, const 
   return body + tail;
 }
 
-// Maximum of f(j) for j in [0, n), n >= 1.
+// Maximum of f(j) for j in [0, n), n >= 1, as team_sum takes its sum.
 template <class Member, class F>
 KOKKOS_INLINE_FUNCTION float team_max(const Member& team, std::int64_t n, const F& f) {
+  if (team.team_size() == 1) return lane_max(n, f);
   const std::int64_t blocks = n / 8;
   float body = f(0), tail = f(0);
   Kokkos::parallel_reduce(
@@ -72,29 +113,11 @@ struct TeamRow {
 struct SerialRow {
   template <class F>
   KOKKOS_INLINE_FUNCTION float sum(std::int64_t n, const F& f) const {
-    const std::int64_t blocks = n / 8;
-    float body = 0.0f, tail = 0.0f;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      float t[8];
-      for (int k = 0; k < 8; ++k) t[k] = f(8 * b + k);
-      body += ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
-    }
-    for (std::int64_t j = 8 * blocks; j < n; ++j) tail += f(j);
-    return body + tail;
+    return lane_sum(n, f);
   }
   template <class F>
   KOKKOS_INLINE_FUNCTION float max(std::int64_t n, const F& f) const {
-    const std::int64_t blocks = n / 8;
-    float m = f(0);
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      float t[8];
-      for (int k = 0; k < 8; ++k) t[k] = f(8 * b + k);
-      const float a = math::max(math::max(t[0], t[1]), math::max(t[2], t[3]));
-      const float c = math::max(math::max(t[4], t[5]), math::max(t[6], t[7]));
-      m = math::max(m, math::max(a, c));
-    }
-    for (std::int64_t j = 8 * blocks; j < n; ++j) m = math::max(m, f(j));
-    return m;
+    return lane_max(n, f);
   }
   template <class F>
   KOKKOS_INLINE_FUNCTION void for_each(std::int64_t n, const F& f) const {
