@@ -60,6 +60,36 @@ void cross_entropy_row_sumexp(const Exec& exec, const Vec<Exec>& sumexp, const C
                        CrossEntropyRowSumexp<Exec>{sumexp, logits, rowmax, V});
 }
 
+// One team per row: its maximum, then its sum of exponentials while the row is still in
+// cache (the two kernels above read the logits from memory twice).
+template <class Exec>
+struct CrossEntropyRowStats {
+  Vec<Exec> rowmax, sumexp;
+  ConstMat<Exec> logits;
+  std::int64_t V;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    const std::int64_t i = team.league_rank();
+    const float mx = team_max(team, V, [&](std::int64_t j) { return logits(i, j); });
+    const float s = team_sum(team, V, [&](std::int64_t j) { return fast_exp(logits(i, j) - mx); });
+    Kokkos::single(Kokkos::PerTeam(team), [&]() {
+      rowmax(i) = mx;
+      sumexp(i) = s;
+    });
+  }
+};
+
+// rowmax and sumexp of whole rows in one pass over the logits, the same values as
+// cross_entropy_row_max and cross_entropy_row_sumexp: for logits no other rank shares (a
+// vocabulary split over ranks needs the group's maximum before the sums).
+template <class Exec>
+void cross_entropy_row_stats(const Exec& exec, const Vec<Exec>& rowmax, const Vec<Exec>& sumexp,
+                             const ConstMat<Exec>& logits) {
+  const std::int64_t N = static_cast<std::int64_t>(logits.extent(0));
+  const std::int64_t V = static_cast<std::int64_t>(logits.extent(1));
+  Kokkos::parallel_for("lamina::cross_entropy_row_stats", Teams<Exec>(exec, N, Kokkos::AUTO),
+                       CrossEntropyRowStats<Exec>{rowmax, sumexp, logits, V});
+}
+
 template <class Exec>
 struct CrossEntropyTargetLogit {
   Vec<Exec> target;

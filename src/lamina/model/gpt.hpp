@@ -229,9 +229,13 @@ void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const Final
   Kokkos::Profiling::pushRegion("lamina::head_forward");
   block_norm_forward(exec, d, h.lnf, h.lnf_mean, h.lnf_rstd, x, w.w, w.b);
   tied_head_forward(exec, h.logits, h.lnf, w.lm_head.rows() > 0 ? w.lm_head : e.wte, d.products, ws.widened);
-  cross_entropy_row_max(exec, h.rowmax, h.logits);
-  detail::combine(exec, tp.max, h.rowmax);
-  cross_entropy_row_sumexp(exec, h.sumexp, h.logits, h.rowmax);
+  if (tp.max) {
+    cross_entropy_row_max(exec, h.rowmax, h.logits);
+    detail::combine(exec, tp.max, h.rowmax);
+    cross_entropy_row_sumexp(exec, h.sumexp, h.logits, h.rowmax);
+  } else {
+    cross_entropy_row_stats(exec, h.rowmax, h.sumexp, h.logits);
+  }
   cross_entropy_target_logit(exec, h.target, h.logits, targets, d.vocab_begin);
   detail::combine(exec, tp.sum, h.sumexp);
   detail::combine(exec, tp.sum, h.target);

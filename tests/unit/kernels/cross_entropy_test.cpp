@@ -47,6 +47,23 @@ void sharded_forward(const Mat<Exec>& logits, const Tokens<Exec>& targets, const
   (void)V;
 }
 
+// One process's single pass gives the two kernels' row statistics bit for bit (rows of
+// lengths that are and are not multiples of a reduction's block of eight).
+TYPED_TEST(CrossEntropyTest, RowStatsInOnePassEqualTheMaximumThenTheSums) {
+  using Exec = TypeParam;
+  for (const int V : {13, 64, 1000}) {
+    const int N = 5;
+    auto dl = to_device<Exec>(random_vector(N * V, 7 + V, -30, 30));
+    const ConstMat<Exec> logits = as_mat<Exec>(dl.data(), N, V);
+    Vec<Exec> mx("mx", N), sum("sum", N), mx1("mx1", N), sum1("sum1", N);
+    cross_entropy_row_max(Exec(), mx, logits);
+    cross_entropy_row_sumexp(Exec(), sum, logits, mx);
+    cross_entropy_row_stats(Exec(), mx1, sum1, logits);
+    EXPECT_EQ(to_host(mx1), to_host(mx)) << V;
+    EXPECT_EQ(to_host(sum1), to_host(sum)) << V;
+  }
+}
+
 TYPED_TEST(CrossEntropyTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifferences) {
   using Exec = TypeParam;
   using Mem = typename Exec::memory_space;
