@@ -39,7 +39,7 @@ TYPED_TEST_SUITE(RowReductionTest, ExecSpaces);
 // staged path with TeamRow: the same order, so the same bits from a team of one.
 TYPED_TEST(RowReductionTest, SerialRowEqualsATeamOfOneBitForBit) {
   using Exec = TypeParam;
-  for (const std::int64_t n : {1, 7, 8, 9, 64, 150}) {
+  for (const std::int64_t n : {1, 7, 8, 9, 15, 16, 17, 33, 64, 150}) {
     SCOPED_TRACE(n);
     const auto seed = 50 + static_cast<std::uint32_t>(n);
     const auto x = to_device<Exec>(random_vector(static_cast<std::size_t>(n), seed, -3, 3));
