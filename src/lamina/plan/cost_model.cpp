@@ -69,14 +69,21 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double s = bf16_ ? 2.0 : 4.0;
   const double A = static_cast<double>(d.A()), F = static_cast<double>(d.F), score_count = static_cast<double>(d.B) * heads * T * T;
   const double KV = static_cast<double>(d.NKV * d.hd);
-  const double scores = fused ? 0.0 : (8 + s) * score_count;
-  const bool layernorm = d.parts.norm == NormKind::layernorm, swiglu = d.parts.mlp == MlpKind::swiglu;
-  const double norms = layernorm ? 2 * s * N * C + (3 * s + 4) * N * C : 2 * s * N * C + (2 * s + 4) * N * C + 2 * s * N * C;
-  const double rotary = d.parts.position == PositionKind::rotary ? 2 * s * N * (A + KV) : 0.0;
   // A host's bf16 engine (oneDNN) writes the QKV projection's and the MLP's first products
   // in bf16 with their biases (kernels/gemm.hpp, rounding_products): the activation then
   // reads the kept pre-activation (SwiGLU: [gate | up]) as stored.
   const bool engine = bf16_ && machine.bf16_products(), rounding = engine && machine.device_is_host;
+  // Attention on a host's engine takes the softmax by row blocks whose products stop at the
+  // block's last row: the rows read and write their fp32 scores only up to the diagonal (half
+  // the (T, T) scores under the mask) and round the probabilities only as far (in place into
+  // the saved ones; fused into the block's copy, a conversion below, and in memory, not in a
+  // device kernel's registers).
+  const bool host_rows = engine && d.host_attention && d.attention != AttentionProducts::staged;
+  const double half_scores = score_count / 2;
+  const double scores = host_rows ? (8 + (fused ? 0.0 : s)) * half_scores : fused ? 0.0 : (8 + s) * score_count;
+  const bool layernorm = d.parts.norm == NormKind::layernorm, swiglu = d.parts.mlp == MlpKind::swiglu;
+  const double norms = layernorm ? 2 * s * N * C + (3 * s + 4) * N * C : 2 * s * N * C + (2 * s + 4) * N * C + 2 * s * N * C;
+  const double rotary = d.parts.position == PositionKind::rotary ? 2 * s * N * (A + KV) : 0.0;
   const double mlp = rounding ? (swiglu ? 3 * s * N * F : 2 * s * N * F)
                               : (swiglu ? (8 + 3 * s) * N * F : (4 + 2 * s) * N * F);
   const double ew_forward = norms + (2 * s + 4) * N * C + 2 * s * N * (A + 2 * KV) + rotary + scores + mlp;
@@ -88,12 +95,15 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // and writes theirs; rotary positions turn dq and dk back in place; attention copies q, k, v
   // again, reads its probabilities and the product's dP (written fp32), writes the score
   // gradients (fp32, or bf16 on an engine: conversions below) and merges dq, dk, dv into one
-  // gradient.
+  // gradient. A host's engine reads them up to the diagonal (fused: computes the
+  // probabilities again in place in fp32) and writes no fp32 score gradients.
   const bool staged_engine = engine && d.attention == AttentionProducts::staged;
   const double norms_backward = 2 * (layernorm ? 24 + s : 20 + s) * N * C;
   const double biases = d.parts.bias ? 4 * N * (2 * C + F + A + 2 * KV) : 0.0;
   const double mlp_backward = swiglu ? (12 + 2 * s) * N * F : (8 + s) * N * F;
-  const double scores_backward = fused ? 0.0 : (8 + s + (staged_engine ? 0.0 : 4.0)) * score_count;
+  const double scores_backward = host_rows ? (fused ? 12.0 : 4 + s) * half_scores
+                                 : fused   ? 0.0
+                                           : (8 + s + (staged_engine ? 0.0 : 4.0)) * score_count;
   const double rotary_backward = rotary > 0 ? 8 * N * (A + KV) : 0.0;
   const double ew_backward = norms_backward + biases + mlp_backward + rotary_backward + (2 * s + 8) * N * (A + 2 * KV) +
                              scores_backward;
@@ -119,14 +129,13 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // gradients) and the activations the products read.
   double convert_forward = 0.0, convert_backward = 0.0, convert_head = 0.0, convert_head_backward = 0.0;
   if (bf16_) {
-    const double half_scores = score_count / 2, saved = static_cast<double>(d.B) * heads * T *
-                                                        static_cast<double>(saved_attention_columns(d.attention, d.T));
-    const bool host_attention = engine && d.host_attention && d.attention != AttentionProducts::staged;
+    const double saved =
+        static_cast<double>(d.B) * heads * T * static_cast<double>(saved_attention_columns(d.attention, d.T));
     const double copies = own_kernels ? 0.0 : 6 * (4 * N * A + saved);
-    const double attention_forward = host_attention  ? 6 * N * A + (fused ? 2 * half_scores : 0.0)
+    const double attention_forward = host_rows       ? 6 * N * A + (fused ? 2 * half_scores : 0.0)
                                      : staged_engine ? 6 * N * A
                                                      : copies;
-    const double attention_backward = host_attention  ? 6 * N * A + (fused ? 4 : 2) * half_scores
+    const double attention_backward = host_rows       ? 6 * N * A + (fused ? 4 : 2) * half_scores
                                       : staged_engine ? 6 * N * A + 2 * score_count
                                                       : copies;
     const double read_activations = 6 * N * (2 * C + A + F);  // ln1, atty, ln2, gelu widened
