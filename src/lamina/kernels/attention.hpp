@@ -378,8 +378,10 @@ void for_each_causal_block(const Exec& exec, const char* label, std::int64_t bat
 
 // Attention's products in bf16 on a host's oneDNN (bf16 runs on a CPU with bf16
 // instructions), with the numerics of PyTorch's bf16 autocast and of cuBLAS: operands in bf16,
-// sums in fp32. Each product covers a block of query rows of every sequence and head at once
-// (oneDNN threads it) and skips what the causal mask zeroes, as the host BLAS's row blocks do.
+// sums in fp32. Each product covers a block of query rows of every head of one sequence at
+// once (oneDNN threads it), so that the block's fp32 scores are still in cache when its rows
+// read them (a block of every sequence's heads, 12 MB at GPT-2 124M's 4 x 1024, was read back
+// from memory), and skips what the causal mask zeroes, as the host BLAS's row blocks do.
 // They read q, k and v as the run stores them (bf16 rows), the probabilities as saved (bf16,
 // in place) or (fused) a block's bf16 copy, a bf16 copy of dy made once per backward pass, and
 // a block's score gradients rounded as the softmax's backward writes its rows. Scores and
@@ -394,17 +396,18 @@ constexpr std::int64_t kBf16RowBlock = 64;
 // and a block's fp32 scores (in place, forward).
 struct Bf16Operands {
   std::uint16_t* dy;  // (B*T, A) rows (backward)
-  std::uint16_t* p;   // (B*NH, kBf16RowBlock, T) a row block's probabilities (fused)
-  std::uint16_t* ds;  // (B*NH, kBf16RowBlock, T) a row block's score gradients (backward)
-  float* scores;      // (B*NH, kBf16RowBlock, T) a row block's scores (in place, forward)
+  // A row block of one sequence's heads (NH, kBf16RowBlock, T):
+  std::uint16_t* p;   // its probabilities (fused)
+  std::uint16_t* ds;  // its score gradients (backward)
+  float* scores;      // its scores (in place, forward)
 
-  static std::int64_t block(std::int64_t BNH, std::int64_t T) { return BNH * kBf16RowBlock * T; }
+  static std::int64_t block(std::int64_t NH, std::int64_t T) { return NH * kBf16RowBlock * T; }
   static std::int64_t copies(std::int64_t B, std::int64_t T, std::int64_t NH, std::int64_t hd) {
-    return (B * T * NH * hd + 2 * block(B * NH, T) + 1) / 2;  // floats
+    return (B * T * NH * hd + 2 * block(NH, T) + 1) / 2;  // floats
   }
   // floats
   static std::int64_t size(std::int64_t B, std::int64_t T, std::int64_t NH, std::int64_t hd) {
-    return copies(B, T, NH, hd) + block(B * NH, T);
+    return copies(B, T, NH, hd) + block(NH, T);
   }
   static Bf16Operands in(float* narrowed, std::int64_t floats, std::int64_t B, std::int64_t T, std::int64_t NH,
                          std::int64_t hd) {
@@ -413,7 +416,7 @@ struct Bf16Operands {
     }
     std::uint16_t* p = reinterpret_cast<std::uint16_t*>(narrowed);
     const std::int64_t NA = B * T * NH * hd;
-    return {p, p + NA, p + NA + block(B * NH, T), narrowed + copies(B, T, NH, hd)};
+    return {p, p + NA, p + NA + block(NH, T), narrowed + copies(B, T, NH, hd)};
   }
 };
 
@@ -467,16 +470,18 @@ inline void head_products(std::int64_t B, std::int64_t NH, char ta, char tb, std
   host_gemm_bf16(g, a.data, b.data, batch);
 }
 
-// Rows r0..r0+m of every (sequence, head), one item per row.
+// Rows r0..r0+m of the heads of one sequence, one item per row: i / m is the head, bh0 the
+// sequence's first (sequence, head).
 struct Bf16Rows {
-  std::int64_t NH, T, r0, m, r1;
-  std::int64_t bh(std::int64_t i) const { return i / m; }
+  std::int64_t NH, T, r0, m, r1, bh0;
+  std::int64_t bh(std::int64_t i) const { return bh0 + i / m; }
   std::int64_t t(std::int64_t i) const { return r0 + i % m; }
   float* row(const HeadMatrices& x, std::int64_t i) const { return x.at(bh(i) / NH, bh(i) % NH) + t(i) * x.ld; }
-  // Row i of a block (B*NH, kBf16RowBlock, T): a block's bf16 copy, or its fp32 scores.
+  // Row i of a block (NH, kBf16RowBlock, T), the one sequence's: a block's bf16 copy, or its
+  // fp32 scores.
   template <class T_>
   T_* in_block(T_* x, std::int64_t i) const {
-    return x + (bh(i) * kBf16RowBlock + i % m) * T;
+    return x + (i / m * kBf16RowBlock + i % m) * T;
   }
   // Row t of (sequence, head) in saved (B*NH, T, width) rows.
   std::uint16_t* saved(std::uint16_t* x, std::int64_t width, std::int64_t i) const {
@@ -554,13 +559,20 @@ struct Bf16SoftmaxBackwardRows {
   }
 };
 
+// The matrices of sequence s alone.
+template <class M>
+M sequence(M m, std::int64_t s) {
+  m.data += s * m.seq_stride;
+  return m;
+}
+
 // Matrix (s, h) of bf16 (B*T, width) rows, heads hd wide from column col0.
 inline HeadMatrices16 row_heads16(const std::uint16_t* rows, std::int64_t width, std::int64_t col0, std::int64_t T,
                                   std::int64_t hd) {
   return {rows + col0, width, T * width, hd};
 }
 
-// A row block's bf16 copy (B*NH, kBf16RowBlock, T).
+// A row block's bf16 copy (NH, kBf16RowBlock, T), one sequence's.
 inline HeadMatrices16 block_heads16(const std::uint16_t* block, std::int64_t NH, std::int64_t T) {
   return {block, T, NH * kBf16RowBlock * T, kBf16RowBlock * T};
 }
@@ -571,8 +583,8 @@ inline HeadMatrices16 score_heads16(const std::uint16_t* saved, std::int64_t NH,
 }
 
 template <class Exec, class Item>
-void for_each_row(const Exec& exec, const char* label, std::int64_t BNH, const Item& item) {
-  Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, BNH * item.rows.m),
+void for_each_row(const Exec& exec, const char* label, std::int64_t NH, const Item& item) {
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, NH * item.rows.m),
                        item);
   exec.fence();  // oneDNN reads what the rows wrote
 }
@@ -615,15 +627,18 @@ void bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats
   exec.fence();  // q, k, v written
   for (std::int64_t r0 = 0; r0 < T; r0 += kBf16RowBlock) {
     const std::int64_t r1 = std::min(T, r0 + kBf16RowBlock), m = r1 - r0;
-    for (std::int64_t j = 0; j < G; ++j) {
-      head_products(B, NKV, 'N', 'T', m, r1, hd, 1.0f, group_member(from_row(q, r0), G, j), k, 0.0f,
-                    group_member(fused ? from_row(P, r0) : block, G, j));
-    }
-    for_each_row(exec, "lamina::attention_forward_bf16_rows", B * NH,
-                 Bf16SoftmaxRows{{NH, T, r0, m, r1}, P, fused ? nullptr : scores, att.data(), p16, b.scale});
-    for (std::int64_t j = 0; j < G; ++j) {
-      head_products(B, NKV, 'N', 'N', m, hd, r1, 1.0f, group_member(fused ? p : from_row(p, r0), G, j), v, 0.0f,
-                    group_member(from_row(y, r0), G, j));
+    for (std::int64_t s = 0; s < B; ++s) {
+      for (std::int64_t j = 0; j < G; ++j) {
+        head_products(1, NKV, 'N', 'T', m, r1, hd, 1.0f, group_member(from_row(sequence(q, s), r0), G, j),
+                      sequence(k, s), 0.0f, group_member(fused ? from_row(sequence(P, s), r0) : block, G, j));
+      }
+      for_each_row(exec, "lamina::attention_forward_bf16_rows", NH,
+                   Bf16SoftmaxRows{{NH, T, r0, m, r1, s * NH}, P, fused ? nullptr : scores, att.data(), p16, b.scale});
+      for (std::int64_t j = 0; j < G; ++j) {
+        head_products(1, NKV, 'N', 'N', m, hd, r1, 1.0f,
+                      group_member(fused ? p : from_row(sequence(p, s), r0), G, j), sequence(v, s), 0.0f,
+                      group_member(from_row(sequence(y, s), r0), G, j));
+      }
     }
   }
   const std::int64_t n = static_cast<std::int64_t>(out.size());
@@ -658,30 +673,33 @@ void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Head
   for (std::int64_t r0 = last; r0 >= 0; r0 -= kBf16RowBlock) {
     const std::int64_t r1 = std::min(T, r0 + kBf16RowBlock), m = r1 - r0;
     const float sums = r0 == last ? 0.0f : 1.0f;
-    if (fused) {
+    for (std::int64_t s = 0; s < B; ++s) {
+      const auto at = [s, r0](const auto& x) { return from_row(sequence(x, s), r0); };
+      if (fused) {
+        each([&](std::int64_t j) {
+          head_products(1, NKV, 'N', 'T', m, r1, hd, 1.0f, group_member(at(q), G, j), sequence(k, s), 0.0f,
+                        group_member(at(P), G, j));
+        });
+      }
       each([&](std::int64_t j) {
-        head_products(B, NKV, 'N', 'T', m, r1, hd, 1.0f, group_member(from_row(q, r0), G, j), k, 0.0f,
-                      group_member(from_row(P, r0), G, j));
+        head_products(1, NKV, 'N', 'T', m, r1, hd, 1.0f, group_member(at(dy), G, j), sequence(v, s), 0.0f,
+                      group_member(at(dS), G, j));
+      });
+      for_each_row(exec, "lamina::attention_backward_bf16_rows", NH,
+                   Bf16SoftmaxBackwardRows{{NH, T, r0, m, r1, s * NH}, P, dS, att.data(), fused, o.p, o.ds, b.scale});
+      each([&](std::int64_t j) {
+        head_products(1, NKV, 'N', 'N', m, hd, r1, 1.0f, group_member(ds, G, j), sequence(k, s), 0.0f,
+                      group_member(at(dq), G, j));
+      });
+      each([&](std::int64_t j) {
+        head_products(1, NKV, 'T', 'N', r1, hd, m, 1.0f, group_member(fused ? p : at(p), G, j),
+                      group_member(at(dy), G, j), j == 0 ? sums : 1.0f, sequence(dv, s));
+      });
+      each([&](std::int64_t j) {
+        head_products(1, NKV, 'T', 'N', r1, hd, m, 1.0f, group_member(ds, G, j), group_member(at(q), G, j),
+                      j == 0 ? sums : 1.0f, sequence(dk, s));
       });
     }
-    each([&](std::int64_t j) {
-      head_products(B, NKV, 'N', 'T', m, r1, hd, 1.0f, group_member(from_row(dy, r0), G, j), v, 0.0f,
-                    group_member(from_row(dS, r0), G, j));
-    });
-    for_each_row(exec, "lamina::attention_backward_bf16_rows", B * NH,
-                 Bf16SoftmaxBackwardRows{{NH, T, r0, m, r1}, P, dS, att.data(), fused, o.p, o.ds, b.scale});
-    each([&](std::int64_t j) {
-      head_products(B, NKV, 'N', 'N', m, hd, r1, 1.0f, group_member(ds, G, j), k, 0.0f,
-                    group_member(from_row(dq, r0), G, j));
-    });
-    each([&](std::int64_t j) {
-      head_products(B, NKV, 'T', 'N', r1, hd, m, 1.0f, group_member(fused ? p : from_row(p, r0), G, j),
-                    group_member(from_row(dy, r0), G, j), j == 0 ? sums : 1.0f, dv);
-    });
-    each([&](std::int64_t j) {
-      head_products(B, NKV, 'T', 'N', r1, hd, m, 1.0f, group_member(ds, G, j), group_member(from_row(q, r0), G, j),
-                    j == 0 ? sums : 1.0f, dk);
-    });
   }
 }
 
@@ -697,7 +715,7 @@ void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Head
 // batched products and a softmax kernel of one team per row (a host with another BLAS); its
 // products take `math` (ProductMath: on CUDA, bf16 tensor cores). On bf16 storage, in_place
 // and fused on a host run their products in bf16 on oneDNN where `math` is bf16 (a CPU with
-// bf16 instructions), by row blocks batched over sequences and heads; device kernels are fp32.
+// bf16 instructions), by row blocks of one sequence batched over heads; device kernels are fp32.
 // The default is what the backend runs fastest; in_place needs a host BLAS it can call. On
 // a device that is staged: the fused kernels compute without tensor cores, and GPT-2 124M's
 // bf16 step (16 x 1024 tokens, an H200) took 965 ms with them against 433 ms staged. fused
