@@ -492,7 +492,7 @@ struct Bf16Rows {
 // causal_softmax_row's probabilities of row t rounded into `out` (n >= t + 1 entries, past
 // t: 0), the fp32 row written only up to t: the rows are scratch, and writing them whole and
 // reading them back to round them doubled the memory the rows' pass moved.
-inline RowSoftmax causal_softmax_row16(float* row, std::uint16_t* out, std::int64_t t, std::int64_t n, float scale) {
+KOKKOS_INLINE_FUNCTION RowSoftmax causal_softmax_row16(float* row, std::uint16_t* out, std::int64_t t, std::int64_t n, float scale) {
   const float mx = SerialRow{}.max(t + 1, [&](std::int64_t j) { return row[j]; });
   for (std::int64_t j = 0; j <= t; ++j) row[j] = fast_exp(scale * (row[j] - mx));
   const float sum = SerialRow{}.sum(t + 1, [&](std::int64_t j) { return row[j]; }), inv = 1.0f / sum;
@@ -523,6 +523,15 @@ struct Bf16SoftmaxRows {
   }
 };
 
+// widen(p[j]) * d[j]: a row's probabilities (fp32, or bf16 as saved) times dP, callable
+// where SerialRow's loops are compiled for host and device alike.
+template <class P>
+struct ProbabilityTimes {
+  const P* p;
+  const float* d;
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t j) const { return widen(p[j]) * d[j]; }
+};
+
 // Score gradients of a block's rows (dP in dS's rows) from their probabilities: the saved
 // bf16 ones (in place), or (fused) recomputed from the unscaled scores in P's rows and the
 // saved log-sum-exps and rounded into the block's copy; the gradients times `scale`, which
@@ -534,27 +543,27 @@ struct Bf16SoftmaxBackwardRows {
   bool fused;
   std::uint16_t *p16, *ds16;
   float scale;
-  void operator()(const std::int64_t i) const {
-    const std::int64_t t = rows.t(i);
+  // dS = P * (dP - sum_j P dP) of row i (diagonal t), as causal_softmax_row_backward takes it
+  template <class Prob>
+  void round_gradients(std::int64_t i, std::int64_t t, const Prob* prow) const {
     const float* drow = rows.row(dS, i);
     std::uint16_t* d16 = rows.in_block(ds16, i);
-    // dS = P * (dP - sum_j P dP), as causal_softmax_row_backward takes it
-    const auto round_gradients = [&](const auto& p) {
-      const float dot = SerialRow{}.sum(t + 1, [&](std::int64_t j) { return p(j) * drow[j]; });
-      for (std::int64_t j = 0; j < rows.r1; ++j) {
-        d16[j] = j <= t ? to_bf16(scale * (p(j) * (drow[j] - dot))) : std::uint16_t{0};
-      }
-    };
+    const float dot = SerialRow{}.sum(t + 1, ProbabilityTimes<Prob>{prow, drow});
+    for (std::int64_t j = 0; j < rows.r1; ++j) {
+      d16[j] = j <= t ? to_bf16(scale * (widen(prow[j]) * (drow[j] - dot))) : std::uint16_t{0};
+    }
+  }
+  void operator()(const std::int64_t i) const {
+    const std::int64_t t = rows.t(i);
     if (fused) {
       float* prow = rows.row(P, i);
       const float l = load_log_sum_exp(rows.saved(saved, 2, i));
       for (std::int64_t j = 0; j <= t; ++j) prow[j] = fast_exp(scale * prow[j] - l);
       std::uint16_t* p = rows.in_block(p16, i);
       for (std::int64_t j = 0; j < rows.r1; ++j) p[j] = j <= t ? to_bf16(prow[j]) : std::uint16_t{0};
-      round_gradients([&](std::int64_t j) { return prow[j]; });
+      round_gradients(i, t, static_cast<const float*>(prow));
     } else {
-      const std::uint16_t* prow = rows.saved(saved, rows.T, i);
-      round_gradients([&](std::int64_t j) { return from_bf16(prow[j]); });
+      round_gradients(i, t, static_cast<const std::uint16_t*>(rows.saved(saved, rows.T, i)));
     }
   }
 };
