@@ -189,10 +189,12 @@ struct Layout {
 // rank's product does not take: fp32 reassociation, which five Adam steps amplify where a
 // gradient is near zero. Measured (relative L2, the worst tensor): 1.01e-5 for GPT-2 and
 // 1.33e-5 for the Llama block (both an exp_avg_sq of block 0) on an Intel Xeon with AMX
-// (earlier CI machines stayed within 1e-5); the losses stay within 1e-5.
+// (earlier CI machines stayed within 1e-5); since a host's row sums take sixteen lanes, 3.3e-5
+// for the untied Llama block on tp 2 (an exp_avg_sq of a norm's gain) in CI's -O1 sanitizer
+// build on MPICH, under 3e-5 in the Release build; the losses stay within 1e-5.
 double parameter_tolerance(const Layout& l) {
   for (const std::string& s : l.sets) {
-    if (s.rfind("parallel.tp=", 0) == 0) return 3e-5;
+    if (s.rfind("parallel.tp=", 0) == 0) return 5e-5;
   }
   return 1e-5;
 }
@@ -372,12 +374,13 @@ INSTANTIATE_TEST_SUITE_P(Mpi, SharedKeyValueLayouts,
 // Parameters and moments at 1e-4: the head's gradient, one sum over all query heads on one
 // rank, is two partial sums added by the all-reduce on tp 2, and five Adam steps at lr 1e-2
 // amplify that rounding; measured worst tensor 1.1e-5 in the Release build and 6.7e-5 in
-// CI's -O1 sanitizer build on MPICH (multi-head GPT-2 on tp 2: 1.0e-5 and 1.3e-5; losses
-// within 1e-5 in all). Without the copies' sum the tensors are 0.19-0.81 apart.
+// CI's -O1 sanitizer build on MPICH, 1.05e-4 there since a host's row sums take sixteen lanes
+// (multi-head GPT-2 on tp 2: 1.0e-5 and 1.3e-5; losses within 1e-5 in all). Without the
+// copies' sum the tensors are 0.19-0.81 apart.
 class SharedKeyValueBiasLayouts : public ModelLayouts {};
 
 TEST_P(SharedKeyValueBiasLayouts, LossesAndFinalModelEqualTheSingleRankRun) {
-  check({"model.kv_heads=1"}, "mqa_gpt2_", "a GPT-2 block with other parts", 1e-4);
+  check({"model.kv_heads=1"}, "mqa_gpt2_", "a GPT-2 block with other parts", 1.5e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Mpi, SharedKeyValueBiasLayouts, ::testing::Values(Layout{"tp2", 2, {"parallel.tp=2"}}),
