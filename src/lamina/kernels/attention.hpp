@@ -103,17 +103,25 @@ struct RowSoftmax {
   float max, sum;
 };
 
+// The exponentials exp(scale (s_j - max)) of score row t in place up to t, and the row's
+// scaled maximum and their sum.
+template <class Row>
+KOKKOS_INLINE_FUNCTION RowSoftmax causal_exponentials(const Row& loop, float* row, std::int64_t t, float scale) {
+  const float mx = loop.max(t + 1, [&](std::int64_t j) { return row[j]; });
+  loop.for_each(t + 1, [&](std::int64_t j) { row[j] = fast_exp(scale * (row[j] - mx)); });
+  loop.barrier();
+  return {scale * mx, loop.sum(t + 1, [&](std::int64_t j) { return row[j]; })};
+}
+
 // Causal softmax of score row t in place (T entries), of the scores times `scale` (> 0);
 // entries past t become 0.
 template <class Row>
 KOKKOS_INLINE_FUNCTION RowSoftmax causal_softmax_row(const Row& loop, float* row, std::int64_t t, std::int64_t T,
                                                      float scale = 1.0f) {
-  const float mx = loop.max(t + 1, [&](std::int64_t j) { return row[j]; });
-  loop.for_each(t + 1, [&](std::int64_t j) { row[j] = fast_exp(scale * (row[j] - mx)); });
-  loop.barrier();
-  const float sum = loop.sum(t + 1, [&](std::int64_t j) { return row[j]; }), inv = 1.0f / sum;
+  const RowSoftmax r = causal_exponentials(loop, row, t, scale);
+  const float inv = 1.0f / r.sum;
   loop.for_each(T, [&](std::int64_t j) { row[j] = j <= t ? row[j] * inv : 0.0f; });
-  return {scale * mx, sum};
+  return r;
 }
 
 // Its backward in place on the row's gradient: dS = P * (dP - sum_j P dP); masked entries are 0.
@@ -492,12 +500,12 @@ struct Bf16Rows {
 // causal_softmax_row's probabilities of row t rounded into `out` (n >= t + 1 entries, past
 // t: 0), the fp32 row written only up to t: the rows are scratch, and writing them whole and
 // reading them back to round them doubled the memory the rows' pass moved.
-KOKKOS_INLINE_FUNCTION RowSoftmax causal_softmax_row16(float* row, std::uint16_t* out, std::int64_t t, std::int64_t n, float scale) {
-  const float mx = SerialRow{}.max(t + 1, [&](std::int64_t j) { return row[j]; });
-  for (std::int64_t j = 0; j <= t; ++j) row[j] = fast_exp(scale * (row[j] - mx));
-  const float sum = SerialRow{}.sum(t + 1, [&](std::int64_t j) { return row[j]; }), inv = 1.0f / sum;
+KOKKOS_INLINE_FUNCTION RowSoftmax causal_softmax_row16(float* row, std::uint16_t* out, std::int64_t t, std::int64_t n,
+                                                       float scale) {
+  const RowSoftmax r = causal_exponentials(SerialRow{}, row, t, scale);
+  const float inv = 1.0f / r.sum;
   for (std::int64_t j = 0; j < n; ++j) out[j] = j <= t ? to_bf16(row[j] * inv) : std::uint16_t{0};
-  return {scale * mx, sum};
+  return r;
 }
 
 // Softmax of a block's (unscaled) score rows into probabilities, rounded into the saved

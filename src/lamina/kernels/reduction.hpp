@@ -8,42 +8,44 @@
 
 namespace lamina {
 
-// Sum of f(j) for j in [0, n) in one thread: lane k adds f(16 b + k) block after block and
-// the tail's f(16 B + k), then the sixteen lanes are summed in a fixed tree. A host's vector
-// unit then adds sixteen elements at a time with no chain of dependent additions (a tree per
-// block of eight added into one float made the sums of exponentials cost three times the
-// exponentials).
-template <class F>
-KOKKOS_INLINE_FUNCTION float lane_sum(std::int64_t n, const F& f) {
+// f(0) op f(1) op ... op f(n - 1) in one thread, from `init` (op's identity, or f(0) for an
+// idempotent op): lane k takes f(16 b + k) block after block and the tail's f(16 B + k), then
+// the sixteen lanes meet in a fixed tree. A host's vector unit then takes sixteen elements at
+// a time with no chain of dependent operations (a tree per block of eight added into one float
+// made the sums of exponentials cost three times the exponentials).
+template <class F, class Op>
+KOKKOS_INLINE_FUNCTION float lane_fold(std::int64_t n, const F& f, float init, const Op& op) {
   constexpr int kLanes = 16;
-  float lane[kLanes] = {};
+  float lane[kLanes];
+  for (int k = 0; k < kLanes; ++k) lane[k] = init;
   const std::int64_t body = n / kLanes * kLanes;
   for (std::int64_t b = 0; b < body; b += kLanes) {
-    for (int k = 0; k < kLanes; ++k) lane[k] += f(b + k);
+    for (int k = 0; k < kLanes; ++k) lane[k] = op(lane[k], f(b + k));
   }
-  for (std::int64_t j = body; j < n; ++j) lane[j - body] += f(j);
+  for (std::int64_t j = body; j < n; ++j) lane[j - body] = op(lane[j - body], f(j));
   for (int w = kLanes / 2; w > 0; w /= 2) {
-    for (int k = 0; k < w; ++k) lane[k] += lane[k + w];
+    for (int k = 0; k < w; ++k) lane[k] = op(lane[k], lane[k + w]);
   }
   return lane[0];
 }
 
-// Maximum of f(j) for j in [0, n), n >= 1, in one thread, in lanes as lane_sum.
+struct AddFloats {
+  KOKKOS_INLINE_FUNCTION float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOfFloats {
+  KOKKOS_INLINE_FUNCTION float operator()(float a, float b) const { return math::max(a, b); }
+};
+
+// Sum of f(j) for j in [0, n) in one thread, in lanes.
+template <class F>
+KOKKOS_INLINE_FUNCTION float lane_sum(std::int64_t n, const F& f) {
+  return lane_fold(n, f, 0.0f, AddFloats{});
+}
+
+// Maximum of f(j) for j in [0, n), n >= 1, in one thread, in lanes.
 template <class F>
 KOKKOS_INLINE_FUNCTION float lane_max(std::int64_t n, const F& f) {
-  constexpr int kLanes = 16;
-  float lane[kLanes];
-  const float first = f(0);
-  for (int k = 0; k < kLanes; ++k) lane[k] = first;
-  const std::int64_t body = n / kLanes * kLanes;
-  for (std::int64_t b = 0; b < body; b += kLanes) {
-    for (int k = 0; k < kLanes; ++k) lane[k] = math::max(lane[k], f(b + k));
-  }
-  for (std::int64_t j = body; j < n; ++j) lane[j - body] = math::max(lane[j - body], f(j));
-  for (int w = kLanes / 2; w > 0; w /= 2) {
-    for (int k = 0; k < w; ++k) lane[k] = math::max(lane[k], lane[k + w]);
-  }
-  return lane[0];
+  return lane_fold(n, f, f(0), MaxOfFloats{});
 }
 
 // Sum of f(j) for j in [0, n) over the threads of a team: a team of one (a host's) sums in
