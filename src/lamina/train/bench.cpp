@@ -106,7 +106,7 @@ JsonObject bench_step(const Deck& deck, int steps, int warmup, const Log& log) {
                      rt.schedule().name().c_str()));
   const StepTimes t = run_synthetic(rt, deck, steps, warmup);
   const ProductMath math = product_math<Exec>(plan.precision);
-  const Measurement gemm = measure_gemm_gflops(2048, 5, math);
+  const Measurement gemm = measure_gemm_gflops(rate_gemm_order(2048), 5, math);
   const double med = median(t.step_ms);
   const double tflops = flops / (med / 1e3) / 1e12;
   const double per_rank_gflops = tflops * 1e3 / world;
@@ -324,11 +324,12 @@ JsonObject bench_adam(std::int64_t params, int reps, const Log& log) {
 }
 
 JsonObject bench_machine(const Log& log) {
-  const Measurement gemm = measure_gemm_gflops(2048, 5, ProductMath::fp32);
+  const std::int64_t n = rate_gemm_order(2048);
+  const Measurement gemm = measure_gemm_gflops(n, 5, ProductMath::fp32);
   const Measurement triad = measure_triad_gbytes(1 << 26, 10);
-  log.info(strprintf("bench machine (%s): float GEMM 2048^3 %.1f GFLOP/s (median %.1f); stream triad %.1f GB/s "
+  log.info(strprintf("bench machine (%s): float GEMM %lld^3 %.1f GFLOP/s (median %.1f); stream triad %.1f GB/s "
                      "(median %.1f)",
-                     Exec::name(), gemm.best, gemm.median, triad.best, triad.median));
+                     Exec::name(), static_cast<long long>(n), gemm.best, gemm.median, triad.best, triad.median));
   JsonObject j;
   j.add("bench", "machine")
       .add("execution_space", Exec::name())
@@ -337,8 +338,9 @@ JsonObject bench_machine(const Log& log) {
       .add("stream_gbytes_per_s", triad.best)
       .add("stream_gbytes_per_s_median", triad.median);
   if (product_math<Exec>(Precision::bf16) == ProductMath::bf16) {
-    const Measurement bf16 = measure_gemm_gflops(2048, 5, ProductMath::bf16);
-    log.info(strprintf("bf16 products (fp32 sums) 2048^3 %.1f GFLOP/s (median %.1f)", bf16.best, bf16.median));
+    const Measurement bf16 = measure_gemm_gflops(n, 5, ProductMath::bf16);
+    log.info(strprintf("bf16 products (fp32 sums) %lld^3 %.1f GFLOP/s (median %.1f)", static_cast<long long>(n),
+                       bf16.best, bf16.median));
     j.add("gemm_bf16_gflops", bf16.best).add("gemm_bf16_gflops_median", bf16.median);
   }
   return j;

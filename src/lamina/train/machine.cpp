@@ -26,7 +26,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+constexpr bool kDevice = !Kokkos::SpaceAccessibility<Kokkos::HostSpace, Exec::memory_space>::accessible;
+
 }  // namespace
+
+std::int64_t rate_gemm_order(std::int64_t host_n) { return kDevice ? std::max<std::int64_t>(host_n, 4096) : host_n; }
 
 Measurement measure_gemm_gflops(std::int64_t n, int reps, ProductMath math) {
   Mat<Exec> a("lamina::bench_a", n, n), b("lamina::bench_b", n, n), c("lamina::bench_c", n, n);
@@ -41,10 +45,16 @@ Measurement measure_gemm_gflops(std::int64_t n, int reps, ProductMath math) {
   if (bf16) Kokkos::deep_copy(b16, to_bf16(0.25f));
   const MatRef<Exec> weight = bf16 ? MatRef<Exec>(ConstMat16<Exec>(b16)) : MatRef<Exec>(b);
   const Exec exec;
-  gemm(exec, "N", "N", 1.0f, a, weight, 0.0f, c, math, scratch);  // warm-up: thread pools, page faults
-  exec.fence();
+  // Warm-up: thread pools and page faults; on a device also the clocks.
+  const double warm_s = kDevice ? 0.05 : 0.0, timed_s = kDevice ? 0.1 : 0.0;
+  const auto w0 = std::chrono::steady_clock::now();
+  do {
+    gemm(exec, "N", "N", 1.0f, a, weight, 0.0f, c, math, scratch);
+    exec.fence();
+  } while (seconds_since(w0) < warm_s);
   std::vector<double> rates;
-  for (int r = 0; r < reps; ++r) {
+  const auto t_all = std::chrono::steady_clock::now();
+  for (int r = 0; r < reps || seconds_since(t_all) < timed_s; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     gemm(exec, "N", "N", 1.0f, a, weight, 0.0f, c, math, scratch);
     exec.fence();

@@ -12,7 +12,13 @@ struct Measurement {
   double median = 0.0;  // median of the repetitions
 };
 
-// float GEMM C = A B on n x n matrices as lamina runs its products (`math`: ProductMath), in GFLOP/s.
+// The order of the square GEMM that measures this machine's product rate: `host_n` where the
+// default execution space is the host; at least 4096 on a device, where a product of 2048^3
+// takes tens of microseconds and the launch, the timer and the clocks' ramp-up cost a
+// third of the rate (an H100: 34 TFLOP/s fp32 at 1536^3 beside 48 at 2048^3 measured later).
+std::int64_t rate_gemm_order(std::int64_t host_n);
+// float GEMM C = A B on n x n matrices as lamina runs its products (`math`: ProductMath), in
+// GFLOP/s. On a device the products repeat for at least 0.05 s before and 0.1 s while timed.
 Measurement measure_gemm_gflops(std::int64_t n, int reps, ProductMath math);
 // STREAM triad a = b + s c on float arrays of n elements, in GB/s (12 bytes per element), in
 // the default execution space's memory, or (on_host) in host-tier memory by the host's cores.

@@ -68,11 +68,11 @@ MachineSpec measure_machine(MPI_Comm comm, const Log& log, CommBackend backend) 
   m.source = "measured";
   m.devices_per_node = ranks;
   m.device_is_host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Exec::memory_space>::accessible;
-  m.peak_flops_fp32 = measure_gemm_gflops(2048, 5, ProductMath::fp32).best * 1e9;
+  m.peak_flops_fp32 = measure_gemm_gflops(rate_gemm_order(2048), 5, ProductMath::fp32).best * 1e9;
   // bf16 runs' products on the bf16 engine (cuBLAS, oneDNN on a CPU with bf16
   // instructions); none (0): they stay fp32 products
   const ProductMath bf16 = product_math<Exec>(Precision::bf16);
-  m.peak_flops_bf16 = bf16 == ProductMath::fp32 ? 0.0 : measure_gemm_gflops(2048, 5, bf16).best * 1e9;
+  m.peak_flops_bf16 = bf16 == ProductMath::fp32 ? 0.0 : measure_gemm_gflops(rate_gemm_order(2048), 5, bf16).best * 1e9;
   m.memory_bandwidth = measure_triad_gbytes(1 << 24, 5).best * 1e9;
   constexpr std::int64_t n = 1 << 22;
   m.host_adamw_rate = measure_adamw_rate(n, 5, true, true).median * ranks;  // per node: every rank's share

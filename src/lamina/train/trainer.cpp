@@ -485,10 +485,11 @@ class Trainer {
       return;
     }
     const ProductMath math = product_math<Exec>(plan_.precision);
-    peak_tflops_ = measure_gemm_gflops(1536, 3, math).best / 1e3;
-    log_.info(strprintf("peak for MFU: %.3f TFLOP/s per rank (measured %s GEMM, 1536^3; set output.peak_tflops "
+    const std::int64_t n = rate_gemm_order(1536);
+    peak_tflops_ = measure_gemm_gflops(n, 3, math).best / 1e3;
+    log_.info(strprintf("peak for MFU: %.3f TFLOP/s per rank (measured %s GEMM, %lld^3; set output.peak_tflops "
                         "to use a datasheet value)",
-                        peak_tflops_, product_math_name(math)));
+                        peak_tflops_, product_math_name(math), static_cast<long long>(n)));
   }
 
   void report(std::int64_t step, const Runtime::StepResult& r, double lr, double step_ms, double flops_per_step,
