@@ -47,16 +47,27 @@ void bias_gelu_forward(const Exec& exec, const V& pre, const V& out, const PV& p
                                                                writes_pre});
 }
 
+KOKKOS_INLINE_FUNCTION float gelu_grad(float x) {
+  const float th = fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x));
+  const float dth = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x) * (1.0f - th * th);
+  return 0.5f * (1.0f + th) + 0.5f * x * dth;
+}
+
 template <class Exec, class T>
 struct GeluBackward {
   Vec<Exec> dinp;
   VecOf<Exec, const T> inp;
   ConstVec<Exec> dout;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
-    const float x = widen(inp(i));
-    const float th = fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x));
-    const float dth = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x) * (1.0f - th * th);
-    dinp(i) = (0.5f * (1.0f + th) + 0.5f * x * dth) * dout(i);
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { dinp(i) = gelu_grad(widen(inp(i))) * dout(i); }
+};
+
+// The GELU's backward as the pass that rounds the MLP's output gradient for its first
+// layer's products applies it (backward_products' gate): gelu'(pre(i, j)) * dy, pre as stored.
+template <class Exec, class T>
+struct GeluGate {
+  MatOf<Exec, const T> pre;
+  KOKKOS_INLINE_FUNCTION float operator()(float dy, std::int64_t i, std::int64_t j) const {
+    return gelu_grad(widen(pre(i, j))) * dy;
   }
 };
 

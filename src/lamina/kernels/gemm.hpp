@@ -150,28 +150,37 @@ void widen_block(const Exec& exec, const Vec<Exec>& dst, const ConstMat16<Exec>&
       WidenBlock<Exec>{dst, src, r0, c0, cols});
 }
 
-// dst (rows x cols, contiguous bf16) = bf16(src[r0 + i, j]): per element on a device
+// What a rounding pass does to each element (row i, column j) of an output gradient as it
+// reads it: nothing, or (GeluGate, kernels/gelu.hpp) multiply it by the derivative of the
+// activation it goes back through, so that no pass of its own writes that product in fp32.
+struct NoGate {
+  KOKKOS_INLINE_FUNCTION float operator()(float dy, std::int64_t, std::int64_t) const { return dy; }
+};
+
+// dst (rows x cols, contiguous bf16) = bf16(gate(src[r0 + i, j])): per element on a device
 // (coalesced), per row on a host, where the row's loop vectorizes (twice the rate of a 2-D
 // range on two OpenMP threads, measured).
-template <class Exec, class AV>
+template <class Exec, class AV, class G = NoGate>
 struct NarrowRows {
   Bf16Vec<Exec> dst;
   AV src;
   std::int64_t r0, cols;
+  G gate;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t j) const {
-    dst(i * cols + j) = to_bf16(src(r0 + i, j));
+    dst(i * cols + j) = to_bf16(gate(src(r0 + i, j), r0 + i, j));
   }
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
     std::uint16_t* d = dst.data() + i * cols;
     const float* s = &src(r0 + i, 0);
-    for (std::int64_t j = 0; j < cols; ++j) d[j] = to_bf16(s[j]);
+    for (std::int64_t j = 0; j < cols; ++j) d[j] = to_bf16(gate(s[j], r0 + i, j));
   }
 };
 
-template <class Exec, class AV>
-void narrow_rows(const Exec& exec, std::uint16_t* dst, const AV& src, std::int64_t r0, std::int64_t rows) {
+template <class Exec, class AV, class G = NoGate>
+void narrow_rows(const Exec& exec, std::uint16_t* dst, const AV& src, std::int64_t r0, std::int64_t rows,
+                 const G& gate = G{}) {
   const std::int64_t cols = static_cast<std::int64_t>(src.extent(1));
-  const NarrowRows<Exec, AV> narrow{Bf16Vec<Exec>(dst, static_cast<std::size_t>(rows * cols)), src, r0, cols};
+  const NarrowRows<Exec, AV, G> narrow{Bf16Vec<Exec>(dst, static_cast<std::size_t>(rows * cols)), src, r0, cols, gate};
   if constexpr (kOnHost<Exec>) {
     Kokkos::parallel_for("lamina::narrow_operand", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, rows),
                          narrow);
@@ -187,32 +196,42 @@ void narrow_rows(const Exec& exec, std::uint16_t* dst, const AV& src, std::int64
 // over those rows, in row order: the rounding of a product's output gradient that takes its
 // bias gradient too, reading the gradient once (the sums ride along at no cost measured; a
 // work item per block of columns, for several threads, ran the rounding 1.5 times slower).
-template <class Exec, class AV>
+template <class Exec, class AV, class G = NoGate>
 struct NarrowRowsSummed {
   Bf16Vec<Exec> dst;
   AV src;
   Vec<Exec> sums;
   std::int64_t r0, rows, cols;
+  G gate;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t) const {
     float* sum = sums.data();
     for (std::int64_t i = 0; i < rows; ++i) {
       const float* s = &src(r0 + i, 0);
       std::uint16_t* d = dst.data() + i * cols;
       for (std::int64_t j = 0; j < cols; ++j) {
-        d[j] = to_bf16(s[j]);
-        sum[j] += s[j];
+        const float v = gate(s[j], r0 + i, j);
+        d[j] = to_bf16(v);
+        sum[j] += v;
       }
     }
   }
 };
 
-template <class Exec, class AV>
+template <class Exec, class AV, class G = NoGate>
 void narrow_rows_summed(const Exec& exec, std::uint16_t* dst, const AV& src, std::int64_t r0, std::int64_t rows,
-                        const Vec<Exec>& sums) {
+                        const Vec<Exec>& sums, const G& gate = G{}) {
   const std::int64_t cols = static_cast<std::int64_t>(src.extent(1));
   Kokkos::parallel_for("lamina::narrow_operand_and_sum", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, 1),
-                       NarrowRowsSummed<Exec, AV>{Bf16Vec<Exec>(dst, static_cast<std::size_t>(rows * cols)), src, sums,
-                                                  r0, rows, cols});
+                       NarrowRowsSummed<Exec, AV, G>{Bf16Vec<Exec>(dst, static_cast<std::size_t>(rows * cols)), src,
+                                                     sums, r0, rows, cols, gate});
+}
+
+// Whether the pass that rounds an output gradient on a host's engine adds its column sums
+// too (one thread: a work item per block of columns ran the rounding 1.5 times slower).
+template <class Exec>
+bool sums_while_rounding([[maybe_unused]] const Exec& exec) {
+  if constexpr (kOnHost<Exec>) return exec.concurrency() == 1;
+  return false;
 }
 
 }  // namespace detail
@@ -444,6 +463,13 @@ void gemm_rounded(const Exec& exec, const char* tb, const ConstMat16<Exec>& A, c
   host_gemm_bf16_rounded(g, A.data(), B.b16.data(), C.data(), bias.data());
 }
 
+// Whether backward_products rounds dY in a pass of its own (a bf16 engine and a bf16 W), the
+// pass a gate rides along.
+template <class Exec>
+bool rounds_output_gradient(ProductMath math, const MatRefArg<Exec>& W) {
+  return math == ProductMath::bf16 && W.bf16() && detail::bf16_engine<Exec>();
+}
+
 // The weight gradient of a layer's backward: dW += X^T dY (a linear layer, W: in x out) or
 // dY^T X (the tied LM head, W: vocabulary x in).
 enum class WeightGradient { xt_dy, dyt_x };
@@ -455,11 +481,12 @@ enum class WeightGradient { xt_dy, dyt_x };
 // as it is; else two gemm() calls, a bf16 X widened a block of rows at a time.
 // `scratch`: product_scratch() elements. With `dsums`, a host's engine on one thread adds dY's
 // column sums (a bias gradient) into it in the pass that rounds dY; returns whether it did
-// (else the caller sums them).
-template <class Exec, class DV, class XV>
+// (else the caller sums them). A `gate` other than NoGate is applied to dY in that pass, and
+// needs it (rounds_output_gradient).
+template <class Exec, class DV, class XV, class G = detail::NoGate>
 bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& W, const DV& dY, const XV& X,
                        const Mat<Exec>& dX, const Mat<Exec>& dW, WeightGradient form, ProductMath math,
-                       const Vec<Exec>& scratch, const Vec<Exec>& dsums = Vec<Exec>()) {
+                       const Vec<Exec>& scratch, const Vec<Exec>& dsums = Vec<Exec>(), const G& gate = G{}) {
   constexpr bool x16 = std::is_same<StoredType<XV>, std::uint16_t>::value;
   const std::int64_t N = static_cast<std::int64_t>(dY.extent(0));
   const std::int64_t a = static_cast<std::int64_t>(dY.extent(1)), b = static_cast<std::int64_t>(X.extent(1));
@@ -468,7 +495,7 @@ bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& 
       throw std::logic_error("lamina::backward_products: a bf16 X is a whole linear layer's input");
     }
   }
-  if (math == ProductMath::bf16 && W.bf16() && detail::bf16_engine<Exec>()) {
+  if (rounds_output_gradient<Exec>(math, W)) {
     const std::int64_t rows = 2 * static_cast<std::int64_t>(scratch.extent(0)) / (x16 ? a : a + b);
     if (rows < 1) throw std::logic_error("lamina::backward_products: the bf16 scratch holds less than a row");
     std::uint16_t* dy16 = reinterpret_cast<std::uint16_t*>(scratch.data());
@@ -490,18 +517,17 @@ bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& 
     gw.beta = 1.0f;
     gw.c = dW.data();
     gw.ldc = static_cast<std::int64_t>(dW.stride_0());
-    bool summed = false;
-    if constexpr (detail::kOnHost<Exec>) summed = dsums.data() != nullptr && exec.concurrency() == 1;
+    const bool summed = dsums.data() != nullptr && detail::sums_while_rounding(exec);
     for (std::int64_t r0 = 0; r0 < N; r0 += rows) {
       const std::int64_t r = std::min(rows, N - r0);
       if constexpr (detail::kOnHost<Exec>) {
         if (summed) {
-          detail::narrow_rows_summed(exec, dy16, dY, r0, r, dsums);
+          detail::narrow_rows_summed(exec, dy16, dY, r0, r, dsums, gate);
         } else {
-          detail::narrow_rows(exec, dy16, dY, r0, r);
+          detail::narrow_rows(exec, dy16, dY, r0, r, gate);
         }
       } else {
-        detail::narrow_rows(exec, dy16, dY, r0, r);
+        detail::narrow_rows(exec, dy16, dY, r0, r, gate);
       }
       const std::uint16_t* xr;
       if constexpr (x16) {
@@ -521,6 +547,9 @@ bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& 
       }
     }
     return summed;
+  }
+  if (!std::is_same<G, detail::NoGate>::value) {
+    throw std::logic_error("lamina::backward_products: a gated output gradient needs the bf16 engine's rounding pass");
   }
   gemm(exec, "N", tw, 1.0f, dY, W, 0.0f, dX, math, scratch);
   if constexpr (x16) {

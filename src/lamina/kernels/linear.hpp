@@ -2,6 +2,7 @@
 // Dense layers. linear: y = x @ W + b with W in HuggingFace Conv1D layout (in, out).
 // tied head: logits = x @ E^T with E the (V, C) token embedding (no bias).
 #include "lamina/kernels/gemm.hpp"
+#include "lamina/kernels/gelu.hpp"
 
 namespace lamina {
 
@@ -92,6 +93,26 @@ void linear_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& d
   const bool summed =
       backward_products(exec, "T", weight, dout, inp, dinp, dweight, WeightGradient::xt_dy, math, scratch, dbias);
   if (dbias.data() != nullptr && !summed) add_column_sums(exec, dbias, dout, ones);
+}
+
+// The MLP's first layer backward through its GELU: dact is d loss / d gelu(pre) (N, OC) and
+// pre the kept pre-activation (as stored). Where the products round dact in a pass that also
+// sums the bias gradient (a host's bf16 engine on one thread), that pass multiplies by
+// gelu'(pre) as it reads: dact is left as it was, and no fp32 gradient of pre is written.
+// Elsewhere dact becomes that gradient in a pass of its own, then the layer's backward.
+template <class Exec, class InV, class PV>
+void linear_gelu_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
+                          const Mat<Exec>& dact, const PV& pre, const InV& inp, const MatRefArg<Exec>& weight,
+                          const ConstVec<Exec>& ones, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
+  if (rounds_output_gradient<Exec>(math, weight) && (dbias.data() == nullptr || detail::sums_while_rounding(exec))) {
+    const GeluGate<Exec, StoredType<PV>> gate{pre};
+    backward_products(exec, "T", weight, ConstMat<Exec>(dact), inp, dinp, dweight, WeightGradient::xt_dy, math,
+                      scratch, dbias, gate);
+    return;
+  }
+  const Vec<Exec> flat(dact.data(), dact.size());
+  gelu_backward(exec, flat, VecOf<Exec, const StoredType<PV>>(pre.data(), pre.size()), ConstVec<Exec>(flat));
+  linear_backward(exec, dinp, dweight, dbias, dact, inp, weight, ones, math, scratch);
 }
 
 // logits: (N, V); inp: (N, C); embedding: (V, C)

@@ -196,16 +196,17 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
                     const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_backward");
   // MLP branch: out = x2 + c_proj(act(c_fc(ln_2(x2))))
-  if (d.parts.mlp == MlpKind::gelu) {  // the activation's gradient in place
+  if (d.parts.mlp == MlpKind::gelu) {
     linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.ones, s.products,
                     ws.widened);
-    gelu_backward(exec, detail::flat(ws.dfch), detail::flat(s.fch), detail::flat(ws.dfch));
+    linear_gelu_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.fch, s.ln2, w.fc_w, ws.ones, s.products,
+                         ws.widened);
   } else {
     linear_backward(exec, ws.dact, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.ones, s.products,
                     ws.widened);
     swiglu_backward(exec, ws.dfch, s.fch, ws.dact);
+    linear_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.ln2, w.fc_w, ws.ones, s.products, ws.widened);
   }
-  linear_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.ln2, w.fc_w, ws.ones, s.products, ws.widened);
   detail::combine_partials<Exec, T>(exec, tp, ws.dln, ws.scratch.data());
   block_norm_backward(exec, d, dres, g.ln2_w, g.ln2_b, ws.dln, dres, s.x2, w.ln2_w, s.ln2_mean, s.ln2_rstd, ws);
   // attention branch: x2 = x + c_proj(attn(rotary(c_attn(ln_1(x)))))

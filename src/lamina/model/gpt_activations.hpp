@@ -177,8 +177,9 @@ struct Workspace {
   Mat<Exec> attproj, fcproj;   // (N, C)
   // backward (same memory as forward)
   Mat<Exec> dln;               // (N, C) gradient of a norm's output
-  Mat<Exec> dfch;              // (N, fc_width) gradient of the MLP's first product
-  Mat<Exec> dact;              // (N, F) SwiGLU: its activation's (GELU: in dfch)
+  Mat<Exec> dfch;              // (N, fc_width) gradient of the MLP's first product (GELU: of its
+                               // activation, made the product's in place, see linear_gelu_backward)
+  Mat<Exec> dact;              // (N, F) SwiGLU: its activation's
   Mat<Exec> dqkv;              // (N, qkv_width)
   AttentionWorkspace<Exec> dheads; // q, k, v (in dqkv's memory), dy (as y), dq, dk, dv; probs
   Mats<Exec> datt;             // (B*NH, T, T); fused on a device: (B*NH, T, 0)

@@ -91,7 +91,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // gradient, the skip's and the input, writes the input's gradient and the gain's per-row
   // terms, which a column sum reads (with LayerNorm's bias gradient, the output's); the biases'
   // gradients are column sums of the products' output gradients; GELU reads its gradient and
-  // pre-activation and writes in place, SwiGLU reads the activation's gradient and [gate | up]
+  // pre-activation and writes in place (a host engine's rounding pass does it: below), SwiGLU reads the activation's gradient and [gate | up]
   // and writes theirs; rotary positions turn dq and dk back in place; attention copies q, k, v
   // again, reads its probabilities and the product's dP (written fp32), writes the score
   // gradients (fp32, or bf16 on an engine: conversions below) and merges dq, dk, dv into one
@@ -100,7 +100,11 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const bool staged_engine = engine && d.attention == AttentionProducts::staged;
   const double norms_backward = 2 * (layernorm ? 24 + s : 20 + s) * N * C;
   const double biases = d.parts.bias ? 4 * N * (2 * C + F + A + 2 * KV) : 0.0;
-  const double mlp_backward = swiglu ? (12 + 2 * s) * N * F : (8 + s) * N * F;
+  // On a host's engine the pass that rounds the MLP's output gradient for its first layer's
+  // products applies GELU's derivative as it reads (kernels/linear.hpp,
+  // linear_gelu_backward: one thread per rank, as lamina's host ranks run): GELU moves no bytes
+  // of its own there.
+  const double mlp_backward = swiglu ? (12 + 2 * s) * N * F : rounding ? 0.0 : (8 + s) * N * F;
   const double scores_backward = host_rows ? (fused ? 12.0 : 4 + s) * half_scores
                                  : fused   ? 0.0
                                            : (8 + s + (staged_engine ? 0.0 : 4.0)) * score_count;

@@ -154,6 +154,77 @@ TYPED_TEST(LinearTest, Bf16BackwardProductsMatchAReferenceOfTheRoundedOperands) 
   }
 }
 
+// The MLP's first layer backward through its GELU (linear_gelu_backward), with and without a
+// bias: against a double reference (the exact derivative at the stored bf16 pre-activation,
+// the products on the operand rounded where the space has a bf16 engine, the bias gradient
+// summed unrounded), and against the unfused sequence, gelu_backward then linear_backward.
+// Where the rounding pass applies the derivative, the activation's gradient is left as it
+// was; elsewhere it becomes the pre-activation's.
+TYPED_TEST(LinearTest, GeluBackwardRidesThePassThatRoundsTheOutputGradient) {
+  using Exec = TypeParam;
+  const int N = 7, IN = 6, OUT = 9;
+  const bool engine = product_math<Exec>(Precision::bf16) == ProductMath::bf16;
+  const auto x = bf16_values(random_vector(N * IN, 111)), w = bf16_values(random_vector(IN * OUT, 112));
+  const auto pre = bf16_values(random_vector(N * OUT, 113, -3.0, 3.0)), dact = random_vector(N * OUT, 114);
+  const auto w0 = random_vector(IN * OUT, 115), b0 = random_vector(OUT, 116);
+  std::vector<double> g(N * OUT);
+  for (int e = 0; e < N * OUT; ++e) {
+    const double v = pre[e], s = 0.7978845608028654, c = 0.044715;
+    const double th = std::tanh(s * (v + c * v * v * v));
+    g[e] = (0.5 * (1.0 + th) + 0.5 * v * s * (1.0 + 3.0 * c * v * v) * (1.0 - th * th)) * dact[e];
+  }
+  const auto gr = engine ? bf16_values(g) : g;
+  std::vector<double> want_dx(N * IN, 0.0), want_dw = w0, want_db = b0;
+  for (int i = 0; i < N; ++i) {
+    for (int o = 0; o < OUT; ++o) {
+      want_db[o] += g[i * OUT + o];
+      for (int k = 0; k < IN; ++k) {
+        want_dx[i * IN + k] += gr[i * OUT + o] * w[k * OUT + o];
+        want_dw[k * OUT + o] += x[i * IN + k] * gr[i * OUT + o];
+      }
+    }
+  }
+  auto x16 = to_device_bf16<Exec>(x), w16 = to_device_bf16<Exec>(w), pre16 = to_device_bf16<Exec>(pre);
+  const ConstMat16<Exec> xm(x16.data(), N, IN), prem(pre16.data(), N, OUT);
+  const MatRef<Exec> weight(ConstMat16<Exec>(w16.data(), IN, OUT));
+  auto ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  auto scratch = to_device<Exec>(std::vector<double>(static_cast<std::size_t>(product_scratch<Exec>(N * OUT, OUT)), NAN));
+  for (const bool bias : {true, false}) {
+    SCOPED_TRACE(bias ? "with a bias" : "without a bias");
+    // result[0]: fused where it can be; result[1]: the unfused sequence.
+    std::vector<double> dx[2], dw[2], db[2], da[2];
+    for (int unfused = 0; unfused < 2; ++unfused) {
+      auto gx = to_device<Exec>(std::vector<double>(N * IN, NAN)), gw = to_device<Exec>(w0);
+      const Vec<Exec> gb = bias ? to_device<Exec>(b0) : Vec<Exec>();
+      auto ga = to_device<Exec>(dact);
+      const Mat<Exec> gam = as_mat<Exec>(ga.data(), N, OUT);
+      if (unfused) {
+        gelu_backward(Exec(), ga, Kokkos::View<const std::uint16_t*, typename Exec::memory_space>(pre16),
+                      ConstVec<Exec>(ga));
+        linear_backward(Exec(), as_mat<Exec>(gx.data(), N, IN), as_mat<Exec>(gw.data(), IN, OUT), gb, gam, xm, weight,
+                        ones, ProductMath::bf16, scratch);
+      } else {
+        linear_gelu_backward(Exec(), as_mat<Exec>(gx.data(), N, IN), as_mat<Exec>(gw.data(), IN, OUT), gb, gam, prem,
+                             xm, weight, ones, ProductMath::bf16, scratch);
+      }
+      dx[unfused] = to_host(gx);
+      dw[unfused] = to_host(gw);
+      if (bias) db[unfused] = to_host(gb);
+      da[unfused] = to_host(ga);
+    }
+    EXPECT_LT(rel_error(dx[0], want_dx), engine ? 2e-3 : 1e-5);
+    EXPECT_LT(rel_error(dw[0], want_dw), engine ? 2e-3 : 1e-5);
+    if (bias) {
+      EXPECT_LT(rel_error(db[0], want_db), 1e-5);
+    }
+    EXPECT_LT(rel_error(dx[0], dx[1]), 1e-6);
+    EXPECT_LT(rel_error(dw[0], dw[1]), 1e-6);
+    EXPECT_LT(rel_error(db[0], db[1]), 1e-6);
+    const bool fused = engine && (!bias || lamina::detail::sums_while_rounding(Exec()));
+    EXPECT_EQ(da[0] == dact, fused);
+  }
+}
+
 // The LM head's backward on a bf16 engine with its logit gradients already in bf16, rows 2 V
 // apart (cross_entropy_backward_bf16's, the rest of each row NaN): against a double reference
 // of them, the stored weight and X rounded; X in blocks of 3 rows (7 rows: 3, 3, 1).
