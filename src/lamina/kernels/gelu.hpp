@@ -69,6 +69,11 @@ struct GeluGate {
   KOKKOS_INLINE_FUNCTION float operator()(float dy, std::int64_t i, std::int64_t j) const {
     return gelu_grad(widen(pre(i, j))) * dy;
   }
+  struct Row {
+    const T* pre;
+    KOKKOS_INLINE_FUNCTION float operator()(float dy, std::int64_t j) const { return gelu_grad(widen(pre[j])) * dy; }
+  };
+  KOKKOS_INLINE_FUNCTION Row row(std::int64_t i) const { return {&pre(i, 0)}; }
 };
 
 // dinp = gelu'(inp) * dout; dinp, dout, inp: (n) flattened, inp as stored (float or bf16)

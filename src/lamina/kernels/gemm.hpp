@@ -153,8 +153,14 @@ void widen_block(const Exec& exec, const Vec<Exec>& dst, const ConstMat16<Exec>&
 // What a rounding pass does to each element (row i, column j) of an output gradient as it
 // reads it: nothing, or (GeluGate, kernels/gelu.hpp) multiply it by the derivative of the
 // activation it goes back through, so that no pass of its own writes that product in fp32.
+// A gate reads (row i, column j); a host's row loops take row(i), which reads column j, so
+// that the loop's body is pointer arithmetic that vectorizes.
 struct NoGate {
   KOKKOS_INLINE_FUNCTION float operator()(float dy, std::int64_t, std::int64_t) const { return dy; }
+  struct Row {
+    KOKKOS_INLINE_FUNCTION float operator()(float dy, std::int64_t) const { return dy; }
+  };
+  KOKKOS_INLINE_FUNCTION Row row(std::int64_t) const { return {}; }
 };
 
 // dst (rows x cols, contiguous bf16) = bf16(gate(src[r0 + i, j])): per element on a device
@@ -172,7 +178,8 @@ struct NarrowRows {
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
     std::uint16_t* d = dst.data() + i * cols;
     const float* s = &src(r0 + i, 0);
-    for (std::int64_t j = 0; j < cols; ++j) d[j] = to_bf16(gate(s[j], r0 + i, j));
+    const auto g = gate.row(r0 + i);
+    for (std::int64_t j = 0; j < cols; ++j) d[j] = to_bf16(g(s[j], j));
   }
 };
 
@@ -208,8 +215,9 @@ struct NarrowRowsSummed {
     for (std::int64_t i = 0; i < rows; ++i) {
       const float* s = &src(r0 + i, 0);
       std::uint16_t* d = dst.data() + i * cols;
+      const auto g = gate.row(r0 + i);
       for (std::int64_t j = 0; j < cols; ++j) {
-        const float v = gate(s[j], r0 + i, j);
+        const float v = g(s[j], j);
         d[j] = to_bf16(v);
         sum[j] += v;
       }
@@ -226,10 +234,12 @@ void narrow_rows_summed(const Exec& exec, std::uint16_t* dst, const AV& src, std
                                                      sums, r0, rows, cols, gate});
 }
 
-// Whether the pass that rounds an output gradient on a host's engine adds its column sums
-// too (one thread: a work item per block of columns ran the rounding 1.5 times slower).
+// Whether `exec` is a host space on one thread: there a pass over rows can take them all in
+// one work item and add up columns as it goes, in row order as add_column_sums does (the pass
+// that rounds an output gradient; a layer norm's backward). With more threads a work item
+// per block of columns ran the rounding 1.5 times slower.
 template <class Exec>
-bool sums_while_rounding([[maybe_unused]] const Exec& exec) {
+bool one_host_thread([[maybe_unused]] const Exec& exec) {
   if constexpr (kOnHost<Exec>) return exec.concurrency() == 1;
   return false;
 }
@@ -517,7 +527,7 @@ bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& 
     gw.beta = 1.0f;
     gw.c = dW.data();
     gw.ldc = static_cast<std::int64_t>(dW.stride_0());
-    const bool summed = dsums.data() != nullptr && detail::sums_while_rounding(exec);
+    const bool summed = dsums.data() != nullptr && detail::one_host_thread(exec);
     for (std::int64_t r0 = 0; r0 < N; r0 += rows) {
       const std::int64_t r = std::min(rows, N - r0);
       if constexpr (detail::kOnHost<Exec>) {

@@ -104,7 +104,7 @@ template <class Exec, class InV, class PV>
 void linear_gelu_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
                           const Mat<Exec>& dact, const PV& pre, const InV& inp, const MatRefArg<Exec>& weight,
                           const ConstVec<Exec>& ones, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
-  if (rounds_output_gradient<Exec>(math, weight) && (dbias.data() == nullptr || detail::sums_while_rounding(exec))) {
+  if (rounds_output_gradient<Exec>(math, weight) && (dbias.data() == nullptr || detail::one_host_thread(exec))) {
     const GeluGate<Exec, StoredType<PV>> gate{pre};
     backward_products(exec, "T", weight, ConstMat<Exec>(dact), inp, dinp, dweight, WeightGradient::xt_dy, math,
                       scratch, dbias, gate);
