@@ -106,20 +106,6 @@ using RowMajor = Kokkos::MDRangePolicy<Exec, Kokkos::Rank<N, Kokkos::Iterate::Ri
 template <class Exec>
 using Teams = Kokkos::TeamPolicy<Exec>;
 
-// Row i of an input gradient by a team: dinp = dskip + local(c) where another branch's
-// gradient joins (has_skip: a norm's input is the residual stream), else local(c). Two
-// loops rather than a branch per element, so that each one vectorizes.
-template <class Member, class Out, class Skip, class Local>
-KOKKOS_INLINE_FUNCTION void team_store_gradient_row(const Member& team, std::int64_t i, std::int64_t C, const Out& dinp,
-                                                    const Skip& dskip, bool has_skip, const Local& local) {
-  if (has_skip) {
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C),
-                         [&](std::int64_t c) { dinp(i, c) = dskip(i, c) + local(c); });
-  } else {
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C), [&](std::int64_t c) { dinp(i, c) = local(c); });
-  }
-}
-
 // Unmanaged shaped views over raw storage (a slice of a flat buffer).
 template <class Exec>
 Mat<Exec> as_mat(float* data, std::int64_t rows, std::int64_t cols) {

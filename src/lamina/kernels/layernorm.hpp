@@ -4,7 +4,7 @@
 // x, out and the saved mean and rstd are read and written in their storage type (float,
 // or bf16 in bf16 runs), with fp32 arithmetic; gradients are fp32.
 #include "lamina/kernels/bf16.hpp"
-#include "lamina/kernels/gemm.hpp"
+#include "lamina/kernels/norm_backward.hpp"
 #include "lamina/kernels/reduction.hpp"
 
 namespace lamina {
@@ -93,8 +93,9 @@ void residual_layernorm_forward(const Exec& exec, const V& sum, const V& out, co
       ResidualLayernormForward<Exec, T>{sum, out, mean, rstd, a, b, b_bias, weight, bias, C});
 }
 
-// One team per row; writes dinp and, into scratch, dout * xhat for the weight gradient.
-// X: the input's storage type, S: the saved statistics'.
+// Row i of the backward pass by `r` (a team, or SerialRow on one host thread): writes dinp
+// and hands dout * xhat to `terms` for the weight gradient. X: the input's storage type, S:
+// the saved statistics'.
 template <class Exec, class X, class S>
 struct LayernormBackward {
   Mat<Exec> dinp;
@@ -105,26 +106,27 @@ struct LayernormBackward {
   Mat<Exec> scratch;
   std::int64_t C;
   bool has_skip;
+  template <class Row>
+  KOKKOS_INLINE_FUNCTION void row(const Row& r, std::int64_t i, const GainTerms& terms) const {
+    const float m = widen(mean(i)), rs = widen(rstd(i));
+    // dnorm = dout * weight; dinp = rs * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
+    const float s1 = r.sum(C, [&](std::int64_t c) { return dout(i, c) * weight(c); }) / C;
+    const float s2 = r.sum(C, [&](std::int64_t c) { return dout(i, c) * weight(c) * (widen(inp(i, c)) - m) * rs; }) / C;
+    store_gradient_row(r, i, C, dinp, dskip, has_skip, [&](std::int64_t c) {
+      const float xhat = (widen(inp(i, c)) - m) * rs;
+      terms.put(i, c, dout(i, c) * xhat);
+      return rs * (dout(i, c) * weight(c) - s1 - xhat * s2);
+    });
+  }
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
-    const std::int64_t i = team.league_rank();
-    const float m = widen(mean(i)), r = widen(rstd(i));
-    // dnorm = dout * weight; dinp = r * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
-    const float s1 = team_sum(team, C, [&](std::int64_t c) { return dout(i, c) * weight(c); }) / C;
-    const float s2 =
-        team_sum(team, C, [&](std::int64_t c) { return dout(i, c) * weight(c) * (widen(inp(i, c)) - m) * r; }) / C;
-    auto local = [&](std::int64_t c) {
-      const float xhat = (widen(inp(i, c)) - m) * r;
-      scratch(i, c) = dout(i, c) * xhat;
-      return r * (dout(i, c) * weight(c) - s1 - xhat * s2);
-    };
-    team_store_gradient_row(team, i, C, dinp, dskip, has_skip, local);
+    row(TeamRow<typename Teams<Exec>::member_type>{team}, team.league_rank(), GainTerms{scratch.data(), static_cast<std::int64_t>(scratch.stride_0())});
   }
 };
 
 // dinp: (N, C) = dskip + d(layernorm)/d(inp)^T dout. The residual stream's gradient
 // (dskip) joins here; dinp may alias dskip, and an empty dskip means zero.
 // dweight, dbias: (C) +=.
-// scratch: (N, C) workspace; ones: (>=N) ones, for the column sums.
+// scratch: (N, C) workspace; ones: (>=N) ones, for the column sums (norm_backward).
 // inp, mean, rstd: as the forward pass read and saved them (float or bf16).
 template <class Exec, class InV, class StatV>
 void layernorm_backward(const Exec& exec, const Mat<Exec>& dinp, const Vec<Exec>& dweight, const Vec<Exec>& dbias,
@@ -133,13 +135,10 @@ void layernorm_backward(const Exec& exec, const Mat<Exec>& dinp, const Vec<Exec>
                         const Mat<Exec>& scratch, const ConstVec<Exec>& ones) {
   const std::int64_t N = static_cast<std::int64_t>(inp.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(inp.extent(1));
-  const bool has_skip = dskip.data() != nullptr;
-  Kokkos::parallel_for(
-      "lamina::layernorm_backward", Teams<Exec>(exec, N, Kokkos::AUTO),
-      LayernormBackward<Exec, StoredType<InV>, StoredType<StatV>>{dinp, dout, dskip, inp, weight, mean, rstd, scratch,
-                                                                  C, has_skip});
-  add_column_sums(exec, dweight, scratch, ones);
-  add_column_sums(exec, dbias, dout, ones);
+  norm_backward("lamina::layernorm_backward", exec,
+                LayernormBackward<Exec, StoredType<InV>, StoredType<StatV>>{dinp, dout, dskip, inp, weight, mean, rstd,
+                                                                            scratch, C, dskip.data() != nullptr},
+                N, C, scratch, dweight, dbias, dout, ones);
 }
 
 }  // namespace lamina

@@ -4,7 +4,7 @@
 // No centring and no bias. x, out and the saved rstd are read and written in their storage
 // type (float, or bf16 in bf16 runs) with fp32 arithmetic; gradients are fp32.
 #include "lamina/kernels/bf16.hpp"
-#include "lamina/kernels/gemm.hpp"
+#include "lamina/kernels/norm_backward.hpp"
 #include "lamina/kernels/reduction.hpp"
 
 namespace lamina {
@@ -44,7 +44,8 @@ void rmsnorm_forward(const Exec& exec, const OutV& out, const StatV& rstd, const
                        RmsnormForward<Exec, X, Y>{out, rstd, inp, weight, C, eps});
 }
 
-// One team per row; writes dinp and, into scratch, dout * xhat for the weight gradient.
+// Row i of the backward pass by `r` (a team, or SerialRow on one host thread): writes dinp
+// and hands dout * xhat to `terms` for the weight gradient.
 template <class Exec, class X, class S>
 struct RmsnormBackward {
   Mat<Exec> dinp;
@@ -55,17 +56,19 @@ struct RmsnormBackward {
   Mat<Exec> scratch;
   std::int64_t C;
   bool has_skip;
+  template <class Row>
+  KOKKOS_INLINE_FUNCTION void row(const Row& r, std::int64_t i, const GainTerms& terms) const {
+    const float rs = widen(rstd(i));
+    // xhat = x * rs; dinp = rs * (dout * weight - xhat * mean(dout * weight * xhat))
+    const float s = r.sum(C, [&](std::int64_t c) { return dout(i, c) * weight(c) * widen(inp(i, c)) * rs; }) / C;
+    store_gradient_row(r, i, C, dinp, dskip, has_skip, [&](std::int64_t c) {
+      const float xhat = widen(inp(i, c)) * rs;
+      terms.put(i, c, dout(i, c) * xhat);
+      return rs * (dout(i, c) * weight(c) - xhat * s);
+    });
+  }
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
-    const std::int64_t i = team.league_rank();
-    const float r = widen(rstd(i));
-    // xhat = x * r; dinp = r * (dout * weight - xhat * mean(dout * weight * xhat))
-    const float s = team_sum(team, C, [&](std::int64_t c) { return dout(i, c) * weight(c) * widen(inp(i, c)) * r; }) / C;
-    auto local = [&](std::int64_t c) {
-      const float xhat = widen(inp(i, c)) * r;
-      scratch(i, c) = dout(i, c) * xhat;
-      return r * (dout(i, c) * weight(c) - xhat * s);
-    };
-    team_store_gradient_row(team, i, C, dinp, dskip, has_skip, local);
+    row(TeamRow<typename Teams<Exec>::member_type>{team}, team.league_rank(), GainTerms{scratch.data(), static_cast<std::int64_t>(scratch.stride_0())});
   }
 };
 
@@ -79,10 +82,10 @@ void rmsnorm_backward(const Exec& exec, const Mat<Exec>& dinp, const Vec<Exec>& 
                       const Mat<Exec>& scratch, const ConstVec<Exec>& ones) {
   const std::int64_t N = static_cast<std::int64_t>(inp.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(inp.extent(1));
-  Kokkos::parallel_for("lamina::rmsnorm_backward", Teams<Exec>(exec, N, Kokkos::AUTO),
-                       RmsnormBackward<Exec, StoredType<InV>, StoredType<StatV>>{
-                           dinp, dout, dskip, inp, weight, rstd, scratch, C, dskip.data() != nullptr});
-  add_column_sums(exec, dweight, scratch, ones);
+  norm_backward("lamina::rmsnorm_backward", exec,
+                RmsnormBackward<Exec, StoredType<InV>, StoredType<StatV>>{dinp, dout, dskip, inp, weight, rstd, scratch,
+                                                                          C, dskip.data() != nullptr},
+                N, C, scratch, dweight, Vec<Exec>(), dout, ones);
 }
 
 }  // namespace lamina

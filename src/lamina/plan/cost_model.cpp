@@ -98,13 +98,18 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // gradient. A host's engine reads them up to the diagonal (fused: computes the
   // probabilities again in place in fp32) and writes no fp32 score gradients.
   const bool staged_engine = engine && d.attention == AttentionProducts::staged;
-  const double norms_backward = 2 * (layernorm ? 24 + s : 20 + s) * N * C;
+  // On a host rank of one thread (a machine file's `cores` per device at most 1, or not
+  // given), the norms' backward adds the gain's and bias's terms into their sums row by row
+  // (kernels/norm_backward.hpp): no per-row terms written and read, no second read of the
+  // output's gradient.
+  const bool one_thread = machine.device_is_host && machine.cores_per_device <= 1;
+  const double norms_backward = 2 * (one_thread ? 12 + s : layernorm ? 24 + s : 20 + s) * N * C;
   const double biases = d.parts.bias ? 4 * N * (2 * C + F + A + 2 * KV) : 0.0;
   // On a host's engine the pass that rounds the MLP's output gradient for its first layer's
-  // products applies GELU's derivative as it reads (kernels/linear.hpp,
-  // linear_gelu_backward: one thread per rank, as lamina's host ranks run): GELU moves no bytes
-  // of its own there.
-  const double mlp_backward = swiglu ? (12 + 2 * s) * N * F : rounding ? 0.0 : (8 + s) * N * F;
+  // products applies GELU's derivative as it reads (kernels/linear.hpp, linear_gelu_backward;
+  // with a bias, which that pass sums too, on one thread): GELU moves no bytes of its own.
+  const bool gelu_rides = rounding && (one_thread || !d.parts.bias);
+  const double mlp_backward = swiglu ? (12 + 2 * s) * N * F : gelu_rides ? 0.0 : (8 + s) * N * F;
   const double scores_backward = host_rows ? (fused ? 12.0 : 4 + s) * half_scores
                                  : fused   ? 0.0
                                            : (8 + s + (staged_engine ? 0.0 : 4.0)) * score_count;

@@ -68,6 +68,7 @@ MachineSpec measure_machine(MPI_Comm comm, const Log& log, CommBackend backend) 
   m.source = "measured";
   m.devices_per_node = ranks;
   m.device_is_host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Exec::memory_space>::accessible;
+  if (m.device_is_host) m.cores_per_device = Exec().concurrency();
   m.peak_flops_fp32 = measure_gemm_gflops(rate_gemm_order(2048), 5, ProductMath::fp32).best * 1e9;
   // bf16 runs' products on the bf16 engine (cuBLAS, oneDNN on a CPU with bf16
   // instructions); none (0): they stay fp32 products

@@ -163,6 +163,7 @@ TEST(CostModel, FusedAttentionRecomputesTheScoresInsteadOfMovingThem) {
   if (!kAttentionInPlace<Kokkos::DefaultHostExecutionSpace>) return;
   MachineSpec host = machine();
   host.device_is_host = true;
+  host.cores_per_device = 2;  // the norms' backward as teams and column sums, as on a device
   const CostModel h(m, plan(1, 1, 1, Precision::fp32), host);
   const double gemm32 = 24 * N * C * C / (100e12 * 0.5), attention32 = 4 * N * T * C / (100e12 * 0.25);
   EXPECT_NEAR(h.block_backward(),
@@ -215,15 +216,25 @@ TEST(CostModel, AHostsBf16EngineReadsAttentionsStorageInPlace) {
 // A host's engine (oneDNN) writes the QKV projection and the MLP's first product in bf16 with
 // their biases: no pass rounds the QKV output (6 bytes per element), and GELU reads the kept
 // bf16 pre-activation instead of the fp32 product (2 bytes, not 4, and no write of it).
-// Backward, the pass that rounds the MLP's output gradient applies GELU's derivative: no
-// GELU pass reads the gradient and the pre-activation and writes the gradient (4 + 2 + 4).
+// Backward, on a rank of one thread, the pass that rounds the MLP's output gradient (and sums
+// its bias gradient) applies GELU's derivative: no GELU pass reads the gradient and the
+// pre-activation and writes the gradient (4 + 2 + 4); and each of the two layer norms adds its
+// gain's and bias's terms into their sums as it goes: no terms written and read, no second
+// read of the output's gradient (4 + 4 + 4). With two threads both passes stay.
 TEST(CostModel, AHostsEngineWritesTheQkvAndMlpProductsInBf16) {
   MachineSpec host = machine();
   host.device_is_host = true;
+  host.cores_per_device = 1;
+  MachineSpec threads = host;
+  threads.cores_per_device = 2;
   const double N = 2048, C = 1024, F = 4 * C, bandwidth = 2e12 * 0.5;
   const CostModel d(model(), plan(1, 1, 1, Precision::bf16), machine()), h(model(), plan(1, 1, 1, Precision::bf16), host);
+  const CostModel t(model(), plan(1, 1, 1, Precision::bf16), threads);
   EXPECT_NEAR(d.block_forward() - h.block_forward(), (6 * 3 * N * C + 4 * N * F) / bandwidth, 1e-12);
-  EXPECT_NEAR(d.block_backward() - h.block_backward(), (4 + 2 + 4) * N * F / bandwidth, 1e-12);
+  EXPECT_NEAR(d.block_backward() - h.block_backward(), ((4 + 2 + 4) * N * F + 2 * (4 + 4 + 4) * N * C) / bandwidth,
+              1e-12);
+  EXPECT_NEAR(t.block_forward(), h.block_forward(), 1e-12);
+  EXPECT_NEAR(t.block_backward(), d.block_backward(), 1e-12);
 }
 
 TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {

@@ -1,0 +1,80 @@
+#include "lamina/kernels/norm_backward.hpp"
+
+#include "lamina/kernels/layernorm.hpp"
+#include "lamina/kernels/rmsnorm.hpp"
+
+#include "fd_check.hpp"
+
+namespace lamina::test {
+namespace {
+
+template <class Exec>
+class NormBackwardTest : public ::testing::Test {};
+TYPED_TEST_SUITE(NormBackwardTest, ExecSpaces);
+
+// The norms' backward passes as norm_backward runs them (on one host thread: every row in
+// one work item, the gain's and bias's gradients summed as it goes) against one team per row
+// and column sums of the per-row terms: the same input gradients and the same sums, bit for
+// bit, added onto what the gradients held. Rows of 40 (lane sums with a tail), a skip
+// gradient joining, the input in fp32 and bf16.
+TYPED_TEST(NormBackwardTest, OneThreadSumsAsItGoesAndEqualsTheTeamsBitForBit) {
+  using Exec = TypeParam;
+  const int N = 9, C = 40;
+  const auto x = random_vector(N * C, 201, -2, 2), w = random_vector(C, 202, 0.5, 1.5);
+  const auto dout = random_vector(N * C, 203), skip = random_vector(N * C, 204);
+  const auto stat = random_vector(N, 205, -0.5, 0.5), rstd = random_vector(N, 206, 0.5, 2.0);
+  const auto w0 = random_vector(C, 207), b0 = random_vector(C, 208);
+  auto dx = to_device<Exec>(x), x16v = to_device_bf16<Exec>(x), dw = to_device<Exec>(w), ddout = to_device<Exec>(dout);
+  auto dmean = to_device<Exec>(stat), drstd = to_device<Exec>(rstd), ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  const ConstMat<Exec> xm = as_mat<Exec>(dx.data(), N, C), dom = as_mat<Exec>(ddout.data(), N, C);
+  const ConstMat16<Exec> x16(x16v.data(), N, C);
+  for (const bool bf16 : {false, true}) {
+    for (const bool layernorm : {true, false}) {
+      SCOPED_TRACE(std::string(layernorm ? "layernorm" : "rmsnorm") + (bf16 ? ", bf16 input" : ""));
+      std::vector<double> dinp[2], gw[2], gb[2];
+      for (int teams = 0; teams < 2; ++teams) {
+        auto gi = to_device<Exec>(skip), gwv = to_device<Exec>(w0), gbv = to_device<Exec>(b0);
+        auto scratch = to_device<Exec>(std::vector<double>(N * C, NAN));
+        const Mat<Exec> gim = as_mat<Exec>(gi.data(), N, C), sm = as_mat<Exec>(scratch.data(), N, C);
+        auto run = [&](const auto& in) {
+          using X = StoredType<std::decay_t<decltype(in)>>;
+          if (layernorm) {
+            const LayernormBackward<Exec, X, float> backward{gim, dom, gim, in, dw, dmean, drstd, sm, C, true};
+            if (teams) {
+              Kokkos::parallel_for(Teams<Exec>(Exec(), N, Kokkos::AUTO), backward);
+              add_column_sums(Exec(), gwv, sm, ones);
+              add_column_sums(Exec(), gbv, dom, ones);
+            } else {
+              layernorm_backward(Exec(), gim, gwv, gbv, dom, gim, in, dw, ConstVec<Exec>(dmean), ConstVec<Exec>(drstd),
+                                 sm, ones);
+            }
+          } else {
+            const RmsnormBackward<Exec, X, float> backward{gim, dom, gim, in, dw, drstd, sm, C, true};
+            if (teams) {
+              Kokkos::parallel_for(Teams<Exec>(Exec(), N, Kokkos::AUTO), backward);
+              add_column_sums(Exec(), gwv, sm, ones);
+            } else {
+              rmsnorm_backward(Exec(), gim, gwv, dom, gim, in, dw, ConstVec<Exec>(drstd), sm, ones);
+            }
+          }
+        };
+        if (bf16) {
+          run(x16);
+        } else {
+          run(xm);
+        }
+        dinp[teams] = to_host(gi);
+        gw[teams] = to_host(gwv);
+        gb[teams] = to_host(gbv);
+      }
+      EXPECT_EQ(dinp[0], dinp[1]);
+      EXPECT_EQ(gw[0], gw[1]);
+      EXPECT_EQ(gb[0], gb[1]);
+      EXPECT_NE(gw[0], w0);
+      EXPECT_EQ(gb[0] != b0, layernorm);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lamina::test
