@@ -1103,20 +1103,19 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
   attention_backward(exec, dqkv, datt, dout, qkv32, ws.y32, ws.att32, ws, NH, how, math);
 }
 
-// Gradient of the fused QKV bias, dbias: (W) +=, from dqkv: (N, W) [q | k | v] rows with NH
-// query heads of hd columns (kernels/qkv_layout.hpp).
+// Gradient of the fused QKV bias, dbias: (W) +=, from sums: (W) the column sums of dqkv (N, W),
+// [q | k | v] rows with NH query heads of hd columns (kernels/qkv_layout.hpp), as the QKV
+// layer's backward takes them for its bias gradient (into sums, zeroed: the pass that rounds
+// dqkv for the products sums it on a host's one thread).
 // The k part is exactly zero: adding b_k to every key adds the same q . b_k to all scores
 // of a query row, and softmax is shift-invariant. A float column sum would instead
 // return rounding noise (~1e-11), which Adam's g / (|g| + eps) turns into steps of a
 // sizeable fraction of lr, so the k part is not accumulated at all.
-// sums: (W) workspace; ones: (>=N) ones
 template <class Exec>
-void qkv_bias_backward(const Exec& exec, const Vec<Exec>& dbias, const ConstMat<Exec>& dqkv, const Vec<Exec>& sums,
-                       const ConstVec<Exec>& ones, std::int64_t NH, std::int64_t hd) {
-  const std::int64_t W = static_cast<std::int64_t>(dqkv.extent(1));
+void qkv_bias_backward(const Exec& exec, const Vec<Exec>& dbias, const Vec<Exec>& sums, std::int64_t NH,
+                       std::int64_t hd) {
+  const std::int64_t W = static_cast<std::int64_t>(sums.extent(0));
   const QkvLayout L = QkvLayout::of(W, NH, hd);
-  Kokkos::deep_copy(exec, sums, 0.0f);
-  add_column_sums(exec, sums, dqkv, ones);
   Kokkos::parallel_for("lamina::qkv_bias_backward", Range<Exec>(exec, 0, W),
                        detail::QkvBiasBackward<Exec>{dbias, sums, L.column(1), L.column(2)});
 }

@@ -214,8 +214,12 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, d.NH, s.attention,
                      s.products);
   if (d.parts.position == PositionKind::rotary) rotary_apply(exec, ws.dqkv, d.NH + d.NKV, d.T, 0, ws.rotary, false);
-  linear_backward(exec, ws.dln, g.qkv_w, Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w, ws.ones, s.products, ws.widened);
-  if (d.parts.bias) qkv_bias_backward(exec, g.qkv_b, ws.dqkv, ws.qkv_bias_sums, ws.ones, d.NH, d.hd);
+  // The QKV bias's gradient: dqkv's column sums, taken as the layer's bias gradient into a
+  // zeroed workspace, then added but for the k part.
+  if (d.parts.bias) Kokkos::deep_copy(exec, ws.qkv_bias_sums, 0.0f);
+  linear_backward(exec, ws.dln, g.qkv_w, d.parts.bias ? ws.qkv_bias_sums : Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w,
+                  ws.ones, s.products, ws.widened);
+  if (d.parts.bias) qkv_bias_backward(exec, g.qkv_b, ws.qkv_bias_sums, d.NH, d.hd);
   detail::combine_partials<Exec, T>(exec, tp, ws.dln, ws.scratch.data());
   block_norm_backward(exec, d, dres, g.ln1_w, g.ln1_b, ws.dln, dres, x, w.ln1_w, s.ln1_mean, s.ln1_rstd, ws);
   Kokkos::Profiling::popRegion();

@@ -104,7 +104,9 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // output's gradient.
   const bool one_thread = machine.device_is_host && machine.cores_per_device <= 1;
   const double norms_backward = 2 * (one_thread ? 12 + s : layernorm ? 24 + s : 20 + s) * N * C;
-  const double biases = d.parts.bias ? 4 * N * (2 * C + F + A + 2 * KV) : 0.0;
+  // (On a host's engine, one thread, the pass that rounds each product's output gradient sums
+  // its bias gradient too: no pass of their own.)
+  const double biases = d.parts.bias && !(rounding && one_thread) ? 4 * N * (2 * C + F + A + 2 * KV) : 0.0;
   // On a host's engine the pass that rounds the MLP's output gradient for its first layer's
   // products applies GELU's derivative as it reads (kernels/linear.hpp, linear_gelu_backward;
   // with a bias, which that pass sums too, on one thread): GELU moves no bytes of its own.

@@ -24,7 +24,8 @@ TYPED_TEST(NormBackwardTest, OneThreadSumsAsItGoesAndEqualsTheTeamsBitForBit) {
   const auto dout = random_vector(N * C, 203), skip = random_vector(N * C, 204);
   const auto stat = random_vector(N, 205, -0.5, 0.5), rstd = random_vector(N, 206, 0.5, 2.0);
   const auto w0 = random_vector(C, 207), b0 = random_vector(C, 208);
-  auto dx = to_device<Exec>(x), x16v = to_device_bf16<Exec>(x), dw = to_device<Exec>(w), ddout = to_device<Exec>(dout);
+  auto dx = to_device<Exec>(x), dw = to_device<Exec>(w), ddout = to_device<Exec>(dout);
+  auto x16v = to_device_bf16<Exec>(x);
   auto dmean = to_device<Exec>(stat), drstd = to_device<Exec>(rstd), ones = to_device<Exec>(std::vector<double>(N, 1.0));
   const ConstMat<Exec> xm = as_mat<Exec>(dx.data(), N, C), dom = as_mat<Exec>(ddout.data(), N, C);
   const ConstMat16<Exec> x16(x16v.data(), N, C);
