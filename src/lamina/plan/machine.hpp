@@ -47,7 +47,9 @@ struct MachineSpec {
   // Whether the device computes beside the host (a GPU): on a host-only machine copies,
   // collectives and host work take the same cores as the compute.
   bool device_is_host = false;
-  int cores_per_device = 0;  // host-only machines: cores each rank's device has
+  // host-only machines: cores each rank's device has (0: not given); at most one, the cost
+  // model prices the passes a lone host thread joins (kernels/norm_backward.hpp)
+  int cores_per_device = 0;
 
   bool bf16_products() const { return peak_flops_bf16 > 0; }
   double peak_flops(bool bf16) const { return bf16 && bf16_products() ? peak_flops_bf16 : peak_flops_fp32; }
