@@ -697,17 +697,17 @@ namespace detail {
 // block's sums in a local array (its inner loop vectorizes), so every column is summed in
 // row order whatever the thread count.
 constexpr std::int64_t kColumnBlock = 256;
-template <class Exec>
+template <class Exec, class T>
 struct ColumnSums {
   Vec<Exec> dst;
-  ConstMat<Exec> M;
+  MatOf<Exec, const T> M;
   std::int64_t rows, cols;
   void operator()(std::int64_t b) const {
     const std::int64_t c0 = b * kColumnBlock, w = std::min(kColumnBlock, cols - c0);
     float sum[kColumnBlock] = {};
     for (std::int64_t i = 0; i < rows; ++i) {
-      const float* r = &M(i, c0);
-      for (std::int64_t j = 0; j < w; ++j) sum[j] += r[j];
+      const T* r = &M(i, c0);
+      for (std::int64_t j = 0; j < w; ++j) sum[j] += widen(r[j]);
     }
     for (std::int64_t j = 0; j < w; ++j) dst(c0 + j) += sum[j];
   }
@@ -717,17 +717,20 @@ struct ColumnSums {
 
 // dst(C) += sum over rows of M(N, C). `ones` holds at least N ones. On a host, a pass of
 // its own (detail::ColumnSums: twice the rate of OpenBLAS's product with a ones row,
-// measured); on a device, a product with a ones row keeps the reduction in the vendor
-// library: parallel and deterministic.
-template <class Exec>
-void add_column_sums(const Exec& exec, const Vec<Exec>& dst, const ConstMat<Exec>& M, const ConstVec<Exec>& ones) {
+// measured), M fp32 or bf16; on a device, a product with a ones row keeps the reduction in
+// the vendor library: parallel and deterministic (M fp32 only).
+template <class Exec, class MV>
+void add_column_sums(const Exec& exec, const Vec<Exec>& dst, const MV& M, const ConstVec<Exec>& ones) {
+  using T = StoredType<MV>;
   const std::int64_t n = static_cast<std::int64_t>(M.extent(0));
   const std::int64_t c = static_cast<std::int64_t>(M.extent(1));
   if constexpr (detail::kOnHost<Exec>) {
     Kokkos::parallel_for("lamina::column_sums",
                          Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(
                              exec, 0, (c + detail::kColumnBlock - 1) / detail::kColumnBlock),
-                         detail::ColumnSums<Exec>{dst, M, n, c});
+                         detail::ColumnSums<Exec, T>{dst, M, n, c});
+  } else if constexpr (!std::is_same<T, float>::value) {
+    throw std::logic_error("lamina::add_column_sums: a device sums fp32 columns");
   } else {
     Kokkos::View<const float**, Kokkos::LayoutRight, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>
         ones_row(ones.data(), 1, n);

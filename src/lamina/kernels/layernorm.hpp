@@ -44,19 +44,20 @@ struct LayernormForward {
 };
 
 // A residual add and the layer norm after it in one pass, one team per row: the sum stored
-// (T: float or bf16), then normalized as stored, while the row is still in cache.
-template <class Exec, class T>
+// (T: float or bf16), then normalized as stored, while the row is still in cache. B: the
+// branch's storage type.
+template <class Exec, class T, class B>
 struct ResidualLayernormForward {
   MatOf<Exec, T> sum, out;
   VecOf<Exec, T> mean, rstd;
   MatOf<Exec, const T> a;
-  ConstMat<Exec> b;
+  MatOf<Exec, const B> b;
   ConstVec<Exec> b_bias, weight, bias;
   std::int64_t C;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
     const std::int64_t i = team.league_rank();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C),
-                         [&](std::int64_t c) { put(sum(i, c), widen(a(i, c)) + (b(i, c) + b_bias(c))); });
+                         [&](std::int64_t c) { put(sum(i, c), widen(a(i, c)) + (widen(b(i, c)) + b_bias(c))); });
     team.team_barrier();
     layernorm_row(team, i, C, out, mean, rstd, MatOf<Exec, const T>(sum), weight, bias);
   }
@@ -77,11 +78,12 @@ void layernorm_forward(const Exec& exec, const OutV& out, const StatV& mean, con
 }
 
 // sum = a + (b + b_bias) (residual_forward), then out, mean, rstd = the layer norm of sum as
-// stored (layernorm_forward), in one pass. sum, out, a: (N, C) as stored; b: (N, C) fp32.
-// The backward needs no pass of its own: layernorm_backward joins the residual's gradient.
-template <class Exec, class V, class StatV, class AV>
+// stored (layernorm_forward), in one pass. sum, out, a: (N, C) as stored; b: (N, C) fp32,
+// or bf16 as the tensor-parallel shards summed it. The backward needs no pass of its own:
+// layernorm_backward joins the residual's gradient.
+template <class Exec, class V, class StatV, class AV, class BV>
 void residual_layernorm_forward(const Exec& exec, const V& sum, const V& out, const StatV& mean, const StatV& rstd,
-                                const AV& a, const ConstMat<Exec>& b, const ConstVec<Exec>& b_bias,
+                                const AV& a, const BV& b, const ConstVec<Exec>& b_bias,
                                 const ConstVec<Exec>& weight, const ConstVec<Exec>& bias) {
   using T = StoredType<V>;
   static_assert(std::is_same<StoredType<AV>, T>::value && std::is_same<StoredType<StatV>, T>::value,
@@ -90,16 +92,18 @@ void residual_layernorm_forward(const Exec& exec, const V& sum, const V& out, co
   const std::int64_t C = static_cast<std::int64_t>(sum.extent(1));
   Kokkos::parallel_for(
       "lamina::residual_layernorm_forward", Teams<Exec>(exec, N, Kokkos::AUTO),
-      ResidualLayernormForward<Exec, T>{sum, out, mean, rstd, a, b, b_bias, weight, bias, C});
+      ResidualLayernormForward<Exec, T, StoredType<BV>>{sum, out, mean, rstd, a, b, b_bias, weight, bias, C});
 }
 
 // Row i of the backward pass by `r` (a team, or SerialRow on one host thread): writes dinp
 // and hands dout * xhat to `terms` for the weight gradient. X: the input's storage type, S:
-// the saved statistics'.
-template <class Exec, class X, class S>
+// the saved statistics', D: the output gradient's (fp32, or bf16 as the tensor-parallel
+// shards summed it).
+template <class Exec, class X, class S, class D>
 struct LayernormBackward {
   Mat<Exec> dinp;
-  ConstMat<Exec> dout, dskip;
+  MatOf<Exec, const D> dout;
+  ConstMat<Exec> dskip;
   MatOf<Exec, const X> inp;
   ConstVec<Exec> weight;
   VecOf<Exec, const S> mean, rstd;
@@ -110,16 +114,18 @@ struct LayernormBackward {
   KOKKOS_INLINE_FUNCTION void row(const Row& r, std::int64_t i, const GainTerms& terms) const {
     const float m = widen(mean(i)), rs = widen(rstd(i));
     // dnorm = dout * weight; dinp = rs * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
-    const float s1 = r.sum(C, [&](std::int64_t c) { return dout(i, c) * weight(c); }) / C;
-    const float s2 = r.sum(C, [&](std::int64_t c) { return dout(i, c) * weight(c) * (widen(inp(i, c)) - m) * rs; }) / C;
+    const float s1 = r.sum(C, [&](std::int64_t c) { return widen(dout(i, c)) * weight(c); }) / C;
+    const float s2 =
+        r.sum(C, [&](std::int64_t c) { return widen(dout(i, c)) * weight(c) * (widen(inp(i, c)) - m) * rs; }) / C;
     store_gradient_row(r, i, C, dinp, dskip, has_skip, [&](std::int64_t c) {
       const float xhat = (widen(inp(i, c)) - m) * rs;
-      terms.put(i, c, dout(i, c) * xhat);
-      return rs * (dout(i, c) * weight(c) - s1 - xhat * s2);
+      terms.put(i, c, widen(dout(i, c)) * xhat);
+      return rs * (widen(dout(i, c)) * weight(c) - s1 - xhat * s2);
     });
   }
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
-    row(TeamRow<typename Teams<Exec>::member_type>{team}, team.league_rank(), GainTerms{scratch.data(), static_cast<std::int64_t>(scratch.stride_0())});
+    row(TeamRow<typename Teams<Exec>::member_type>{team}, team.league_rank(),
+        GainTerms{scratch.data(), static_cast<std::int64_t>(scratch.stride_0())});
   }
 };
 
@@ -127,17 +133,18 @@ struct LayernormBackward {
 // (dskip) joins here; dinp may alias dskip, and an empty dskip means zero.
 // dweight, dbias: (C) +=.
 // scratch: (N, C) workspace; ones: (>=N) ones, for the column sums (norm_backward).
-// inp, mean, rstd: as the forward pass read and saved them (float or bf16).
-template <class Exec, class InV, class StatV>
+// inp, mean, rstd: as the forward pass read and saved them (float or bf16); dout: fp32, or
+// bf16 where norm_reads_bf16_gradient.
+template <class Exec, class InV, class StatV, class DV>
 void layernorm_backward(const Exec& exec, const Mat<Exec>& dinp, const Vec<Exec>& dweight, const Vec<Exec>& dbias,
-                        const ConstMat<Exec>& dout, const ConstMat<Exec>& dskip, const InV& inp,
+                        const DV& dout, const ConstMat<Exec>& dskip, const InV& inp,
                         const ConstVec<Exec>& weight, const StatV& mean, const StatV& rstd,
                         const Mat<Exec>& scratch, const ConstVec<Exec>& ones) {
   const std::int64_t N = static_cast<std::int64_t>(inp.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(inp.extent(1));
   norm_backward("lamina::layernorm_backward", exec,
-                LayernormBackward<Exec, StoredType<InV>, StoredType<StatV>>{dinp, dout, dskip, inp, weight, mean, rstd,
-                                                                            scratch, C, dskip.data() != nullptr},
+                LayernormBackward<Exec, StoredType<InV>, StoredType<StatV>, StoredType<DV>>{
+                    dinp, dout, dskip, inp, weight, mean, rstd, scratch, C, dskip.data() != nullptr},
                 N, C, scratch, dweight, dbias, dout, ones);
 }
 

@@ -35,13 +35,13 @@ KOKKOS_INLINE_FUNCTION void store_gradient_row(const Row& r, std::int64_t i, std
 
 // Every row of `backward` (a functor with row(Row, i, GainTerms)) on one thread: the sums in
 // its scratch's first two rows (zeroed here), a row's terms in the third, each row's added in
-// order, then the sums added into dweight (and dbias).
-template <class Exec, class Backward>
+// order, then the sums added into dweight (and dbias). D: the output gradient's storage type.
+template <class Exec, class Backward, class D>
 struct NormBackwardSummed {
   Backward backward;
   Mat<Exec> scratch;
   Vec<Exec> dweight, dbias;
-  ConstMat<Exec> dout;
+  MatOf<Exec, const D> dout;
   std::int64_t N, C;
   void operator()(std::int64_t) const {
     const bool bias = dbias.data() != nullptr;
@@ -53,8 +53,8 @@ struct NormBackwardSummed {
       backward.row(SerialRow{}, i, GainTerms{bsum + C, 0});
       for (std::int64_t c = 0; c < C; ++c) wsum[c] += terms[c];
       if (bias) {
-        const float* d = &dout(i, 0);
-        for (std::int64_t c = 0; c < C; ++c) bsum[c] += d[c];
+        const D* d = &dout(i, 0);
+        for (std::int64_t c = 0; c < C; ++c) bsum[c] += widen(d[c]);
       }
     }
     for (std::int64_t c = 0; c < C; ++c) dweight(c) += wsum[c];
@@ -62,19 +62,33 @@ struct NormBackwardSummed {
   }
 };
 
+// Whether a norm's backward on Exec reads its output gradient stored in bf16 (the
+// tensor-parallel sum of it, parallel.tp_sums) as it is: always where no bias gradient sums
+// its columns (RMSNorm), and on a host, whose column sums read either; a device's product
+// with a ones row reads fp32.
+template <class Exec>
+constexpr bool norm_reads_bf16_gradient(bool has_bias) {
+  return detail::kOnHost<Exec> || !has_bias;
+}
+
 // Runs a norm's backward over N rows of C: `backward` (row(Row, i, GainTerms) and a team
 // operator writing its terms into `scratch`, (N, C)) then dweight += the terms' column sums
-// and dbias (empty: none) += dout's; or the same on one host thread in one pass.
-template <class Exec, class Backward>
+// and dbias (empty: none) += dout's; or the same on one host thread in one pass. dout: fp32,
+// or bf16 where norm_reads_bf16_gradient.
+template <class Exec, class Backward, class DV>
 void norm_backward(const char* name, const Exec& exec, const Backward& backward, std::int64_t N, std::int64_t C,
-                   const Mat<Exec>& scratch, const Vec<Exec>& dweight, const Vec<Exec>& dbias,
-                   const ConstMat<Exec>& dout, const ConstVec<Exec>& ones) {
+                   const Mat<Exec>& scratch, const Vec<Exec>& dweight, const Vec<Exec>& dbias, const DV& dout,
+                   const ConstVec<Exec>& ones) {
+  using D = StoredType<DV>;
   if constexpr (detail::kOnHost<Exec>) {
     if (detail::one_host_thread(exec) && N >= 3) {
       Kokkos::parallel_for(name, Range<Exec>(exec, 0, 1),
-                           NormBackwardSummed<Exec, Backward>{backward, scratch, dweight, dbias, dout, N, C});
+                           NormBackwardSummed<Exec, Backward, D>{backward, scratch, dweight, dbias, dout, N, C});
       return;
     }
+  }
+  if (!std::is_same<D, float>::value && !norm_reads_bf16_gradient<Exec>(dbias.data() != nullptr)) {
+    throw std::logic_error("lamina::norm_backward: a device sums a bias gradient's columns from fp32");
   }
   Kokkos::parallel_for(name, Teams<Exec>(exec, N, Kokkos::AUTO), backward);
   add_column_sums(exec, dweight, scratch, ones);

@@ -45,11 +45,13 @@ void rmsnorm_forward(const Exec& exec, const OutV& out, const StatV& rstd, const
 }
 
 // Row i of the backward pass by `r` (a team, or SerialRow on one host thread): writes dinp
-// and hands dout * xhat to `terms` for the weight gradient.
-template <class Exec, class X, class S>
+// and hands dout * xhat to `terms` for the weight gradient. D: the output gradient's storage
+// type.
+template <class Exec, class X, class S, class D>
 struct RmsnormBackward {
   Mat<Exec> dinp;
-  ConstMat<Exec> dout, dskip;
+  MatOf<Exec, const D> dout;
+  ConstMat<Exec> dskip;
   MatOf<Exec, const X> inp;
   ConstVec<Exec> weight;
   VecOf<Exec, const S> rstd;
@@ -60,31 +62,33 @@ struct RmsnormBackward {
   KOKKOS_INLINE_FUNCTION void row(const Row& r, std::int64_t i, const GainTerms& terms) const {
     const float rs = widen(rstd(i));
     // xhat = x * rs; dinp = rs * (dout * weight - xhat * mean(dout * weight * xhat))
-    const float s = r.sum(C, [&](std::int64_t c) { return dout(i, c) * weight(c) * widen(inp(i, c)) * rs; }) / C;
+    const float s =
+        r.sum(C, [&](std::int64_t c) { return widen(dout(i, c)) * weight(c) * widen(inp(i, c)) * rs; }) / C;
     store_gradient_row(r, i, C, dinp, dskip, has_skip, [&](std::int64_t c) {
       const float xhat = widen(inp(i, c)) * rs;
-      terms.put(i, c, dout(i, c) * xhat);
-      return rs * (dout(i, c) * weight(c) - xhat * s);
+      terms.put(i, c, widen(dout(i, c)) * xhat);
+      return rs * (widen(dout(i, c)) * weight(c) - xhat * s);
     });
   }
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
-    row(TeamRow<typename Teams<Exec>::member_type>{team}, team.league_rank(), GainTerms{scratch.data(), static_cast<std::int64_t>(scratch.stride_0())});
+    row(TeamRow<typename Teams<Exec>::member_type>{team}, team.league_rank(),
+        GainTerms{scratch.data(), static_cast<std::int64_t>(scratch.stride_0())});
   }
 };
 
 // dinp: (N, C) = dskip + d(rmsnorm)/d(inp)^T dout, the residual stream's gradient joining
 // here as in layernorm_backward (dinp may alias dskip; an empty dskip means zero).
 // dweight: (C) +=. scratch: (N, C) workspace; ones: (>=N) ones, for the column sums.
-// inp, rstd: as the forward pass read and saved them (float or bf16).
-template <class Exec, class InV, class StatV>
-void rmsnorm_backward(const Exec& exec, const Mat<Exec>& dinp, const Vec<Exec>& dweight, const ConstMat<Exec>& dout,
+// inp, rstd: as the forward pass read and saved them (float or bf16); dout: fp32 or bf16.
+template <class Exec, class InV, class StatV, class DV>
+void rmsnorm_backward(const Exec& exec, const Mat<Exec>& dinp, const Vec<Exec>& dweight, const DV& dout,
                       const ConstMat<Exec>& dskip, const InV& inp, const ConstVec<Exec>& weight, const StatV& rstd,
                       const Mat<Exec>& scratch, const ConstVec<Exec>& ones) {
   const std::int64_t N = static_cast<std::int64_t>(inp.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(inp.extent(1));
   norm_backward("lamina::rmsnorm_backward", exec,
-                RmsnormBackward<Exec, StoredType<InV>, StoredType<StatV>>{dinp, dout, dskip, inp, weight, rstd, scratch,
-                                                                          C, dskip.data() != nullptr},
+                RmsnormBackward<Exec, StoredType<InV>, StoredType<StatV>, StoredType<DV>>{
+                    dinp, dout, dskip, inp, weight, rstd, scratch, C, dskip.data() != nullptr},
                 N, C, scratch, dweight, Vec<Exec>(), dout, ones);
 }
 

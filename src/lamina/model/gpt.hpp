@@ -63,24 +63,57 @@ void combine(const Exec& exec, const std::function<void(float*, std::int64_t)>& 
   op(v.data(), static_cast<std::int64_t>(v.size()));
 }
 
-// The tensor-parallel sum of a block's (N, C) partial results (the projections' outputs
-// forward, the norms' input gradients backward). With parallel.tp_sums = "bf16" (sum16), a
-// bf16 run rounds them into `room` (workspace memory nothing else holds at that point), sums
-// the bf16 values (half the bytes, as Megatron reduces its bf16 outputs) and widens the sum
-// back; otherwise they are summed in fp32.
-template <class Exec, class T>
-void combine_partials(const Exec& exec, const ShardCombine& tp, const Mat<Exec>& v, float* room) {
+// A row-parallel product (the attention's projection, the MLP's second) of inp, summed over
+// the tensor-parallel group, handed to `then` for the kernel that reads it: in fp32 into
+// `product`; or, where a bf16 run sums in bf16 (parallel.tp_sums, tp.sum16), written in bf16
+// into `room` (workspace memory nothing else holds until `then` is done) by the product
+// itself where products round (a host's oneDNN), else by the pass that rounds `product`, and
+// summed and read as bf16 (half the bytes, as Megatron reduces its GEMMs' bf16 outputs).
+template <class Exec, class T, class InV, class Then>
+void row_parallel_forward(const Exec& exec, const ShardCombine& tp, const Mat<Exec>& product, float* room,
+                          const InV& inp, const MatRefArg<Exec>& weight, ProductMath math, const Vec<Exec>& scratch,
+                          const Then& then) {
   if constexpr (!std::is_same<T, float>::value) {
     if (tp.sum16) {
-      const Bf16Vec<Exec> r(reinterpret_cast<std::uint16_t*>(room), v.size());
-      to_bf16(exec, r, ConstVec<Exec>(flat(v)));
+      const Mat16<Exec> sum(reinterpret_cast<std::uint16_t*>(room), product.extent(0), product.extent(1));
+      linear_forward(exec, sum, inp, weight, ConstVec<Exec>(), math, scratch, product);
       exec.fence();
-      tp.sum16(r.data(), static_cast<std::int64_t>(r.size()));
-      from_bf16(exec, flat(v), r);
+      tp.sum16(sum.data(), static_cast<std::int64_t>(sum.size()));
+      then(ConstMat16<Exec>(sum));
       return;
     }
   }
-  combine(exec, tp.sum, v);
+  linear_forward(exec, product, inp, weight, ConstVec<Exec>(), math, scratch);
+  combine(exec, tp.sum, product);
+  then(ConstMat<Exec>(product));
+}
+
+// The tensor-parallel sum of the (N, C) partial gradients `g` of a norm's output (the
+// column-parallel products' input gradients), handed to `then` with the (N, C) scratch the
+// norm's backward may use: in fp32, g itself and ws.scratch; or where a bf16 run sums in
+// bf16, rounded into ws.scratch and summed there, read as bf16 where the norm's backward can
+// (norm_reads_bf16_gradient; its scratch is then g's memory), else widened back into g.
+template <class Exec, class T, class Then>
+void combine_gradients(const Exec& exec, const ShardCombine& tp, const Mat<Exec>& g, bool norm_bias,
+                       const Workspace<Exec>& ws, const Then& then) {
+  if constexpr (!std::is_same<T, float>::value) {
+    if (tp.sum16) {
+      const Mat16<Exec> sum(reinterpret_cast<std::uint16_t*>(ws.scratch.data()), g.extent(0), g.extent(1));
+      const Bf16Vec<Exec> flat16(sum.data(), sum.size());
+      to_bf16(exec, flat16, ConstVec<Exec>(flat(g)));
+      exec.fence();
+      tp.sum16(sum.data(), static_cast<std::int64_t>(sum.size()));
+      if (norm_reads_bf16_gradient<Exec>(norm_bias)) {
+        then(ConstMat16<Exec>(sum), g);
+      } else {
+        from_bf16(exec, flat(g), flat16);
+        then(ConstMat<Exec>(g), ws.scratch);
+      }
+      return;
+    }
+  }
+  combine(exec, tp.sum, g);
+  then(ConstMat<Exec>(g), ws.scratch);
 }
 
 }  // namespace detail
@@ -119,16 +152,17 @@ void block_norm_forward(const Exec& exec, const Dims& d, const OutV& out, const 
   }
 }
 
-// Its backward: dinp = dskip + the norm's input gradient of dout; dweight, dbias +=.
-template <class Exec, class InV, class StatV>
+// Its backward: dinp = dskip + the norm's input gradient of dout (fp32, or bf16 where
+// norm_reads_bf16_gradient); dweight, dbias +=. scratch: (N, C) the norm's workspace.
+template <class Exec, class DV, class InV, class StatV>
 void block_norm_backward(const Exec& exec, const Dims& d, const Mat<Exec>& dinp, const Vec<Exec>& dweight,
-                         const Vec<Exec>& dbias, const ConstMat<Exec>& dout, const ConstMat<Exec>& dskip,
-                         const InV& x, const ConstVec<Exec>& weight, const StatV& mean, const StatV& rstd,
-                         const Workspace<Exec>& ws) {
+                         const Vec<Exec>& dbias, const DV& dout, const ConstMat<Exec>& dskip, const InV& x,
+                         const ConstVec<Exec>& weight, const StatV& mean, const StatV& rstd, const Mat<Exec>& scratch,
+                         const ConstVec<Exec>& ones) {
   if (d.parts.norm == NormKind::layernorm) {
-    layernorm_backward(exec, dinp, dweight, dbias, dout, dskip, x, weight, mean, rstd, ws.scratch, ws.ones);
+    layernorm_backward(exec, dinp, dweight, dbias, dout, dskip, x, weight, mean, rstd, scratch, ones);
   } else {
-    rmsnorm_backward(exec, dinp, dweight, dout, dskip, x, weight, rstd, ws.scratch, ws.ones);
+    rmsnorm_backward(exec, dinp, dweight, dout, dskip, x, weight, rstd, scratch, ones);
   }
 }
 
@@ -149,14 +183,17 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
   if (d.parts.position == PositionKind::rotary) rotary_apply(exec, s.qkv, d.NH + d.NKV, d.T, 0, ws.rotary, true);
   attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, d.NH, s.attention, s.products);
   // The projections' biases join the residual, the MLP's its activation (no pass of their own).
-  linear_forward(exec, ws.attproj, s.atty, w.proj_w, ConstVec<Exec>(), s.products, ws.widened);
-  detail::combine_partials<Exec, T>(exec, tp, ws.attproj, ws.fcproj.data());
-  if (layernorm) {
-    residual_layernorm_forward(exec, s.x2, s.ln2, s.ln2_mean, s.ln2_rstd, x, ws.attproj, w.proj_b, w.ln2_w, w.ln2_b);
-  } else {
-    residual_forward(exec, s.x2, x, ws.attproj, w.proj_b);
-    block_norm_forward(exec, d, s.ln2, s.ln2_mean, s.ln2_rstd, s.x2, w.ln2_w, w.ln2_b);
-  }
+  detail::row_parallel_forward<Exec, T>(exec, tp, ws.attproj, ws.fcproj.data(), s.atty, w.proj_w, s.products,
+                                        ws.widened, [&](const auto& proj) {
+                                          if (layernorm) {
+                                            residual_layernorm_forward(exec, s.x2, s.ln2, s.ln2_mean, s.ln2_rstd, x,
+                                                                       proj, w.proj_b, w.ln2_w, w.ln2_b);
+                                          } else {
+                                            residual_forward(exec, s.x2, x, proj, w.proj_b);
+                                            block_norm_forward(exec, d, s.ln2, s.ln2_mean, s.ln2_rstd, s.x2, w.ln2_w,
+                                                               w.ln2_b);
+                                          }
+                                        });
   // The MLP's first product: where products round (a bf16 run on a host's oneDNN), it writes
   // the kept pre-activation with its bias, which the activation reads; else the activation
   // reads its fp32 output and adds the bias.
@@ -182,9 +219,9 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
     linear_forward(exec, fc, s.ln2, w.fc_w, ConstVec<Exec>(), s.products, ws.widened);
     activate(fc, w.fc_b);
   }
-  linear_forward(exec, ws.fcproj, s.fch_gelu, w.fcproj_w, ConstVec<Exec>(), s.products, ws.widened);
-  detail::combine_partials<Exec, T>(exec, tp, ws.fcproj, ws.attproj.data());
-  residual_forward(exec, s.out, s.x2, ws.fcproj, w.fcproj_b);
+  detail::row_parallel_forward<Exec, T>(
+      exec, tp, ws.fcproj, ws.attproj.data(), s.fch_gelu, w.fcproj_w, s.products, ws.widened,
+      [&](const auto& proj) { residual_forward(exec, s.out, s.x2, proj, w.fcproj_b); });
   Kokkos::Profiling::popRegion();
 }
 
@@ -207,8 +244,11 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
     swiglu_backward(exec, ws.dfch, s.fch, ws.dact);
     linear_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.ln2, w.fc_w, ws.ones, s.products, ws.widened);
   }
-  detail::combine_partials<Exec, T>(exec, tp, ws.dln, ws.scratch.data());
-  block_norm_backward(exec, d, dres, g.ln2_w, g.ln2_b, ws.dln, dres, s.x2, w.ln2_w, s.ln2_mean, s.ln2_rstd, ws);
+  const bool norm_bias = d.parts.norm == NormKind::layernorm;
+  detail::combine_gradients<Exec, T>(exec, tp, ws.dln, norm_bias, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
+    block_norm_backward(exec, d, dres, g.ln2_w, g.ln2_b, dln, dres, s.x2, w.ln2_w, s.ln2_mean, s.ln2_rstd, scratch,
+                        ws.ones);
+  });
   // attention branch: x2 = x + c_proj(attn(rotary(c_attn(ln_1(x)))))
   linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.ones, s.products, ws.widened);
   attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, d.NH, s.attention,
@@ -220,8 +260,10 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   linear_backward(exec, ws.dln, g.qkv_w, d.parts.bias ? ws.qkv_bias_sums : Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w,
                   ws.ones, s.products, ws.widened);
   if (d.parts.bias) qkv_bias_backward(exec, g.qkv_b, ws.qkv_bias_sums, d.NH, d.hd);
-  detail::combine_partials<Exec, T>(exec, tp, ws.dln, ws.scratch.data());
-  block_norm_backward(exec, d, dres, g.ln1_w, g.ln1_b, ws.dln, dres, x, w.ln1_w, s.ln1_mean, s.ln1_rstd, ws);
+  detail::combine_gradients<Exec, T>(exec, tp, ws.dln, norm_bias, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
+    block_norm_backward(exec, d, dres, g.ln1_w, g.ln1_b, dln, dres, x, w.ln1_w, s.ln1_mean, s.ln1_rstd, scratch,
+                        ws.ones);
+  });
   Kokkos::Profiling::popRegion();
 }
 
@@ -270,7 +312,8 @@ void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const Fin
     tied_head_backward(exec, ws.dln, dweight, h.logits, h.lnf, weight, d.products, ws.widened);
   }
   detail::combine(exec, tp.sum, ws.dln);
-  block_norm_backward(exec, d, dres, g.w, g.b, ws.dln, ConstMat<Exec>(), x, w.w, h.lnf_mean, h.lnf_rstd, ws);
+  block_norm_backward(exec, d, dres, g.w, g.b, ws.dln, ConstMat<Exec>(), x, w.w, h.lnf_mean, h.lnf_rstd, ws.scratch,
+                      ws.ones);
   Kokkos::Profiling::popRegion();
 }
 

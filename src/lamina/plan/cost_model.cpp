@@ -82,11 +82,16 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double half_scores = score_count / 2;
   const double scores = host_rows ? (8 + (fused ? 0.0 : s)) * half_scores : fused ? 0.0 : (8 + s) * score_count;
   const bool layernorm = d.parts.norm == NormKind::layernorm, swiglu = d.parts.mlp == MlpKind::swiglu;
-  const double norms = layernorm ? 2 * s * N * C + (3 * s + 4) * N * C : 2 * s * N * C + (2 * s + 4) * N * C + 2 * s * N * C;
+  // Tensor parallelism with bf16 sums (parallel.tp_sums): the residual adds read the
+  // row-parallel products' sums (the branch) as summed, in bf16.
+  const bool sum16 = o.tp > 1 && tp_sum_bytes() < 4.0;
+  const double branch = sum16 ? 2.0 : 4.0;
+  const double norms = layernorm ? 2 * s * N * C + (3 * s + branch) * N * C
+                                 : 2 * s * N * C + (2 * s + branch) * N * C + 2 * s * N * C;
   const double rotary = d.parts.position == PositionKind::rotary ? 2 * s * N * (A + KV) : 0.0;
   const double mlp = rounding ? (swiglu ? 3 * s * N * F : 2 * s * N * F)
                               : (swiglu ? (8 + 3 * s) * N * F : (4 + 2 * s) * N * F);
-  const double ew_forward = norms + (2 * s + 4) * N * C + 2 * s * N * (A + 2 * KV) + rotary + scores + mlp;
+  const double ew_forward = norms + (2 * s + branch) * N * C + 2 * s * N * (A + 2 * KV) + rotary + scores + mlp;
   // And of its backward, whose gradients are fp32: each norm's kernel reads the output's
   // gradient, the skip's and the input, writes the input's gradient and the gain's per-row
   // terms, which a column sum reads (with LayerNorm's bias gradient, the output's); the biases'
@@ -103,7 +108,13 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // (kernels/norm_backward.hpp): no per-row terms written and read, no second read of the
   // output's gradient.
   const bool one_thread = machine.device_is_host && machine.cores_per_device <= 1;
-  const double norms_backward = 2 * (one_thread ? 12 + s : layernorm ? 24 + s : 20 + s) * N * C;
+  // With bf16 sums the norms read their output's gradient as summed, in bf16, but for a
+  // device's LayerNorm, whose bias gradient a product with a ones row sums from fp32 (a
+  // widening pass below).
+  const bool norms_read16 = sum16 && (machine.device_is_host || !layernorm);
+  const double dnorm = norms_read16 ? 2.0 : 4.0;
+  const double norms_backward =
+      2 * (one_thread ? 8 + dnorm + s : layernorm ? 16 + 2 * dnorm + s : 16 + dnorm + s) * N * C;
   // (On a host's engine, one thread, the pass that rounds each product's output gradient sums
   // its bias gradient too: no pass of their own.)
   const double biases = d.parts.bias && !(rounding && one_thread) ? 4 * N * (2 * C + F + A + 2 * KV) : 0.0;
@@ -119,10 +130,14 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double ew_backward = norms_backward + biases + mlp_backward + rotary_backward + (2 * s + 8) * N * (A + 2 * KV) +
                              scores_backward;
   // Tensor parallelism: two all-reduces of the (N, C) residual stream per pass (Megatron), in
-  // fp32, or in bf16 (parallel.tp_sums) with each rounded before and widened after it.
+  // fp32, or in bf16 (parallel.tp_sums): forward, the products write their partial results in
+  // bf16 where they round (a host's engine), else a pass rounds them (read 4, write 2 bytes);
+  // backward, a pass rounds the partial gradients, and (a device's LayerNorm) one widens the
+  // sum back (read 2, write 4).
   const double tp_comm =
       o.tp > 1 ? 2.0 * collective(2.0 * (tp - 1) / tp * tp_sum_bytes() * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
-  const double sum_conversions = o.tp > 1 && tp_sum_bytes() < 4.0 ? 2 * 12 * N * C : 0.0;
+  const double sums_forward = sum16 && !rounding ? 2 * 6 * N * C : 0.0;
+  const double sums_backward = sum16 ? 2 * (norms_read16 ? 6 : 12) * N * C : 0.0;
   // What bf16 runs still convert, 6 bytes per element (the fp32 side and the bf16 one). A
   // bf16 engine reads stored activations and weights as they are; it rounds the fp32
   // operands: each product's output gradient dY in backward (once for both of its products),
@@ -151,9 +166,9 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
                                                       : copies;
     const double read_activations = 6 * N * (2 * C + A + F);  // ln1, atty, ln2, gelu widened
     const double qkv_rounded = rounding ? 0.0 : 6 * N * (A + 2 * KV);
-    convert_forward = qkv_rounded + attention_forward + (engine ? 0.0 : 6 * weights + read_activations) + sum_conversions;
+    convert_forward = qkv_rounded + attention_forward + (engine ? 0.0 : 6 * weights + read_activations) + sums_forward;
     convert_backward = attention_backward + (engine ? 6 * N * (2 * C + F + 3 * A) : 6 * weights + read_activations) +
-                       sum_conversions;
+                       sums_backward;
     convert_head = 6 * (engine ? N * C : V * C);
     convert_head_backward = 6 * (engine ? N * C : V * C);  // the logits' gradient is rounded where computed
   }

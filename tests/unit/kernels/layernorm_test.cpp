@@ -189,6 +189,19 @@ TYPED_TEST(LayerNormTest, ResidualAndLayerNormInOnePassEqualTheTwoPasses) {
   EXPECT_EQ(to_host(out1), to_host(out2));
   EXPECT_EQ(to_host(m1), to_host(m2));
   EXPECT_EQ(to_host(r1), to_host(r2));
+  // The branch summed over tensor-parallel shards in bf16 (parallel.tp_sums), read as it is:
+  // the bits of an fp32 branch holding its values.
+  const auto b16 = bf16_values(b);
+  auto db16 = to_device_bf16<Exec>(b16), db16w = to_device<Exec>(b16);
+  Bf16Vec<Exec> sum3("sum3", N * C), out3("out3", N * C), m3("m3", N), r3("r3", N);
+  residual_layernorm_forward(Exec(), Mat16<Exec>(sum1.data(), N, C), Mat16<Exec>(out1.data(), N, C), m1, r1, am,
+                             as_mat<Exec>(db16w.data(), N, C), dbb, dw, dlb);
+  residual_layernorm_forward(Exec(), Mat16<Exec>(sum3.data(), N, C), Mat16<Exec>(out3.data(), N, C), m3, r3, am,
+                             ConstMat16<Exec>(db16.data(), N, C), dbb, dw, dlb);
+  EXPECT_EQ(to_host(sum3), to_host(sum1));
+  EXPECT_EQ(to_host(out3), to_host(out1));
+  EXPECT_EQ(to_host(m3), to_host(m1));
+  EXPECT_EQ(to_host(r3), to_host(r1));
 }
 
 }  // namespace

@@ -26,7 +26,8 @@ TYPED_TEST(NormBackwardTest, OneThreadSumsAsItGoesAndEqualsTheTeamsBitForBit) {
   const auto w0 = random_vector(C, 207), b0 = random_vector(C, 208);
   auto dx = to_device<Exec>(x), dw = to_device<Exec>(w), ddout = to_device<Exec>(dout);
   auto x16v = to_device_bf16<Exec>(x);
-  auto dmean = to_device<Exec>(stat), drstd = to_device<Exec>(rstd), ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  auto dmean = to_device<Exec>(stat), drstd = to_device<Exec>(rstd),
+       ones = to_device<Exec>(std::vector<double>(N, 1.0));
   const ConstMat<Exec> xm = as_mat<Exec>(dx.data(), N, C), dom = as_mat<Exec>(ddout.data(), N, C);
   const ConstMat16<Exec> x16(x16v.data(), N, C);
   for (const bool bf16 : {false, true}) {
@@ -40,7 +41,7 @@ TYPED_TEST(NormBackwardTest, OneThreadSumsAsItGoesAndEqualsTheTeamsBitForBit) {
         auto run = [&](const auto& in) {
           using X = StoredType<std::decay_t<decltype(in)>>;
           if (layernorm) {
-            const LayernormBackward<Exec, X, float> backward{gim, dom, gim, in, dw, dmean, drstd, sm, C, true};
+            const LayernormBackward<Exec, X, float, float> backward{gim, dom, gim, in, dw, dmean, drstd, sm, C, true};
             if (teams) {
               Kokkos::parallel_for(Teams<Exec>(Exec(), N, Kokkos::AUTO), backward);
               add_column_sums(Exec(), gwv, sm, ones);
@@ -50,7 +51,7 @@ TYPED_TEST(NormBackwardTest, OneThreadSumsAsItGoesAndEqualsTheTeamsBitForBit) {
                                  sm, ones);
             }
           } else {
-            const RmsnormBackward<Exec, X, float> backward{gim, dom, gim, in, dw, drstd, sm, C, true};
+            const RmsnormBackward<Exec, X, float, float> backward{gim, dom, gim, in, dw, drstd, sm, C, true};
             if (teams) {
               Kokkos::parallel_for(Teams<Exec>(Exec(), N, Kokkos::AUTO), backward);
               add_column_sums(Exec(), gwv, sm, ones);
@@ -74,6 +75,71 @@ TYPED_TEST(NormBackwardTest, OneThreadSumsAsItGoesAndEqualsTheTeamsBitForBit) {
       EXPECT_NE(gw[0], w0);
       EXPECT_EQ(gb[0] != b0, layernorm);
     }
+  }
+}
+
+// An output gradient summed over the tensor-parallel shards in bf16 (parallel.tp_sums) and
+// read as it is: the same bits as from an fp32 copy of its values, as norm_backward runs it
+// and by teams with column sums of the bf16 gradient. A device's LayerNorm, whose bias
+// gradient sums the columns through a product, says it cannot rather than read it wrong.
+TYPED_TEST(NormBackwardTest, ABf16OutputGradientGivesTheBitsOfItsFp32Values) {
+  using Exec = TypeParam;
+  const int N = 9, C = 40;
+  const auto x = random_vector(N * C, 211, -2, 2), w = random_vector(C, 212, 0.5, 1.5);
+  const auto dout = bf16_values(random_vector(N * C, 213)), skip = random_vector(N * C, 214);
+  const auto stat = random_vector(N, 215, -0.5, 0.5), rstd = random_vector(N, 216, 0.5, 2.0);
+  const auto w0 = random_vector(C, 217), b0 = random_vector(C, 218);
+  auto dx = to_device<Exec>(x), dw = to_device<Exec>(w), ddout = to_device<Exec>(dout);
+  auto d16 = to_device_bf16<Exec>(dout);
+  auto dmean = to_device<Exec>(stat), drstd = to_device<Exec>(rstd),
+       ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  const ConstMat<Exec> xm = as_mat<Exec>(dx.data(), N, C), dom = as_mat<Exec>(ddout.data(), N, C);
+  const ConstMat16<Exec> do16(d16.data(), N, C);
+  for (const bool layernorm : {true, false}) {
+    SCOPED_TRACE(layernorm ? "layernorm" : "rmsnorm");
+    std::vector<double> dinp[3], gw[3], gb[3];
+    for (int narrow = 0; narrow < 3; ++narrow) {
+      auto gi = to_device<Exec>(skip), gwv = to_device<Exec>(w0), gbv = to_device<Exec>(b0);
+      auto scratch = to_device<Exec>(std::vector<double>(N * C, NAN));
+      const Mat<Exec> gim = as_mat<Exec>(gi.data(), N, C), sm = as_mat<Exec>(scratch.data(), N, C);
+      auto run = [&](const auto& g) {
+        if (layernorm) {
+          layernorm_backward(Exec(), gim, gwv, gbv, g, gim, xm, dw, ConstVec<Exec>(dmean), ConstVec<Exec>(drstd), sm,
+                             ones);
+        } else {
+          rmsnorm_backward(Exec(), gim, gwv, g, gim, xm, dw, ConstVec<Exec>(drstd), sm, ones);
+        }
+      };
+      if (!narrow) {
+        run(dom);
+      } else if (!norm_reads_bf16_gradient<Exec>(layernorm)) {
+        if (narrow == 2) continue;
+        EXPECT_THROW(run(do16), std::logic_error);
+        continue;
+      } else if (narrow == 1) {
+        run(do16);
+      } else if (layernorm) {
+        Kokkos::parallel_for(Teams<Exec>(Exec(), N, Kokkos::AUTO),
+                             LayernormBackward<Exec, float, float, std::uint16_t>{gim, do16, gim, xm, dw, dmean, drstd,
+                                                                                  sm, C, true});
+        add_column_sums(Exec(), gwv, sm, ones);
+        add_column_sums(Exec(), gbv, do16, ones);
+      } else {
+        Kokkos::parallel_for(Teams<Exec>(Exec(), N, Kokkos::AUTO), RmsnormBackward<Exec, float, float, std::uint16_t>{
+                                                                       gim, do16, gim, xm, dw, drstd, sm, C, true});
+        add_column_sums(Exec(), gwv, sm, ones);
+      }
+      dinp[narrow] = to_host(gi);
+      gw[narrow] = to_host(gwv);
+      gb[narrow] = to_host(gbv);
+    }
+    if (!norm_reads_bf16_gradient<Exec>(layernorm)) continue;
+    for (int narrow = 1; narrow < 3; ++narrow) {
+      EXPECT_EQ(dinp[narrow], dinp[0]) << narrow;
+      EXPECT_EQ(gw[narrow], gw[0]) << narrow;
+      EXPECT_EQ(gb[narrow], gb[0]) << narrow;
+    }
+    EXPECT_NE(gw[0], w0);
   }
 }
 

@@ -46,5 +46,27 @@ TYPED_TEST(ResidualTest, Bf16StreamIsReadAndWrittenAsStored) {
   }
 }
 
+// A branch summed over the tensor-parallel shards in bf16 (parallel.tp_sums) is read as it is:
+// the bits of an fp32 branch holding its values, into a stream stored in fp32 and in bf16.
+TYPED_TEST(ResidualTest, ABf16BranchGivesTheBitsOfItsFp32Values) {
+  using Exec = TypeParam;
+  const int N = 7, C = 37;
+  const auto a = bf16_values(random_vector(N * C, 67)), b = bf16_values(random_vector(N * C, 68));
+  const auto bias = random_vector(C, 69);
+  auto da = to_device<Exec>(a), da16 = to_device_bf16<Exec>(a), db = to_device<Exec>(b), db16 = to_device_bf16<Exec>(b);
+  auto dbias = to_device<Exec>(bias);
+  const ConstMat<Exec> bm = as_mat<Exec>(db.data(), N, C);
+  const ConstMat16<Exec> b16(db16.data(), N, C);
+  Vec<Exec> out("out", N * C), out_b16("out_b16", N * C);
+  residual_forward(Exec(), as_mat<Exec>(out.data(), N, C), as_mat<Exec>(da.data(), N, C), bm, dbias);
+  residual_forward(Exec(), as_mat<Exec>(out_b16.data(), N, C), as_mat<Exec>(da.data(), N, C), b16, dbias);
+  EXPECT_EQ(to_host(out_b16), to_host(out));
+  Bf16Vec<Exec> s("s", N * C), s_b16("s_b16", N * C);
+  residual_forward(Exec(), Mat16<Exec>(s.data(), N, C), Mat16<Exec>(da16.data(), N, C), bm, dbias);
+  residual_forward(Exec(), Mat16<Exec>(s_b16.data(), N, C), Mat16<Exec>(da16.data(), N, C), b16, dbias);
+  EXPECT_EQ(widened_to_host(s_b16), widened_to_host(s));
+  EXPECT_NE(widened_to_host(s), a);
+}
+
 }  // namespace
 }  // namespace lamina::test

@@ -255,20 +255,40 @@ TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {
               2 * (gemm + attention) + elementwise_backward + bf16.backward / bandwidth + 2 * allreduce, 1e-12);
 }
 
-// parallel.tp_sums = "bf16": each of the four sums moves half the bytes and costs a rounding
-// (read 4, write 2 bytes) and a widening (read 2, write 4) of the local (N, C) partials.
-TEST(CostModel, Bf16TensorParallelSumsMoveHalfTheBytesAndConvertAroundThem) {
+// parallel.tp_sums = "bf16": each of the four sums moves half the bytes. Forward, a pass
+// rounds the local (N, C) partial results (read 4, write 2 bytes), or none where the product
+// writes them in bf16 (a host's engine), and the residual adds read the bf16 sum (2 bytes, not
+// 4). Backward, a pass rounds the partial gradients; a host's norms read the sum as it is (2
+// bytes, and LayerNorm's bias gradient again: twice, but once on one thread), a device's
+// LayerNorm after a pass that widens it (read 2, write 4), as its bias gradient's product reads fp32.
+TEST(CostModel, Bf16TensorParallelSumsMoveHalfTheBytesAndAreReadAsSummed) {
   Plan halves = plan(1, 2, 1, Precision::bf16);
   halves.tp_sums = Precision::bf16;
+  MachineSpec host = machine(), threads = machine();
+  host.device_is_host = threads.device_is_host = true;
+  host.cores_per_device = 1;
+  threads.cores_per_device = 2;
   const CostModel f(model(), plan(1, 2, 1, Precision::bf16), machine()), h(model(), halves, machine());
   const double N = 2048, C = 1024, bandwidth = 2e12 * 0.5;
   const double fp32_sum = 4 * N * C / 200e9 + 2 * 1e-5, bf16_sum = 2 * N * C / 200e9 + 2 * 1e-5;
   EXPECT_NEAR(f.forward_parts().tp, 2 * fp32_sum, 1e-12);
   EXPECT_NEAR(h.forward_parts().tp, 2 * bf16_sum, 1e-12);
   EXPECT_NEAR(h.backward_parts().tp, 2 * bf16_sum, 1e-12);
-  EXPECT_NEAR(h.forward_parts().conversions - f.forward_parts().conversions, 2 * 12 * N * C / bandwidth, 1e-12);
+  EXPECT_NEAR(h.forward_parts().conversions - f.forward_parts().conversions, 2 * 6 * N * C / bandwidth, 1e-12);
+  EXPECT_NEAR(f.forward_parts().elementwise - h.forward_parts().elementwise, 2 * 2 * N * C / bandwidth, 1e-12);
   EXPECT_NEAR(h.backward_parts().conversions - f.backward_parts().conversions, 2 * 12 * N * C / bandwidth, 1e-12);
+  EXPECT_NEAR(h.backward_parts().elementwise, f.backward_parts().elementwise, 1e-12);
   EXPECT_NEAR(h.forward_parts().gemm, f.forward_parts().gemm, 0.0);
+  for (const MachineSpec& m : {host, threads}) {
+    SCOPED_TRACE(m.cores_per_device);
+    const CostModel f32(model(), plan(1, 2, 1, Precision::bf16), m), b16(model(), halves, m);
+    EXPECT_NEAR(b16.forward_parts().conversions, f32.forward_parts().conversions, 1e-12);
+    EXPECT_NEAR(f32.forward_parts().elementwise - b16.forward_parts().elementwise, 2 * 2 * N * C / bandwidth, 1e-12);
+    EXPECT_NEAR(b16.backward_parts().conversions - f32.backward_parts().conversions, 2 * 6 * N * C / bandwidth,
+                1e-12);
+    EXPECT_NEAR(f32.backward_parts().elementwise - b16.backward_parts().elementwise,
+                2 * (m.cores_per_device <= 1 ? 2 : 4) * N * C / bandwidth, 1e-12);
+  }
 }
 
 TEST(CostModel, CollectivesUseTheLinkTheirGroupSpans) {
