@@ -132,20 +132,20 @@ struct LayernormBackward {
 // dinp: (N, C) = dskip + d(layernorm)/d(inp)^T dout. The residual stream's gradient
 // (dskip) joins here; dinp may alias dskip, and an empty dskip means zero.
 // dweight, dbias: (C) +=.
-// scratch: (N, C) workspace; ones: (>=N) ones, for the column sums (norm_backward).
-// inp, mean, rstd: as the forward pass read and saved them (float or bf16); dout: fp32, or
-// bf16 where norm_reads_bf16_gradient.
+// scratch: (N, C) workspace; partials: for a device's column sums (add_column_sums).
+// inp, mean, rstd: as the forward pass read and saved them (float or bf16); dout: fp32 or
+// bf16.
 template <class Exec, class InV, class StatV, class DV>
 void layernorm_backward(const Exec& exec, const Mat<Exec>& dinp, const Vec<Exec>& dweight, const Vec<Exec>& dbias,
                         const DV& dout, const ConstMat<Exec>& dskip, const InV& inp,
                         const ConstVec<Exec>& weight, const StatV& mean, const StatV& rstd,
-                        const Mat<Exec>& scratch, const ConstVec<Exec>& ones) {
+                        const Mat<Exec>& scratch, const Vec<Exec>& partials) {
   const std::int64_t N = static_cast<std::int64_t>(inp.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(inp.extent(1));
   norm_backward("lamina::layernorm_backward", exec,
                 LayernormBackward<Exec, StoredType<InV>, StoredType<StatV>, StoredType<DV>>{
                     dinp, dout, dskip, inp, weight, mean, rstd, scratch, C, dskip.data() != nullptr},
-                N, C, scratch, dweight, dbias, dout, ones);
+                N, C, scratch, dweight, dbias, dout, partials);
 }
 
 }  // namespace lamina

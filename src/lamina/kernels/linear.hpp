@@ -83,16 +83,16 @@ void linear_forward(const Exec& exec, const Mat16<Exec>& out, const InV& inp, co
 }
 
 // dinp: (N, IC) overwritten; dweight: (IC, OC) +=; dbias: (OC) +=, or empty when the
-// caller reduces the bias gradient itself; inp: as stored; ones: (>=N) ones. A host's bf16
-// engine on one thread sums the bias gradient as it rounds dout for the products; elsewhere a
-// product with a ones row sums it.
+// caller reduces the bias gradient itself; inp: as stored; partials: for a device's column
+// sums (add_column_sums). A host's bf16 engine on one thread sums the bias gradient as it
+// rounds dout for the products; elsewhere dout's column sums are it.
 template <class Exec, class InV>
 void linear_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
                      const ConstMat<Exec>& dout, const InV& inp, const MatRefArg<Exec>& weight,
-                     const ConstVec<Exec>& ones, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
+                     const Vec<Exec>& partials, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
   const bool summed =
       backward_products(exec, "T", weight, dout, inp, dinp, dweight, WeightGradient::xt_dy, math, scratch, dbias);
-  if (dbias.data() != nullptr && !summed) add_column_sums(exec, dbias, dout, ones);
+  if (dbias.data() != nullptr && !summed) add_column_sums(exec, dbias, dout, partials);
 }
 
 // The MLP's first layer backward through its GELU: dact is d loss / d gelu(pre) (N, OC) and
@@ -103,7 +103,7 @@ void linear_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& d
 template <class Exec, class InV, class PV>
 void linear_gelu_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
                           const Mat<Exec>& dact, const PV& pre, const InV& inp, const MatRefArg<Exec>& weight,
-                          const ConstVec<Exec>& ones, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
+                          const Vec<Exec>& partials, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
   if (rounds_output_gradient<Exec>(math, weight) && (dbias.data() == nullptr || detail::one_host_thread(exec))) {
     const GeluGate<Exec, StoredType<PV>> gate{pre};
     backward_products(exec, "T", weight, ConstMat<Exec>(dact), inp, dinp, dweight, WeightGradient::xt_dy, math,
@@ -112,7 +112,7 @@ void linear_gelu_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exe
   }
   const Vec<Exec> flat(dact.data(), dact.size());
   gelu_backward(exec, flat, VecOf<Exec, const StoredType<PV>>(pre.data(), pre.size()), ConstVec<Exec>(flat));
-  linear_backward(exec, dinp, dweight, dbias, dact, inp, weight, ones, math, scratch);
+  linear_backward(exec, dinp, dweight, dbias, dact, inp, weight, partials, math, scratch);
 }
 
 // logits: (N, V); inp: (N, C); embedding: (V, C)

@@ -62,23 +62,15 @@ struct NormBackwardSummed {
   }
 };
 
-// Whether a norm's backward on Exec reads its output gradient stored in bf16 (the
-// tensor-parallel sum of it, parallel.tp_sums) as it is: always where no bias gradient sums
-// its columns (RMSNorm), and on a host, whose column sums read either; a device's product
-// with a ones row reads fp32.
-template <class Exec>
-constexpr bool norm_reads_bf16_gradient(bool has_bias) {
-  return detail::kOnHost<Exec> || !has_bias;
-}
-
 // Runs a norm's backward over N rows of C: `backward` (row(Row, i, GainTerms) and a team
 // operator writing its terms into `scratch`, (N, C)) then dweight += the terms' column sums
 // and dbias (empty: none) += dout's; or the same on one host thread in one pass. dout: fp32,
-// or bf16 where norm_reads_bf16_gradient.
+// or bf16 (the tensor-parallel sum of it, parallel.tp_sums) as it is stored; partials: for
+// a device's column sums (add_column_sums).
 template <class Exec, class Backward, class DV>
 void norm_backward(const char* name, const Exec& exec, const Backward& backward, std::int64_t N, std::int64_t C,
                    const Mat<Exec>& scratch, const Vec<Exec>& dweight, const Vec<Exec>& dbias, const DV& dout,
-                   const ConstVec<Exec>& ones) {
+                   const Vec<Exec>& partials) {
   using D = StoredType<DV>;
   if constexpr (detail::kOnHost<Exec>) {
     if (detail::one_host_thread(exec) && N >= 3) {
@@ -87,12 +79,9 @@ void norm_backward(const char* name, const Exec& exec, const Backward& backward,
       return;
     }
   }
-  if (!std::is_same<D, float>::value && !norm_reads_bf16_gradient<Exec>(dbias.data() != nullptr)) {
-    throw std::logic_error("lamina::norm_backward: a device sums a bias gradient's columns from fp32");
-  }
   Kokkos::parallel_for(name, Teams<Exec>(exec, N, Kokkos::AUTO), backward);
-  add_column_sums(exec, dweight, scratch, ones);
-  if (dbias.data() != nullptr) add_column_sums(exec, dbias, dout, ones);
+  add_column_sums(exec, dweight, scratch, partials);
+  if (dbias.data() != nullptr) add_column_sums(exec, dbias, dout, partials);
 }
 
 }  // namespace lamina

@@ -78,18 +78,18 @@ struct RmsnormBackward {
 
 // dinp: (N, C) = dskip + d(rmsnorm)/d(inp)^T dout, the residual stream's gradient joining
 // here as in layernorm_backward (dinp may alias dskip; an empty dskip means zero).
-// dweight: (C) +=. scratch: (N, C) workspace; ones: (>=N) ones, for the column sums.
+// dweight: (C) +=. scratch: (N, C) workspace; partials: for a device's column sums.
 // inp, rstd: as the forward pass read and saved them (float or bf16); dout: fp32 or bf16.
 template <class Exec, class InV, class StatV, class DV>
 void rmsnorm_backward(const Exec& exec, const Mat<Exec>& dinp, const Vec<Exec>& dweight, const DV& dout,
                       const ConstMat<Exec>& dskip, const InV& inp, const ConstVec<Exec>& weight, const StatV& rstd,
-                      const Mat<Exec>& scratch, const ConstVec<Exec>& ones) {
+                      const Mat<Exec>& scratch, const Vec<Exec>& partials) {
   const std::int64_t N = static_cast<std::int64_t>(inp.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(inp.extent(1));
   norm_backward("lamina::rmsnorm_backward", exec,
                 RmsnormBackward<Exec, StoredType<InV>, StoredType<StatV>, StoredType<DV>>{
                     dinp, dout, dskip, inp, weight, rstd, scratch, C, dskip.data() != nullptr},
-                N, C, scratch, dweight, Vec<Exec>(), dout, ones);
+                N, C, scratch, dweight, Vec<Exec>(), dout, partials);
 }
 
 }  // namespace lamina

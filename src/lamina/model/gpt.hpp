@@ -91,24 +91,17 @@ void row_parallel_forward(const Exec& exec, const ShardCombine& tp, const Mat<Ex
 // The tensor-parallel sum of the (N, C) partial gradients `g` of a norm's output (the
 // column-parallel products' input gradients), handed to `then` with the (N, C) scratch the
 // norm's backward may use: in fp32, g itself and ws.scratch; or where a bf16 run sums in
-// bf16, rounded into ws.scratch and summed there, read as bf16 where the norm's backward can
-// (norm_reads_bf16_gradient; its scratch is then g's memory), else widened back into g.
+// bf16, rounded into ws.scratch, summed there and read as bf16 (its scratch is then g's memory).
 template <class Exec, class T, class Then>
-void combine_gradients(const Exec& exec, const ShardCombine& tp, const Mat<Exec>& g, bool norm_bias,
-                       const Workspace<Exec>& ws, const Then& then) {
+void combine_gradients(const Exec& exec, const ShardCombine& tp, const Mat<Exec>& g, const Workspace<Exec>& ws,
+                       const Then& then) {
   if constexpr (!std::is_same<T, float>::value) {
     if (tp.sum16) {
       const Mat16<Exec> sum(reinterpret_cast<std::uint16_t*>(ws.scratch.data()), g.extent(0), g.extent(1));
-      const Bf16Vec<Exec> flat16(sum.data(), sum.size());
-      to_bf16(exec, flat16, ConstVec<Exec>(flat(g)));
+      to_bf16(exec, Bf16Vec<Exec>(sum.data(), sum.size()), ConstVec<Exec>(flat(g)));
       exec.fence();
       tp.sum16(sum.data(), static_cast<std::int64_t>(sum.size()));
-      if (norm_reads_bf16_gradient<Exec>(norm_bias)) {
-        then(ConstMat16<Exec>(sum), g);
-      } else {
-        from_bf16(exec, flat(g), flat16);
-        then(ConstMat<Exec>(g), ws.scratch);
-      }
+      then(ConstMat16<Exec>(sum), g);
       return;
     }
   }
@@ -152,17 +145,18 @@ void block_norm_forward(const Exec& exec, const Dims& d, const OutV& out, const 
   }
 }
 
-// Its backward: dinp = dskip + the norm's input gradient of dout (fp32, or bf16 where
-// norm_reads_bf16_gradient); dweight, dbias +=. scratch: (N, C) the norm's workspace.
+// Its backward: dinp = dskip + the norm's input gradient of dout (fp32, or bf16 as the
+// tensor-parallel shards summed it); dweight, dbias +=. scratch: (N, C) the norm's workspace;
+// partials: for a device's column sums.
 template <class Exec, class DV, class InV, class StatV>
 void block_norm_backward(const Exec& exec, const Dims& d, const Mat<Exec>& dinp, const Vec<Exec>& dweight,
                          const Vec<Exec>& dbias, const DV& dout, const ConstMat<Exec>& dskip, const InV& x,
                          const ConstVec<Exec>& weight, const StatV& mean, const StatV& rstd, const Mat<Exec>& scratch,
-                         const ConstVec<Exec>& ones) {
+                         const Vec<Exec>& partials) {
   if (d.parts.norm == NormKind::layernorm) {
-    layernorm_backward(exec, dinp, dweight, dbias, dout, dskip, x, weight, mean, rstd, scratch, ones);
+    layernorm_backward(exec, dinp, dweight, dbias, dout, dskip, x, weight, mean, rstd, scratch, partials);
   } else {
-    rmsnorm_backward(exec, dinp, dweight, dout, dskip, x, weight, rstd, scratch, ones);
+    rmsnorm_backward(exec, dinp, dweight, dout, dskip, x, weight, rstd, scratch, partials);
   }
 }
 
@@ -234,23 +228,22 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   Kokkos::Profiling::pushRegion("lamina::block_backward");
   // MLP branch: out = x2 + c_proj(act(c_fc(ln_2(x2))))
   if (d.parts.mlp == MlpKind::gelu) {
-    linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.ones, s.products,
+    linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.column_partials, s.products,
                     ws.widened);
-    linear_gelu_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.fch, s.ln2, w.fc_w, ws.ones, s.products,
+    linear_gelu_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.fch, s.ln2, w.fc_w, ws.column_partials, s.products,
                          ws.widened);
   } else {
-    linear_backward(exec, ws.dact, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.ones, s.products,
+    linear_backward(exec, ws.dact, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.column_partials, s.products,
                     ws.widened);
     swiglu_backward(exec, ws.dfch, s.fch, ws.dact);
-    linear_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.ln2, w.fc_w, ws.ones, s.products, ws.widened);
+    linear_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.ln2, w.fc_w, ws.column_partials, s.products, ws.widened);
   }
-  const bool norm_bias = d.parts.norm == NormKind::layernorm;
-  detail::combine_gradients<Exec, T>(exec, tp, ws.dln, norm_bias, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
+  detail::combine_gradients<Exec, T>(exec, tp, ws.dln, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
     block_norm_backward(exec, d, dres, g.ln2_w, g.ln2_b, dln, dres, s.x2, w.ln2_w, s.ln2_mean, s.ln2_rstd, scratch,
-                        ws.ones);
+                        ws.column_partials);
   });
   // attention branch: x2 = x + c_proj(attn(rotary(c_attn(ln_1(x)))))
-  linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.ones, s.products, ws.widened);
+  linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.column_partials, s.products, ws.widened);
   attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, d.NH, s.attention,
                      s.products);
   if (d.parts.position == PositionKind::rotary) rotary_apply(exec, ws.dqkv, d.NH + d.NKV, d.T, 0, ws.rotary, false);
@@ -258,11 +251,11 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   // zeroed workspace, then added but for the k part.
   if (d.parts.bias) Kokkos::deep_copy(exec, ws.qkv_bias_sums, 0.0f);
   linear_backward(exec, ws.dln, g.qkv_w, d.parts.bias ? ws.qkv_bias_sums : Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w,
-                  ws.ones, s.products, ws.widened);
+                  ws.column_partials, s.products, ws.widened);
   if (d.parts.bias) qkv_bias_backward(exec, g.qkv_b, ws.qkv_bias_sums, d.NH, d.hd);
-  detail::combine_gradients<Exec, T>(exec, tp, ws.dln, norm_bias, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
+  detail::combine_gradients<Exec, T>(exec, tp, ws.dln, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
     block_norm_backward(exec, d, dres, g.ln1_w, g.ln1_b, dln, dres, x, w.ln1_w, s.ln1_mean, s.ln1_rstd, scratch,
-                        ws.ones);
+                        ws.column_partials);
   });
   Kokkos::Profiling::popRegion();
 }
@@ -313,7 +306,7 @@ void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const Fin
   }
   detail::combine(exec, tp.sum, ws.dln);
   block_norm_backward(exec, d, dres, g.w, g.b, ws.dln, ConstMat<Exec>(), x, w.w, h.lnf_mean, h.lnf_rstd, ws.scratch,
-                      ws.ones);
+                      ws.column_partials);
   Kokkos::Profiling::popRegion();
 }
 

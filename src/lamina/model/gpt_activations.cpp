@@ -50,7 +50,8 @@ ActivationSizes activation_sizes(const Dims& d) {
                                 (d.parts.bias ? W : 0);
   s.rotary = d.rotary_floats();
   s.workspace = std::max(forward, backward);
-  s.ones = N;
+  // The widest column sums: a norm's gain, the projections' biases.
+  s.column_partials = column_partials(N, std::max({C, d.fc_width(), W}));
   if (d.bf16) {
     // The dims' execution space: the build's default, or (a test's blocks) its host one.
     using Default = Kokkos::DefaultExecutionSpace;

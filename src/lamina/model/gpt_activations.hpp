@@ -126,7 +126,7 @@ struct ActivationSizes {
   std::int64_t boundary = 0;   // a layer range's received input, or its output gradient
   std::int64_t tokens = 0;     // int32 inputs + targets, and the inputs' positions by token (order, run starts)
   std::int64_t workspace = 0;  // scratch shared by all layers (forward and backward overlap), all of it
-  std::int64_t ones = 0;       // a row of ones for column sums
+  std::int64_t column_partials = 0;  // a device's column sums' partial sums (kernels/gemm.hpp)
   // of the workspace, in bf16 runs: attention's fp32 copies where it cannot read bf16 as it is
   // (attention_copies), a layer's norm gains and biases widened (param_vectors), and the
   // products' conversions
@@ -186,7 +186,7 @@ struct Workspace {
   Mat<Exec> datty;            // (N, A)
   Mat<Exec> scratch;          // (N, C)
   Vec<Exec> qkv_bias_sums;    // (qkv_width) with biases
-  Vec<Exec> ones;             // (N)
+  Vec<Exec> column_partials;  // column_partials(N, widest column sum)
   RotaryTable<Exec> rotary;   // rotary positions: cos and sin of every position
 };
 
@@ -243,14 +243,13 @@ class WorkspaceBuffers {
       ws.rotary = RotaryTable<Exec>(p + s.product_scratch, T,
                                     rotary_inverse_frequencies(hd, d.parts.rope_theta, d.parts.rope_scaling));
     }
-    ones_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::ones", s.ones);
-    Kokkos::deep_copy(ones_.view(), 1.0f);
-    ws.ones = ones_.view();
+    partials_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::column_partials", s.column_partials);
+    ws.column_partials = partials_.view();
   }
   Workspace<Exec> ws;
 
  private:
-  Buffer<float, Mem> buf_, ones_;
+  Buffer<float, Mem> buf_, partials_;
 };
 
 // A block's inner activations laid out in `inner` (activation_sizes().inner values of T),

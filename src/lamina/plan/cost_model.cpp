@@ -108,11 +108,8 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // (kernels/norm_backward.hpp): no per-row terms written and read, no second read of the
   // output's gradient.
   const bool one_thread = machine.device_is_host && machine.cores_per_device <= 1;
-  // With bf16 sums the norms read their output's gradient as summed, in bf16, but for a
-  // device's LayerNorm, whose bias gradient a product with a ones row sums from fp32 (a
-  // widening pass below).
-  const bool norms_read16 = sum16 && (machine.device_is_host || !layernorm);
-  const double dnorm = norms_read16 ? 2.0 : 4.0;
+  // With bf16 sums the norms read their output's gradient as summed, in bf16.
+  const double dnorm = sum16 ? 2.0 : 4.0;
   const double norms_backward =
       2 * (one_thread ? 8 + dnorm + s : layernorm ? 16 + 2 * dnorm + s : 16 + dnorm + s) * N * C;
   // (On a host's engine, one thread, the pass that rounds each product's output gradient sums
@@ -132,12 +129,11 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // Tensor parallelism: two all-reduces of the (N, C) residual stream per pass (Megatron), in
   // fp32, or in bf16 (parallel.tp_sums): forward, the products write their partial results in
   // bf16 where they round (a host's engine), else a pass rounds them (read 4, write 2 bytes);
-  // backward, a pass rounds the partial gradients, and (a device's LayerNorm) one widens the
-  // sum back (read 2, write 4).
+  // backward, a pass rounds the partial gradients.
   const double tp_comm =
       o.tp > 1 ? 2.0 * collective(2.0 * (tp - 1) / tp * tp_sum_bytes() * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
   const double sums_forward = sum16 && !rounding ? 2 * 6 * N * C : 0.0;
-  const double sums_backward = sum16 ? 2 * (norms_read16 ? 6 : 12) * N * C : 0.0;
+  const double sums_backward = sum16 ? 2 * 6 * N * C : 0.0;
   // What bf16 runs still convert, 6 bytes per element (the fp32 side and the bf16 one). A
   // bf16 engine reads stored activations and weights as they are; it rounds the fp32
   // operands: each product's output gradient dY in backward (once for both of its products),

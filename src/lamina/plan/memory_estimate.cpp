@@ -143,13 +143,13 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
   }
   if (scratch) f.add(dev, MemCategory::activations, (bf16 ? 2 : 4) * a.inner);  // where a recomputed block runs
   if (offload) f.add(dev, MemCategory::activations, (bf16 ? 2 : 4) * 2 * a.inner);  // staging, double-buffered
-  f.add(dev, MemCategory::workspace, 4 * (a.workspace + a.ones));
+  f.add(dev, MemCategory::workspace, 4 * (a.workspace + a.column_partials));
   if (extras.sample) {  // a one-sequence replica for the text sample at the end (fp32 activations)
     Dims one = Dims::of(m, 1);
     one.bf16 = bf16;
     const ActivationSizes s = activation_sizes(one);
     f.add(dev, MemCategory::activations, Acts::bytes(s, m.layers, m.layers, true, true, false));
-    f.add(dev, MemCategory::workspace, 4 * (s.workspace + s.ones));
+    f.add(dev, MemCategory::workspace, 4 * (s.workspace + s.column_partials));
   }
 
   // The breakdown: the device's main categories always, the rest where they hold anything.

@@ -640,7 +640,7 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o, bool checkpo
   lm.micro_batch_seconds.assign(static_cast<std::size_t>(stages), 0.0);
   for (int s = 0; s < stages; ++s) {
     StageProblem& sp = lm.stages[static_cast<std::size_t>(s)];
-    double fixed = 4.0 * static_cast<double>(a.workspace + a.ones) + pools;
+    double fixed = 4.0 * static_cast<double>(a.workspace + a.column_partials) + pools;
     double secs = 0.0;
     if (checkpoints) {
       fixed += 4.0 * static_cast<double>((M + 3) * Acts::stream_words(a, bf16) + (M + 1) * a.boundary);

@@ -161,13 +161,48 @@ TYPED_TEST(GemmTest, ColumnSumsAccumulate) {
   using Exec = TypeParam;
   const int rows = 9, cols = 4;
   const auto mv = random_vector(rows * cols, 74);
-  auto dm = to_device<Exec>(mv), ones = to_device<Exec>(std::vector<double>(rows + 3, 1.0));
+  auto dm = to_device<Exec>(mv);
+  Vec<Exec> partials("partials", column_partials(rows + 3, 256));
   auto dst = to_device<Exec>(std::vector<double>(cols, 1.0));
-  add_column_sums(Exec(), dst, as_mat<Exec>(dm.data(), rows, cols), ones);
+  add_column_sums(Exec(), dst, as_mat<Exec>(dm.data(), rows, cols), partials);
   std::vector<double> want(cols, 1.0);
   for (int i = 0; i < rows; ++i)
     for (int c = 0; c < cols; ++c) want[c] += mv[i * cols + c];
   EXPECT_LT(rel_error(to_host(dst), want), 1e-6);
+}
+
+// A device's column sums (two stages: blocks of rows, then their partial sums in order), run
+// here on this space: the double sums within fp32 rounding, added onto what dst held, from an
+// fp32 or a bf16 matrix, with room for many blocks, for two, and for none (straight into dst);
+// the same bits every time, and in blocks of kColumnBlockRows rows, a tail block, columns past
+// a tile.
+TYPED_TEST(GemmTest, TwoStageColumnSumsAreTheSumsInAFixedOrder) {
+  using Exec = TypeParam;
+  const int rows = 3 * static_cast<int>(lamina::detail::kColumnBlockRows) + 5;
+  const int cols = static_cast<int>(lamina::detail::kColumnTile) + 9;
+  const auto mv = bf16_values(random_vector(rows * cols, 75)), d0 = random_vector(cols, 76);
+  auto dm = to_device<Exec>(mv);
+  auto dm16 = to_device_bf16<Exec>(mv);
+  std::vector<double> want = d0;
+  for (int i = 0; i < rows; ++i)
+    for (int c = 0; c < cols; ++c) want[c] += mv[i * cols + c];
+  for (const std::int64_t room : {column_partials(rows, cols), std::int64_t{2} * cols, std::int64_t{cols - 1}}) {
+    SCOPED_TRACE(room);
+    Vec<Exec> partials("partials", room);
+    std::vector<double> got[3];
+    for (int run = 0; run < 3; ++run) {
+      auto dst = to_device<Exec>(d0);
+      if (run < 2) {
+        lamina::detail::two_stage_column_sums(Exec(), dst, as_mat<Exec>(dm.data(), rows, cols), partials);
+      } else {
+        lamina::detail::two_stage_column_sums(Exec(), dst, ConstMat16<Exec>(dm16.data(), rows, cols), partials);
+      }
+      got[run] = to_host(dst);
+    }
+    EXPECT_LT(rel_error(got[0], want), 1e-6);
+    EXPECT_EQ(got[1], got[0]);
+    EXPECT_EQ(got[2], got[0]);
+  }
 }
 
 }  // namespace

@@ -70,14 +70,15 @@ TYPED_TEST(LayerNormTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiffere
   EXPECT_LT(rel_error(to_host(rstd), ref.rstd), 1e-6);
 
   auto ddin = Vec<Exec>("dinp", N * C), dwv = Vec<Exec>("dw", C), dbv = Vec<Exec>("db", C);
-  auto scratch = Vec<Exec>("scratch", N * C), ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  auto scratch = Vec<Exec>("scratch", N * C);
+  Vec<Exec> partials("partials", column_partials(N, 256));
   auto dskip = to_device<Exec>(skip), ddout = to_device<Exec>(dout), dx = to_device<Exec>(x), dwt = to_device<Exec>(w);
   // Gradients accumulate into dweight/dbias: start from a known value.
   Kokkos::deep_copy(dwv, 0.5f);
   Kokkos::deep_copy(dbv, -0.25f);
   layernorm_backward(Exec(), as_mat<Exec>(ddin.data(), N, C), dwv, dbv, as_mat<Exec>(ddout.data(), N, C),
                      as_mat<Exec>(dskip.data(), N, C), as_mat<Exec>(dx.data(), N, C), dwt, mean, rstd,
-                     as_mat<Exec>(scratch.data(), N, C), ones);
+                     as_mat<Exec>(scratch.data(), N, C), partials);
   std::vector<double> want_dinp = ref.dinp, want_dw = ref.dw, want_db = ref.db;
   for (int i = 0; i < N * C; ++i) want_dinp[i] += skip[i];
   for (int c = 0; c < C; ++c) {
@@ -98,7 +99,7 @@ TYPED_TEST(LayerNormTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiffere
   Kokkos::deep_copy(dbv, 0.0f);
   layernorm_backward(Exec(), as_mat<Exec>(ddin.data(), N, C), dwv, dbv, as_mat<Exec>(ddout.data(), N, C),
                      ConstMat<Exec>(), as_mat<Exec>(dx.data(), N, C), dwt, mean, rstd,
-                     as_mat<Exec>(scratch.data(), N, C), ones);
+                     as_mat<Exec>(scratch.data(), N, C), partials);
   expect_fd_matches([&](const std::vector<double>& v) { return f(v, w, b); }, x, to_host(ddin), "dinp");
   expect_fd_matches([&](const std::vector<double>& v) { return f(x, v, b); }, w, to_host(dwv), "dweight");
   expect_fd_matches([&](const std::vector<double>& v) { return f(x, w, v); }, b, to_host(dbv), "dbias");
@@ -139,11 +140,12 @@ TYPED_TEST(LayerNormTest, Bf16StorageIsReadAndWrittenAsStored) {
     }
   }
   auto ddin = Vec<Exec>("dinp", N * C), dwv = Vec<Exec>("dw", C), dbv = Vec<Exec>("db", C);
-  auto scratch = Vec<Exec>("scratch", N * C), ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  auto scratch = Vec<Exec>("scratch", N * C);
+  Vec<Exec> partials("partials", column_partials(N, 256));
   auto ddout = to_device<Exec>(dout);
   layernorm_backward(Exec(), as_mat<Exec>(ddin.data(), N, C), dwv, dbv, as_mat<Exec>(ddout.data(), N, C),
                      ConstMat<Exec>(), Mat16<Exec>(dx.data(), N, C), dw, mean, rstd,
-                     as_mat<Exec>(scratch.data(), N, C), ones);
+                     as_mat<Exec>(scratch.data(), N, C), partials);
   EXPECT_LT(rel_error(to_host(ddin), want_dinp), 1e-5);
   EXPECT_LT(rel_error(to_host(dwv), want_dw), 1e-5);
   EXPECT_LT(rel_error(to_host(dbv), want_db), 1e-5);
@@ -192,7 +194,8 @@ TYPED_TEST(LayerNormTest, ResidualAndLayerNormInOnePassEqualTheTwoPasses) {
   // The branch summed over tensor-parallel shards in bf16 (parallel.tp_sums), read as it is:
   // the bits of an fp32 branch holding its values.
   const auto b16 = bf16_values(b);
-  auto db16 = to_device_bf16<Exec>(b16), db16w = to_device<Exec>(b16);
+  auto db16 = to_device_bf16<Exec>(b16);
+  auto db16w = to_device<Exec>(b16);
   Bf16Vec<Exec> sum3("sum3", N * C), out3("out3", N * C), m3("m3", N), r3("r3", N);
   residual_layernorm_forward(Exec(), Mat16<Exec>(sum1.data(), N, C), Mat16<Exec>(out1.data(), N, C), m1, r1, am,
                              as_mat<Exec>(db16w.data(), N, C), dbb, dw, dlb);

@@ -37,18 +37,18 @@ TYPED_TEST(LinearTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifference
   EXPECT_LT(rel_error(run(x, w, b), want), 1e-6);
 
   auto dx = to_device<Exec>(x), dw = to_device<Exec>(w), ddout = to_device<Exec>(dout);
-  auto ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  Vec<Exec> partials("partials", column_partials(N, 256));
   Vec<Exec> gx("gx", N * IC), gw("gw", IC * OC), gb("gb", OC);
   linear_backward(Exec(), as_mat<Exec>(gx.data(), N, IC), as_mat<Exec>(gw.data(), IC, OC), gb,
                   as_mat<Exec>(ddout.data(), N, OC), as_mat<Exec>(dx.data(), N, IC), as_mat<Exec>(dw.data(), IC, OC),
-                  ones, ProductMath::fp32);
+                  partials, ProductMath::fp32);
   EXPECT_LT(rel_error(to_host(gx), want_dx), 1e-6);
   EXPECT_LT(rel_error(to_host(gw), want_dw), 1e-6);
   EXPECT_LT(rel_error(to_host(gb), want_db), 1e-6);
   // Parameter gradients accumulate: a second backward doubles them, dinp is overwritten.
   linear_backward(Exec(), as_mat<Exec>(gx.data(), N, IC), as_mat<Exec>(gw.data(), IC, OC), gb,
                   as_mat<Exec>(ddout.data(), N, OC), as_mat<Exec>(dx.data(), N, IC), as_mat<Exec>(dw.data(), IC, OC),
-                  ones, ProductMath::fp32);
+                  partials, ProductMath::fp32);
   auto twice = [](std::vector<double> v) {
     for (auto& e : v) e *= 2;
     return v;
@@ -141,9 +141,10 @@ TYPED_TEST(LinearTest, Bf16BackwardProductsMatchAReferenceOfTheRoundedOperands) 
       std::vector<double> want_db = b0;
       for (int i = 0; i < N; ++i)
         for (int o = 0; o < OUT; ++o) want_db[o] += dy[i * OUT + o];
-      auto db = to_device<Exec>(b0), ones = to_device<Exec>(std::vector<double>(N, 1.0));
+      auto db = to_device<Exec>(b0);
+      Vec<Exec> partials("partials", column_partials(N, 256));
       linear_backward(Exec(), gxm, dwm, db, as_mat<Exec>(ddy.data(), N, OUT), as_mat<Exec>(dx.data(), N, IN),
-                      MatRef<Exec>(weight), ones, ProductMath::bf16, scratch);
+                      MatRef<Exec>(weight), partials, ProductMath::bf16, scratch);
       EXPECT_LT(rel_error(to_host(db), want_db), 1e-6);
     } else {
       tied_head_backward(Exec(), gxm, dwm, as_mat<Exec>(ddy.data(), N, OUT), as_mat<Exec>(dx.data(), N, IN),
@@ -188,7 +189,7 @@ TYPED_TEST(LinearTest, GeluBackwardRidesThePassThatRoundsTheOutputGradient) {
   auto x16 = to_device_bf16<Exec>(x), w16 = to_device_bf16<Exec>(w), pre16 = to_device_bf16<Exec>(pre);
   const ConstMat16<Exec> xm(x16.data(), N, IN), prem(pre16.data(), N, OUT);
   const MatRef<Exec> weight(ConstMat16<Exec>(w16.data(), IN, OUT));
-  auto ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  Vec<Exec> partials("partials", column_partials(N, 256));
   auto scratch = to_device<Exec>(std::vector<double>(static_cast<std::size_t>(product_scratch<Exec>(N * OUT, OUT)), NAN));
   for (const bool bias : {true, false}) {
     SCOPED_TRACE(bias ? "with a bias" : "without a bias");
@@ -203,10 +204,10 @@ TYPED_TEST(LinearTest, GeluBackwardRidesThePassThatRoundsTheOutputGradient) {
         gelu_backward(Exec(), ga, Kokkos::View<const std::uint16_t*, typename Exec::memory_space>(pre16),
                       ConstVec<Exec>(ga));
         linear_backward(Exec(), as_mat<Exec>(gx.data(), N, IN), as_mat<Exec>(gw.data(), IN, OUT), gb, gam, xm, weight,
-                        ones, ProductMath::bf16, scratch);
+                        partials, ProductMath::bf16, scratch);
       } else {
         linear_gelu_backward(Exec(), as_mat<Exec>(gx.data(), N, IN), as_mat<Exec>(gw.data(), IN, OUT), gb, gam, prem,
-                             xm, weight, ones, ProductMath::bf16, scratch);
+                             xm, weight, partials, ProductMath::bf16, scratch);
       }
       dx[unfused] = to_host(gx);
       dw[unfused] = to_host(gw);
@@ -294,9 +295,9 @@ TYPED_TEST(LinearTest, ProductsReadStoredBf16Activations) {
   const auto got = widened_to_host(y16);
   for (int i = 0; i < N * OUT; ++i) EXPECT_NEAR(got[i], want_yb[i], std::abs(want_yb[i]) / 256 + 1e-6) << i;
   auto gx = to_device<Exec>(std::vector<double>(N * IN, NAN));
-  auto ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  Vec<Exec> partials("partials", column_partials(N, 256));
   linear_backward(Exec(), as_mat<Exec>(gx.data(), N, IN), as_mat<Exec>(dw.data(), IN, OUT), Vec<Exec>(),
-                  as_mat<Exec>(ddy.data(), N, OUT), xm, weight, ones, ProductMath::bf16, scratch);
+                  as_mat<Exec>(ddy.data(), N, OUT), xm, weight, partials, ProductMath::bf16, scratch);
   EXPECT_LT(rel_error(to_host(gx), want_dx), 1e-6);
   EXPECT_LT(rel_error(to_host(dw), want_dw), 1e-6);
 }

@@ -53,8 +53,8 @@ TYPED_TEST(ResidualTest, ABf16BranchGivesTheBitsOfItsFp32Values) {
   const int N = 7, C = 37;
   const auto a = bf16_values(random_vector(N * C, 67)), b = bf16_values(random_vector(N * C, 68));
   const auto bias = random_vector(C, 69);
-  auto da = to_device<Exec>(a), da16 = to_device_bf16<Exec>(a), db = to_device<Exec>(b), db16 = to_device_bf16<Exec>(b);
-  auto dbias = to_device<Exec>(bias);
+  auto da = to_device<Exec>(a), db = to_device<Exec>(b), dbias = to_device<Exec>(bias);
+  auto da16 = to_device_bf16<Exec>(a), db16 = to_device_bf16<Exec>(b);
   const ConstMat<Exec> bm = as_mat<Exec>(db.data(), N, C);
   const ConstMat16<Exec> b16(db16.data(), N, C);
   Vec<Exec> out("out", N * C), out_b16("out_b16", N * C);

@@ -61,12 +61,13 @@ TYPED_TEST(RmsNormTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifferenc
   EXPECT_LT(rel_error(to_host(rstd), ref.rstd), 1e-6);
 
   auto ddin = Vec<Exec>("dinp", N * C), dwv = Vec<Exec>("dw", C);
-  auto scratch = Vec<Exec>("scratch", N * C), ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  auto scratch = Vec<Exec>("scratch", N * C);
+  Vec<Exec> partials("partials", column_partials(N, 256));
   auto dskip = to_device<Exec>(skip), ddout = to_device<Exec>(dout), dx = to_device<Exec>(x), dwt = to_device<Exec>(w);
   Kokkos::deep_copy(dwv, 0.5f);  // the weight gradient accumulates
   rmsnorm_backward(Exec(), as_mat<Exec>(ddin.data(), N, C), dwv, as_mat<Exec>(ddout.data(), N, C),
                    as_mat<Exec>(dskip.data(), N, C), as_mat<Exec>(dx.data(), N, C), dwt, rstd,
-                   as_mat<Exec>(scratch.data(), N, C), ones);
+                   as_mat<Exec>(scratch.data(), N, C), partials);
   std::vector<double> want_dinp = ref.dinp, want_dw = ref.dw;
   for (int i = 0; i < N * C; ++i) want_dinp[i] += skip[i];
   for (auto& v : want_dw) v += 0.5;
@@ -81,7 +82,7 @@ TYPED_TEST(RmsNormTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDifferenc
   };
   Kokkos::deep_copy(dwv, 0.0f);
   rmsnorm_backward(Exec(), as_mat<Exec>(ddin.data(), N, C), dwv, as_mat<Exec>(ddout.data(), N, C), ConstMat<Exec>(),
-                   as_mat<Exec>(dx.data(), N, C), dwt, rstd, as_mat<Exec>(scratch.data(), N, C), ones);
+                   as_mat<Exec>(dx.data(), N, C), dwt, rstd, as_mat<Exec>(scratch.data(), N, C), partials);
   expect_fd_matches([&](const std::vector<double>& v) { return f(v, w); }, x, to_host(ddin), "dinp");
   expect_fd_matches([&](const std::vector<double>& v) { return f(x, v); }, w, to_host(dwv), "dweight");
 }
@@ -106,10 +107,11 @@ TYPED_TEST(RmsNormTest, Bf16StorageIsReadAndWrittenAsStored) {
   }
   const RmsRef back = rmsnorm_reference(x, w, dout, N, C, eps, widened_to_host(rstd));
   auto ddin = Vec<Exec>("dinp", N * C), dwv = Vec<Exec>("dw", C);
-  auto scratch = Vec<Exec>("scratch", N * C), ones = to_device<Exec>(std::vector<double>(N, 1.0));
+  auto scratch = Vec<Exec>("scratch", N * C);
+  Vec<Exec> partials("partials", column_partials(N, 256));
   auto ddout = to_device<Exec>(dout);
   rmsnorm_backward(Exec(), as_mat<Exec>(ddin.data(), N, C), dwv, as_mat<Exec>(ddout.data(), N, C), ConstMat<Exec>(),
-                   Mat16<Exec>(dx.data(), N, C), dw, rstd, as_mat<Exec>(scratch.data(), N, C), ones);
+                   Mat16<Exec>(dx.data(), N, C), dw, rstd, as_mat<Exec>(scratch.data(), N, C), partials);
   EXPECT_LT(rel_error(to_host(ddin), back.dinp), 1e-5);
   EXPECT_LT(rel_error(to_host(dwv), back.dw), 1e-5);
 }
