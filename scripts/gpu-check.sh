@@ -3,10 +3,11 @@
 # lamina +cuda`, or a Kokkos + Kokkos Kernels CUDA install): builds lamina against the
 # Kokkos found in CMAKE_PREFIX_PATH, runs the unit and MPI suites, `lamina verify` on
 # every reference file with each way attention runs, the step (also with the attention path
-# that is not the default; PyTorch's beside it where python3 has torch), 50 steps on text
-# resumed from step 25 in fp32 and bf16 (the losses must repeat), the memory estimate against
-# what was allocated (and on a GPU what the device reports) under each memory policy, AdamW
-# and Deep Optimizer States benchmarks, and prints one summary. Works the same on a CPU-only Kokkos, which is how CI-less changes to this
+# that is not the default; PyTorch's beside it where python3 has torch) and the bf16 step's
+# time per kernel, 50 steps on text resumed from step 25 in fp32 and bf16 (the losses must
+# repeat), the memory estimate against what was allocated (and on a GPU what the device
+# reports) under each memory policy, AdamW and Deep Optimizer States benchmarks, and prints
+# one summary. Works the same on a CPU-only Kokkos, which is how CI-less changes to this
 # script are checked.
 #
 #   CMAKE_PREFIX_PATH=/opt/kokkos-cuda scripts/gpu-check.sh [build dir] [extra cmake args]
@@ -123,6 +124,17 @@ fi
 step "bench step fp32" bench_step.log "$lamina" bench step "${bench[@]}" --steps 10 --warmup 3
 step "bench step bf16" bench_step_bf16.log "$lamina" bench step "${bench[@]}" --set train.precision=bf16 \
   --steps 10 --warmup 3
+# Where the bf16 step's time goes, kernel by kernel (perf/tools/kernel_timer.cpp, a Kokkos
+# Tools plugin; every launch waited for, so the times add up to the kernels', not the step's).
+kernel_times() {
+  c++ -O2 -shared -fPIC "$root/perf/tools/kernel_timer.cpp" -o "$build/libkernel_timer.so" &&
+    CUDA_LAUNCH_BLOCKING=1 KOKKOS_TOOLS_LIBS="$build/libkernel_timer.so" \
+      KOKKOS_PROFILE_LIBRARY="$build/libkernel_timer.so" "$@"
+}
+export root
+export -f kernel_times
+step "kernel times, bf16 step" kernels_bf16.log kernel_times "$lamina" bench step "${bench[@]}" \
+  --set train.precision=bf16 --steps 3 --warmup 1
 in_build() { (cd "$build" && "$@"); }
 export -f in_build
 if ((background_build)); then
@@ -199,6 +211,10 @@ if ((has_torch)); then
     "$(field "$torch16" ms_per_step_median) ms/step, $(field "$torch16" tokens_per_s) tokens/s"
 else
   echo "PyTorch: $python cannot import torch; no side-by-side step"
+fi
+if [[ -f $logs/kernels_bf16.log ]]; then
+  echo "the bf16 step's longest kernels (seconds over 4 steps, launches):"
+  grep -A 8 '^kernel ' "$logs/kernels_bf16.log" | tail -n +2 | head -n 8
 fi
 echo "bench adam: $(json_of bench_adam.log)"
 echo "bench dos: $(json_of bench_dos.log)"
