@@ -756,7 +756,8 @@ void two_stage_column_sums(const Exec& exec, const Vec<Exec>& dst, const MV& M, 
   const std::int64_t rows = static_cast<std::int64_t>(M.extent(0)), cols = static_cast<std::int64_t>(M.extent(1));
   if (rows == 0 || cols == 0) return;
   const std::int64_t room = static_cast<std::int64_t>(partials.extent(0)) / cols;
-  const std::int64_t blocks = std::max<std::int64_t>(1, std::min((rows + kColumnBlockRows - 1) / kColumnBlockRows, room));
+  const std::int64_t blocks =
+      std::max<std::int64_t>(1, std::min((rows + kColumnBlockRows - 1) / kColumnBlockRows, room));
   const std::int64_t block_rows = (rows + blocks - 1) / blocks, tiles = (cols + kColumnTile - 1) / kColumnTile;
   const bool direct = blocks == 1;
   Kokkos::parallel_for("lamina::column_partials", Teams<Exec>(exec, blocks * tiles, Kokkos::AUTO),

@@ -243,7 +243,8 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
                         ws.column_partials);
   });
   // attention branch: x2 = x + c_proj(attn(rotary(c_attn(ln_1(x)))))
-  linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.column_partials, s.products, ws.widened);
+  linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.column_partials, s.products,
+                  ws.widened);
   attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, d.NH, s.attention,
                      s.products);
   if (d.parts.position == PositionKind::rotary) rotary_apply(exec, ws.dqkv, d.NH + d.NKV, d.T, 0, ws.rotary, false);
@@ -260,8 +261,8 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   Kokkos::Profiling::popRegion();
 }
 
-// Final norm (the block's kind), LM head (wte, or an untied lm_head) and per-position losses (h.losses) of x, the last block's output
-// as stored.
+// Final norm (the block's kind), LM head (wte, or an untied lm_head) and per-position losses (h.losses) of x, the last
+// block's output as stored.
 template <class Exec, class XV>
 void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const FinalWeights<Exec>& w,
                   const HeadActs<Exec>& h, const XV& x, const Tokens<Exec>& targets, const Dims& d,
