@@ -12,6 +12,22 @@ template <class Exec>
 class NormBackwardTest : public ::testing::Test {};
 TYPED_TEST_SUITE(NormBackwardTest, ExecSpaces);
 
+// A norm backward's inputs on Exec: rows of 40 (lane sums with a tail), an output gradient
+// of bf16 values (so that it can be stored either way), a skip gradient, saved statistics,
+// and the values the gain's and bias's gradients start from.
+template <class Exec>
+struct NormInputs {
+  static constexpr int N = 9, C = 40;
+  std::vector<double> x = random_vector(N * C, 201, -2, 2), w = random_vector(C, 202, 0.5, 1.5),
+                      dout = bf16_values(random_vector(N * C, 203)), skip = random_vector(N * C, 204),
+                      stat = random_vector(N, 205, -0.5, 0.5), rstd = random_vector(N, 206, 0.5, 2.0),
+                      w0 = random_vector(C, 207), b0 = random_vector(C, 208);
+  Vec<Exec> dx = to_device<Exec>(x), dw = to_device<Exec>(w), ddout = to_device<Exec>(dout),
+            dmean = to_device<Exec>(stat), drstd = to_device<Exec>(rstd);
+  Vec<Exec> partials = Vec<Exec>("partials", column_partials(N, 256));
+  ConstMat<Exec> xm = as_mat<Exec>(dx.data(), N, C), dom = as_mat<Exec>(ddout.data(), N, C);
+};
+
 // The norms' backward passes as norm_backward runs them (on one host thread: every row in
 // one work item, the gain's and bias's gradients summed as it goes) against one team per row
 // and column sums of the per-row terms: the same input gradients and the same sums, bit for
@@ -19,16 +35,12 @@ TYPED_TEST_SUITE(NormBackwardTest, ExecSpaces);
 // gradient joining, the input in fp32 and bf16.
 TYPED_TEST(NormBackwardTest, OneThreadSumsAsItGoesAndEqualsTheTeamsBitForBit) {
   using Exec = TypeParam;
-  const int N = 9, C = 40;
-  const auto x = random_vector(N * C, 201, -2, 2), w = random_vector(C, 202, 0.5, 1.5);
-  const auto dout = random_vector(N * C, 203), skip = random_vector(N * C, 204);
-  const auto stat = random_vector(N, 205, -0.5, 0.5), rstd = random_vector(N, 206, 0.5, 2.0);
-  const auto w0 = random_vector(C, 207), b0 = random_vector(C, 208);
-  auto dx = to_device<Exec>(x), dw = to_device<Exec>(w), ddout = to_device<Exec>(dout);
-  auto x16v = to_device_bf16<Exec>(x);
-  auto dmean = to_device<Exec>(stat), drstd = to_device<Exec>(rstd);
-  Vec<Exec> partials("partials", column_partials(N, 256));
-  const ConstMat<Exec> xm = as_mat<Exec>(dx.data(), N, C), dom = as_mat<Exec>(ddout.data(), N, C);
+  const NormInputs<Exec> inputs;
+  constexpr int N = NormInputs<Exec>::N, C = NormInputs<Exec>::C;
+  const auto &skip = inputs.skip, &w0 = inputs.w0, &b0 = inputs.b0;
+  const auto &dw = inputs.dw, &dmean = inputs.dmean, &drstd = inputs.drstd, &partials = inputs.partials;
+  const auto &xm = inputs.xm, &dom = inputs.dom;
+  auto x16v = to_device_bf16<Exec>(inputs.x);
   const ConstMat16<Exec> x16(x16v.data(), N, C);
   for (const bool bf16 : {false, true}) {
     for (const bool layernorm : {true, false}) {
@@ -83,16 +95,12 @@ TYPED_TEST(NormBackwardTest, OneThreadSumsAsItGoesAndEqualsTheTeamsBitForBit) {
 // and by teams with column sums of the bf16 gradient.
 TYPED_TEST(NormBackwardTest, ABf16OutputGradientGivesTheBitsOfItsFp32Values) {
   using Exec = TypeParam;
-  const int N = 9, C = 40;
-  const auto x = random_vector(N * C, 211, -2, 2), w = random_vector(C, 212, 0.5, 1.5);
-  const auto dout = bf16_values(random_vector(N * C, 213)), skip = random_vector(N * C, 214);
-  const auto stat = random_vector(N, 215, -0.5, 0.5), rstd = random_vector(N, 216, 0.5, 2.0);
-  const auto w0 = random_vector(C, 217), b0 = random_vector(C, 218);
-  auto dx = to_device<Exec>(x), dw = to_device<Exec>(w), ddout = to_device<Exec>(dout);
-  auto d16 = to_device_bf16<Exec>(dout);
-  auto dmean = to_device<Exec>(stat), drstd = to_device<Exec>(rstd);
-  Vec<Exec> partials("partials", column_partials(N, 256));
-  const ConstMat<Exec> xm = as_mat<Exec>(dx.data(), N, C), dom = as_mat<Exec>(ddout.data(), N, C);
+  const NormInputs<Exec> inputs;
+  constexpr int N = NormInputs<Exec>::N, C = NormInputs<Exec>::C;
+  const auto &skip = inputs.skip, &w0 = inputs.w0, &b0 = inputs.b0;
+  const auto &dw = inputs.dw, &dmean = inputs.dmean, &drstd = inputs.drstd, &partials = inputs.partials;
+  const auto &xm = inputs.xm, &dom = inputs.dom;
+  auto d16 = to_device_bf16<Exec>(inputs.dout);
   const ConstMat16<Exec> do16(d16.data(), N, C);
   for (const bool layernorm : {true, false}) {
     SCOPED_TRACE(layernorm ? "layernorm" : "rmsnorm");
