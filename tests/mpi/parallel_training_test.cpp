@@ -257,7 +257,21 @@ INSTANTIATE_TEST_SUITE_P(
                              {"parallel.pp=2", "memory.activations=recompute", "memory.optimizer=host"}},
                       Layout{"tp2_zero2_params_host", 4,
                              {"parallel.tp=2", "parallel.dp=2", "parallel.zero=2", "memory.params=host",
-                              "memory.optimizer=host"}}),
+                              "memory.optimizer=host"}},
+                      // Sequence parallelism: each tensor-parallel rank holds half of the stream's rows.
+                      Layout{"tp2_sp", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"}},
+                      Layout{"dp2_tp2_zero3_sp", 4,
+                             {"parallel.dp=2", "parallel.tp=2", "parallel.zero=3", "parallel.sequence_parallel=true"}},
+                      Layout{"tp2_pp2_interleaved_sp", 4,
+                             {"parallel.tp=2", "parallel.pp=2", "parallel.schedule=interleaved",
+                              "parallel.virtual_stages=2", "parallel.sequence_parallel=true"}},
+                      Layout{"tp2_sp_recompute_offload_dynamic", 2,
+                             {"parallel.tp=2", "parallel.sequence_parallel=true",
+                              "'memory.activations=[\"recompute\",\"offload\",\"keep\",\"recompute\"]'",
+                              "memory.optimizer=dynamic"}},
+                      Layout{"tp2_pp2_sp_layered_checkpoints", 4,
+                             {"parallel.tp=2", "parallel.pp=2", "parallel.schedule=modular", "parallel.layered=true",
+                              "memory.activations=offload_checkpoint", "parallel.sequence_parallel=true"}}),
     [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
 
 // A Llama-shaped model (RMSNorm, rotary positions, SwiGLU, grouped-query attention with two
@@ -315,6 +329,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"pp2_1f1b", 2, {"parallel.pp=2", "parallel.schedule=1f1b"}},
                       Layout{"dp2_tp2", 4, {"parallel.dp=2", "parallel.tp=2"}},
                       Layout{"tp2_pp2", 4, {"parallel.tp=2", "parallel.pp=2"}},
+                      Layout{"tp2_sp", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"}},
+                      Layout{"dp2_tp2_zero1_sp_recompute", 4,
+                             {"parallel.dp=2", "parallel.tp=2", "parallel.zero=1", "parallel.sequence_parallel=true",
+                              "memory.activations=recompute"}},
                       Layout{"dp2_pp2_zero3_layered_checkpoints", 4,
                              {"parallel.dp=2", "parallel.pp=2", "parallel.zero=3", "parallel.layered=true",
                               "parallel.schedule=modular", "memory.activations=offload_checkpoint"}},
@@ -341,7 +359,10 @@ INSTANTIATE_TEST_SUITE_P(Mpi, UntiedLlamaLayouts,
                                                    "memory.optimizer=dynamic"}},
                                            Layout{"tp2_pp2_interleaved", 4,
                                                   {"parallel.tp=2", "parallel.pp=2", "parallel.schedule=interleaved",
-                                                   "parallel.virtual_stages=2"}}),
+                                                   "parallel.virtual_stages=2"}},
+                                           Layout{"tp2_pp2_sp", 4,
+                                                  {"parallel.tp=2", "parallel.pp=2",
+                                                   "parallel.sequence_parallel=true"}}),
                          [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
 
 // Multi-query attention (one key/value head) on tensor-parallel layouts: the two ranks of a
@@ -363,6 +384,7 @@ TEST_P(SharedKeyValueLayouts, LossesAndFinalModelEqualTheSingleRankRun) {
 
 INSTANTIATE_TEST_SUITE_P(Mpi, SharedKeyValueLayouts,
                          ::testing::Values(Layout{"tp2", 2, {"parallel.tp=2"}},
+                                           Layout{"tp2_sp", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"}},
                                            Layout{"dp2_tp2_zero3", 4,
                                                   {"parallel.dp=2", "parallel.tp=2", "parallel.zero=3"}},
                                            Layout{"tp2_pp2_zero1_dynamic", 4,
@@ -383,7 +405,9 @@ TEST_P(SharedKeyValueBiasLayouts, LossesAndFinalModelEqualTheSingleRankRun) {
   check({"model.kv_heads=1"}, "mqa_gpt2_", "a GPT-2 block with other parts", 1.5e-4);
 }
 
-INSTANTIATE_TEST_SUITE_P(Mpi, SharedKeyValueBiasLayouts, ::testing::Values(Layout{"tp2", 2, {"parallel.tp=2"}}),
+INSTANTIATE_TEST_SUITE_P(Mpi, SharedKeyValueBiasLayouts,
+                         ::testing::Values(Layout{"tp2", 2, {"parallel.tp=2"}},
+                                           Layout{"tp2_sp", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"}}),
                          [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
 
 // Bytes of each layer's flat buffer, padded for a data-parallel group of dp.
@@ -581,6 +605,58 @@ TEST_F(ParallelTraining, Bf16TensorParallelSumsHalveTheirBytesAndTrainCloseToOne
   expect_same_model(final_checkpoint("tp_sums_bf16"), final_checkpoint("tp_sums_reference"), 0.75);
 }
 
+// Sequence parallelism: each of a block's four all-reduces per micro-batch becomes an all-gather
+// and a reduce-scatter (half the bytes each), and its backward gathers the two norms' outputs
+// once more; the embedding and the head turn their all-reduce of the stream into a
+// reduce-scatter one way and an all-gather the other; once per step the norms' gradients of
+// each rank's rows are added. bf16: the norms' outputs travel as stored, and the run is the
+// tensor-parallel one's to the last digit (the same sums in the same order).
+TEST_F(ParallelTraining, SequenceParallelismMovesTheSumsAsGathersAndReduceScatters) {
+  const std::vector<std::string> tp2 = {"parallel.tp=2"}, sp = {"parallel.tp=2", "parallel.sequence_parallel=true"};
+  const JobResult all = train(2, "tp2_all_rows", tp2);
+  const JobResult half = train(2, "tp2_half_rows", sp);
+  for (const JobResult* r : {&all, &half}) {
+    ASSERT_EQ(r->code, 0) << r->out;
+    ASSERT_EQ(r->losses.size(), 5u) << r->out;
+  }
+  EXPECT_NE(half.out.find("sequence parallelism"), std::string::npos) << half.out;
+  // 4 micro-batches of (2 x 16 tokens, 32) values; over 2 ranks an all-reduce sends 4 bytes
+  // per value, a gather or reduce-scatter 2. Per micro-batch, 4 blocks: 8 + 8 -> 8 + 12; the
+  // embedding 4 -> 2 + 2, the head 4 -> 2 + 2. Per step, the norms: 4 blocks x 4 x 32 and
+  // 2 x 32 values, 4 bytes each.
+  const double values = 2 * 16 * 32, norms = 4 * 4 * 32 + 2 * 32;
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_DOUBLE_EQ(half.comm[i].at("tp") - all.comm[i].at("tp"), 4 * 4 * values * 4 + norms * 4) << "step " << i + 1;
+  }
+  const JobResult bf16 = train(2, "tp2_all_rows_bf16", {"parallel.tp=2", "train.precision=bf16"});
+  const JobResult bf16_sp =
+      train(2, "tp2_half_rows_bf16", {"parallel.tp=2", "parallel.sequence_parallel=true", "train.precision=bf16"});
+  ASSERT_EQ(bf16_sp.code, 0) << bf16_sp.out;
+  ASSERT_EQ(bf16_sp.losses.size(), 5u) << bf16_sp.out;
+  for (std::size_t i = 0; i < 5; ++i) {
+    // The norms' outputs gathered in bf16, 1 byte per value: a block's 8 + 8 become 6 + 10.
+    EXPECT_DOUBLE_EQ(bf16_sp.comm[i].at("tp") - bf16.comm[i].at("tp"), norms * 4) << "step " << i + 1;
+    EXPECT_EQ(bf16_sp.losses[i], bf16.losses[i]) << "step " << i + 1;
+  }
+}
+
+// Sequence parallelism's memory, predicted (lamina bench memory) as its ranks allocate it: the
+// stream's rows, the saved norms, the gathers' workspace.
+TEST_F(ParallelTraining, SequenceParallelismsPeakMemoryIsPredicted) {
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{}, {"train.precision=bf16"}, {"memory.activations=recompute"},
+        {"memory.activations=offload", "model.arch=llama", "model.kv_heads=2", "model.ffn_hidden=48"}}) {
+    std::string args = "bench memory " + dir_ + "/deck.toml --set output.dir=" + dir_ +
+                       "/sp_memory --set parallel.tp=2 --set parallel.sequence_parallel=true";
+    for (const auto& s : sets) args += " --set " + s;
+    const JobResult r = run_command(launch(2, args));
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto k = r.out.find("\"max_relative_error\": ");
+    ASSERT_NE(k, std::string::npos) << r.out;
+    EXPECT_LT(std::stod(r.out.substr(k + 22)), 1e-9) << r.out;
+  }
+}
+
 // Checkpoints written in the background (checkpoint.async, the default) hold what
 // synchronous ones do, bit for bit, on a layout whose ZeRO-3 shards are gathered for them,
 // though training changes the state meanwhile. (Layouts with stages: the restarts on other
@@ -607,7 +683,8 @@ TEST_F(ParallelTraining, CheckpointsRestartOnOtherLayouts) {
   const std::string ckpt = dir_ + "/reshard_a/checkpoints/step_00000003.h5";
   for (const auto& [name, sets] : std::vector<std::pair<std::string, std::vector<std::string>>>{
            {"reshard_dp4", {"parallel.dp=4"}},
-           {"reshard_pp2_zero3", {"parallel.dp=2", "parallel.pp=2", "parallel.zero=3"}}}) {
+           {"reshard_pp2_zero3", {"parallel.dp=2", "parallel.pp=2", "parallel.zero=3"}},
+           {"reshard_dp2_tp2_sp", {"parallel.dp=2", "parallel.tp=2", "parallel.sequence_parallel=true"}}}) {
     auto s = sets;
     s.push_back("checkpoint.resume=" + ckpt);
     const JobResult r = train(4, name, s);

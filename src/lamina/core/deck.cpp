@@ -21,9 +21,9 @@ namespace lamina {
 
 const std::vector<std::string>& planner_keys() {
   static const std::vector<std::string> keys = {
-      "parallel.dp",     "parallel.tp",     "parallel.pp",      "parallel.zero",          "parallel.schedule",
-      "parallel.virtual_stages", "parallel.layered", "data.micro_batch_size", "memory.activations", "memory.params",
-      "memory.optimizer"};
+      "parallel.dp",          "parallel.tp",        "parallel.pp",       "parallel.zero",
+      "parallel.schedule",    "parallel.virtual_stages", "parallel.layered", "parallel.sequence_parallel",
+      "data.micro_batch_size", "memory.activations", "memory.params",    "memory.optimizer"};
   return keys;
 }
 
@@ -142,7 +142,7 @@ const std::vector<Section>& schema() {
         "schedule", "subgroup_size", "decay_biases_and_norms"}},
       {"parallel",
        {"dp", "tp", "pp", "zero", "schedule", "virtual_stages", "layered", "cost_forward", "cost_backward",
-        "cost_p2p", "backend", "timeout", "host_copies", "mpi_device_buffers", "tp_sums"}},
+        "cost_p2p", "backend", "timeout", "host_copies", "mpi_device_buffers", "tp_sums", "sequence_parallel"}},
       {"memory",
        {"device_budget", "host_budget", "activations", "params", "optimizer", "dos_split", "dos_host_rate",
         "dos_device_rate", "dos_h2d", "dos_d2h"}},
@@ -612,6 +612,7 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   p.schedule = r.choice("parallel", "schedule", "1f1b", {"gpipe", "1f1b", "interleaved", "modular"});
   p.virtual_stages = r.integer("parallel", "virtual_stages", 1, 1, 1 << 12);
   p.layered = r.boolean("parallel", "layered", false);
+  p.sequence_parallel = r.boolean("parallel", "sequence_parallel", false);
   p.tp_sums = r.choice("parallel", "tp_sums", "fp32", {"fp32", "bf16"});
   p.cost_forward = r.real("parallel", "cost_forward", 1.0, 0.0, kInf, true);
   p.cost_backward = r.real("parallel", "cost_backward", 2.0, 0.0, kInf, true);

@@ -24,6 +24,7 @@ struct ParallelSection {
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | modular
   std::int64_t virtual_stages = 1;
   bool layered = false;
+  bool sequence_parallel = false;  // Megatron's, inside the tensor-parallel group
   // bf16 runs: the precision of the tensor-parallel sums of the blocks' partial results
   // (fp32 | bf16, Megatron's, half the bytes).
   std::string tp_sums = "fp32";

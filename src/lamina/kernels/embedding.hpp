@@ -99,21 +99,26 @@ template <class Exec, class W>
 struct PositionEmbeddingForward {
   Mat<Exec> out;
   Kokkos::View<const W**, Kokkos::LayoutRight, typename Exec::memory_space> wpe;
-  std::int64_t T;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t c) const { out(i, c) += widen(wpe(i % T, c)); }
+  std::int64_t T, first_row;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t c) const {
+    out(i, c) += widen(wpe((first_row + i) % T, c));
+  }
 };
 
-// out: (B*T, C) +=; wpe: (>=T, C)
+// out: rows [first_row, first_row + rows) of a (B*T, C) matrix (all of it, or a sequence-parallel
+// rank's share), +=; wpe: (>=T, C)
 template <class Exec>
-void position_embedding_forward(const Exec& exec, const Mat<Exec>& out, const MatRefArg<Exec>& wpe, std::int64_t T) {
+void position_embedding_forward(const Exec& exec, const Mat<Exec>& out, const MatRefArg<Exec>& wpe, std::int64_t T,
+                                std::int64_t first_row = 0) {
   const std::int64_t N = static_cast<std::int64_t>(out.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(out.extent(1));
   const RowMajor<Exec, 2> all(exec, {0, 0}, {N, C});
   if (wpe.bf16()) {
     Kokkos::parallel_for("lamina::position_embedding_forward", all,
-                         PositionEmbeddingForward<Exec, std::uint16_t>{out, wpe.b16, T});
+                         PositionEmbeddingForward<Exec, std::uint16_t>{out, wpe.b16, T, first_row});
   } else {
-    Kokkos::parallel_for("lamina::position_embedding_forward", all, PositionEmbeddingForward<Exec, float>{out, wpe.f32, T});
+    Kokkos::parallel_for("lamina::position_embedding_forward", all,
+                         PositionEmbeddingForward<Exec, float>{out, wpe.f32, T, first_row});
   }
 }
 

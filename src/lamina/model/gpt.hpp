@@ -63,38 +63,74 @@ void combine(const Exec& exec, const std::function<void(float*, std::int64_t)>& 
   op(v.data(), static_cast<std::int64_t>(v.size()));
 }
 
+// Sequence parallelism: all (N, C) rows of a stream tensor stored as T, of which `part` holds
+// this rank's (R, C), gathered over the tensor-parallel group into `into`; else part itself.
+template <class Exec, class T>
+MatOf<Exec, T> all_rows(const Exec& exec, const ShardCombine& tp, const MatOf<Exec, T>& part,
+                        const MatOf<Exec, T>& into) {
+  if (!tp.gather) return part;
+  exec.fence();
+  // bf16 values travel as float words (pairs: tp divides the heads, which divide C).
+  tp.gather(reinterpret_cast<const float*>(part.data()), reinterpret_cast<float*>(into.data()),
+            static_cast<std::int64_t>(part.size() * sizeof(T) / sizeof(float)));
+  return into;
+}
+
+// Sequence parallelism: the sum over the tensor-parallel group of the (N, C) partial results
+// `full`, of which this rank keeps its (R, C) rows, in the workspace's gathered_grad.
+template <class Exec>
+Mat<Exec> scatter_sum_rows(const Exec& exec, const ShardCombine& tp, const Mat<Exec>& full, const Workspace<Exec>& ws) {
+  const std::int64_t R = static_cast<std::int64_t>(full.extent(0)) / tp.shards;
+  const std::int64_t C = static_cast<std::int64_t>(full.extent(1));
+  const Mat<Exec> share = as_mat<Exec>(ws.gathered_grad.data(), R, C);
+  exec.fence();
+  tp.scatter_sum(full.data(), share.data(), R * C);
+  return share;
+}
+
 // A row-parallel product (the attention's projection, the MLP's second) of inp, summed over
 // the tensor-parallel group, handed to `then` for the kernel that reads it: in fp32 into
-// `product`; or, where a bf16 run sums in bf16 (parallel.tp_sums, tp.sum16), written in bf16
-// into `room` (workspace memory nothing else holds until `then` is done) by the product
-// itself where products round (a host's oneDNN), else by the pass that rounds `product`, and
-// summed and read as bf16 (half the bytes, as Megatron reduces its GEMMs' bf16 outputs).
+// `product`; under sequence parallelism reduce-scattered, this rank's rows; or, where a bf16
+// run sums in bf16 (parallel.tp_sums, tp.sum16), written in bf16 into `room` (workspace
+// memory nothing else holds until `then` is done) by the product itself where products round
+// (a host's oneDNN), else by the pass that rounds `product`, and summed and read as bf16
+// (half the bytes, as Megatron reduces its GEMMs' bf16 outputs).
 template <class Exec, class T, class InV, class Then>
 void row_parallel_forward(const Exec& exec, const ShardCombine& tp, const Mat<Exec>& product, float* room,
-                          const InV& inp, const MatRefArg<Exec>& weight, ProductMath math, const Vec<Exec>& scratch,
+                          const InV& inp, const MatRefArg<Exec>& weight, ProductMath math, const Workspace<Exec>& ws,
                           const Then& then) {
   if constexpr (!std::is_same<T, float>::value) {
     if (tp.sum16) {
       const Mat16<Exec> sum(reinterpret_cast<std::uint16_t*>(room), product.extent(0), product.extent(1));
-      linear_forward(exec, sum, inp, weight, ConstVec<Exec>(), math, scratch, product);
+      linear_forward(exec, sum, inp, weight, ConstVec<Exec>(), math, ws.widened, product);
       exec.fence();
       tp.sum16(sum.data(), static_cast<std::int64_t>(sum.size()));
       then(ConstMat16<Exec>(sum));
       return;
     }
   }
-  linear_forward(exec, product, inp, weight, ConstVec<Exec>(), math, scratch);
+  linear_forward(exec, product, inp, weight, ConstVec<Exec>(), math, ws.widened);
+  if (tp.scatter_sum) {
+    then(ConstMat<Exec>(scatter_sum_rows(exec, tp, product, ws)));
+    return;
+  }
   combine(exec, tp.sum, product);
   then(ConstMat<Exec>(product));
 }
 
 // The tensor-parallel sum of the (N, C) partial gradients `g` of a norm's output (the
-// column-parallel products' input gradients), handed to `then` with the (N, C) scratch the
-// norm's backward may use: in fp32, g itself and ws.scratch; or where a bf16 run sums in
-// bf16, rounded into ws.scratch, summed there and read as bf16 (its scratch is then g's memory).
+// column-parallel products' input gradients), handed to `then` with the scratch the norm's
+// backward may use: in fp32, g itself and ws.scratch; under sequence parallelism
+// reduce-scattered, this rank's (R, C) rows; or where a bf16 run sums in bf16, rounded into
+// ws.scratch, summed there and read as bf16 (its scratch is then g's memory).
 template <class Exec, class T, class Then>
 void combine_gradients(const Exec& exec, const ShardCombine& tp, const Mat<Exec>& g, const Workspace<Exec>& ws,
                        const Then& then) {
+  if (tp.scatter_sum) {
+    const Mat<Exec> share = scatter_sum_rows(exec, tp, g, ws);
+    then(ConstMat<Exec>(share), as_mat<Exec>(ws.scratch.data(), share.extent(0), share.extent(1)));
+    return;
+  }
   if constexpr (!std::is_same<T, float>::value) {
     if (tp.sum16) {
       const Mat16<Exec> sum(reinterpret_cast<std::uint16_t*>(ws.scratch.data()), g.extent(0), g.extent(1));
@@ -112,14 +148,22 @@ void combine_gradients(const Exec& exec, const ShardCombine& tp, const Mat<Exec>
 }  // namespace detail
 
 // out = wte[inputs] + wpe (learned positions; rotary ones turn q and k in each block
-// instead); out: (N, C), inputs: (N)
+// instead); out: (R, C) the stream's rows on this rank, inputs: (N). The vocabulary-parallel
+// lookups sum over the tensor-parallel group (under sequence parallelism: all N rows looked
+// up in the workspace's gathered_grad, reduce-scattered).
 template <class Exec>
 void embed_forward(const Exec& exec, const EmbeddingWeights<Exec>& w, const Mat<Exec>& out,
-                   const Tokens<Exec>& inputs, const Dims& d, const ShardCombine& tp) {
+                   const Tokens<Exec>& inputs, const Dims& d, const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::embed_forward");
-  token_embedding_forward(exec, out, inputs, w.wte, d.vocab_begin);
-  detail::combine(exec, tp.sum, out);
-  if (d.parts.position == PositionKind::learned) position_embedding_forward(exec, out, w.wpe, d.T);
+  if (tp.scatter_sum) {
+    token_embedding_forward(exec, ws.gathered_grad, inputs, w.wte, d.vocab_begin);
+    exec.fence();
+    tp.scatter_sum(ws.gathered_grad.data(), out.data(), static_cast<std::int64_t>(out.size()));
+  } else {
+    token_embedding_forward(exec, out, inputs, w.wte, d.vocab_begin);
+    detail::combine(exec, tp.sum, out);
+  }
+  if (d.parts.position == PositionKind::learned) position_embedding_forward(exec, out, w.wpe, d.T, d.first_row());
   Kokkos::Profiling::popRegion();
 }
 
@@ -168,17 +212,18 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
   Kokkos::Profiling::pushRegion("lamina::block_forward");
   const bool layernorm = d.parts.norm == NormKind::layernorm;
   block_norm_forward(exec, d, s.ln1, s.ln1_mean, s.ln1_rstd, x, w.ln1_w, w.ln1_b);
+  const MatOf<Exec, T> ln1 = detail::all_rows(exec, tp, s.ln1, ws.template gathered_as<T>());
   if constexpr (std::is_same<T, float>::value) {
-    linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b, s.products, ws.widened);
+    linear_forward(exec, s.qkv, ln1, w.qkv_w, w.qkv_b, s.products, ws.widened);
   } else {
-    linear_forward(exec, s.qkv, s.ln1, w.qkv_w, w.qkv_b, s.products, ws.widened, detail::product_out<Exec>(s.qkv, ws));
+    linear_forward(exec, s.qkv, ln1, w.qkv_w, w.qkv_b, s.products, ws.widened, detail::product_out<Exec>(s.qkv, ws));
   }
   // q and k rotated as kept: attention's backward reads them so.
   if (d.parts.position == PositionKind::rotary) rotary_apply(exec, s.qkv, d.NH + d.NKV, d.T, 0, ws.rotary, true);
   attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, d.NH, s.attention, s.products);
   // The projections' biases join the residual, the MLP's its activation (no pass of their own).
   detail::row_parallel_forward<Exec, T>(exec, tp, ws.attproj, ws.fcproj.data(), s.atty, w.proj_w, s.products,
-                                        ws.widened, [&](const auto& proj) {
+                                        ws, [&](const auto& proj) {
                                           if (layernorm) {
                                             residual_layernorm_forward(exec, s.x2, s.ln2, s.ln2_mean, s.ln2_rstd, x,
                                                                        proj, w.proj_b, w.ln2_w, w.ln2_b);
@@ -199,22 +244,23 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
       swiglu_forward(exec, s.fch, s.fch_gelu, product);
     }
   };
+  const MatOf<Exec, T> ln2 = detail::all_rows(exec, tp, s.ln2, ws.template gathered_as<T>());
   bool rounded = false;
   if constexpr (!std::is_same<T, float>::value) {
     rounded = w.fc_w.bf16() && rounding_products<Exec>(s.products);
     if (rounded) {
-      linear_forward(exec, s.fch, s.ln2, w.fc_w, gelu ? w.fc_b : ConstVec<Exec>(), s.products, ws.widened,
+      linear_forward(exec, s.fch, ln2, w.fc_w, gelu ? w.fc_b : ConstVec<Exec>(), s.products, ws.widened,
                      Mat<Exec>());
       activate(s.fch, ConstVec<Exec>());
     }
   }
   if (!rounded) {
     const Mat<Exec> fc = detail::product_out<Exec>(s.fch, ws);
-    linear_forward(exec, fc, s.ln2, w.fc_w, ConstVec<Exec>(), s.products, ws.widened);
+    linear_forward(exec, fc, ln2, w.fc_w, ConstVec<Exec>(), s.products, ws.widened);
     activate(fc, w.fc_b);
   }
   detail::row_parallel_forward<Exec, T>(
-      exec, tp, ws.fcproj, ws.attproj.data(), s.fch_gelu, w.fcproj_w, s.products, ws.widened,
+      exec, tp, ws.fcproj, ws.attproj.data(), s.fch_gelu, w.fcproj_w, s.products, ws,
       [&](const auto& proj) { residual_forward(exec, s.out, s.x2, proj, w.fcproj_b); });
   Kokkos::Profiling::popRegion();
 }
@@ -226,33 +272,39 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
                     const BlockActs<Exec, T>& s, const MatOf<Exec, T>& x, const Mat<Exec>& dres, const Dims& d,
                     const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::block_backward");
+  // Under sequence parallelism the row-parallel products' backward reads all rows of dres, and
+  // the column-parallel ones' weight gradients all rows of the norms' outputs: gathered again
+  // (Megatron's), so that a block saves only its own rows.
+  const MatOf<Exec, T> all = ws.template gathered_as<T>();
   // MLP branch: out = x2 + c_proj(act(c_fc(ln_2(x2))))
+  const Mat<Exec> dout = detail::all_rows<Exec, float>(exec, tp, dres, ws.gathered_grad);
   if (d.parts.mlp == MlpKind::gelu) {
-    linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.column_partials, s.products,
+    linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, dout, s.fch_gelu, w.fcproj_w, ws.column_partials, s.products,
                     ws.widened);
-    linear_gelu_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.fch, s.ln2, w.fc_w, ws.column_partials, s.products,
-                         ws.widened);
+    linear_gelu_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.fch, detail::all_rows(exec, tp, s.ln2, all), w.fc_w,
+                         ws.column_partials, s.products, ws.widened);
   } else {
-    linear_backward(exec, ws.dact, g.fcproj_w, g.fcproj_b, dres, s.fch_gelu, w.fcproj_w, ws.column_partials, s.products,
+    linear_backward(exec, ws.dact, g.fcproj_w, g.fcproj_b, dout, s.fch_gelu, w.fcproj_w, ws.column_partials, s.products,
                     ws.widened);
     swiglu_backward(exec, ws.dfch, s.fch, ws.dact);
-    linear_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.ln2, w.fc_w, ws.column_partials, s.products, ws.widened);
+    linear_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, detail::all_rows(exec, tp, s.ln2, all), w.fc_w,
+                    ws.column_partials, s.products, ws.widened);
   }
   detail::combine_gradients<Exec, T>(exec, tp, ws.dln, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
     block_norm_backward(exec, d, dres, g.ln2_w, g.ln2_b, dln, dres, s.x2, w.ln2_w, s.ln2_mean, s.ln2_rstd, scratch,
                         ws.column_partials);
   });
   // attention branch: x2 = x + c_proj(attn(rotary(c_attn(ln_1(x)))))
-  linear_backward(exec, ws.datty, g.proj_w, g.proj_b, dres, s.atty, w.proj_w, ws.column_partials, s.products,
-                  ws.widened);
+  linear_backward(exec, ws.datty, g.proj_w, g.proj_b, detail::all_rows<Exec, float>(exec, tp, dres, ws.gathered_grad),
+                  s.atty, w.proj_w, ws.column_partials, s.products, ws.widened);
   attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, d.NH, s.attention,
                      s.products);
   if (d.parts.position == PositionKind::rotary) rotary_apply(exec, ws.dqkv, d.NH + d.NKV, d.T, 0, ws.rotary, false);
   // The QKV bias's gradient: dqkv's column sums, taken as the layer's bias gradient into a
   // zeroed workspace, then added but for the k part.
   if (d.parts.bias) Kokkos::deep_copy(exec, ws.qkv_bias_sums, 0.0f);
-  linear_backward(exec, ws.dln, g.qkv_w, d.parts.bias ? ws.qkv_bias_sums : Vec<Exec>(), ws.dqkv, s.ln1, w.qkv_w,
-                  ws.column_partials, s.products, ws.widened);
+  linear_backward(exec, ws.dln, g.qkv_w, d.parts.bias ? ws.qkv_bias_sums : Vec<Exec>(), ws.dqkv,
+                  detail::all_rows(exec, tp, s.ln1, all), w.qkv_w, ws.column_partials, s.products, ws.widened);
   if (d.parts.bias) qkv_bias_backward(exec, g.qkv_b, ws.qkv_bias_sums, d.NH, d.hd);
   detail::combine_gradients<Exec, T>(exec, tp, ws.dln, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
     block_norm_backward(exec, d, dres, g.ln1_w, g.ln1_b, dln, dres, x, w.ln1_w, s.ln1_mean, s.ln1_rstd, scratch,
@@ -268,7 +320,10 @@ void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const Final
                   const HeadActs<Exec>& h, const XV& x, const Tokens<Exec>& targets, const Dims& d,
                   const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::head_forward");
-  block_norm_forward(exec, d, h.lnf, h.lnf_mean, h.lnf_rstd, x, w.w, w.b);
+  // Under sequence parallelism the norm's rows on this rank, gathered for the head's product.
+  const Mat<Exec> lnf = tp.gather ? as_mat<Exec>(ws.gathered_grad.data(), d.rows(), d.C) : h.lnf;
+  block_norm_forward(exec, d, lnf, h.lnf_mean, h.lnf_rstd, x, w.w, w.b);
+  detail::all_rows<Exec, float>(exec, tp, lnf, h.lnf);
   tied_head_forward(exec, h.logits, h.lnf, w.lm_head.rows() > 0 ? w.lm_head : e.wte, d.products, ws.widened);
   if (tp.max) {
     cross_entropy_row_max(exec, h.rowmax, h.logits);
@@ -305,9 +360,10 @@ void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const Fin
     cross_entropy_backward(exec, h.logits, h.logits, h.lse, targets, d.vocab_begin, loss_scale);
     tied_head_backward(exec, ws.dln, dweight, h.logits, h.lnf, weight, d.products, ws.widened);
   }
-  detail::combine(exec, tp.sum, ws.dln);
-  block_norm_backward(exec, d, dres, g.w, g.b, ws.dln, ConstMat<Exec>(), x, w.w, h.lnf_mean, h.lnf_rstd, ws.scratch,
-                      ws.column_partials);
+  detail::combine_gradients<Exec, float>(exec, tp, ws.dln, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
+    block_norm_backward(exec, d, dres, g.w, g.b, dln, ConstMat<Exec>(), x, w.w, h.lnf_mean, h.lnf_rstd, scratch,
+                        ws.column_partials);
+  });
   Kokkos::Profiling::popRegion();
 }
 
@@ -346,8 +402,17 @@ template <class Exec>
 void range_embed_forward(const Exec& exec, const EmbeddingWeights<Exec>& w, const LayerRangeActs<Exec>& a,
                          const Workspace<Exec>& ws, const ShardCombine& tp) {
   const Mat<Exec> out = target(a.input, ws.stage);
-  embed_forward(exec, w, out, a.inputs, a.dims(), tp);
+  embed_forward(exec, w, out, a.inputs, a.dims(), ws, tp);
   store(exec, a.input, out);
+}
+
+// The tables' gradients from the range's residual gradient (all rows of it, gathered under
+// sequence parallelism).
+template <class Exec>
+void range_embed_backward(const Exec& exec, const EmbeddingTensors<Exec>& g, const LayerRangeActs<Exec>& a,
+                          const Workspace<Exec>& ws, const ShardCombine& tp) {
+  embed_backward(exec, g, detail::all_rows<Exec, float>(exec, tp, a.dres, ws.gathered_grad), a.inputs, a.token_runs(),
+                 a.dims());
 }
 
 // The head on the range's output as stored.

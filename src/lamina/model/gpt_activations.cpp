@@ -28,18 +28,22 @@ void add_bf16_workspace(ActivationSizes& s, const Dims& d) {
 }  // namespace
 
 ActivationSizes activation_sizes(const Dims& d) {
-  const std::int64_t N = d.N(), C = d.C, A = d.A(), W = d.qkv_width(), F = d.F, F1 = d.fc_width(),
+  const std::int64_t N = d.N(), R = d.rows(), C = d.C, A = d.A(), W = d.qkv_width(), F = d.F, F1 = d.fc_width(),
                      scores = d.B * d.NH * d.T;
   ActivationSizes s;
-  s.embed = N * C;
-  // ln1, x2, ln2, out: 4 NC; qkv NW, atty NA; the MLP's first product and its activation
-  // N (F1 + F); the norms' statistics per row
-  s.block = 4 * N * C + N * W + N * A + N * (F1 + F) + 2 * d.norm_stats() * N + scores * d.saved_attention_columns();
-  s.inner = s.block - N * C;
-  // lnf: NC; logits: NV; lnf mean/rstd, rowmax, sumexp, target, losses, lse: 7 N
-  s.head = N * C + N * d.V + 7 * N;
-  s.boundary = N * C;
+  s.embed = R * C;
+  // ln1, x2, ln2, out: 4 RC (the stream's rows: all N, or a sequence-parallel rank's share);
+  // qkv NW, atty NA; the MLP's first product and its activation N (F1 + F); the norms'
+  // statistics per row
+  s.block = 4 * R * C + N * W + N * A + N * (F1 + F) + 2 * d.norm_stats() * R + scores * d.saved_attention_columns();
+  s.inner = s.block - R * C;
+  // lnf: NC (gathered); logits: NV; lnf mean/rstd 2 R; rowmax, sumexp, target, losses, lse: 5 N
+  s.head = N * C + N * d.V + 2 * R + 5 * N;
+  s.boundary = R * C;
   s.tokens = 4 * N + 1;  // inputs, targets, and the inputs grouped by token (TokenRuns)
+  // Sequence parallelism: the gathered residual gradient (or a reduce-scatter's share) in
+  // fp32, and a norm's gathered output as stored.
+  if (d.sequence_parallel()) s.sequence = N * C + (d.bf16 ? (N * C + 1) / 2 : N * C);
   // staged q, k, v, y heads N (W + A), attproj and fcproj 2 NC
   const std::int64_t forward = N * (W + A) + 2 * N * C;
   // dln, scratch: 2 NC; the MLP's gradients N fc_grad_width; dqkv NW (holding the staged q,

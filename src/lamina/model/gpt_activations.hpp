@@ -45,7 +45,14 @@ struct Dims {
   // parameters, the residual stream and saved activations stored as bf16 (bf16 runs)
   bool bf16 = false;
   BlockParts parts;  // the block's parts (core/config.hpp): GPT-2's by default
-  std::int64_t N() const { return B * T; }
+  // Sequence parallelism (parallel.sequence_parallel): the residual stream's rows split into
+  // seq_shards contiguous shares over the tensor-parallel group, this rank's the seq_shard-th.
+  std::int64_t seq_shards = 1, seq_shard = 0;
+  std::int64_t N() const { return B * T; }  // a micro-batch's rows: what products and attention take
+  // Rows of the residual stream, its norms and their statistics on this rank, and its first.
+  std::int64_t rows() const { return N() / seq_shards; }
+  std::int64_t first_row() const { return seq_shard * rows(); }
+  bool sequence_parallel() const { return seq_shards > 1; }
   // The rotary table's floats in the workspace (rotary positions only).
   std::int64_t rotary_floats() const { return parts.position == PositionKind::rotary ? T * hd : 0; }
   // The QKV projection's output [q | k | v] (kernels/qkv_layout.hpp), the MLP's first
@@ -73,8 +80,9 @@ struct Dims {
   std::int64_t A() const { return NH * hd; }  // attention width on this rank (C / tp)
   // The dims of a run on Exec (a run's: the build's default space): refuses what it cannot run.
   template <class Exec = Kokkos::DefaultExecutionSpace>
-  static Dims of(const ModelConfig& m, std::int64_t micro_batch, int tp_size = 1, int tp_rank = 0) {
-    Dims d = shape(m, micro_batch, tp_size, tp_rank);
+  static Dims of(const ModelConfig& m, std::int64_t micro_batch, int tp_size = 1, int tp_rank = 0,
+                 bool sequence_parallel = false) {
+    Dims d = shape(m, micro_batch, tp_size, tp_rank, sequence_parallel);
     d.host_attention = kAttentionInPlace<Exec>;
     d.attention = m.attention.value_or(kAttentionProducts<Exec>);
     if (d.attention == AttentionProducts::in_place && !d.host_attention) {
@@ -86,9 +94,10 @@ struct Dims {
   }
   // The dims of a run on a machine that need not be this build's (planning): a host as this
   // build's host space runs it, a device as a device build does (no host BLAS for attention).
-  static Dims on_machine(const ModelConfig& m, std::int64_t micro_batch, int tp_size, bool host) {
-    if (host) return of<Kokkos::DefaultHostExecutionSpace>(m, micro_batch, tp_size, 0);
-    Dims d = shape(m, micro_batch, tp_size, 0);
+  static Dims on_machine(const ModelConfig& m, std::int64_t micro_batch, int tp_size, bool host,
+                         bool sequence_parallel = false) {
+    if (host) return of<Kokkos::DefaultHostExecutionSpace>(m, micro_batch, tp_size, 0, sequence_parallel);
+    Dims d = shape(m, micro_batch, tp_size, 0, sequence_parallel);
     d.host_attention = false;
     d.attention = m.attention.value_or(kDeviceAttentionProducts);
     if (d.attention == AttentionProducts::in_place) {
@@ -98,7 +107,8 @@ struct Dims {
     return d;
   }
   // The dims alone.
-  static Dims shape(const ModelConfig& m, std::int64_t micro_batch, int tp_size = 1, int tp_rank = 0) {
+  static Dims shape(const ModelConfig& m, std::int64_t micro_batch, int tp_size = 1, int tp_rank = 0,
+                    bool sequence_parallel = false) {
     Dims d;
     d.B = micro_batch;
     d.T = m.seq_len;
@@ -113,6 +123,10 @@ struct Dims {
     d.V = m.vocab_size / tp_size;
     d.vocab_begin = tp_rank * d.V;
     d.attention = m.attention.value_or(d.attention);
+    if (sequence_parallel) {
+      d.seq_shards = tp_size;
+      d.seq_shard = tp_rank;
+    }
     return d;
   }
 };
@@ -127,6 +141,7 @@ struct ActivationSizes {
   std::int64_t tokens = 0;     // int32 inputs + targets, and the inputs' positions by token (order, run starts)
   std::int64_t workspace = 0;  // scratch shared by all layers (forward and backward overlap), all of it
   std::int64_t column_partials = 0;  // a device's column sums' partial sums (kernels/gemm.hpp)
+  std::int64_t sequence = 0;  // sequence parallelism: its gathered rows (Workspace::gathered_grad, gathered)
   // of the workspace, in bf16 runs: attention's fp32 copies where it cannot read bf16 as it is
   // (attention_copies), a layer's norm gains and biases widened (param_vectors), and the
   // products' conversions
@@ -142,25 +157,26 @@ ActivationSizes activation_sizes(const Dims& d);
 // T: how they are stored, float, or std::uint16_t (bf16 runs).
 template <class Exec, class T = float>
 struct BlockActs {
-  MatOf<Exec, T> ln1;                 // (N, C)
-  VecOf<Exec, T> ln1_mean, ln1_rstd;  // (N); RMSNorm: no mean (empty)
+  // R: the rows of the stream on this rank (Dims::rows(): N, or N / tp under sequence parallelism)
+  MatOf<Exec, T> ln1;                 // (R, C)
+  VecOf<Exec, T> ln1_mean, ln1_rstd;  // (R); RMSNorm: no mean (empty)
   MatOf<Exec, T> qkv;                 // (N, qkv_width) output of the QKV projection: [q | k | v], rotated (rotary)
   MatsOf<Exec, T> att;                // (B*NH, T, T) softmax probabilities; fused: (B*NH, T, 2) log-sum-exps
   AttentionProducts attention = kAttentionProducts<Exec>;  // how attention ran
   ProductMath products = ProductMath::fp32;                 // how its BLAS products ran
   MatOf<Exec, T> atty;                // (N, A) attention output before projection
-  MatOf<Exec, T> x2;                  // (N, C) residual after attention
-  MatOf<Exec, T> ln2;                 // (N, C)
-  VecOf<Exec, T> ln2_mean, ln2_rstd;  // (N); RMSNorm: no mean (empty)
+  MatOf<Exec, T> x2;                  // (R, C) residual after attention
+  MatOf<Exec, T> ln2;                 // (R, C)
+  VecOf<Exec, T> ln2_mean, ln2_rstd;  // (R); RMSNorm: no mean (empty)
   MatOf<Exec, T> fch;                 // (N, fc_width) the MLP's first product (SwiGLU: [gate | up])
   MatOf<Exec, T> fch_gelu;            // (N, F) its activation
-  MatOf<Exec, T> out;                 // (N, C) block output: residual after the MLP
+  MatOf<Exec, T> out;                 // (R, C) block output: residual after the MLP
 };
 
 template <class Exec>
 struct HeadActs {
-  Mat<Exec> lnf;                    // (N, C)
-  Vec<Exec> lnf_mean, lnf_rstd;     // (N)
+  Mat<Exec> lnf;                    // (N, C): all rows, gathered under sequence parallelism
+  Vec<Exec> lnf_mean, lnf_rstd;     // (R) the stream's rows on this rank
   Mat<Exec> logits;                 // (N, V); holds dlogits during backward
   Vec<Exec> rowmax, sumexp, target; // (N) loss statistics, combined over tensor-parallel ranks
   Vec<Exec> losses, lse;            // (N)
@@ -188,6 +204,16 @@ struct Workspace {
   Vec<Exec> qkv_bias_sums;    // (qkv_width) with biases
   Vec<Exec> column_partials;  // column_partials(N, widest column sum)
   RotaryTable<Exec> rotary;   // rotary positions: cos and sin of every position
+  // sequence parallelism (empty otherwise), memory of their own: the residual gradient
+  // gathered (N, C), or a reduce-scatter's (rows, C) share of a partial result; and a norm's
+  // output gathered for the products that read all rows, (N, C) values as stored (fp32, or
+  // bf16 pairs: gathered_as<T>)
+  Mat<Exec> gathered_grad;
+  Vec<Exec> gathered;
+  template <class T>
+  MatOf<Exec, T> gathered_as() const {
+    return as_mat_of<Exec>(reinterpret_cast<T*>(gathered.data()), gathered_grad.extent(0), gathered_grad.extent(1));
+  }
 };
 
 // The scratch space of one rank, allocated once.
@@ -245,19 +271,25 @@ class WorkspaceBuffers {
     }
     partials_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::column_partials", s.column_partials);
     ws.column_partials = partials_.view();
+    if (s.sequence > 0) {
+      sequence_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::sequence_gathers", s.sequence);
+      ws.gathered_grad = as_mat<Exec>(sequence_.data(), N, C);
+      ws.gathered = as_vec<Exec>(sequence_.data() + N * C, s.sequence - N * C);
+    }
   }
   Workspace<Exec> ws;
 
  private:
-  Buffer<float, Mem> buf_, partials_;
+  Buffer<float, Mem> buf_, partials_, sequence_;
 };
 
 // A block's inner activations laid out in `inner` (activation_sizes().inner values of T),
 // with its output in `out`.
 template <class Exec, class T>
 BlockActs<Exec, T> bind_block_acts(T* inner, const MatOf<Exec, T>& out, const Dims& d) {
-  const std::int64_t N = d.N(), C = d.C, A = d.A(), W = d.qkv_width(), F = d.F, F1 = d.fc_width(), BNH = d.B * d.NH;
-  const std::int64_t means = d.parts.norm == NormKind::layernorm ? N : 0;
+  const std::int64_t N = d.N(), R = d.rows(), C = d.C, A = d.A(), W = d.qkv_width(), F = d.F, F1 = d.fc_width(),
+                     BNH = d.B * d.NH;
+  const std::int64_t means = d.parts.norm == NormKind::layernorm ? R : 0;
   T* p = inner;
   auto take = [&p](std::int64_t n) {
     T* q = p;
@@ -265,25 +297,25 @@ BlockActs<Exec, T> bind_block_acts(T* inner, const MatOf<Exec, T>& out, const Di
     return q;
   };
   BlockActs<Exec, T> a;
-  a.ln1 = as_mat_of<Exec>(take(N * C), N, C);
+  a.ln1 = as_mat_of<Exec>(take(R * C), R, C);
   a.ln1_mean = as_vec_of<Exec>(take(means), means);
-  a.ln1_rstd = as_vec_of<Exec>(take(N), N);
+  a.ln1_rstd = as_vec_of<Exec>(take(R), R);
   a.qkv = as_mat_of<Exec>(take(N * W), N, W);
   a.att = as_mats_of<Exec>(take(BNH * d.T * d.saved_attention_columns()), BNH, d.T, d.saved_attention_columns());
   a.attention = d.attention;
   a.products = d.products;
   a.atty = as_mat_of<Exec>(take(N * A), N, A);
-  a.x2 = as_mat_of<Exec>(take(N * C), N, C);
-  a.ln2 = as_mat_of<Exec>(take(N * C), N, C);
+  a.x2 = as_mat_of<Exec>(take(R * C), R, C);
+  a.ln2 = as_mat_of<Exec>(take(R * C), R, C);
   a.ln2_mean = as_vec_of<Exec>(take(means), means);
-  a.ln2_rstd = as_vec_of<Exec>(take(N), N);
+  a.ln2_rstd = as_vec_of<Exec>(take(R), R);
   a.fch = as_mat_of<Exec>(take(N * F1), N, F1);
   a.fch_gelu = as_mat_of<Exec>(take(N * F), N, F);
   a.out = out;
   return a;
 }
 
-// One boundary of the residual stream (a range's input, a block's output): (N, C) values,
+// One boundary of the residual stream (a range's input, a block's output): (R, C) values,
 // fp32, or bf16 in bf16 runs.
 template <class Exec>
 struct Residual {
@@ -387,7 +419,7 @@ class LayerRangeActs {
     return (bf16 ? 2 : 4) * stream + 4 * fp32;
   }
 
-  // policy: one entry per block of the range. shared_dres: (N, C) floats this range uses
+  // policy: one entry per block of the range. shared_dres: (R, C) floats this range uses
   // for its residual gradient instead of its own, where micro-batches of the range never
   // run their backward passes interleaved (depth-first schedules): one per range, not one
   // per micro-batch in flight.
@@ -396,7 +428,7 @@ class LayerRangeActs {
                  float* shared_dres = nullptr)
       : dims_(d), first_(first), policy_(policy), bf16_(bf16), pooled_(pooled(policy)) {
     const ActivationSizes s = activation_sizes(d);
-    const std::int64_t N = d.N(), C = d.C;
+    const std::int64_t N = d.N(), R = d.rows(), C = d.C;
     const std::int64_t kept = std::count(policy.begin(), policy.end(), ActivationPolicy::keep);
     const std::int64_t boundary = boundary_elements(s, bf16), blocks = last - first;
     const std::string range = std::to_string(first) + "-" + std::to_string(last);
@@ -420,10 +452,11 @@ class LayerRangeActs {
     auto residual = [&] {
       Residual<Exec> r;
       if (bf16) {
-        r.b16 = Mat16<Exec>(Kokkos::View<std::uint16_t**, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(p16, N, C));
+        r.b16 = Mat16<Exec>(
+            Kokkos::View<std::uint16_t**, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(p16, R, C));
         p16 += boundary;
       } else {
-        r.f32 = as_mat<Exec>(take(N * C), N, C);
+        r.f32 = as_mat<Exec>(take(R * C), R, C);
       }
       return r;
     };
@@ -452,8 +485,8 @@ class LayerRangeActs {
     has_head = head;
     if (head) {
       this->head.lnf = as_mat<Exec>(take(N * C), N, C);
-      this->head.lnf_mean = as_vec<Exec>(take(N), N);
-      this->head.lnf_rstd = as_vec<Exec>(take(N), N);
+      this->head.lnf_mean = as_vec<Exec>(take(R), R);
+      this->head.lnf_rstd = as_vec<Exec>(take(R), R);
       this->head.logits = as_mat<Exec>(take(N * d.V), N, d.V);
       this->head.rowmax = as_vec<Exec>(take(N), N);
       this->head.sumexp = as_vec<Exec>(take(N), N);
@@ -461,7 +494,7 @@ class LayerRangeActs {
       this->head.losses = as_vec<Exec>(take(N), N);
       this->head.lse = as_vec<Exec>(take(N), N);
     }
-    if (!pooled_) dres = as_mat<Exec>(shared_dres != nullptr ? shared_dres : take(N * C), N, C);
+    if (!pooled_) dres = as_mat<Exec>(shared_dres != nullptr ? shared_dres : take(R * C), R, C);
     tokens_ = Buffer<std::int32_t, Mem>(tracker, MemCategory::activations, "lamina::tokens", s.tokens);
     inputs = Kokkos::subview(tokens_.view(), std::pair<std::int64_t, std::int64_t>(0, N));
     targets = Kokkos::subview(tokens_.view(), std::pair<std::int64_t, std::int64_t>(N, 2 * N));
@@ -488,12 +521,12 @@ class LayerRangeActs {
   InnerActs kept_inner(std::int64_t l) const { return {inner_[l - first_], inner16_[l - first_]}; }
   const HostView& offloaded(std::int64_t l) const { return host_[l - first_].view(); }
   const HostView16& offloaded_bf16(std::int64_t l) const { return host16_[l - first_].view(); }
-  // Pooled ranges: frames of stream_words (input, output) or N C floats (dres), and the
+  // Pooled ranges: frames of stream_words (input, output) or boundary floats (dres), and the
   // checkpoint's host-tier copy.
   bool pooled() const { return pooled_; }
   void bind_input(float* words) { input = frame(words); }
   void bind_output(float* words) { out_.front() = frame(words); }
-  void bind_dres(float* p) { dres = as_mat<Exec>(p, dims_.N(), dims_.C); }
+  void bind_dres(float* p) { dres = as_mat<Exec>(p, dims_.rows(), dims_.C); }
   const HostView& checkpoint() const { return checkpoint_.view(); }
   // A micro-batch's token ids (host memory, N of each) into `inputs` and `targets`, with the
   // inputs' positions grouped by token for the embedding's backward (token_runs()). The
@@ -517,7 +550,7 @@ class LayerRangeActs {
 
   Residual<Exec> input;
   HeadActs<Exec> head;
-  Mat<Exec> dres;  // (N, C) gradient of the residual stream, flowing backward through the range
+  Mat<Exec> dres;  // (R, C) gradient of the residual stream, flowing backward through the range
   TokenView inputs, targets;  // (N) int32
   bool has_embedding = false, has_head = false;
 
@@ -526,9 +559,9 @@ class LayerRangeActs {
     Residual<Exec> r;
     if (bf16_) {
       r.b16 = Mat16<Exec>(Kokkos::View<std::uint16_t**, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-          reinterpret_cast<std::uint16_t*>(words), dims_.N(), dims_.C));
+          reinterpret_cast<std::uint16_t*>(words), dims_.rows(), dims_.C));
     } else {
-      r.f32 = as_mat<Exec>(words, dims_.N(), dims_.C);
+      r.f32 = as_mat<Exec>(words, dims_.rows(), dims_.C);
     }
     return r;
   }

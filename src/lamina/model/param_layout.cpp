@@ -166,6 +166,7 @@ ParamLayout ParamLayout::of(const ModelConfig& m, int tp_size, int tp_rank) {
   auto norm = [&](std::vector<TensorSpec>& ts, const std::string& name) {
     ts.push_back(t(name + ".weight", {C}, -1, vector, InitKind::ones));
     if (layernorm) ts.push_back(t(name + ".bias", {C}, -1, vector, InitKind::zeros));
+    for (auto it = ts.end() - (layernorm ? 2 : 1); it != ts.end(); ++it) it->norm = true;
   };
   for (std::int64_t i = 0; i < m.layers; ++i) {
     const std::string h = "h." + std::to_string(i) + ".";

@@ -39,6 +39,9 @@ struct TensorSpec {
   std::vector<int> tp_replicas;
   int tp_rank = 0, tp_size = 1;
   bool is_matrix = false;                  // matrices and embeddings decay; biases and gains on request
+  // A norm's gain or bias: it reads the residual stream's rows, so under sequence parallelism
+  // each tensor-parallel rank's gradient of it covers that rank's rows alone.
+  bool norm = false;
   InitKind init = InitKind::zeros;
   std::int64_t offset = 0;                 // first element in the layer's flat buffer
 

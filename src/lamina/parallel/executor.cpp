@@ -16,13 +16,20 @@ namespace {
 
 using Exec = Executor::Exec;
 
-ShardCombine combine_over(const ProcessGrid& grid, Precision sums) {
+ShardCombine combine_over(const ProcessGrid& grid, const StepSpec& spec) {
   ShardCombine c;
   if (grid.tp_size() > 1) {
     Communicator* tp = &grid.tp();
     c.sum = [tp](float* data, std::int64_t n) { tp->allreduce(data, n, ReduceOp::sum); };
     c.max = [tp](float* data, std::int64_t n) { tp->allreduce(data, n, ReduceOp::max); };
-    if (sums == Precision::bf16) c.sum16 = [tp](std::uint16_t* data, std::int64_t n) { tp->allreduce_bf16(data, n); };
+    if (spec.tp_sums == Precision::bf16) {
+      c.sum16 = [tp](std::uint16_t* data, std::int64_t n) { tp->allreduce_bf16(data, n); };
+    }
+    if (spec.layout.sequence_parallel) {
+      c.shards = grid.tp_size();
+      c.gather = [tp](const float* send, float* recv, std::int64_t n) { tp->all_gather(send, recv, n); };
+      c.scatter_sum = [tp](const float* send, float* recv, std::int64_t n) { tp->reduce_scatter(send, recv, n); };
+    }
   }
   return c;
 }
@@ -38,10 +45,12 @@ void copy(const Residual<Exec>& dst, const Residual<Exec>& src) {
 }
 
 // How many tensor-parallel shares a pipeline message travels in: tp where both the
-// activation (as stored) and the gradient cut into whole float words, else 1.
-int message_split(int tp, const ActivationSizes& s, bool bf16) {
+// activation (as stored) and the gradient cut into whole float words, else 1 (and under
+// sequence parallelism, where each rank's rows are its own message).
+int message_split(int tp, const Dims& d, bool bf16) {
+  const ActivationSizes s = activation_sizes(d);
   const std::int64_t act = LayerRangeActs<Exec>::boundary_elements(s, bf16) / (bf16 ? 2 : 1);
-  return tp > 1 && act % tp == 0 && s.boundary % tp == 0 ? tp : 1;
+  return tp > 1 && !d.sequence_parallel() && act % tp == 0 && s.boundary % tp == 0 ? tp : 1;
 }
 
 }  // namespace
@@ -54,12 +63,12 @@ Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& 
       dims_(dims),
       prices_(prices),
       final_(schedule.final_layer()),
-      tp_(combine_over(grid, schedule.spec().tp_sums)),
+      tp_(combine_over(grid, schedule.spec())),
       ws_(tracker, dims),
       send_pool_(tracker, MemCategory::communication, "lamina::pipeline_sends"),
       messages_(transfer_instance<Exec>()),
       inner_size_(activation_sizes(dims).inner),
-      split_(message_split(grid.tp_size(), activation_sizes(dims), schedule.spec().precision == Precision::bf16)),
+      split_(message_split(grid.tp_size(), dims, schedule.spec().precision == Precision::bf16)),
       bf16_(schedule.spec().precision == Precision::bf16),
       frames_(tracker, MemCategory::activations, "lamina::checkpoint_frames"),
       stream_words_(LayerRangeActs<Exec>::stream_words(activation_sizes(dims), bf16_)),
@@ -130,7 +139,7 @@ void Executor::take(const PoolEvent& e) {
     in_use_[{h.chunk, h.micro_batch}] = s.free.back();
     s.free.pop_back();
   } else if (h.pool == Pool::frames) {
-    const std::int64_t n = h.frame == Frame::gradient ? dims_.N() * dims_.C : stream_words_;
+    const std::int64_t n = h.frame == Frame::gradient ? dims_.rows() * dims_.C : stream_words_;
     float* p = frames_.acquire(n);
     framed_[{h.chunk, h.micro_batch, h.frame}] = p;
     LayerRangeActs<Exec>& a = slot(h.chunk, h.micro_batch);
@@ -158,7 +167,7 @@ void Executor::give(const PoolEvent& e) {
       throw std::logic_error(strprintf("chunk %d, micro-batch %d gives back a frame it does not hold", h.chunk,
                                        h.micro_batch));
     }
-    frames_.release(it->second, h.frame == Frame::gradient ? dims_.N() * dims_.C : stream_words_);
+    frames_.release(it->second, h.frame == Frame::gradient ? dims_.rows() * dims_.C : stream_words_);
     framed_.erase(it);
   }
 }
@@ -242,7 +251,7 @@ void Executor::backward(const Chunk& c, int layer, int mb, int buffer, float los
                         head_embedding(), state_.final_weights(ws.vectors), a, a.dres, ws, loss_scale, tp_);
   } else if (layer == 0) {
     grads.begin(0);
-    embed_backward(exec, state_.embedding_grads(), a.dres, a.inputs, a.token_runs(), dims_);  // needs no parameters
+    range_embed_backward(exec, state_.embedding_grads(), a, ws, tp_);  // needs no parameters
   } else {
     const std::int64_t b = layer - 1;
     grads.begin(layer);

@@ -151,7 +151,7 @@ class Executor {
   Buffer<float, Mem> staging_[2];  // offloaded blocks on their way in and out
   Buffer<std::uint16_t, Mem> staging16_[2];  // ... as bf16
   BufferPool<Mem> frames_;
-  std::int64_t stream_words_;  // of an input or output frame; a gradient frame has dims_.N() * dims_.C floats
+  std::int64_t stream_words_;  // of an input or output frame; a gradient frame has dims_.rows() * dims_.C floats
   std::map<std::tuple<int, int, Frame>, float*> framed_;  // (chunk, micro-batch, frame) -> its frame
   Kokkos::View<double*, Mem> losses_;  // per micro-batch: the sum of its positions' losses (head stages)
   // Per instruction of the running program: what is in flight, and whether it was waited for.

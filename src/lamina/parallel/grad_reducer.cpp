@@ -73,7 +73,7 @@ std::int64_t replica_sum_elements(const LayerSpec& layer) {
 
 GradientReducer::GradientReducer(MemoryTracker& tracker, const ParamLayout& layout, const ProcessGrid& grid,
                                  const std::vector<int>& held, int zero, Precision precision, std::int64_t bucket,
-                                 DevicePools& pools)
+                                 DevicePools& pools, bool sequence_parallel)
     : layout_(layout), grid_(grid), zero_(zero), bucket_(bucket), pools_(pools), follow_up_(transfer_instance<Exec>()) {
   for (int l : held) {
     const LayerSpec& spec = layout.layers()[static_cast<std::size_t>(l)];
@@ -86,6 +86,16 @@ GradientReducer::GradientReducer(MemoryTracker& tracker, const ParamLayout& layo
     }
     slots_.emplace(l, std::move(s));
     replicated_[l] = replicated_pieces(spec);
+    if (!sequence_parallel || grid.tp_size() == 1) continue;
+    auto& runs = norms_[l];
+    for (const TensorSpec& t : spec.tensors) {
+      if (!t.norm) continue;
+      if (!runs.empty() && runs.back().second == t.offset) {
+        runs.back().second += t.numel();  // LayerNorm's gain and bias side by side: one sum
+      } else {
+        runs.emplace_back(t.offset, t.offset + t.numel());
+      }
+    }
   }
   std::int64_t sums = 0;
   for (const int l : held) sums = std::max(sums, replica_sum_elements(layout.layers()[static_cast<std::size_t>(l)]));
@@ -159,9 +169,17 @@ void GradientReducer::sum_replicas(int layer, float* full) {
   exec.fence();  // the data-parallel reduction reads them next
 }
 
+void GradientReducer::sum_norms(int layer, float* full) {
+  const auto it = norms_.find(layer);
+  if (it == norms_.end() || it->second.empty()) return;
+  Exec().fence();  // the backward passes that wrote them
+  for (const auto& [first, last] : it->second) grid_.tp().allreduce(full + first, last - first, ReduceOp::sum);
+}
+
 Completion GradientReducer::reduce(int layer) {
   Slot& s = slot(layer);
   sum_replicas(layer, zero_ < 2 ? s.grads.data() : s.full_grads);
+  sum_norms(layer, zero_ < 2 ? s.grads.data() : s.full_grads);
   Completion done;
   if (zero_ == 0) {
     // Subgroup-sized buckets keep messages bounded.

@@ -11,6 +11,8 @@
 // A piece that several tensor-parallel ranks hold (a K/V head where tp exceeds kv_heads)
 // has on each holder the gradient of its own query heads alone: the holders add theirs
 // before the data-parallel reduction, so that every copy updates alike.
+// Under sequence parallelism a norm's gain and bias have on each tensor-parallel rank the
+// gradient of its own rows: the group adds them at the same point.
 #include <cstdint>
 #include <map>
 #include <vector>
@@ -51,7 +53,7 @@ class GradientReducer {
   // bucket: elements per ZeRO-0 all-reduce.
   GradientReducer(MemoryTracker& tracker, const ParamLayout& layout, const ProcessGrid& grid,
                   const std::vector<int>& held, int zero, Precision precision, std::int64_t bucket,
-                  DevicePools& pools);
+                  DevicePools& pools, bool sequence_parallel = false);
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
@@ -84,6 +86,7 @@ class GradientReducer {
   };
   Slot& slot(int layer) { return slots_.at(layer); }
   void sum_replicas(int layer, float* full);
+  void sum_norms(int layer, float* full);
   const Slot& slot(int layer) const { return slots_.at(layer); }
 
   const ParamLayout& layout_;
@@ -92,6 +95,8 @@ class GradientReducer {
   std::int64_t bucket_;
   std::map<int, Slot> slots_;
   std::map<int, std::vector<ReplicatedPiece>> replicated_;
+  // Sequence parallelism: per layer, the runs [offset, end) of its norms' tensors.
+  std::map<int, std::vector<std::pair<std::int64_t, std::int64_t>>> norms_;
   Buffer<float, DeviceMem> replica_sums_;
   DevicePools& pools_;
   Exec follow_up_;  // where a reduce-scatter's shard is added into the accumulator

@@ -28,6 +28,10 @@ inline const char* schedule_kind_name(ScheduleKind k) {
 
 struct ParallelLayout {
   int dp = 1, tp = 1, pp = 1;
+  // Megatron's sequence parallelism: the residual stream, its norms and their saved inputs and
+  // outputs hold 1/tp of a micro-batch's rows on each tensor-parallel rank, gathered before the
+  // column-parallel products and reduce-scattered after the row-parallel ones.
+  bool sequence_parallel = false;
   int zero = 0;  // ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   int virtual_stages = 1;  // interleaved: model chunks per pipeline rank

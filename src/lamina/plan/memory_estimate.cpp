@@ -102,7 +102,7 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
   mm.bf16 = bf16;
   mm.dos_stage = opt.dos_stage;
   mm.checkpoint = extras.checkpoints;
-  Dims d = Dims::of(m, o.micro_batch_size, o.tp, 0);
+  Dims d = Dims::of(m, o.micro_batch_size, o.tp, 0, o.sequence_parallel);
   d.bf16 = bf16;
   const ActivationSizes a = activation_sizes(d);
   mm.stream_frame = Acts::stream_words(a, bf16);
@@ -143,7 +143,7 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
   }
   if (scratch) f.add(dev, MemCategory::activations, (bf16 ? 2 : 4) * a.inner);  // where a recomputed block runs
   if (offload) f.add(dev, MemCategory::activations, (bf16 ? 2 : 4) * 2 * a.inner);  // staging, double-buffered
-  f.add(dev, MemCategory::workspace, 4 * (a.workspace + a.column_partials));
+  f.add(dev, MemCategory::workspace, 4 * (a.workspace + a.column_partials + a.sequence));
   if (extras.sample) {  // a one-sequence replica for the text sample at the end (fp32 activations)
     Dims one = Dims::of(m, 1);
     one.bf16 = bf16;

@@ -89,6 +89,7 @@ Plan plan_from_deck(const Deck& deck, int world) {
   o.schedule = schedule_kind(p.schedule);
   o.virtual_stages = static_cast<int>(p.virtual_stages);
   o.layered = p.layered;
+  o.sequence_parallel = p.sequence_parallel;
   o.micro_batch_size = deck.data.micro_batch_size;
   // Sizes beyond any machine stop here, before 64-bit byte counts of the memory estimate
   // could overflow: no single quantity of one rank may exceed a pebibyte.
@@ -143,6 +144,17 @@ Plan plan_from_deck(const Deck& deck, int world) {
                                         ll(m.vocab_size), o.tp,
                                         ll((m.vocab_size + 128 * o.tp - 1) / (128 * o.tp) * 128 * o.tp)));
   }
+  if (o.sequence_parallel) {
+    const std::int64_t rows = o.micro_batch_size * m.seq_len;
+    if (o.tp == 1) {
+      error("parallel.sequence_parallel", "shards the sequence over the tensor-parallel group, and parallel.tp = 1 "
+                                          "has none: set parallel.tp > 1 or parallel.sequence_parallel = false");
+    } else if (rows % o.tp != 0) {
+      error("parallel.sequence_parallel",
+            strprintf("a micro-batch's %lld positions (micro_batch_size x seq_len) do not split evenly over tp = %d",
+                      ll(rows), o.tp));
+    }
+  }
   for (const ScheduleProblem& sp : schedule_problems(m.layers, o)) error(sp.key, sp.message);
   if (world > 0 && o.ranks() != world) {
     error("parallel.dp", strprintf("dp x tp x pp = %d x %d x %d = %d ranks, but the job runs on %d; change "
@@ -183,6 +195,9 @@ Plan plan_from_deck(const Deck& deck, int world) {
   if (plan.tp_sums == Precision::bf16 && plan.precision != Precision::bf16) {
     error("parallel.tp_sums", "'bf16' rounds a bf16 run's partial results; this run is fp32: set "
                               "train.precision = \"bf16\" or parallel.tp_sums = \"fp32\"");
+  } else if (plan.tp_sums == Precision::bf16 && o.sequence_parallel) {
+    error("parallel.tp_sums", "'bf16' sums all-reduce in bf16; sequence parallelism reduce-scatters in fp32: set "
+                              "parallel.tp_sums = \"fp32\" or parallel.sequence_parallel = false");
   }
   plan.subgroup_size = deck.optimizer.subgroup_size;
   plan.budget = {mem.device_budget, mem.host_budget};
@@ -216,6 +231,7 @@ std::string describe(const Plan& plan) {
                               o.ranks(), o.zero, schedule_kind_name(o.schedule));
   if (o.schedule == ScheduleKind::interleaved) out += strprintf(" (%d chunks per stage)", o.virtual_stages);
   if (o.layered) out += ", layered gradient accumulation";
+  if (o.sequence_parallel) out += ", sequence parallelism";
   out += strprintf(", %d micro-batch(es) of %lld sequence(s) per rank, %s, optimizer subgroups of %lld", o.micro_batches,
                    ll(o.micro_batch_size), plan.precision == Precision::bf16 ? "bf16" : "fp32",
                    ll(plan.subgroup_size));
@@ -243,11 +259,12 @@ std::string describe(const Plan& plan) {
 std::string plan_summary(const Plan& plan) {
   const ParallelLayout& o = plan.layout;
   return strprintf("dp=%d tp=%d pp=%d zero=%d schedule=%s virtual_stages=%d layered=%s micro_batch_size=%lld "
-                   "micro_batches=%d precision=%s%s activations=%s params=%s optimizer=%s",
+                   "micro_batches=%d precision=%s%s%s activations=%s params=%s optimizer=%s",
                    o.dp, o.tp, o.pp, o.zero, schedule_kind_name(o.schedule), o.virtual_stages,
                    o.layered ? "true" : "false", ll(o.micro_batch_size), o.micro_batches,
                    plan.precision == Precision::bf16 ? "bf16" : "fp32",
                    plan.tp_sums == Precision::bf16 ? " tp_sums=bf16" : "",
+                   o.sequence_parallel ? " sequence_parallel=true" : "",
                    runs(plan.blocks, [](const LayerPolicy& p) { return activation_policy_name(p.activations); }).c_str(),
                    runs(plan.blocks, [](const LayerPolicy& p) { return mem_tier_name(p.params); }).c_str(),
                    runs(plan.blocks, [](const LayerPolicy& p) { return optimizer_placement_name(p.optimizer); }).c_str());

@@ -34,7 +34,8 @@ Runtime::Runtime(MemoryTracker& tracker, const ModelConfig& model, const Optimiz
       grid_(world, plan.layout.dp, plan.layout.tp, plan.layout.pp, comm.backend),
       schedule_(Schedule::build(step_spec(plan, model))),
       layout_(ParamLayout::of(model, grid_.tp_size(), grid_.tp_rank())),
-      dims_(Dims::of(model, plan.layout.micro_batch_size, grid_.tp_size(), grid_.tp_rank())),
+      dims_(Dims::of(model, plan.layout.micro_batch_size, grid_.tp_size(), grid_.tp_rank(),
+                     plan.layout.sequence_parallel)),
       pools_(tracker),
       streams_(comm.threaded_copies ? HostCopies::threads : HostCopies::inline_) {
   dims_.products = product_math<Kokkos::DefaultExecutionSpace>(plan.precision);
@@ -49,7 +50,7 @@ Runtime::Runtime(MemoryTracker& tracker, const ModelConfig& model, const Optimiz
   auto store = std::make_unique<ParameterStore>(tracker, layout_, grid_, held, plan.blocks, plan.layout.zero,
                                                 plan.precision, pools_, streams_);
   auto reducer = std::make_unique<GradientReducer>(tracker, layout_, grid_, held, plan.layout.zero, plan.precision,
-                                                   plan.subgroup_size, pools_);
+                                                   plan.subgroup_size, pools_, plan.layout.sequence_parallel);
   std::map<int, std::unique_ptr<LayerOptimizer>> layer_optimizers;
   for (const auto& [l, spec] : optimizers_.layers) {
     layer_optimizers[l] = make_layer_optimizer(tracker, layout_.layers()[static_cast<std::size_t>(l)].name, spec,

@@ -131,6 +131,35 @@ TEST(Plan, Bf16TensorParallelSumsBelongToBf16Runs) {
   EXPECT_NE(typo.find("tp_sums"), std::string::npos) << typo;
 }
 
+// Sequence parallelism splits a micro-batch's rows over the tensor-parallel group: it needs a
+// group, rows that split evenly and fp32 sums. (A rank's rows are whole bf16 pairs: tp divides
+// the heads, which divide d_model.)
+TEST(Plan, SequenceParallelismNeedsATensorParallelGroupThatSplitsTheRows) {
+  const Plan p = plan_from_deck(parse_deck(kDeck, "deck.toml", {"parallel.tp=2", "parallel.sequence_parallel=true"}));
+  EXPECT_TRUE(p.layout.sequence_parallel);
+  EXPECT_TRUE(step_spec(p, parse_deck(kDeck, "deck.toml", {}).model).layout.sequence_parallel);
+  EXPECT_NE(plan_summary(p).find("precision=fp32 sequence_parallel=true "), std::string::npos) << plan_summary(p);
+  EXPECT_NE(describe(p).find(", sequence parallelism"), std::string::npos) << describe(p);
+  EXPECT_FALSE(plan_from_deck(parse_deck(kDeck, "deck.toml", {"parallel.tp=2"})).layout.sequence_parallel);
+  const std::string alone = error_of({"parallel.sequence_parallel=true"});
+  EXPECT_NE(alone.find("--set parallel.sequence_parallel=true: parallel.sequence_parallel: shards the sequence over "
+                       "the tensor-parallel group, and parallel.tp = 1 has none"),
+            std::string::npos)
+      << alone;
+  // A micro-batch of one sequence: 16 rows split over tp 4, 15 not over tp 2.
+  EXPECT_EQ(error_of({"parallel.tp=4", "parallel.sequence_parallel=true"}), "(no error)");
+  const std::string uneven =
+      error_of({"parallel.tp=2", "parallel.sequence_parallel=true", "model.seq_len=15", "data.micro_batch_size=1"});
+  EXPECT_NE(uneven.find("a micro-batch's 15 positions (micro_batch_size x seq_len) do not split evenly over tp = 2"),
+            std::string::npos)
+      << uneven;
+  const std::string sums = error_of(
+      {"parallel.tp=2", "parallel.sequence_parallel=true", "train.precision=bf16", "parallel.tp_sums=bf16"});
+  EXPECT_NE(sums.find("parallel.tp_sums: 'bf16' sums all-reduce in bf16; sequence parallelism reduce-scatters in fp32"),
+            std::string::npos)
+      << sums;
+}
+
 TEST(Plan, PolicyProblemsAreDeckErrors) {
   const std::string e = error_of({"memory.params=host"});
   EXPECT_NE(e.find("memory.optimizer: block 0 has memory.params = 'host'"), std::string::npos) << e;
