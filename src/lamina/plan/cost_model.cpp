@@ -29,15 +29,21 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   for (const LayerSpec& l : layout.layers()) {
     numel_.push_back(static_cast<double>(l.numel));
     replica_sums_.push_back(static_cast<double>(replica_sum_elements(l)));
+    double norms = 0.0;
+    for (const TensorSpec& t : l.tensors) norms += t.norm ? static_cast<double>(t.numel()) : 0.0;
+    norm_sums_.push_back(norms);
   }
   // The attention a build for the machine runs (a device's staged unless the deck says fused).
-  const Dims d = Dims::on_machine(model, o.micro_batch_size, o.tp, machine.device_is_host);
+  const Dims d = Dims::on_machine(model, o.micro_batch_size, o.tp, machine.device_is_host, o.sequence_parallel);
   inner_ = static_cast<double>(activation_sizes(d).inner);
 
   // Roofline of one micro-batch (Narayanan et al. 2021 count the same GEMMs: 24 N C^2 in
   // a GPT-2 block's forward, 4 N T C in its attention, 2 N C V in the LM head; backward
   // twice). A block's products read its weights once each per token: 2 N x those weights.
   const double N = static_cast<double>(d.N()), C = static_cast<double>(d.C), T = static_cast<double>(d.T);
+  // The residual stream's rows on this rank: its norms and residual adds run on 1/tp of them
+  // under sequence parallelism.
+  const double R = static_cast<double>(d.rows());
   const double tp = o.tp, V = static_cast<double>(d.V), heads = static_cast<double>(d.NH);
   const double weights = static_cast<double>(C * (d.qkv_width() + d.A() + d.fc_width()) + d.F * d.C);
   // Fused attention keeps the (T, T) scores out of memory, and its backward pass computes
@@ -86,12 +92,12 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // row-parallel products' sums (the branch) as summed, in bf16.
   const bool sum16 = o.tp > 1 && tp_sum_bytes() < 4.0;
   const double branch = sum16 ? 2.0 : 4.0;
-  const double norms = layernorm ? 2 * s * N * C + (3 * s + branch) * N * C
-                                 : 2 * s * N * C + (2 * s + branch) * N * C + 2 * s * N * C;
+  const double norms = layernorm ? 2 * s * R * C + (3 * s + branch) * R * C
+                                 : 2 * s * R * C + (2 * s + branch) * R * C + 2 * s * R * C;
   const double rotary = d.parts.position == PositionKind::rotary ? 2 * s * N * (A + KV) : 0.0;
   const double mlp = rounding ? (swiglu ? 3 * s * N * F : 2 * s * N * F)
                               : (swiglu ? (8 + 3 * s) * N * F : (4 + 2 * s) * N * F);
-  const double ew_forward = norms + (2 * s + branch) * N * C + 2 * s * N * (A + 2 * KV) + rotary + scores + mlp;
+  const double ew_forward = norms + (2 * s + branch) * R * C + 2 * s * N * (A + 2 * KV) + rotary + scores + mlp;
   // And of its backward, whose gradients are fp32: each norm's kernel reads the output's
   // gradient, the skip's and the input, writes the input's gradient and the gain's per-row
   // terms, which a column sum reads (with LayerNorm's bias gradient, the output's); the biases'
@@ -111,7 +117,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // With bf16 sums the norms read their output's gradient as summed, in bf16.
   const double dnorm = sum16 ? 2.0 : 4.0;
   const double norms_backward =
-      2 * (one_thread ? 8 + dnorm + s : layernorm ? 16 + 2 * dnorm + s : 16 + dnorm + s) * N * C;
+      2 * (one_thread ? 8 + dnorm + s : layernorm ? 16 + 2 * dnorm + s : 16 + dnorm + s) * R * C;
   // (On a host's engine, one thread, the pass that rounds each product's output gradient sums
   // its bias gradient too: no pass of their own.)
   const double biases = d.parts.bias && !(rounding && one_thread) ? 4 * N * (2 * C + F + A + 2 * KV) : 0.0;
@@ -129,9 +135,17 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // Tensor parallelism: two all-reduces of the (N, C) residual stream per pass (Megatron), in
   // fp32, or in bf16 (parallel.tp_sums): forward, the products write their partial results in
   // bf16 where they round (a host's engine), else a pass rounds them (read 4, write 2 bytes);
-  // backward, a pass rounds the partial gradients.
-  const double tp_comm =
-      o.tp > 1 ? 2.0 * collective(2.0 * (tp - 1) / tp * tp_sum_bytes() * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
+  // backward, a pass rounds the partial gradients. Under sequence parallelism each all-reduce
+  // is an all-gather and a reduce-scatter (half the bytes each): forward, the norms' outputs
+  // gathered as stored and the row-parallel results reduce-scattered in fp32; backward, the
+  // residual gradient gathered and the norms' input gradients reduce-scattered, both fp32,
+  // and the norms' outputs gathered once more for the weight gradients.
+  const double ring = (tp - 1) / tp * N * C;  // bytes per element of a gather or reduce-scatter
+  const double all_reduce = collective(2.0 * ring * tp_sum_bytes(), 2 * (o.tp - 1), o.tp);
+  const double gathered = collective(ring * s, o.tp - 1, o.tp), fp32_half = collective(ring * 4, o.tp - 1, o.tp);
+  const bool sp = d.sequence_parallel();
+  const double tp_comm = o.tp == 1 ? 0.0 : sp ? 2.0 * (gathered + fp32_half) : 2.0 * all_reduce;
+  const double tp_comm_backward = o.tp == 1 ? 0.0 : sp ? 2.0 * (2 * fp32_half + gathered) : 2.0 * all_reduce;
   const double sums_forward = sum16 && !rounding ? 2 * 6 * N * C : 0.0;
   const double sums_backward = sum16 ? 2 * 6 * N * C : 0.0;
   // What bf16 runs still convert, 6 bytes per element (the fp32 side and the bf16 one). A
@@ -171,13 +185,17 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   forward_parts_ = {2 * N * weights / gemm, 4 * N * T * A / attention, ew_forward / bandwidth,
                     convert_forward / bandwidth, tp_comm};
   backward_parts_ = {2 * 2 * N * weights / gemm, attention_backward * 4 * N * T * A / attention,
-                     ew_backward / bandwidth, convert_backward / bandwidth, tp_comm};
+                     ew_backward / bandwidth, convert_backward / bandwidth, tp_comm_backward};
   auto sum = [](const Parts& p) { return p.gemm + p.attention + p.elementwise + p.conversions + p.tp; };
   block_forward_ = sum(forward_parts_);
   block_backward_ = sum(backward_parts_);
-  const double embed_tp = o.tp > 1 ? collective(2.0 * (tp - 1) / tp * 4.0 * N * C, 2 * (o.tp - 1), o.tp) : 0.0;
+  // The embedding's and the head's sums over the vocabulary shards: all-reduces, or under
+  // sequence parallelism a reduce-scatter (the embedding's forward, the head's backward) and
+  // an all-gather (the stream's gradient into the embedding's backward, the final norm's
+  // output into the head's product).
+  const double embed_tp = o.tp == 1 ? 0.0 : sp ? fp32_half : collective(2.0 * ring * 4.0, 2 * (o.tp - 1), o.tp);
   embed_forward_ = (3 * 4 + (bf16_ ? 6 : 0)) * N * C / bandwidth + embed_tp;
-  embed_backward_ = 3 * 4 * N * C / bandwidth;
+  embed_backward_ = 3 * 4 * N * C / bandwidth + (sp ? fp32_half : 0.0);
   const double logits = 4.0 * N * V;  // bytes of this rank's logits
   head_forward_ = 2 * N * C * V / gemm + (4 * logits + 4 * 4 * N * C + convert_head) / bandwidth + embed_tp;
   // The logits read, their gradient written and read by the products: in fp32, or (a bf16
@@ -260,12 +278,21 @@ double CostModel::replica_sum_bytes(int layer) const {
   return 2.0 * (tp - 1) / tp * 4.0 * replica_sums_[static_cast<std::size_t>(layer)];
 }
 
+double CostModel::norm_sum_bytes(int layer) const {
+  const double tp = plan_.layout.tp;
+  return 2.0 * (tp - 1) / tp * 4.0 * norm_sums_[static_cast<std::size_t>(layer)];
+}
+
 double CostModel::reduce(int layer) const {
   const ParallelLayout& o = plan_.layout;
-  // Replicated K/V heads' copies are added over the tensor-parallel group first.
-  const double replicas = replica_sums_[static_cast<std::size_t>(layer)] > 0
-                              ? collective(replica_sum_bytes(layer), 2 * (o.tp - 1), o.tp)
-                              : 0.0;
+  // Replicated K/V heads' copies are added over the tensor-parallel group first, and under
+  // sequence parallelism the norms' gradients of each rank's rows.
+  double replicas = replica_sums_[static_cast<std::size_t>(layer)] > 0
+                        ? collective(replica_sum_bytes(layer), 2 * (o.tp - 1), o.tp)
+                        : 0.0;
+  if (o.sequence_parallel && o.tp > 1 && norm_sums_[static_cast<std::size_t>(layer)] > 0) {
+    replicas += collective(norm_sum_bytes(layer), 2 * (o.tp - 1), o.tp);
+  }
   if (o.dp == 1) return replicas;
   const double dp = o.dp;
   const double bytes = 4.0 * static_cast<double>(LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.dp, bf16_).padded);
@@ -379,6 +406,11 @@ std::map<std::string, double> CostModel::traffic(const std::vector<Instruction>&
   const double NC = static_cast<double>(o.micro_batch_size) * static_cast<double>(model_.seq_len) *
                     static_cast<double>(model_.d_model);
   const double tp_allreduce = o.tp > 1 ? 2.0 * (tp - 1) / tp * 4.0 * NC : 0.0;
+  // Sequence parallelism: a gather or reduce-scatter of the stream moves half an all-reduce's
+  // bytes; a block gathers its norms' outputs as stored (twice forward, twice more backward)
+  // and moves everything else in fp32; pipeline messages are each rank's rows as they are.
+  const bool sp = o.sequence_parallel && o.tp > 1;
+  const double half = tp_allreduce / 2, stored_half = half * param_bytes() / 4.0;
   const int final_layer = static_cast<int>(numel_.size()) - 1;
   std::map<std::string, double> bytes{{"dp", 0.0}, {"tp", 0.0}, {"pp", 0.0}};
   std::set<int> prefetched;
@@ -388,11 +420,21 @@ std::map<std::string, double> CostModel::traffic(const std::vector<Instruction>&
     switch (i.op) {
       case Op::forward:
       case Op::recompute:
-      case Op::backward: bytes["tp"] += block ? 2.0 * tp_sum_bytes() / 4.0 * tp_allreduce : tp_allreduce; break;
+        bytes["tp"] += !sp ? (block ? 2.0 * tp_sum_bytes() / 4.0 * tp_allreduce : tp_allreduce)
+                           : (block ? 2 * (stored_half + half) : half);
+        break;
+      case Op::backward:
+        bytes["tp"] += !sp ? (block ? 2.0 * tp_sum_bytes() / 4.0 * tp_allreduce : tp_allreduce)
+                           : (block ? 2 * (2 * half + stored_half) : half);
+        break;
       case Op::send_activation: bytes["pp"] += param_bytes() * NC / tp; break;
       case Op::send_gradient: bytes["pp"] += 4.0 * NC / tp; break;
-      case Op::recv_activation: bytes["tp"] += (tp - 1) / tp * param_bytes() * NC; break;
-      case Op::recv_gradient: bytes["tp"] += (tp - 1) / tp * 4.0 * NC; break;
+      case Op::recv_activation:
+        if (!sp) bytes["tp"] += (tp - 1) / tp * param_bytes() * NC;
+        break;
+      case Op::recv_gradient:
+        if (!sp) bytes["tp"] += (tp - 1) / tp * 4.0 * NC;
+        break;
       case Op::prefetch_params:
         prefetched.insert(i.layer);
         if (o.zero == 3) bytes["dp"] += (dp - 1) / dp * static_cast<double>(shard(i.layer).padded) * param_bytes();
@@ -402,7 +444,7 @@ std::map<std::string, double> CostModel::traffic(const std::vector<Instruction>&
         if (o.zero == 3) bytes["dp"] += (dp - 1) / dp * static_cast<double>(shard(i.layer).padded) * param_bytes();
         break;
       case Op::reduce_grads:
-        bytes["tp"] += replica_sum_bytes(i.layer);
+        bytes["tp"] += replica_sum_bytes(i.layer) + (sp ? norm_sum_bytes(i.layer) : 0.0);
         bytes["dp"] += (o.zero == 0 ? 2.0 : 1.0) * (dp - 1) / dp * 4.0 * static_cast<double>(shard(i.layer).padded);
         break;
       case Op::sync_grads:

@@ -88,6 +88,7 @@ class CostModel {
   // replicated K/V heads over the tensor-parallel group.
   double reduce(int layer) const;
   double replica_sum_bytes(int layer) const;  // per rank, the all-reduce of its replicated K/V heads
+  double norm_sum_bytes(int layer) const;     // per rank, sequence parallelism's all-reduce of its norms' gradients
   // The layer's owned gradients to the host.
   double flush(int layer) const;
   // AdamW on n parameters at a site (device subgroups of a host-resident layer include
@@ -123,6 +124,7 @@ class CostModel {
   bool bf16_;
   std::vector<double> numel_;  // per parameter-layout layer, this rank's tensor-parallel piece
   std::vector<double> replica_sums_;  // per layer, the elements its replicated K/V heads add (replica_sum_elements)
+  std::vector<double> norm_sums_;     // per layer, its norms' elements
   std::map<int, std::vector<std::int64_t>> subgroups_;  // per layer: subgroup sizes
   std::map<int, std::int64_t> host_elements_;           // per layer: elements updated on the host
   double inner_ = 0.0;         // floats of a block's inner activations per micro-batch

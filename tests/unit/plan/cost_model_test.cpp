@@ -290,6 +290,36 @@ TEST(CostModel, Bf16TensorParallelSumsMoveHalfTheBytesAndAreReadAsSummed) {
   }
 }
 
+// Sequence parallelism (tp 4, fp32): each all-reduce becomes an all-gather and a reduce-scatter,
+// the same bytes and steps; backward gathers the norms' outputs once more (1.5 times the
+// bytes); the norms and residual adds, 36 bytes per element of the stream (a layer norm 8, the
+// residual add with the second one 16 + 4, the last residual add 8), run on N / 4 rows. The
+// reduction adds the norms' gradients over the group. In bf16 the norms' outputs travel as
+// stored, 2 bytes.
+TEST(CostModel, SequenceParallelismShardsTheNormsAndSplitsEachSumInTwo) {
+  Plan split = plan(1, 4, 1, Precision::fp32);
+  split.layout.sequence_parallel = true;
+  const CostModel whole(model(), plan(1, 4, 1, Precision::fp32), machine()), sp(model(), split, machine());
+  const double N = 2048, C = 1024, bandwidth = 2e12 * 0.5;
+  const double half = 3.0 / 4 * 4 * N * C / 200e9 + 3 * 1e-5, allreduce = 2 * 3.0 / 4 * 4 * N * C / 200e9 + 6 * 1e-5;
+  EXPECT_NEAR(whole.forward_parts().tp, 2 * allreduce, 1e-12);
+  EXPECT_NEAR(sp.forward_parts().tp, 4 * half, 1e-12);
+  EXPECT_NEAR(sp.backward_parts().tp, 6 * half, 1e-12);
+  EXPECT_NEAR(whole.forward_parts().elementwise - sp.forward_parts().elementwise, 36 * (N - N / 4) * C / bandwidth,
+              1e-12);
+  EXPECT_GT(whole.backward_parts().elementwise, sp.backward_parts().elementwise);
+  EXPECT_NEAR(sp.forward_parts().gemm, whole.forward_parts().gemm, 0.0);
+  EXPECT_NEAR(sp.forward_parts().attention, whole.forward_parts().attention, 0.0);
+  const double norms = 4 * C;  // two LayerNorms' gains and biases
+  EXPECT_NEAR(sp.reduce(1) - whole.reduce(1), sp.collective(2 * 3.0 / 4 * 4 * norms, 6, 4), 1e-15);
+  Plan split16 = plan(1, 4, 1, Precision::bf16);
+  split16.layout.sequence_parallel = true;
+  const CostModel bf16(model(), split16, machine());
+  const double gathered = 3.0 / 4 * 2 * N * C / 200e9 + 3 * 1e-5;
+  EXPECT_NEAR(bf16.forward_parts().tp, 2 * (half + gathered), 1e-12);
+  EXPECT_NEAR(bf16.backward_parts().tp, 2 * (2 * half + gathered), 1e-12);
+}
+
 TEST(CostModel, CollectivesUseTheLinkTheirGroupSpans) {
   const CostModel c(model(), plan(4, 2, 1, Precision::bf16), machine());
   EXPECT_DOUBLE_EQ(c.collective(1e9, 3, 8), 1e9 / 200e9 + 3 * 1e-5);  // one node
