@@ -292,6 +292,48 @@ StageSolution solve_brute(const StageProblem& p) {
 // ---------------------------------------------------------------------------------------
 // The search
 
+// The linear relaxation of the stage's knapsack: each block's choices as their lower convex
+// hull in (bytes, seconds), every block at its hull's least bytes, then the steps along the
+// hulls that save the most seconds per byte first, the last one in part. Infinite where the
+// least bytes do not fit.
+double stage_lower_bound(const StageProblem& p) {
+  double seconds = 0.0, bytes = 0.0;
+  std::vector<std::pair<double, double>> steps;  // (seconds saved per byte, bytes)
+  std::vector<std::pair<double, double>> points, hull;  // (bytes, seconds)
+  for (const auto& cs : p.blocks) {
+    points.clear();
+    for (const BlockChoice& x : cs) points.emplace_back(x.device_bytes, x.seconds);
+    std::sort(points.begin(), points.end());
+    hull.clear();
+    for (const auto& c : points) {
+      if (!hull.empty() && c.second >= hull.back().second) continue;  // no faster than one with fewer bytes
+      while (hull.size() >= 2) {  // drop the last point where it lies on or above the chord
+        const auto &a = hull[hull.size() - 2], &b = hull.back();
+        if ((b.second - a.second) * (c.first - b.first) < (c.second - b.second) * (b.first - a.first)) break;
+        hull.pop_back();
+      }
+      hull.push_back(c);
+    }
+    if (hull.empty()) return std::numeric_limits<double>::infinity();
+    bytes += hull.front().first;
+    seconds += hull.front().second;
+    for (std::size_t i = 1; i < hull.size(); ++i) {
+      const double db = hull[i].first - hull[i - 1].first;
+      steps.emplace_back((hull[i - 1].second - hull[i].second) / db, db);
+    }
+  }
+  const double budget = p.device_budget > 0 ? p.device_budget : std::numeric_limits<double>::infinity();
+  if (bytes > budget) return std::numeric_limits<double>::infinity();
+  std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [rate, db] : steps) {
+    const double take = std::min(db, budget - bytes);
+    seconds -= rate * take;
+    bytes += take;
+    if (take < db) break;
+  }
+  return seconds;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -415,19 +457,31 @@ std::vector<ParallelLayout> layouts(const Deck& deck, int ranks, const Freedom& 
                 kinds.emplace_back(k, v, layered);
               }
           }
+          // Sequence parallelism inside tensor-parallel groups whose ranks split the micro-batch's
+          // rows evenly (with fp32 sums: bf16 ones are all-reduces).
+          const bool splits = tp > 1 && mbs * m.seq_len % tp == 0;
+          std::vector<bool> sps{p.sequence_parallel};
+          if (f.has("parallel.sequence_parallel")) {
+            sps = splits && tp_sum_precision(deck) == Precision::fp32 ? std::vector<bool>{false, true}
+                                                                      : std::vector<bool>{false};
+          }
+          if (sps.front() && !splits) continue;
           for (const auto& [k, v, layered] : kinds) {
-            ParallelLayout o;
-            o.dp = dp;
-            o.tp = tp;
-            o.pp = pp;
-            o.zero = zero;
-            o.schedule = k;
-            o.virtual_stages = v;
-            o.layered = layered;
-            o.micro_batch_size = mbs;
-            o.micro_batches = M;
-            if (!schedule_problems(m.layers, o).empty()) continue;
-            out.push_back(o);
+            for (const bool sp : sps) {
+              ParallelLayout o;
+              o.dp = dp;
+              o.tp = tp;
+              o.pp = pp;
+              o.zero = zero;
+              o.schedule = k;
+              o.virtual_stages = v;
+              o.layered = layered;
+              o.sequence_parallel = sp;
+              o.micro_batch_size = mbs;
+              o.micro_batches = M;
+              if (!schedule_problems(m.layers, o).empty()) continue;
+              out.push_back(o);
+            }
           }
         }
       }
@@ -460,11 +514,24 @@ struct LayoutModel {
   std::vector<double> fixed_seconds;                    // per stage: embedding, head, their updates
   std::vector<double> fixed_device, fixed_host;         // per stage
   std::vector<double> micro_batch_seconds;              // per stage: one micro-batch through it (for the bubble)
-  double lower_bound = 0.0;                             // compute alone, the slowest stage, no bubble
+  double lower_bound = 0.0;  // compute alone, the slowest stage, and the fill and drain (no choice changes it)
   double sequences = 1.0;                               // the batch of this layout
   // Seconds per sequence: layouts with different batches compare by throughput.
   double per_sequence(double seconds) const { return seconds / sequences; }
 };
+
+// The objective's fill and drain of the pipeline (layout_objective), which no block's
+// choice changes: part of the layout's lower bound.
+double fill_and_drain(const LayoutModel& lm) {
+  double per_mb = 0.0;
+  for (const double t : lm.micro_batch_seconds) per_mb = std::max(per_mb, t);
+  const ParallelLayout& o = lm.layout;
+  double chunks = 1.0;
+  if (o.schedule == ScheduleKind::interleaved) chunks = o.virtual_stages;
+  if (o.schedule == ScheduleKind::modular) chunks = static_cast<double>(lm.stage_blocks[0].size());
+  if (o.layered && o.schedule == ScheduleKind::modular) chunks *= o.micro_batches;
+  return (o.pp - 1) * per_mb / chunks;
+}
 
 struct Costing {
   const Deck& deck;
@@ -493,7 +560,8 @@ class BlockCosts {
       : k_(k), o_(plan.layout), plan_(plan), cost_(cost), serial_(k.machine.device_is_host),
         bf16_(plan.precision == Precision::bf16),
         shard_(LayerShard::of(layout.layers()[1].numel, plan.layout.dp, bf16_)) {
-    Dims d = Dims::on_machine(k.deck.model, o_.micro_batch_size, o_.tp, k.machine.device_is_host);
+    Dims d = Dims::on_machine(k.deck.model, o_.micro_batch_size, o_.tp, k.machine.device_is_host,
+                              o_.sequence_parallel);
     d.bf16 = bf16_;
     acts_ = activation_sizes(d);
     gather_device_ = cost.gather(1);
@@ -640,7 +708,7 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o, bool checkpo
   lm.micro_batch_seconds.assign(static_cast<std::size_t>(stages), 0.0);
   for (int s = 0; s < stages; ++s) {
     StageProblem& sp = lm.stages[static_cast<std::size_t>(s)];
-    double fixed = 4.0 * static_cast<double>(a.workspace + a.column_partials) + pools;
+    double fixed = 4.0 * static_cast<double>(a.workspace + a.column_partials + a.sequence) + pools;
     double secs = 0.0;
     if (checkpoints) {
       fixed += 4.0 * static_cast<double>((M + 3) * Acts::stream_words(a, bf16) + (M + 1) * a.boundary);
@@ -698,14 +766,9 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o, bool checkpo
     lm.fixed_device[static_cast<std::size_t>(s)] = fixed;
     sp.device_budget = k.cap.device - fixed;
     sp.host_budget = k.cap.shared ? 0.0 : k.cap.host;
-    double fastest = secs;
-    for (const auto& cs : sp.blocks) {
-      double best = std::numeric_limits<double>::infinity();
-      for (const BlockChoice& x : cs) best = std::min(best, block.compute(x.policy.activations));
-      fastest += best;
-    }
-    lm.lower_bound = std::max(lm.lower_bound, fastest);
+    lm.lower_bound = std::max(lm.lower_bound, secs + stage_lower_bound(sp));
   }
+  lm.lower_bound += fill_and_drain(lm);
   return lm;
 }
 
@@ -713,17 +776,9 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o, bool checkpo
 // slowest stage, plus the pipeline's fill and drain at one micro-batch per stage (shortened
 // by the chunks per stage of interleaved and modular schedules).
 double layout_objective(const LayoutModel& lm, const std::vector<StageSolution>& sol) {
-  double slowest = 0.0, per_mb = 0.0;
-  for (std::size_t s = 0; s < sol.size(); ++s) {
-    slowest = std::max(slowest, sol[s].seconds + lm.fixed_seconds[s]);
-    per_mb = std::max(per_mb, lm.micro_batch_seconds[s]);
-  }
-  const ParallelLayout& o = lm.layout;
-  double chunks = 1.0;
-  if (o.schedule == ScheduleKind::interleaved) chunks = o.virtual_stages;
-  if (o.schedule == ScheduleKind::modular) chunks = static_cast<double>(lm.stage_blocks[0].size());
-  if (o.layered && o.schedule == ScheduleKind::modular) chunks *= o.micro_batches;
-  return slowest + (o.pp - 1) * per_mb / chunks;
+  double slowest = 0.0;
+  for (std::size_t s = 0; s < sol.size(); ++s) slowest = std::max(slowest, sol[s].seconds + lm.fixed_seconds[s]);
+  return slowest + fill_and_drain(lm);
 }
 
 StageSolution solve(const StageProblem& p, Solver s) {
@@ -757,6 +812,7 @@ std::vector<std::string> overrides(const Plan& plan, const Freedom& f) {
   add("parallel.schedule", std::string("\"") + schedule_kind_name(o.schedule) + "\"");
   add("parallel.virtual_stages", std::to_string(o.virtual_stages));
   add("parallel.layered", o.layered ? "true" : "false");
+  add("parallel.sequence_parallel", o.sequence_parallel ? "true" : "false");
   add("data.micro_batch_size", std::to_string(o.micro_batch_size));
   add("data.batch_size", std::to_string(static_cast<std::int64_t>(o.dp) * o.micro_batch_size * o.micro_batches));
   std::vector<std::string> acts, params, opt;

@@ -113,6 +113,9 @@ struct StageSolution {
 // `max_frontier` points, then merged into memory buckets as H3T does).
 StageSolution solve_dp(const StageProblem& p, std::size_t max_frontier = 1024);
 StageSolution solve_greedy(const StageProblem& p);
+// No choice of the stage's blocks is faster (the linear relaxation over device memory, host
+// memory left out): the search's bound, which prunes a layout before it is solved.
+double stage_lower_bound(const StageProblem& p);
 StageSolution solve_brute(const StageProblem& p);
 
 const char* solver_name(Solver s);

@@ -159,6 +159,8 @@ std::string policies(const Plan& p) {
 
 std::string layout_name(const ParallelLayout& o) {
   std::string s = strprintf("dp %d x tp %d x pp %d, ZeRO %d, %s", o.dp, o.tp, o.pp, o.zero, schedule_kind_name(o.schedule));
+  if (o.sequence_parallel) s = strprintf("dp %d x tp %d (sequence parallel) x pp %d, ZeRO %d, %s", o.dp, o.tp, o.pp,
+                                         o.zero, schedule_kind_name(o.schedule));
   if (o.schedule == ScheduleKind::interleaved) s += strprintf(" v%d", o.virtual_stages);
   if (o.layered) s += " layered";
   return s;
@@ -301,8 +303,8 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
                      options.ranks, machine.name.c_str(), machine.devices_per_node, solver_name(cmd.solver),
                      keys.empty() ? "nothing (the layout is evaluated)" : keys.c_str()));
   const PlanResult r = plan_search(deck, machine, options);
-  log.info(strprintf("layouts: %lld considered, %lld pruned (cannot fit, or slower than the best found even without a "
-                     "bubble), %lld solved; %.2f s",
+  log.info(strprintf("layouts: %lld considered, %lld pruned (cannot fit, or slower than the best found with every block "
+                     "at its fastest), %lld solved; %.2f s",
                      static_cast<long long>(r.layouts_considered), static_cast<long long>(r.layouts_pruned),
                      static_cast<long long>(r.layouts_solved), r.solve_s));
   log.debug(strprintf("planner time: %.2f s modelling the layouts, %.2f s in the %s solver, %.2f s simulating the "
@@ -365,7 +367,8 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
   const Figures f = figures(deck, machine, best, options.ranks);
   const ParallelLayout& o = best.plan.layout;
   j.add("dp", o.dp).add("tp", o.tp).add("pp", o.pp).add("zero", o.zero).add("schedule", schedule_kind_name(o.schedule));
-  j.add("virtual_stages", o.virtual_stages).add("layered", o.layered).add("micro_batch_size", o.micro_batch_size);
+  j.add("virtual_stages", o.virtual_stages).add("layered", o.layered).add("sequence_parallel", o.sequence_parallel);
+  j.add("micro_batch_size", o.micro_batch_size);
   j.add("micro_batches", o.micro_batches).add("step_s", best.step_s).add("tokens_per_s", f.tokens_per_s);
   j.add("model_flops_per_step", f.flops).add("mfu", f.mfu).add("bubble", best.bubble).add("compute_idle", best.idle);
   JsonObject peak;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -93,6 +94,36 @@ TEST(Planner, DynamicProgramEqualsBruteForceOnEveryBudget) {
   }
 }
 
+// The bound that prunes layouts before they are solved is never above the best plan's time
+// (the linear relaxation over device memory), equals it where memory does not bind, and is
+// infinite where the least memory does not fit.
+TEST(Planner, TheStageBoundIsNeverAboveTheBestPlan) {
+  for (int blocks : {1, 2, 3}) {
+    for (double dev = 2; dev <= 30; dev += 0.5) {
+      for (double host : {0.0, 6.0}) {
+        StageProblem p = handmade(blocks);
+        p.device_budget = dev;
+        p.host_budget = host;
+        const StageSolution brute = solve_brute(p);
+        const double bound = stage_lower_bound(p);
+        if (!brute.feasible) {
+          if (std::isfinite(bound)) continue;  // host memory alone rules it out
+          EXPECT_GT(blocks + 0.5 * blocks * (blocks - 1), dev) << blocks << " blocks, budget " << dev;
+          continue;
+        }
+        EXPECT_LE(bound, brute.seconds * (1 + 1e-12)) << blocks << " blocks, budget " << dev << "/" << host;
+      }
+    }
+    StageProblem roomy = handmade(blocks);
+    EXPECT_DOUBLE_EQ(stage_lower_bound(roomy), solve_brute(roomy).seconds);  // no budget
+  }
+  // One block whose hull runs from 4 bytes in 1.5 s to 6 bytes in 1.2 s: 5 bytes buy half the
+  // 0.3 s.
+  StageProblem half = handmade(1);
+  half.device_budget = 5;
+  EXPECT_NEAR(stage_lower_bound(half), 1.35, 1e-15);
+}
+
 TEST(Planner, SolversAgreeOnTheChoicesOfARealModel) {
   // The search's own per-stage problems, through its solvers, for 1, 2 and 3 blocks per
   // stage: the plans brute force and the dynamic program pick are equally fast.
@@ -170,6 +201,40 @@ TEST(Planner, OffloadsCheckpointsWhereTheHostLinkKeepsUp) {
   EXPECT_EQ(offloaded(fast.best[0]), deck.model.layers) << plan_summary(fast.best[0].plan);
   EXPECT_LE(offloaded(slow.best[0]), 3) << plan_summary(slow.best[0].plan);
   EXPECT_GT(slow.best[0].step_s, fast.best[0].step_s);
+}
+
+// Sequence parallelism divides the stream's activations by tp: on a device a byte short of
+// keeping every block's activations without it, the search chooses it (and its deck override
+// says so).
+TEST(Planner, ChoosesSequenceParallelismWhereItsActivationsFitAlone) {
+  MachineSpec machine = parse_machine(kMachine, "<test>");
+  const std::vector<std::string> fixed = {"parallel.tp=4", "parallel.dp=1", "parallel.pp=1",
+                                          "data.micro_batch_size=16", "memory.activations=keep",
+                                          "memory.params=device", "memory.optimizer=device"};
+  PlannerOptions o;
+  o.ranks = 4;
+  o.top = 1;
+  o.free_keys = {"parallel.sequence_parallel"};
+  auto best = [&](const std::string& sp) {
+    std::vector<std::string> sets = fixed;
+    if (!sp.empty()) sets.push_back("parallel.sequence_parallel=" + sp);
+    PlannerOptions fixed_sp = o;
+    if (!sp.empty()) fixed_sp.free_keys.clear();
+    return plan_search(parse_deck(kDeck, "deck.toml", sets), machine, fixed_sp);
+  };
+  const PlanResult all_rows = best("false"), shards = best("true");
+  ASSERT_TRUE(all_rows.feasible);
+  ASSERT_TRUE(shards.feasible);
+  const double without = static_cast<double>(all_rows.best[0].device_bytes);
+  const double with = static_cast<double>(shards.best[0].device_bytes);
+  ASSERT_LT(with, without);
+  machine.device_memory = without - 1;
+  const PlanResult r = best("");
+  ASSERT_TRUE(r.feasible);
+  EXPECT_TRUE(r.best[0].plan.layout.sequence_parallel);
+  EXPECT_EQ(r.best[0].device_bytes, shards.best[0].device_bytes);
+  EXPECT_NE(std::find(r.best[0].sets.begin(), r.best[0].sets.end(), "parallel.sequence_parallel=true"),
+            r.best[0].sets.end());
 }
 
 // Layouts are modelled, solved and simulated on several threads, the bound pruning them
