@@ -102,7 +102,9 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
   mm.bf16 = bf16;
   mm.dos_stage = opt.dos_stage;
   mm.checkpoint = extras.checkpoints;
-  Dims d = Dims::of(m, o.micro_batch_size, o.tp, 0, o.sequence_parallel);
+  Dims d = extras.machine_host
+               ? Dims::on_machine(m, o.micro_batch_size, o.tp, *extras.machine_host, o.sequence_parallel)
+               : Dims::of(m, o.micro_batch_size, o.tp, 0, o.sequence_parallel);
   d.bf16 = bf16;
   const ActivationSizes a = activation_sizes(d);
   mm.stream_frame = Acts::stream_words(a, bf16);

@@ -9,6 +9,7 @@
 // every buffer it ever allocated and hands out a free one of the same size first.
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "lamina/core/config.hpp"
@@ -69,6 +70,9 @@ struct MemoryEstimate {
 struct RunExtras {
   bool checkpoints = false;  // checkpoints gather sharded state through device staging
   bool sample = false;       // a one-sequence replica of the model for the text sample at the end
+  // Planning for a machine that need not be this build's (the planner): whether it runs the
+  // blocks on a host, as Dims::on_machine takes it; unset: this build's kernels.
+  std::optional<bool> machine_host;
   static RunExtras of(const CheckpointConfig& checkpoint, const OutputConfig& output);
 };
 

@@ -999,7 +999,8 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
 
   r.inner_s = std::chrono::duration<double>(Clock::now() - t0).count() - r.model_s;
   // The best estimates, simulated and their memory estimated exactly.
-  const RunExtras extras = RunExtras::of(deck.checkpoint, deck.output);
+  RunExtras extras = RunExtras::of(deck.checkpoint, deck.output);
+  extras.machine_host = machine.device_is_host;  // that machine's kernels, as the cost model's
   // Fastest first; among equally fast plans the one that needs less memory (what a
   // person would pick: no layered accumulation where it buys nothing).
   const auto faster = [](const PlanCandidate& a, const PlanCandidate& b) {

@@ -12,6 +12,7 @@
 #include "lamina/core/error.hpp"
 #include "lamina/core/memory_tracker.hpp"
 #include "lamina/model/gpt_activations.hpp"
+#include "lamina/plan/plan.hpp"
 
 namespace lamina::test {
 namespace {
@@ -83,6 +84,21 @@ TEST(MemoryEstimate, Zero3OnTwoRanksShardsTheOptimizerState) {
   // The owned shard, one gathered buffer per layer size and the next block's, prefetched.
   EXPECT_EQ(bytes(e, MemTier::device, MemCategory::parameters),
             4 * owned + 4 * (embedding + block + final_norm) + 4 * block);
+}
+
+// Planning for a device on a host build: the device's fused attention keeps its T x T score
+// rows in team scratch, so the estimate has none of the host's recomputed probabilities and
+// score gradients in the workspace (one layer's B heads T^2 each).
+TEST(MemoryEstimate, APlannedMachineRunsItsOwnKernels) {
+  const Deck d = tiny({"model.attention=\"fused\""});
+  const Plan plan = plan_from_deck(d);
+  RunExtras host = RunExtras::of(d.checkpoint, d.output), device = host;
+  host.machine_host = true;
+  device.machine_host = false;
+  const std::int64_t scores = 4 * 4 * 16 * 16;
+  EXPECT_EQ(bytes(estimate_memory(d.model, plan, host), MemTier::device, MemCategory::workspace) -
+                bytes(estimate_memory(d.model, plan, device), MemTier::device, MemCategory::workspace),
+            4 * 2 * scores);
 }
 
 TEST(MemoryEstimate, RecomputeDropsAndOffloadMovesEachBlocksInnerActivations) {
