@@ -927,7 +927,7 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   // prune yet (the bound only tightens, so the sequential walk then finds every solution it
   // needs among them, and plans, counts and bounds come out the same for any thread count).
   auto bound_prunes = [&](const LayoutModel& lm) {
-    return solved.size() >= keep && lm.per_sequence(lm.lower_bound) >= solved[keep - 1].objective;
+    return solved.size() >= keep && lm.per_sequence(lm.lower_bound) > solved[keep - 1].objective;
   };
   // Cannot fit even with every saving on: how far off, for the advice.
   auto least_bytes = [](const LayoutModel& lm) {
@@ -993,7 +993,11 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
       solved.push_back(std::move(sv));
       std::sort(solved.begin(), solved.end(),
                 [](const Solved& a, const Solved& b) { return a.objective < b.objective; });
-      if (solved.size() > keep) solved.resize(keep);
+      // The K best, and every layout tied with the K-th: the additive model cannot tell them
+      // apart, the exact simulation can.
+      std::size_t kept = std::min(solved.size(), keep);
+      while (kept < solved.size() && solved[kept].objective == solved[keep - 1].objective) ++kept;
+      solved.resize(kept);
     }
   }
 
