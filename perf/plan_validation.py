@@ -12,7 +12,8 @@ runs under `mpirun -np N` instead.
 
   perf/plan_validation.py --deck inputs/scaling-small.toml [--cases 2 4 2:zero3] [--rounds 3]
 
-A case is N (every planner key free) or N:zero3 (dp N, ZeRO-3, tp = pp = 1 fixed).
+A case is N (every planner key free), N:zero3 (dp N, ZeRO-3, tp = pp = 1 fixed) or
+N:key=value,key=value (those deck keys fixed, e.g. 4:parallel.tp=4,parallel.sequence_parallel=true).
 """
 import argparse
 import json
@@ -50,9 +51,12 @@ def main():
             if case.endswith(":zero3"):
                 fixed = ["--set", f"parallel.dp={n}", "--set", "parallel.zero=3", "--set", "parallel.tp=1",
                          "--set", "parallel.pp=1"]
+            elif "=" in case:
+                for kv in case.split(":", 1)[1].split(","):
+                    fixed += ["--set", kv]
             # One rank runs on its own, as a user runs it (mpirun -np 1 would bind it to one core).
             mpi = ["mpirun", "--oversubscribe", "-np", str(n)] if n > 1 else []
-            planned = os.path.join(tmp, f"planned_{case.replace(':', '_')}.toml")
+            planned = os.path.join(tmp, f"planned_{len(rows)}.toml")
             plan_cmd = [lamina, "-q", "plan", args.deck, "--ranks", str(n), "--write-deck", planned] + common + fixed
             plan = run((mpi if args.under_mpirun else []) + plan_cmd)
             times = [run(mpi + [lamina, "-q", "bench", "step", planned, "--steps", str(args.steps), "--warmup", "2"])
@@ -68,7 +72,8 @@ def main():
           "| device peak predicted / measured | host peak predicted / measured |")
     print("|---|---|---|---|---|---|---|")
     for case, p, times, mdev, mhost in rows:
-        layout = (f"{p['dp']} x {p['tp']} x {p['pp']}, ZeRO {p['zero']}, {p['schedule']}"
+        layout = (f"{p['dp']} x {p['tp']}{' (sp)' if p.get('sequence_parallel') else ''} x {p['pp']}, "
+                  f"ZeRO {p['zero']}, {p['schedule']}"
                   f"{' layered' if p['layered'] else ''}, {p['micro_batch_size']} x {p['micro_batches']}")
         ms = statistics.median(times)
         err = (p["step_s"] - ms) / ms
