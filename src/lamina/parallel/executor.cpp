@@ -16,24 +16,6 @@ namespace {
 
 using Exec = Executor::Exec;
 
-ShardCombine combine_over(const ProcessGrid& grid, const StepSpec& spec) {
-  ShardCombine c;
-  if (grid.tp_size() > 1) {
-    Communicator* tp = &grid.tp();
-    c.sum = [tp](float* data, std::int64_t n) { tp->allreduce(data, n, ReduceOp::sum); };
-    c.max = [tp](float* data, std::int64_t n) { tp->allreduce(data, n, ReduceOp::max); };
-    if (spec.tp_sums == Precision::bf16) {
-      c.sum16 = [tp](std::uint16_t* data, std::int64_t n) { tp->allreduce_bf16(data, n); };
-    }
-    if (spec.layout.sequence_parallel) {
-      c.shards = grid.tp_size();
-      c.gather = [tp](const float* send, float* recv, std::int64_t n) { tp->all_gather(send, recv, n); };
-      c.scatter_sum = [tp](const float* send, float* recv, std::int64_t n) { tp->reduce_scatter(send, recv, n); };
-    }
-  }
-  return c;
-}
-
 void copy(const Mat<Exec>& dst, const Mat<Exec>& src) { Kokkos::deep_copy(Exec(), dst, src); }
 
 void copy(const Residual<Exec>& dst, const Residual<Exec>& src) {
@@ -63,7 +45,7 @@ Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& 
       dims_(dims),
       prices_(prices),
       final_(schedule.final_layer()),
-      tp_(combine_over(grid, schedule.spec())),
+      tp_(tensor_parallel_combine(grid, schedule.spec().tp_sums, schedule.spec().layout.sequence_parallel)),
       ws_(tracker, dims),
       send_pool_(tracker, MemCategory::communication, "lamina::pipeline_sends"),
       messages_(transfer_instance<Exec>()),

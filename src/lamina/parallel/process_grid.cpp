@@ -169,4 +169,19 @@ std::string ProcessGrid::describe() const {
   return out + "  (ranks per data-parallel replica, in tensor-parallel order)\n  communicators: " + backend_reason_;
 }
 
+ShardCombine tensor_parallel_combine(const ProcessGrid& grid, Precision sums, bool sequence_parallel) {
+  ShardCombine c;
+  if (grid.tp_size() == 1) return c;
+  Communicator* tp = &grid.tp();
+  c.sum = [tp](float* data, std::int64_t n) { tp->allreduce(data, n, ReduceOp::sum); };
+  c.max = [tp](float* data, std::int64_t n) { tp->allreduce(data, n, ReduceOp::max); };
+  if (sums == Precision::bf16) c.sum16 = [tp](std::uint16_t* data, std::int64_t n) { tp->allreduce_bf16(data, n); };
+  if (sequence_parallel) {
+    c.shards = grid.tp_size();
+    c.gather = [tp](const float* send, float* recv, std::int64_t n) { tp->all_gather(send, recv, n); };
+    c.scatter_sum = [tp](const float* send, float* recv, std::int64_t n) { tp->reduce_scatter(send, recv, n); };
+  }
+  return c;
+}
+
 }  // namespace lamina

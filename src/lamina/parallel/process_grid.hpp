@@ -19,6 +19,8 @@
 
 #include "lamina/comm/communicator.hpp"
 #include "lamina/core/config.hpp"
+#include "lamina/core/precision.hpp"
+#include "lamina/model/shard_combine.hpp"
 
 namespace lamina {
 
@@ -79,5 +81,10 @@ class ProcessGrid {
   // NCCL: (activation?, the lower stage of the direction's pair s -> s+1) -> communicator
   std::map<std::pair<bool, int>, std::unique_ptr<Communicator>> links_;
 };
+
+// How the model's tensor-parallel shards combine over the grid's tensor-parallel group: sums
+// (in bf16 where `sums` says so), maxima, and under sequence parallelism the gathers and
+// reduce-scatters of the stream's rows. A group of one combines nothing.
+ShardCombine tensor_parallel_combine(const ProcessGrid& grid, Precision sums, bool sequence_parallel);
 
 }  // namespace lamina

@@ -203,7 +203,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double logit_gradient = bf16_ && machine.bf16_products() ? 2 * logits : 3 * logits;
   head_backward_ = 4 * N * C * V / gemm + (logit_gradient + 4 * 4 * N * C + convert_head_backward) / bandwidth + embed_tp;
   for (const MeasuredCosts& m : measured) {
-    if (m.micro_batch_size != o.micro_batch_size || m.tp != o.tp) continue;
+    if (m.micro_batch_size != o.micro_batch_size || m.tp != o.tp || m.sequence_parallel != sp) continue;
     forward_parts_ = backward_parts_ = Parts{};
     block_forward_ = m.block_forward;
     block_backward_ = m.block_backward;

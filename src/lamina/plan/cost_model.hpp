@@ -29,7 +29,8 @@ namespace lamina {
 // tensor-parallel degree `tp` (train/profile.cpp).
 struct MeasuredCosts {
   std::int64_t micro_batch_size = 0;
-  int tp = 1;
+  int tp = 1;                      // measured at this degree, its collectives included
+  bool sequence_parallel = false;  // and with sequence parallelism
   double block_forward = 0.0, block_backward = 0.0;
   double embed_forward = 0.0, embed_backward = 0.0;
   double head_forward = 0.0, head_backward = 0.0;
@@ -37,8 +38,8 @@ struct MeasuredCosts {
 
 class CostModel {
  public:
-  // measured: profiles of this machine; the one at the plan's micro-batch size and tp is
-  // used for compute where present.
+  // measured: profiles of this machine; the one at the plan's micro-batch size, tp and
+  // sequence parallelism is used for the layers' times where present.
   CostModel(const ModelConfig& model, const Plan& plan, const MachineSpec& machine,
             const std::vector<MeasuredCosts>& measured = {});
   // The same with this tensor-parallel degree's parameter layout at hand (the planner's

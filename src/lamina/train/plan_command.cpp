@@ -58,6 +58,33 @@ MachineSpec measure_for(const Deck& deck, const std::vector<std::string>& free, 
     sizes.push_back(deck.data.micro_batch_size);
   }
   measured = profile_model(deck.model, deck.train.precision, sizes);
+  const std::size_t whole = measured.size() - 1;  // the largest micro-batch on one rank's whole block
+  // The tensor-parallel degrees (and sequence parallelism) the search may pick, each timed
+  // with its group's collectives on all the ranks at once.
+  const int ranks = world_size(comm);
+  const bool tp_free = std::find(free.begin(), free.end(), "parallel.tp") != free.end();
+  const bool sp_free = std::find(free.begin(), free.end(), "parallel.sequence_parallel") != free.end();
+  const ModelConfig& model = deck.model;
+  for (int tp = 2; tp <= ranks; ++tp) {
+    if (ranks % tp != 0 || (!tp_free && tp != deck.parallel.tp)) continue;
+    const std::int64_t kv = model.key_value_heads();
+    if (model.heads % tp != 0 || (kv % tp != 0 && tp % kv != 0) || model.mlp_hidden() % tp != 0 ||
+        model.vocab_size % tp != 0) {
+      continue;
+    }
+    for (const bool sp : {false, true}) {
+      if (!sp_free && sp != deck.parallel.sequence_parallel) continue;
+      std::vector<std::int64_t> split;  // micro-batch sizes whose rows split over tp
+      for (const std::int64_t b : sizes) {
+        if (!sp || b * model.seq_len % tp == 0) split.push_back(b);
+      }
+      if (split.empty()) continue;
+      for (const MeasuredCosts& c :
+           profile_tensor_parallel(model, deck.train.precision, split, tp, sp, comm, deck.comm.backend)) {
+        measured.push_back(c);
+      }
+    }
+  }
   for (MeasuredCosts& c : measured) {
     double t[] = {c.block_forward, c.block_backward, c.embed_forward, c.embed_backward, c.head_forward, c.head_backward};
     MPI_Request r = MPI_REQUEST_NULL;
@@ -70,11 +97,18 @@ MachineSpec measure_for(const Deck& deck, const std::vector<std::string>& free, 
     c.head_forward = t[4];
     c.head_backward = t[5];
   }
-  calibrate(m, deck.model, deck.train.precision, measured.back());
+  calibrate(m, deck.model, deck.train.precision, measured[whole]);
   log.info(strprintf("measured %s: one block forward + backward at micro-batch %lld takes %.2f ms; kernels reach "
                      "%.0f%% of the GEMM and memory rates",
-                     deck.source.c_str(), static_cast<long long>(measured.back().micro_batch_size),
-                     1e3 * (measured.back().block_forward + measured.back().block_backward), 100.0 * m.gemm_efficiency));
+                     deck.source.c_str(), static_cast<long long>(measured[whole].micro_batch_size),
+                     1e3 * (measured[whole].block_forward + measured[whole].block_backward), 100.0 * m.gemm_efficiency));
+  for (const MeasuredCosts& c : measured) {
+    if (c.tp == 1) continue;
+    log.info(strprintf("measured at tp %d%s, micro-batch %lld: one block forward + backward %.2f ms (collectives "
+                       "included)",
+                       c.tp, c.sequence_parallel ? " with sequence parallelism" : "",
+                       static_cast<long long>(c.micro_batch_size), 1e3 * (c.block_forward + c.block_backward)));
+  }
   return m;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 
 #include "lamina/comm/mpi_communicator.hpp"
 #include "lamina/core/format.hpp"
@@ -119,11 +120,22 @@ MachineSpec measure_machine(MPI_Comm comm, const Log& log, CommBackend backend) 
   return m;
 }
 
-std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision precision,
-                                         const std::vector<std::int64_t>& micro_batch_sizes, int reps) {
+namespace {
+
+// One layer of each kind as tensor-parallel rank `tp_rank` of `tp` holds it, combined with
+// the others by `combine` (tp 1: alone), at each micro-batch size. Alone, each piece starts
+// from evicted caches; in a group (`together` lines its ranks up) a repetition's pieces run
+// back to back after one eviction, as a step runs them: evictions between them would put
+// the ranks out of step, and their collectives would time each other's evictions (measured
+// on 4 ranks of tp 4 sharing 2 cores: 36 ms a block against 20 in a run, back to back 19).
+std::vector<MeasuredCosts> profile_shard(const ModelConfig& full, Precision precision,
+                                         const std::vector<std::int64_t>& micro_batch_sizes, int reps, int tp,
+                                         int tp_rank, const ShardCombine& combine,
+                                         const std::function<void()>& together = {}) {
   ModelConfig model = full;
   model.layers = 1;  // one of each piece
-  const ParamLayout layout = ParamLayout::of(model);
+  const ParamLayout layout = ParamLayout::of(model, tp, tp_rank);
+  const bool sequence_parallel = static_cast<bool>(combine.gather);
   MemoryTracker tracker;
   std::vector<Buffer<float, Exec::memory_space>> params, grads;
   for (int l = 0; l < layout.num_layers(); ++l) {
@@ -153,11 +165,11 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision prec
   const EmbeddingTensors<Exec> ge = bind_embedding<Exec>(layout, grads[0].data());
   const BlockTensors<Exec> gb = bind_block<Exec>(layout, 0, grads[1].data());
   const FinalNormTensors<Exec> gf = bind_final_norm<Exec>(layout, grads[2].data());
-  const ShardCombine whole;
+  const ShardCombine& whole = combine;
   const Exec exec;
   std::vector<MeasuredCosts> out;
   for (const std::int64_t mbs : micro_batch_sizes) {
-    Dims d = Dims::of(model, mbs);
+    Dims d = Dims::of(model, mbs, tp, tp_rank, sequence_parallel);
     d.products = product_math<Exec>(precision);
     d.bf16 = bf16;
     LayerRangeActs<Exec> a(tracker, d, 0, 1, true, true, {ActivationPolicy::keep}, bf16);
@@ -165,7 +177,7 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision prec
     // Token ids spread over the vocabulary as text's are (the embedding's backward sums each
     // id's positions).
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(d.N())), targets(inputs.size(), 2);
-    for (std::size_t i = 0; i < inputs.size(); ++i) inputs[i] = static_cast<std::int32_t>(i * 7919 % d.V);
+    for (std::size_t i = 0; i < inputs.size(); ++i) inputs[i] = static_cast<std::int32_t>(i * 7919 % model.vocab_size);
     a.set_tokens(exec, inputs.data(), targets.data());
     const Workspace<Exec>& w = ws.ws;
     auto block_weights = [&] {
@@ -195,8 +207,12 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision prec
     const CacheEvictor<Exec> evict(true);
     std::vector<double> t[6];
     for (int r = 0; r <= reps; ++r) {
-      auto timed = [&](int k, const auto& f) {
+      if (together) {
         evict(exec);
+        together();
+      }
+      auto timed = [&](int k, const auto& f) {
+        if (!together) evict(exec);
         const auto t0 = Clock::now();
         f();
         exec.fence();
@@ -209,11 +225,12 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision prec
       timed(4, [&] {
         range_block_backward(exec, gb, block_weights(), a, 0, a.kept_inner(0), a.dres, w, whole);
       });
-      timed(5, [&] { embed_backward(exec, ge, a.dres, a.inputs, a.token_runs(), d); });
+      timed(5, [&] { range_embed_backward(exec, ge, a, w, whole); });
     }
     MeasuredCosts m;
     m.micro_batch_size = mbs;
-    m.tp = 1;
+    m.tp = tp;
+    m.sequence_parallel = sequence_parallel;
     m.embed_forward = median(t[0]);
     m.block_forward = median(t[1]);
     m.head_forward = median(t[2]);
@@ -223,6 +240,25 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& full, Precision prec
     out.push_back(m);
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<MeasuredCosts> profile_model(const ModelConfig& model, Precision precision,
+                                         const std::vector<std::int64_t>& micro_batch_sizes, int reps) {
+  return profile_shard(model, precision, micro_batch_sizes, reps, 1, 0, ShardCombine());
+}
+
+std::vector<MeasuredCosts> profile_tensor_parallel(const ModelConfig& model, Precision precision,
+                                                   const std::vector<std::int64_t>& micro_batch_sizes, int tp,
+                                                   bool sequence_parallel, MPI_Comm comm, CommBackend backend,
+                                                   int reps) {
+  int ranks = 1;
+  MPI_Comm_size(comm, &ranks);
+  const ProcessGrid grid(comm, ranks / tp, tp, 1, backend);
+  return profile_shard(model, precision, micro_batch_sizes, reps, tp, grid.tp_rank(),
+                       tensor_parallel_combine(grid, Precision::fp32, sequence_parallel),
+                       [&grid] { grid.tp().barrier(); });
 }
 
 void calibrate(MachineSpec& machine, const ModelConfig& model, Precision precision, const MeasuredCosts& measured) {
