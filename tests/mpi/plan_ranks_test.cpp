@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <string>
 
+#include "mpi_launcher.hpp"
+
 namespace lamina::test {
 namespace {
 
@@ -43,6 +45,20 @@ TEST(PlanRanks, OneProcessMeasuresTheRanksItPlansForTogether) {
   // The machine description is of a node of 2 ranks (measured: "all-reduce ... per rank of 2").
   EXPECT_NE(r.out.find(", 2 rank(s))\""), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("per rank of 2"), std::string::npos) << r.out;
+}
+
+// A tensor-parallel layout is priced from its own block, timed on the ranks in groups of tp
+// with the group's collectives (here with sequence parallelism's gathers and
+// reduce-scatters), not from the one-rank block.
+TEST(PlanRanks, ATensorParallelDegreeIsTimedWithItsCollectives) {
+  const Command r = run(std::string(LAMINA_MPIRUN) + " -np 2 " + LAMINA_BINARY + " plan " + LAMINA_SOURCE_DIR +
+                        "/inputs/scaling-small.toml --ranks 2 --top 1 --set parallel.dp=1 --set parallel.tp=2 "
+                        "--set parallel.pp=1 --set parallel.sequence_parallel=true");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("measured at tp 2 with sequence parallelism, micro-batch 4: one block forward + backward"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("dp 1 x tp 2 (sequence parallel) x pp 1"), std::string::npos) << r.out;
 }
 
 }  // namespace
