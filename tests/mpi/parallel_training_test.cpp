@@ -638,6 +638,20 @@ TEST_F(ParallelTraining, SequenceParallelismMovesTheSumsAsGathersAndReduceScatte
     EXPECT_DOUBLE_EQ(bf16_sp.comm[i].at("tp") - bf16.comm[i].at("tp"), norms * 4) << "step " << i + 1;
     EXPECT_EQ(bf16_sp.losses[i], bf16.losses[i]) << "step " << i + 1;
   }
+  // bf16 sums (parallel.tp_sums): the partial results reduce-scatter in bf16, 1 byte per value
+  // against the all-reduce's 2: a block's 8 bf16 bytes become 4 forward and 8 backward (the
+  // residual gradient gathered in fp32). Two ranks sum each pair once either way: the same bits.
+  const JobResult sums16 =
+      train(2, "tp2_all_rows_bf16_sums", {"parallel.tp=2", "train.precision=bf16", "parallel.tp_sums=bf16"});
+  const JobResult sums16_sp = train(2, "tp2_half_rows_bf16_sums", {"parallel.tp=2", "parallel.sequence_parallel=true",
+                                                                   "train.precision=bf16", "parallel.tp_sums=bf16"});
+  ASSERT_EQ(sums16_sp.code, 0) << sums16_sp.out;
+  ASSERT_EQ(sums16_sp.losses.size(), 5u) << sums16_sp.out;
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_DOUBLE_EQ(sums16_sp.comm[i].at("tp") - sums16.comm[i].at("tp"), 4 * 4 * values * 4 + norms * 4)
+        << "step " << i + 1;
+    EXPECT_EQ(sums16_sp.losses[i], sums16.losses[i]) << "step " << i + 1;
+  }
 }
 
 // Sequence parallelism's memory, predicted (lamina bench memory) as its ranks allocate it: the

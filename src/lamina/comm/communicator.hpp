@@ -57,6 +57,9 @@ class Communicator {
   // Sum in place of bf16 values (their bits), each pair summed in fp32 and rounded to
   // nearest even: what a bf16 run's tensor-parallel partial results take, half the bytes.
   virtual void allreduce_bf16(std::uint16_t* data, std::int64_t n) = 0;
+  // The same sum as a reduce-scatter (sequence parallelism's, in bf16 runs): send holds
+  // size() * count values, rank r receives the summed block r.
+  virtual void reduce_scatter_bf16(const std::uint16_t* send, std::uint16_t* recv, std::int64_t count) = 0;
   // send: size() * count elements; rank r receives the reduced block r.
   virtual void reduce_scatter(const float* send, float* recv, std::int64_t count) = 0;
   // send: count elements; recv: size() * count, rank r's block at r * count.

@@ -94,7 +94,8 @@ using Staged = StagedOf<float>;
 
 // A group of one: what a collective would deliver is its own input, copied on the device
 // where input and output differ; staging it through the host would move it twice for nothing.
-Request copied_alone(const float* send, float* recv, std::int64_t n) {
+template <class T>
+Request copied_alone(const T* send, T* recv, std::int64_t n) {
   if (send != recv) {
     Kokkos::deep_copy(staging_instance(), device_view(recv, n), device_view(send, n));
     staging_instance().fence();
@@ -293,6 +294,21 @@ void MpiCommunicator::allreduce_bf16(std::uint16_t* data, std::int64_t n) {
   count_allreduce(2 * n);
   wait_bounded(r, describe_wait("MPI_Iallreduce (bf16)", -1));
   s.copy_out();
+}
+
+void MpiCommunicator::reduce_scatter_bf16(const std::uint16_t* send, std::uint16_t* recv, std::int64_t count) {
+  if (size_ == 1) {
+    copied_alone(send, recv, count);
+    return;
+  }
+  StagedOf<std::uint16_t> in(send, count * size_, true);
+  StagedOf<std::uint16_t> out(recv, count, false);
+  MPI_Request r = MPI_REQUEST_NULL;
+  check(MPI_Ireduce_scatter_block(in.get(), out.get(), count_of(count), MPI_UINT16_T, bf16_sum_op(), comm_, &r),
+        "MPI_Ireduce_scatter_block");
+  count_ring(2 * count * size_);
+  wait_bounded(r, describe_wait("MPI_Ireduce_scatter_block (bf16)", -1));
+  out.copy_out();
 }
 
 void MpiCommunicator::reduce_scatter(const float* send, float* recv, std::int64_t count) {

@@ -49,6 +49,7 @@ class MpiCommunicator : public Communicator {
   void allreduce(float* data, std::int64_t n, ReduceOp op) override;
   void allreduce(double* data, std::int64_t n, ReduceOp op) override;
   void allreduce_bf16(std::uint16_t* data, std::int64_t n) override;
+  void reduce_scatter_bf16(const std::uint16_t* send, std::uint16_t* recv, std::int64_t count) override;
   void reduce_scatter(const float* send, float* recv, std::int64_t count) override;
   void all_gather(const float* send, float* recv, std::int64_t count) override;
   void broadcast(float* data, std::int64_t n, int root) override;

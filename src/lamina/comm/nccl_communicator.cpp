@@ -243,6 +243,13 @@ void NcclCommunicator::allreduce_bf16(std::uint16_t* data, std::int64_t n) {
   s_->event("ncclAllReduce").wait();
 }
 
+void NcclCommunicator::reduce_scatter_bf16(const std::uint16_t* send, std::uint16_t* recv, std::int64_t count) {
+  s_->enqueued(ncclReduceScatter(send, recv, static_cast<size_t>(count), ncclBfloat16, ncclSum, s_->nccl, s_->stream),
+               "ncclReduceScatter");
+  count_ring(2 * count * s_->size);
+  s_->event("ncclReduceScatter").wait();
+}
+
 void NcclCommunicator::reduce_scatter(const float* send, float* recv, std::int64_t count) {
   ireduce_scatter(send, recv, count).wait();
 }

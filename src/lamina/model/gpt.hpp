@@ -90,11 +90,12 @@ Mat<Exec> scatter_sum_rows(const Exec& exec, const ShardCombine& tp, const Mat<E
 
 // A row-parallel product (the attention's projection, the MLP's second) of inp, summed over
 // the tensor-parallel group, handed to `then` for the kernel that reads it: in fp32 into
-// `product`; under sequence parallelism reduce-scattered, this rank's rows; or, where a bf16
-// run sums in bf16 (parallel.tp_sums, tp.sum16), written in bf16 into `room` (workspace
-// memory nothing else holds until `then` is done) by the product itself where products round
-// (a host's oneDNN), else by the pass that rounds `product`, and summed and read as bf16
-// (half the bytes, as Megatron reduces its GEMMs' bf16 outputs).
+// `product`; or, where a bf16 run sums in bf16 (parallel.tp_sums, tp.sum16), written in bf16
+// into `room` (workspace memory nothing else holds until `then` is done) by the product
+// itself where products round (a host's oneDNN), else by the pass that rounds `product`, and
+// summed and read as bf16 (half the bytes, as Megatron reduces its GEMMs' bf16 outputs).
+// Under sequence parallelism the sum is a reduce-scatter and `then` gets this rank's rows:
+// fp32 in the workspace's gathered_grad, bf16 in its gathered (free between the gathers).
 template <class Exec, class T, class InV, class Then>
 void row_parallel_forward(const Exec& exec, const ShardCombine& tp, const Mat<Exec>& product, float* room,
                           const InV& inp, const MatRefArg<Exec>& weight, ProductMath math, const Workspace<Exec>& ws,
@@ -104,6 +105,13 @@ void row_parallel_forward(const Exec& exec, const ShardCombine& tp, const Mat<Ex
       const Mat16<Exec> sum(reinterpret_cast<std::uint16_t*>(room), product.extent(0), product.extent(1));
       linear_forward(exec, sum, inp, weight, ConstVec<Exec>(), math, ws.widened, product);
       exec.fence();
+      if (tp.scatter_sum16) {
+        const Mat16<Exec> share(reinterpret_cast<std::uint16_t*>(ws.gathered.data()), sum.extent(0) / tp.shards,
+                                sum.extent(1));
+        tp.scatter_sum16(sum.data(), share.data(), static_cast<std::int64_t>(share.size()));
+        then(ConstMat16<Exec>(share));
+        return;
+      }
       tp.sum16(sum.data(), static_cast<std::int64_t>(sum.size()));
       then(ConstMat16<Exec>(sum));
       return;
@@ -120,12 +128,26 @@ void row_parallel_forward(const Exec& exec, const ShardCombine& tp, const Mat<Ex
 
 // The tensor-parallel sum of the (N, C) partial gradients `g` of a norm's output (the
 // column-parallel products' input gradients), handed to `then` with the scratch the norm's
-// backward may use: in fp32, g itself and ws.scratch; under sequence parallelism
-// reduce-scattered, this rank's (R, C) rows; or where a bf16 run sums in bf16, rounded into
-// ws.scratch, summed there and read as bf16 (its scratch is then g's memory).
+// backward may use: in fp32, g itself and ws.scratch; or where a bf16 run sums in bf16,
+// rounded into ws.scratch, summed there and read as bf16 (its scratch is then g's memory).
+// Under sequence parallelism the sum is a reduce-scatter and `then` gets this rank's (R, C)
+// rows: fp32 in ws.gathered_grad, or bf16 in ws.gathered.
 template <class Exec, class T, class Then>
 void combine_gradients(const Exec& exec, const ShardCombine& tp, const Mat<Exec>& g, const Workspace<Exec>& ws,
                        const Then& then) {
+  if constexpr (!std::is_same<T, float>::value) {
+    if (tp.scatter_sum16) {
+      const Mat16<Exec> rounded(reinterpret_cast<std::uint16_t*>(ws.scratch.data()), g.extent(0), g.extent(1));
+      to_bf16(exec, Bf16Vec<Exec>(rounded.data(), rounded.size()), ConstVec<Exec>(flat(g)));
+      exec.fence();
+      const Mat16<Exec> share(reinterpret_cast<std::uint16_t*>(ws.gathered.data()), g.extent(0) / tp.shards,
+                              g.extent(1));
+      tp.scatter_sum16(rounded.data(), share.data(), static_cast<std::int64_t>(share.size()));
+      then(ConstMat16<Exec>(share), as_mat<Exec>(g.data(), static_cast<std::int64_t>(share.extent(0)),
+                                                 static_cast<std::int64_t>(share.extent(1))));
+      return;
+    }
+  }
   if (tp.scatter_sum) {
     const Mat<Exec> share = scatter_sum_rows(exec, tp, g, ws);
     then(ConstMat<Exec>(share), as_mat<Exec>(ws.scratch.data(), share.extent(0), share.extent(1)));

@@ -22,6 +22,8 @@ struct ShardCombine {
   std::function<void(const float* send, float* recv, std::int64_t count)> gather;
   // send: shards * count floats, summed over the group; this rank's block of count into recv
   std::function<void(const float* send, float* recv, std::int64_t count)> scatter_sum;
+  // the same of bf16 values, where a bf16 run sums in bf16 (the blocks' partial results)
+  std::function<void(const std::uint16_t* send, std::uint16_t* recv, std::int64_t count)> scatter_sum16;
 };
 
 }  // namespace lamina

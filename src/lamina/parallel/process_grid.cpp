@@ -180,6 +180,11 @@ ShardCombine tensor_parallel_combine(const ProcessGrid& grid, Precision sums, bo
     c.shards = grid.tp_size();
     c.gather = [tp](const float* send, float* recv, std::int64_t n) { tp->all_gather(send, recv, n); };
     c.scatter_sum = [tp](const float* send, float* recv, std::int64_t n) { tp->reduce_scatter(send, recv, n); };
+    if (sums == Precision::bf16) {
+      c.scatter_sum16 = [tp](const std::uint16_t* send, std::uint16_t* recv, std::int64_t n) {
+        tp->reduce_scatter_bf16(send, recv, n);
+      };
+    }
   }
   return c;
 }

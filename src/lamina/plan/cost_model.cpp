@@ -137,15 +137,17 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // bf16 where they round (a host's engine), else a pass rounds them (read 4, write 2 bytes);
   // backward, a pass rounds the partial gradients. Under sequence parallelism each all-reduce
   // is an all-gather and a reduce-scatter (half the bytes each): forward, the norms' outputs
-  // gathered as stored and the row-parallel results reduce-scattered in fp32; backward, the
-  // residual gradient gathered and the norms' input gradients reduce-scattered, both fp32,
-  // and the norms' outputs gathered once more for the weight gradients.
+  // gathered as stored and the row-parallel results reduce-scattered at the sums' precision;
+  // backward, the residual gradient gathered in fp32, the norms' input gradients
+  // reduce-scattered at the sums' precision, and the norms' outputs gathered once more for
+  // the weight gradients.
   const double ring = (tp - 1) / tp * N * C;  // bytes per element of a gather or reduce-scatter
   const double all_reduce = collective(2.0 * ring * tp_sum_bytes(), 2 * (o.tp - 1), o.tp);
   const double gathered = collective(ring * s, o.tp - 1, o.tp), fp32_half = collective(ring * 4, o.tp - 1, o.tp);
+  const double scattered = collective(ring * tp_sum_bytes(), o.tp - 1, o.tp);
   const bool sp = d.sequence_parallel();
-  const double tp_comm = o.tp == 1 ? 0.0 : sp ? 2.0 * (gathered + fp32_half) : 2.0 * all_reduce;
-  const double tp_comm_backward = o.tp == 1 ? 0.0 : sp ? 2.0 * (2 * fp32_half + gathered) : 2.0 * all_reduce;
+  const double tp_comm = o.tp == 1 ? 0.0 : sp ? 2.0 * (gathered + scattered) : 2.0 * all_reduce;
+  const double tp_comm_backward = o.tp == 1 ? 0.0 : sp ? 2.0 * (fp32_half + scattered + gathered) : 2.0 * all_reduce;
   const double sums_forward = sum16 && !rounding ? 2 * 6 * N * C : 0.0;
   const double sums_backward = sum16 ? 2 * 6 * N * C : 0.0;
   // What bf16 runs still convert, 6 bytes per element (the fp32 side and the bf16 one). A
@@ -407,10 +409,12 @@ std::map<std::string, double> CostModel::traffic(const std::vector<Instruction>&
                     static_cast<double>(model_.d_model);
   const double tp_allreduce = o.tp > 1 ? 2.0 * (tp - 1) / tp * 4.0 * NC : 0.0;
   // Sequence parallelism: a gather or reduce-scatter of the stream moves half an all-reduce's
-  // bytes; a block gathers its norms' outputs as stored (twice forward, twice more backward)
-  // and moves everything else in fp32; pipeline messages are each rank's rows as they are.
+  // bytes; a block gathers its norms' outputs as stored (twice forward, twice more backward),
+  // reduce-scatters its partial results at the sums' precision (twice each way) and gathers
+  // the residual gradient in fp32; pipeline messages are each rank's rows as they are.
   const bool sp = o.sequence_parallel && o.tp > 1;
   const double half = tp_allreduce / 2, stored_half = half * param_bytes() / 4.0;
+  const double summed_half = half * tp_sum_bytes() / 4.0;
   const int final_layer = static_cast<int>(numel_.size()) - 1;
   std::map<std::string, double> bytes{{"dp", 0.0}, {"tp", 0.0}, {"pp", 0.0}};
   std::set<int> prefetched;
@@ -421,11 +425,11 @@ std::map<std::string, double> CostModel::traffic(const std::vector<Instruction>&
       case Op::forward:
       case Op::recompute:
         bytes["tp"] += !sp ? (block ? 2.0 * tp_sum_bytes() / 4.0 * tp_allreduce : tp_allreduce)
-                           : (block ? 2 * (stored_half + half) : half);
+                           : (block ? 2 * (stored_half + summed_half) : half);
         break;
       case Op::backward:
         bytes["tp"] += !sp ? (block ? 2.0 * tp_sum_bytes() / 4.0 * tp_allreduce : tp_allreduce)
-                           : (block ? 2 * (2 * half + stored_half) : half);
+                           : (block ? 2 * (half + summed_half + stored_half) : half);
         break;
       case Op::send_activation: bytes["pp"] += param_bytes() * NC / tp; break;
       case Op::send_gradient: bytes["pp"] += 4.0 * NC / tp; break;

@@ -195,9 +195,6 @@ Plan plan_from_deck(const Deck& deck, int world) {
   if (plan.tp_sums == Precision::bf16 && plan.precision != Precision::bf16) {
     error("parallel.tp_sums", "'bf16' rounds a bf16 run's partial results; this run is fp32: set "
                               "train.precision = \"bf16\" or parallel.tp_sums = \"fp32\"");
-  } else if (plan.tp_sums == Precision::bf16 && o.sequence_parallel) {
-    error("parallel.tp_sums", "'bf16' sums all-reduce in bf16; sequence parallelism reduce-scatters in fp32: set "
-                              "parallel.tp_sums = \"fp32\" or parallel.sequence_parallel = false");
   }
   plan.subgroup_size = deck.optimizer.subgroup_size;
   plan.budget = {mem.device_budget, mem.host_budget};

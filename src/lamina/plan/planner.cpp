@@ -458,12 +458,11 @@ std::vector<ParallelLayout> layouts(const Deck& deck, int ranks, const Freedom& 
               }
           }
           // Sequence parallelism inside tensor-parallel groups whose ranks split the micro-batch's
-          // rows evenly (with fp32 sums: bf16 ones are all-reduces).
+          // rows evenly.
           const bool splits = tp > 1 && mbs * m.seq_len % tp == 0;
           std::vector<bool> sps{p.sequence_parallel};
           if (f.has("parallel.sequence_parallel")) {
-            sps = splits && tp_sum_precision(deck) == Precision::fp32 ? std::vector<bool>{false, true}
-                                                                      : std::vector<bool>{false};
+            sps = splits ? std::vector<bool>{false, true} : std::vector<bool>{false};
           }
           if (sps.front() && !splits) continue;
           for (const auto& [k, v, layered] : kinds) {

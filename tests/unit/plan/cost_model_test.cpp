@@ -318,6 +318,12 @@ TEST(CostModel, SequenceParallelismShardsTheNormsAndSplitsEachSumInTwo) {
   const double gathered = 3.0 / 4 * 2 * N * C / 200e9 + 3 * 1e-5;
   EXPECT_NEAR(bf16.forward_parts().tp, 2 * (half + gathered), 1e-12);
   EXPECT_NEAR(bf16.backward_parts().tp, 2 * (2 * half + gathered), 1e-12);
+  // bf16 sums: the partial results reduce-scatter in bf16 too (the gathered residual gradient
+  // stays fp32).
+  split16.tp_sums = Precision::bf16;
+  const CostModel sums16(model(), split16, machine());
+  EXPECT_NEAR(sums16.forward_parts().tp, 2 * (gathered + gathered), 1e-12);
+  EXPECT_NEAR(sums16.backward_parts().tp, 2 * (half + gathered + gathered), 1e-12);
 }
 
 TEST(CostModel, CollectivesUseTheLinkTheirGroupSpans) {
