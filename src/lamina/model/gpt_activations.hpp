@@ -452,8 +452,8 @@ class LayerRangeActs {
     auto residual = [&] {
       Residual<Exec> r;
       if (bf16) {
-        r.b16 = Mat16<Exec>(
-            Kokkos::View<std::uint16_t**, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(p16, R, C));
+        using Rows16 = Kokkos::View<std::uint16_t**, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+        r.b16 = Mat16<Exec>(Rows16(p16, R, C));
         p16 += boundary;
       } else {
         r.f32 = as_mat<Exec>(take(R * C), R, C);

@@ -101,7 +101,8 @@ MachineSpec measure_for(const Deck& deck, const std::vector<std::string>& free, 
   log.info(strprintf("measured %s: one block forward + backward at micro-batch %lld takes %.2f ms; kernels reach "
                      "%.0f%% of the GEMM and memory rates",
                      deck.source.c_str(), static_cast<long long>(measured[whole].micro_batch_size),
-                     1e3 * (measured[whole].block_forward + measured[whole].block_backward), 100.0 * m.gemm_efficiency));
+                     1e3 * (measured[whole].block_forward + measured[whole].block_backward),
+                     100.0 * m.gemm_efficiency));
   for (const MeasuredCosts& c : measured) {
     if (c.tp == 1) continue;
     log.info(strprintf("measured at tp %d%s, micro-batch %lld: one block forward + backward %.2f ms (collectives "
@@ -337,8 +338,8 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
                      options.ranks, machine.name.c_str(), machine.devices_per_node, solver_name(cmd.solver),
                      keys.empty() ? "nothing (the layout is evaluated)" : keys.c_str()));
   const PlanResult r = plan_search(deck, machine, options);
-  log.info(strprintf("layouts: %lld considered, %lld pruned (cannot fit, or slower than the best found with every block "
-                     "at its fastest), %lld solved; %.2f s",
+  log.info(strprintf("layouts: %lld considered, %lld pruned (cannot fit, or slower than the best found with every "
+                     "block at its fastest), %lld solved; %.2f s",
                      static_cast<long long>(r.layouts_considered), static_cast<long long>(r.layouts_pruned),
                      static_cast<long long>(r.layouts_solved), r.solve_s));
   log.debug(strprintf("planner time: %.2f s modelling the layouts, %.2f s in the %s solver, %.2f s simulating the "
