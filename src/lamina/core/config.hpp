@@ -65,6 +65,12 @@ struct ModelConfig {
 
   std::int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   std::int64_t mlp_hidden() const { return ffn_hidden > 0 ? ffn_hidden : 4 * d_model; }
+  // Whether tp tensor-parallel ranks can split it: whole query heads, whole key/value heads
+  // (or one that tp / kv_heads ranks share), MLP columns and vocabulary rows.
+  bool splits_over(std::int64_t tp) const {
+    const std::int64_t kv = key_value_heads();
+    return heads % tp == 0 && (kv % tp == 0 || tp % kv == 0) && mlp_hidden() % tp == 0 && vocab_size % tp == 0;
+  }
 };
 
 // The MLP's hidden width when a deck leaves it out: GPT-2's 4 d_model; with SwiGLU, whose

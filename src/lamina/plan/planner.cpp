@@ -399,12 +399,7 @@ std::vector<ParallelLayout> layouts(const Deck& deck, int ranks, const Freedom& 
   std::vector<ParallelLayout> out;
   const std::vector<int> tps = f.has("parallel.tp") ? divisors(ranks, machine.devices_per_node) : std::vector<int>{static_cast<int>(p.tp)};
   for (const int tp : tps) {
-    // Whole query heads, whole (or shared) key/value heads, MLP columns, vocabulary rows.
-    const std::int64_t kv = m.key_value_heads();
-    if (m.heads % tp != 0 || (kv % tp != 0 && tp % kv != 0) || m.mlp_hidden() % tp != 0 || m.vocab_size % tp != 0 ||
-        ranks % tp != 0) {
-      continue;
-    }
+    if (!m.splits_over(tp) || ranks % tp != 0) continue;
     const std::vector<int> pps = f.has("parallel.pp") ? divisors(ranks / tp, m.layers) : std::vector<int>{static_cast<int>(p.pp)};
     for (const int pp : pps) {
       if ((ranks / tp) % pp != 0) continue;

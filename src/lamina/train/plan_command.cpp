@@ -66,12 +66,7 @@ MachineSpec measure_for(const Deck& deck, const std::vector<std::string>& free, 
   const bool sp_free = std::find(free.begin(), free.end(), "parallel.sequence_parallel") != free.end();
   const ModelConfig& model = deck.model;
   for (int tp = 2; tp <= ranks; ++tp) {
-    if (ranks % tp != 0 || (!tp_free && tp != deck.parallel.tp)) continue;
-    const std::int64_t kv = model.key_value_heads();
-    if (model.heads % tp != 0 || (kv % tp != 0 && tp % kv != 0) || model.mlp_hidden() % tp != 0 ||
-        model.vocab_size % tp != 0) {
-      continue;
-    }
+    if (ranks % tp != 0 || (!tp_free && tp != deck.parallel.tp) || !model.splits_over(tp)) continue;
     for (const bool sp : {false, true}) {
       if (!sp_free && sp != deck.parallel.sequence_parallel) continue;
       std::vector<std::int64_t> split;  // micro-batch sizes whose rows split over tp
@@ -193,9 +188,9 @@ std::string policies(const Plan& p) {
 }
 
 std::string layout_name(const ParallelLayout& o) {
-  std::string s = strprintf("dp %d x tp %d x pp %d, ZeRO %d, %s", o.dp, o.tp, o.pp, o.zero, schedule_kind_name(o.schedule));
-  if (o.sequence_parallel) s = strprintf("dp %d x tp %d (sequence parallel) x pp %d, ZeRO %d, %s", o.dp, o.tp, o.pp,
-                                         o.zero, schedule_kind_name(o.schedule));
+  std::string s = strprintf("dp %d x tp %d%s x pp %d, ZeRO %d, %s", o.dp, o.tp,
+                            o.sequence_parallel ? " (sequence parallel)" : "", o.pp, o.zero,
+                            schedule_kind_name(o.schedule));
   if (o.schedule == ScheduleKind::interleaved) s += strprintf(" v%d", o.virtual_stages);
   if (o.layered) s += " layered";
   return s;

@@ -165,7 +165,6 @@ std::vector<MeasuredCosts> profile_shard(const ModelConfig& full, Precision prec
   const EmbeddingTensors<Exec> ge = bind_embedding<Exec>(layout, grads[0].data());
   const BlockTensors<Exec> gb = bind_block<Exec>(layout, 0, grads[1].data());
   const FinalNormTensors<Exec> gf = bind_final_norm<Exec>(layout, grads[2].data());
-  const ShardCombine& whole = combine;
   const Exec exec;
   std::vector<MeasuredCosts> out;
   for (const std::int64_t mbs : micro_batch_sizes) {
@@ -218,14 +217,14 @@ std::vector<MeasuredCosts> profile_shard(const ModelConfig& full, Precision prec
         exec.fence();
         if (r > 0) t[k].push_back(seconds_since(t0));
       };
-      timed(0, [&] { range_embed_forward(exec, we, a, w, whole); });
-      timed(1, [&] { range_block_forward(exec, block_weights(), a, 0, a.kept_inner(0), true, w, whole); });
-      timed(2, [&] { range_head_forward(exec, we, final_weights(), a, w, whole); });
-      timed(3, [&] { range_head_backward(exec, ge, gf, we, final_weights(), a, a.dres, w, 1e-3f, whole); });
+      timed(0, [&] { range_embed_forward(exec, we, a, w, combine); });
+      timed(1, [&] { range_block_forward(exec, block_weights(), a, 0, a.kept_inner(0), true, w, combine); });
+      timed(2, [&] { range_head_forward(exec, we, final_weights(), a, w, combine); });
+      timed(3, [&] { range_head_backward(exec, ge, gf, we, final_weights(), a, a.dres, w, 1e-3f, combine); });
       timed(4, [&] {
-        range_block_backward(exec, gb, block_weights(), a, 0, a.kept_inner(0), a.dres, w, whole);
+        range_block_backward(exec, gb, block_weights(), a, 0, a.kept_inner(0), a.dres, w, combine);
       });
-      timed(5, [&] { range_embed_backward(exec, ge, a, w, whole); });
+      timed(5, [&] { range_embed_backward(exec, ge, a, w, combine); });
     }
     MeasuredCosts m;
     m.micro_batch_size = mbs;
