@@ -74,6 +74,9 @@ class Communicator {
   virtual Request iall_gather(const float* send, float* recv, std::int64_t count) = 0;
   virtual Request isend(const float* data, std::int64_t n, int peer, int tag) = 0;
   virtual Request irecv(float* data, std::int64_t n, int peer, int tag) = 0;
+  // One step of a ring: n elements to rank `to` and n from rank `from` at once (with NCCL,
+  // one group, so that a ring of such calls cannot deadlock).
+  virtual Request isendrecv(const float* send, float* recv, std::int64_t n, int to, int from, int tag) = 0;
   // Host memory (a rank's scalars, the executor's virtual-clock stamps): never staged
   // through the device, never counted as traffic of the group.
   virtual Request isend_host(const double* data, std::int64_t n, int peer, int tag) = 0;

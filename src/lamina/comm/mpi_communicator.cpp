@@ -404,4 +404,21 @@ Request MpiCommunicator::irecv(float* data, std::int64_t n, int peer, int tag) {
   return Request(std::move(r));
 }
 
+Request MpiCommunicator::isendrecv(const float* send, float* recv, std::int64_t n, int to, int from, int tag) {
+  class Both final : public Request::Impl {
+   public:
+    Both(Request a, Request b) : a_(std::move(a)), b_(std::move(b)) {}
+    void wait() override {
+      a_.wait();
+      b_.wait();
+    }
+    bool test() override { return a_.test() && b_.test(); }
+
+   private:
+    Request a_, b_;
+  };
+  Request r = irecv(recv, n, from, tag);
+  return Request(std::make_unique<Both>(std::move(r), isend(send, n, to, tag)));
+}
+
 }  // namespace lamina

@@ -62,6 +62,7 @@ class MpiCommunicator : public Communicator {
   Request iall_gather(const float* send, float* recv, std::int64_t count) override;
   Request isend(const float* data, std::int64_t n, int peer, int tag) override;
   Request irecv(float* data, std::int64_t n, int peer, int tag) override;
+  Request isendrecv(const float* send, float* recv, std::int64_t n, int to, int from, int tag) override;
   Request isend_host(const double* data, std::int64_t n, int peer, int tag) override;
   Request irecv_host(double* data, std::int64_t n, int peer, int tag) override;
 

@@ -212,6 +212,15 @@ Request NcclCommunicator::irecv(float* data, std::int64_t n, int peer, int) {
   return s_->event("ncclRecv");
 }
 
+Request NcclCommunicator::isendrecv(const float* send, float* recv, std::int64_t n, int to, int from, int) {
+  s_->enqueued(ncclGroupStart(), "ncclGroupStart");
+  s_->enqueued(ncclSend(send, static_cast<size_t>(n), ncclFloat32, to, s_->nccl, s_->stream), "ncclSend");
+  s_->enqueued(ncclRecv(recv, static_cast<size_t>(n), ncclFloat32, from, s_->nccl, s_->stream), "ncclRecv");
+  s_->enqueued(ncclGroupEnd(), "ncclGroupEnd");
+  count_send(4 * n);
+  return s_->event("ncclSend/ncclRecv");
+}
+
 // Host memory travels over MPI on the same ranks, never through the device.
 Request NcclCommunicator::isend_host(const double* data, std::int64_t n, int peer, int tag) {
   MPI_Request r = MPI_REQUEST_NULL;

@@ -141,7 +141,7 @@ const std::vector<Section>& schema() {
        {"lr", "min_lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "warmup_steps", "decay_steps",
         "schedule", "subgroup_size", "decay_biases_and_norms"}},
       {"parallel",
-       {"dp", "tp", "pp", "zero", "schedule", "virtual_stages", "layered", "cost_forward", "cost_backward",
+       {"dp", "cp", "tp", "pp", "zero", "schedule", "virtual_stages", "layered", "cost_forward", "cost_backward",
         "cost_p2p", "backend", "timeout", "host_copies", "mpi_device_buffers", "tp_sums", "sequence_parallel"}},
       {"memory",
        {"device_budget", "host_budget", "activations", "params", "optimizer", "dos_split", "dos_host_rate",
@@ -606,6 +606,7 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
   dc.eval_paths = r.strings("data", "eval_path", false);
   auto& p = d.parallel;
   p.dp = r.integer("parallel", "dp", 1, 1, 1 << 20);
+  p.cp = r.integer("parallel", "cp", 1, 1, 1 << 12);
   p.tp = r.integer("parallel", "tp", 1, 1, 1 << 12);
   p.pp = r.integer("parallel", "pp", 1, 1, 1 << 12);
   p.zero = r.integer("parallel", "zero", 0, 0, 3);

@@ -18,6 +18,7 @@ namespace lamina {
 // the Plan is made from them (plan/plan.hpp), with the same file:line:col locations.
 struct ParallelSection {
   std::int64_t dp = 1;
+  std::int64_t cp = 1;  // context parallelism: each sequence over cp ranks (ring attention)
   std::int64_t tp = 1;
   std::int64_t pp = 1;
   std::int64_t zero = 0;

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "lamina/kernels/bf16.hpp"
+#include "lamina/kernels/context_chunks.hpp"
 
 namespace lamina {
 
@@ -99,26 +100,27 @@ template <class Exec, class W>
 struct PositionEmbeddingForward {
   Mat<Exec> out;
   Kokkos::View<const W**, Kokkos::LayoutRight, typename Exec::memory_space> wpe;
-  std::int64_t T, first_row;
+  ContextChunks where;
+  std::int64_t first_row;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t c) const {
-    out(i, c) += widen(wpe((first_row + i) % T, c));
+    out(i, c) += widen(wpe(where.position((first_row + i) % where.rows()), c));
   }
 };
 
-// out: rows [first_row, first_row + rows) of a (B*T, C) matrix (all of it, or a sequence-parallel
-// rank's share), +=; wpe: (>=T, C)
+// out: rows [first_row, first_row + rows) of a (B*R, C) matrix of sequences of R rows at the
+// positions `where` says (all of it, or a sequence-parallel rank's share), +=; wpe: (>=T, C)
 template <class Exec>
-void position_embedding_forward(const Exec& exec, const Mat<Exec>& out, const MatRefArg<Exec>& wpe, std::int64_t T,
-                                std::int64_t first_row = 0) {
+void position_embedding_forward(const Exec& exec, const Mat<Exec>& out, const MatRefArg<Exec>& wpe,
+                                const ContextChunks& where, std::int64_t first_row = 0) {
   const std::int64_t N = static_cast<std::int64_t>(out.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(out.extent(1));
   const RowMajor<Exec, 2> all(exec, {0, 0}, {N, C});
   if (wpe.bf16()) {
     Kokkos::parallel_for("lamina::position_embedding_forward", all,
-                         PositionEmbeddingForward<Exec, std::uint16_t>{out, wpe.b16, T, first_row});
+                         PositionEmbeddingForward<Exec, std::uint16_t>{out, wpe.b16, where, first_row});
   } else {
     Kokkos::parallel_for("lamina::position_embedding_forward", all,
-                         PositionEmbeddingForward<Exec, float>{out, wpe.f32, T, first_row});
+                         PositionEmbeddingForward<Exec, float>{out, wpe.f32, where, first_row});
   }
 }
 
@@ -126,25 +128,26 @@ template <class Exec>
 struct PositionEmbeddingBackward {
   Mat<Exec> dwpe;
   ConstMat<Exec> dout;
-  std::int64_t T, B;
+  ContextChunks where;
+  std::int64_t B;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t t, std::int64_t c) const {
+    const std::int64_t R = where.rows();
     float s = 0.0f;
-    for (std::int64_t b = 0; b < B; ++b) s += dout(b * T + t, c);
-    dwpe(t, c) += s;
+    for (std::int64_t b = 0; b < B; ++b) s += dout(b * R + t, c);
+    dwpe(where.position(t), c) += s;
   }
 };
 
-// dwpe: (>=T, C) +=, summed over the sequences of dout: (B*T, C)
+// dwpe: (>=T, C) +=, at the positions of the rows `where` says, summed over the sequences of
+// dout: (B*R, C), R rows each
 template <class Exec>
 void position_embedding_backward(const Exec& exec, const Mat<Exec>& dwpe, const ConstMat<Exec>& dout,
-                                 std::int64_t T) {
+                                 const ContextChunks& where) {
   const std::int64_t N = static_cast<std::int64_t>(dout.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(dout.extent(1));
-  const std::int64_t B = N / T;
-  Kokkos::parallel_for(
-      "lamina::position_embedding_backward",
-      RowMajor<Exec, 2>(exec, {0, 0}, {T, C}),
-      PositionEmbeddingBackward<Exec>{dwpe, dout, T, B});
+  const std::int64_t R = where.rows();
+  Kokkos::parallel_for("lamina::position_embedding_backward", RowMajor<Exec, 2>(exec, {0, 0}, {R, C}),
+                       PositionEmbeddingBackward<Exec>{dwpe, dout, where, N / R});
 }
 
 }  // namespace lamina

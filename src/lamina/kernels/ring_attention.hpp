@@ -14,26 +14,10 @@
 // (kernels/flash_attention.hpp), their causal mask taken on positions.
 #include <utility>
 
+#include "lamina/kernels/context_chunks.hpp"
 #include "lamina/kernels/flash_attention.hpp"
 
 namespace lamina {
-
-// Where a sequence's positions sit on the ranks of a context-parallel group.
-struct ContextChunks {
-  std::int64_t T = 0;  // positions per sequence
-  int cp = 1, rank = 0;
-
-  KOKKOS_INLINE_FUNCTION std::int64_t size() const { return T / (2 * cp); }  // positions per chunk
-  KOKKOS_INLINE_FUNCTION std::int64_t rows() const { return T / cp; }        // a sequence's rows on a rank
-  // Chunk `half` (0: the rank's first rows, 1: its last) of rank r.
-  KOKKOS_INLINE_FUNCTION std::int64_t chunk(int r, int half) const { return half == 0 ? r : 2 * cp - 1 - r; }
-  // The position of row t (0 <= t < rows()) of a sequence on this rank.
-  KOKKOS_INLINE_FUNCTION std::int64_t position(std::int64_t t) const {
-    if (cp == 1) return t;
-    const std::int64_t c = size();
-    return chunk(rank, t < c ? 0 : 1) * c + t % c;
-  }
-};
 
 // The fp32 running results of a rank's queries (ring_attention_begin .. ring_attention_end).
 template <class Exec>

@@ -13,6 +13,7 @@
 
 #include "lamina/core/config.hpp"
 #include "lamina/kernels/bf16.hpp"
+#include "lamina/kernels/context_chunks.hpp"
 
 namespace lamina {
 
@@ -41,8 +42,9 @@ inline std::vector<double> rotary_inverse_frequencies(std::int64_t head_dim, dou
   return inv;
 }
 
-// cos and sin of pos * inv_freq[i] for positions [0, positions), computed in double and
-// stored as float: (positions, d/2) each.
+// cos and sin of pos * inv_freq[i] for the positions of rows [0, rows) (`where`: the rows'
+// positions under context parallelism; else row p is position p), computed in double and
+// stored as float: (rows, d/2) each.
 template <class Exec>
 struct RotaryTable {
   Mat<Exec> cos, sin;
@@ -54,22 +56,23 @@ struct RotaryTable {
     fill(inv_freq);
   }
   // In `memory` (floats(), e.g. a run's tracked workspace) instead of its own.
-  RotaryTable(float* memory, std::int64_t positions, const std::vector<double>& inv_freq) {
+  RotaryTable(float* memory, std::int64_t positions, const std::vector<double>& inv_freq,
+              const ContextChunks& where = {}) {
     const auto half = static_cast<std::int64_t>(inv_freq.size());
     cos = as_mat<Exec>(memory, positions, half);
     sin = as_mat<Exec>(memory + positions * half, positions, half);
-    fill(inv_freq);
+    fill(inv_freq, where);
   }
   static std::int64_t floats(std::int64_t positions, std::int64_t head_dim) { return positions * head_dim; }
   std::int64_t half() const { return static_cast<std::int64_t>(cos.extent(1)); }
 
  private:
-  void fill(const std::vector<double>& inv_freq) {
+  void fill(const std::vector<double>& inv_freq, const ContextChunks& where = {}) {
     auto hc = Kokkos::create_mirror_view(cos);
     auto hs = Kokkos::create_mirror_view(sin);
     for (std::int64_t p = 0; p < static_cast<std::int64_t>(cos.extent(0)); ++p) {
       for (std::int64_t i = 0; i < half(); ++i) {
-        const double a = static_cast<double>(p) * inv_freq[static_cast<std::size_t>(i)];
+        const double a = static_cast<double>(where.position(p)) * inv_freq[static_cast<std::size_t>(i)];
         hc(p, i) = static_cast<float>(std::cos(a));
         hs(p, i) = static_cast<float>(std::sin(a));
       }

@@ -167,6 +167,62 @@ void combine_gradients(const Exec& exec, const ShardCombine& tp, const Mat<Exec>
   then(ConstMat<Exec>(g), ws.scratch);
 }
 
+// Tags of the ring's passes in flight together (the backward pass's keys and gradients).
+constexpr int kRingKeys = 1, kRingGradients = 2;
+
+// The words (floats) of a matrix stored as T, as the ring passes them.
+template <class Exec, class T>
+float* words(const MatOf<Exec, T>& m) {
+  return reinterpret_cast<float*>(m.data());
+}
+
+// Context parallelism: attention of this rank's queries against every rank's keys and values
+// (ring attention), each source's passed on around the ring while this rank computes with it.
+template <class Exec, class T>
+void context_attention_forward(const Exec& exec, const ContextRing& ring, const BlockActs<Exec, T>& s, const Dims& d,
+                               const Workspace<Exec>& ws) {
+  const MatOf<Exec, T> kv[2] = {ws.template ring_kv_as<T>(0), ws.template ring_kv_as<T>(1)};
+  const std::int64_t n = static_cast<std::int64_t>(ws.ring_kv[0].size());
+  ring_pack_keys_values(exec, kv[0], s.qkv);
+  ring_attention_begin(exec, ws.ring);
+  for (int step = 0; step < ring.size; ++step) {
+    const MatOf<Exec, T>& here = kv[step % 2];
+    const bool more = step + 1 < ring.size;
+    if (more) {
+      exec.fence();  // `here` is written, and the kernels that read the other buffer are done
+      ring.pass(words<Exec, T>(here), words<Exec, T>(kv[(step + 1) % 2]), n, kRingKeys);
+    }
+    ring_attention_forward(exec, ws.ring, s.qkv, here, d.NH, d.context, (d.context.rank - step + ring.size) % ring.size);
+    if (more) ring.wait();
+  }
+  ring_attention_end(exec, s.atty, s.att, ws.ring);
+}
+
+// Its backward pass into ws.dqkv: dq of this rank's queries against each source, and each
+// source's dk, dv travelling on with its keys and values until they are back with it.
+template <class Exec, class T>
+void context_attention_backward(const Exec& exec, const ContextRing& ring, const BlockActs<Exec, T>& s, const Dims& d,
+                                const Workspace<Exec>& ws) {
+  const MatOf<Exec, T> kv[2] = {ws.template ring_kv_as<T>(0), ws.template ring_kv_as<T>(1)};
+  const std::int64_t n = static_cast<std::int64_t>(ws.ring_kv[0].size());
+  const std::int64_t g = static_cast<std::int64_t>(ws.ring_dkv[0].size());
+  Kokkos::deep_copy(exec, ws.dqkv, 0.0f);  // the q columns sum over the sources
+  ring_pack_keys_values(exec, kv[0], s.qkv);
+  Kokkos::deep_copy(exec, ws.ring_dkv[0], 0.0f);
+  for (int step = 0; step < ring.size; ++step) {
+    const int here = step % 2, next = 1 - here;
+    exec.fence();
+    if (step + 1 < ring.size) ring.pass(words<Exec, T>(kv[here]), words<Exec, T>(kv[next]), n, kRingKeys);
+    ring_attention_backward(exec, ws.dqkv, ws.ring_dkv[here], ws.datty, s.qkv, kv[here], s.atty, s.att, d.NH,
+                            d.context, (d.context.rank - step + ring.size) % ring.size);
+    exec.fence();
+    ring.pass(ws.ring_dkv[here].data(), ws.ring_dkv[next].data(), g, kRingGradients);
+    ring.wait();
+  }
+  // The last pass brought back this rank's own keys' and values' gradients.
+  ring_unpack_key_value_gradients(exec, ws.dqkv, ws.ring_dkv[ring.size % 2]);
+}
+
 }  // namespace detail
 
 // out = wte[inputs] + wpe (learned positions; rotary ones turn q and k in each block
@@ -185,7 +241,9 @@ void embed_forward(const Exec& exec, const EmbeddingWeights<Exec>& w, const Mat<
     token_embedding_forward(exec, out, inputs, w.wte, d.vocab_begin);
     detail::combine(exec, tp.sum, out);
   }
-  if (d.parts.position == PositionKind::learned) position_embedding_forward(exec, out, w.wpe, d.T, d.first_row());
+  if (d.parts.position == PositionKind::learned) {
+    position_embedding_forward(exec, out, w.wpe, d.context, d.first_row());
+  }
   Kokkos::Profiling::popRegion();
 }
 
@@ -196,7 +254,7 @@ void embed_backward(const Exec& exec, const EmbeddingTensors<Exec>& g, const Con
                     const Tokens<Exec>& inputs, const TokenRuns<Exec>& runs, const Dims& d) {
   Kokkos::Profiling::pushRegion("lamina::embed_backward");
   token_embedding_backward(exec, g.wte, dout, inputs, runs, d.vocab_begin);
-  if (d.parts.position == PositionKind::learned) position_embedding_backward(exec, g.wpe, dout, d.T);
+  if (d.parts.position == PositionKind::learned) position_embedding_backward(exec, g.wpe, dout, d.context);
   Kokkos::Profiling::popRegion();
 }
 
@@ -242,7 +300,11 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
   }
   // q and k rotated as kept: attention's backward reads them so.
   if (d.parts.position == PositionKind::rotary) rotary_apply(exec, s.qkv, d.NH + d.NKV, d.T, 0, ws.rotary, true);
-  attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, d.NH, s.attention, s.products);
+  if (tp.ring.pass) {
+    detail::context_attention_forward(exec, tp.ring, s, d, ws);
+  } else {
+    attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, d.NH, s.attention, s.products);
+  }
   // The projections' biases join the residual, the MLP's its activation (no pass of their own).
   detail::row_parallel_forward<Exec, T>(exec, tp, ws.attproj, ws.fcproj.data(), s.atty, w.proj_w, s.products,
                                         ws, [&](const auto& proj) {
@@ -319,8 +381,12 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   // attention branch: x2 = x + c_proj(attn(rotary(c_attn(ln_1(x)))))
   linear_backward(exec, ws.datty, g.proj_w, g.proj_b, detail::all_rows<Exec, float>(exec, tp, dres, ws.gathered_grad),
                   s.atty, w.proj_w, ws.column_partials, s.products, ws.widened);
-  attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, d.NH, s.attention,
-                     s.products);
+  if (tp.ring.pass) {
+    detail::context_attention_backward(exec, tp.ring, s, d, ws);
+  } else {
+    attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, d.NH, s.attention,
+                       s.products);
+  }
   if (d.parts.position == PositionKind::rotary) rotary_apply(exec, ws.dqkv, d.NH + d.NKV, d.T, 0, ws.rotary, false);
   // The QKV bias's gradient: dqkv's column sums, taken as the layer's bias gradient into a
   // zeroed workspace, then added but for the k part.

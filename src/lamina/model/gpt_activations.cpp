@@ -14,14 +14,16 @@ void add_bf16_workspace(ActivationSizes& s, const Dims& d) {
   const std::int64_t N = d.N(), C = d.C, A = d.A(), W = d.qkv_width(), F = d.F, F1 = d.fc_width();
   s.product_out = N * std::max({W, F1, C});  // within the shared part's backward
   const ProductMath math = product_math<Exec>(Precision::bf16);
-  s.attention_copies = attention_copies<Exec>(d.attention, math, d.B, d.T, d.NH, d.hd, d.NKV);
+  // (Context parallelism's ring reads and writes bf16 as it is stored.)
+  s.attention_copies = d.context_parallel() ? 0 : attention_copies<Exec>(d.attention, math, d.B, d.T, d.NH, d.hd, d.NKV);
   s.param_vectors = d.block_vectors();  // a block's; the final norm's fit
   // Weights products read as bf16 (op(B) of K rows): the projections both ways, the head's.
   const std::int64_t largest = std::max({C * W, A * C, C * F1, F * C, d.V * C});
   const std::int64_t largest_k = std::max({C, W, F1, F, d.V});
   // Attention's products round their operands into it too where they run on a host's oneDNN.
   s.product_scratch =
-      std::max(product_scratch<Exec>(largest, largest_k), attention_scratch<Exec>(d.attention, math, d.B, d.T, d.NH, d.hd));
+      std::max(product_scratch<Exec>(largest, largest_k),
+               d.context_parallel() ? 0 : attention_scratch<Exec>(d.attention, math, d.B, d.T, d.NH, d.hd));
   s.workspace += s.attention_copies + s.param_vectors + s.product_scratch;
 }
 
@@ -44,6 +46,12 @@ ActivationSizes activation_sizes(const Dims& d) {
   // Sequence parallelism: the gathered residual gradient (or a reduce-scatter's share) in
   // fp32, and a norm's gathered output as stored.
   if (d.sequence_parallel()) s.sequence = N * C + (d.bf16 ? (N * C + 1) / 2 : N * C);
+  // Context parallelism: keys and values as stored, two buffers; then the running results (N A
+  // and a log-sum-exp per score row) or, in their memory, two buffers of key/value gradients.
+  if (d.context_parallel()) {
+    const std::int64_t K = W - A;
+    s.context = 2 * N * (d.bf16 ? K / 2 : K) + std::max(N * A + scores, 2 * N * K);
+  }
   // staged q, k, v, y heads N (W + A), attproj and fcproj 2 NC
   const std::int64_t forward = N * (W + A) + 2 * N * C;
   // dln, scratch: 2 NC; the MLP's gradients N fc_grad_width; dqkv NW (holding the staged q,

@@ -20,6 +20,7 @@
 #include "lamina/kernels/attention.hpp"
 #include "lamina/kernels/common.hpp"
 #include "lamina/kernels/embedding.hpp"
+#include "lamina/kernels/ring_attention.hpp"
 #include "lamina/kernels/rotary.hpp"
 #include "lamina/model/activation_policy.hpp"
 
@@ -48,6 +49,10 @@ struct Dims {
   // Sequence parallelism (parallel.sequence_parallel): the residual stream's rows split into
   // seq_shards contiguous shares over the tensor-parallel group, this rank's the seq_shard-th.
   std::int64_t seq_shards = 1, seq_shard = 0;
+  // Context parallelism (parallel.cp): the model's sequences over the context-parallel group
+  // (kernels/context_chunks.hpp); T is then this rank's rows of a sequence, context.rows().
+  ContextChunks context;
+  bool context_parallel() const { return context.cp > 1; }
   std::int64_t N() const { return B * T; }  // a micro-batch's rows: what products and attention take
   // Rows of the residual stream, its norms and their statistics on this rank, and its first.
   std::int64_t rows() const { return N() / seq_shards; }
@@ -71,20 +76,21 @@ struct Dims {
   // pass's score gradients, and of the probabilities fused products recompute, one layer at
   // a time, on a host BLAS (a device's fused products keep both in team scratch).
   std::int64_t saved_attention_columns() const { return lamina::saved_attention_columns(attention, T); }
+  // (Context parallelism: none, its ring runs the fused kernels of a device on any space.)
   std::int64_t score_gradient_columns() const {
-    return attention != AttentionProducts::fused || host_attention ? T : 0;
+    return !context_parallel() && (attention != AttentionProducts::fused || host_attention) ? T : 0;
   }
   std::int64_t recomputed_probability_columns() const {
-    return attention == AttentionProducts::fused && host_attention ? T : 0;
+    return !context_parallel() && attention == AttentionProducts::fused && host_attention ? T : 0;
   }
   std::int64_t A() const { return NH * hd; }  // attention width on this rank (C / tp)
   // The dims of a run on Exec (a run's: the build's default space): refuses what it cannot run.
   template <class Exec = Kokkos::DefaultExecutionSpace>
   static Dims of(const ModelConfig& m, std::int64_t micro_batch, int tp_size = 1, int tp_rank = 0,
-                 bool sequence_parallel = false) {
-    Dims d = shape(m, micro_batch, tp_size, tp_rank, sequence_parallel);
+                 bool sequence_parallel = false, int cp_size = 1, int cp_rank = 0) {
+    Dims d = shape(m, micro_batch, tp_size, tp_rank, sequence_parallel, cp_size, cp_rank);
     d.host_attention = kAttentionInPlace<Exec>;
-    d.attention = m.attention.value_or(kAttentionProducts<Exec>);
+    d.attention = d.context_parallel() ? AttentionProducts::fused : m.attention.value_or(kAttentionProducts<Exec>);
     if (d.attention == AttentionProducts::in_place && !d.host_attention) {
       throw InputError(std::string("model.attention = \"in_place\" needs host execution and OpenBLAS; this build "
                                    "runs on ") +
@@ -95,11 +101,11 @@ struct Dims {
   // The dims of a run on a machine that need not be this build's (planning): a host as this
   // build's host space runs it, a device as a device build does (no host BLAS for attention).
   static Dims on_machine(const ModelConfig& m, std::int64_t micro_batch, int tp_size, bool host,
-                         bool sequence_parallel = false) {
-    if (host) return of<Kokkos::DefaultHostExecutionSpace>(m, micro_batch, tp_size, 0, sequence_parallel);
-    Dims d = shape(m, micro_batch, tp_size, 0, sequence_parallel);
+                         bool sequence_parallel = false, int cp_size = 1) {
+    if (host) return of<Kokkos::DefaultHostExecutionSpace>(m, micro_batch, tp_size, 0, sequence_parallel, cp_size);
+    Dims d = shape(m, micro_batch, tp_size, 0, sequence_parallel, cp_size);
     d.host_attention = false;
-    d.attention = m.attention.value_or(kDeviceAttentionProducts);
+    d.attention = d.context_parallel() ? AttentionProducts::fused : m.attention.value_or(kDeviceAttentionProducts);
     if (d.attention == AttentionProducts::in_place) {
       throw InputError("model.attention = \"in_place\" needs host execution and OpenBLAS; the machine planned "
                        "for runs on a device: choose \"fused\" or \"staged\"");
@@ -108,10 +114,11 @@ struct Dims {
   }
   // The dims alone.
   static Dims shape(const ModelConfig& m, std::int64_t micro_batch, int tp_size = 1, int tp_rank = 0,
-                    bool sequence_parallel = false) {
+                    bool sequence_parallel = false, int cp_size = 1, int cp_rank = 0) {
     Dims d;
     d.B = micro_batch;
-    d.T = m.seq_len;
+    d.context = {m.seq_len, cp_size, cp_rank};
+    d.T = d.context.rows();
     d.C = m.d_model;
     d.NH = m.heads / tp_size;
     d.hd = m.d_model / m.heads;
@@ -123,6 +130,18 @@ struct Dims {
     d.V = m.vocab_size / tp_size;
     d.vocab_begin = tp_rank * d.V;
     d.attention = m.attention.value_or(d.attention);
+    if (d.context_parallel()) {
+      if (m.attention && *m.attention != AttentionProducts::fused) {
+        throw InputError(std::string("context parallelism (parallel.cp) runs attention as ring attention on the fused "
+                                     "kernels, not model.attention = \"") +
+                         attention_products_name(*m.attention) + "\": set it to \"fused\" or leave it out");
+      }
+      if (m.seq_len % (2 * cp_size) != 0) {
+        throw InputError("context parallelism cuts each sequence into 2 cp = " + std::to_string(2 * cp_size) +
+                         " chunks, which model.seq_len = " + std::to_string(m.seq_len) + " does not split into");
+      }
+      d.attention = AttentionProducts::fused;
+    }
     if (sequence_parallel) {
       d.seq_shards = tp_size;
       d.seq_shard = tp_rank;
@@ -142,6 +161,7 @@ struct ActivationSizes {
   std::int64_t workspace = 0;  // scratch shared by all layers (forward and backward overlap), all of it
   std::int64_t column_partials = 0;  // a device's column sums' partial sums (kernels/gemm.hpp)
   std::int64_t sequence = 0;  // sequence parallelism: its gathered rows (Workspace::gathered_grad, gathered)
+  std::int64_t context = 0;   // context parallelism: the ring's buffers (Workspace::ring_kv, ring, ring_dkv)
   // of the workspace, in bf16 runs: attention's fp32 copies where it cannot read bf16 as it is
   // (attention_copies), a layer's norm gains and biases widened (param_vectors), and the
   // products' conversions
@@ -214,6 +234,17 @@ struct Workspace {
   MatOf<Exec, T> gathered_as() const {
     return as_mat_of<Exec>(reinterpret_cast<T*>(gathered.data()), gathered_grad.extent(0), gathered_grad.extent(1));
   }
+  // context parallelism (empty otherwise), memory of their own: the keys and values in flight
+  // around the ring, two buffers of (N, 2 NKV hd) values as stored (ring_kv_as<T>); forward,
+  // the running results of the rank's queries; backward, in their memory, the travelling key and
+  // value gradients, two buffers of (N, 2 NKV hd)
+  Mat<Exec> ring_kv[2];  // the values' words: (N, 2 NKV hd) floats, or (N, NKV hd) bf16 pairs
+  RingAttentionState<Exec> ring;
+  Mat<Exec> ring_dkv[2];
+  template <class T>
+  MatOf<Exec, T> ring_kv_as(int i) const {
+    return as_mat_of<Exec>(reinterpret_cast<T*>(ring_kv[i].data()), ring_dkv[i].extent(0), ring_dkv[i].extent(1));
+  }
 };
 
 // The scratch space of one rank, allocated once.
@@ -267,7 +298,7 @@ class WorkspaceBuffers {
     ws.heads.narrowed = ws.dheads.narrowed = ws.widened;  // between products, never during one
     if (s.rotary > 0) {
       ws.rotary = RotaryTable<Exec>(p + s.product_scratch, T,
-                                    rotary_inverse_frequencies(hd, d.parts.rope_theta, d.parts.rope_scaling));
+                                    rotary_inverse_frequencies(hd, d.parts.rope_theta, d.parts.rope_scaling), d.context);
     }
     partials_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::column_partials", s.column_partials);
     ws.column_partials = partials_.view();
@@ -276,11 +307,23 @@ class WorkspaceBuffers {
       ws.gathered_grad = as_mat<Exec>(sequence_.data(), N, C);
       ws.gathered = as_vec<Exec>(sequence_.data() + N * C, s.sequence - N * C);
     }
+    if (s.context > 0) {
+      context_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::context_ring", s.context);
+      const std::int64_t words = d.bf16 ? K / 2 : K;
+      p = context_.data();
+      for (Mat<Exec>& kv : ws.ring_kv) {
+        kv = as_mat<Exec>(p, N, words);
+        p += N * words;
+      }
+      ws.ring = {as_mat<Exec>(p, N, A), as_mats<Exec>(p + N * A, BNH, T, 1)};
+      ws.ring_dkv[0] = as_mat<Exec>(p, N, K);
+      ws.ring_dkv[1] = as_mat<Exec>(p + N * K, N, K);
+    }
   }
   Workspace<Exec> ws;
 
  private:
-  Buffer<float, Mem> buf_, partials_, sequence_;
+  Buffer<float, Mem> buf_, partials_, sequence_, context_;
 };
 
 // A block's inner activations laid out in `inner` (activation_sizes().inner values of T),

@@ -7,9 +7,12 @@
 // run asks for it (parallel.tp_sums), sums the blocks' partial results as bf16 values. Under
 // sequence parallelism (Megatron's) each rank holds 1/shards of the residual stream's rows:
 // gather joins the ranks' rows before the products that read all of them (its backward,
-// scatter_sum, sums their partial results and leaves each rank its own rows).
+// scatter_sum, sums their partial results and leaves each rank its own rows). Under context
+// parallelism the ring passes keys and values between the ranks that share a sequence.
 #include <cstdint>
 #include <functional>
+
+#include "lamina/model/context_ring.hpp"
 
 namespace lamina {
 
@@ -24,6 +27,7 @@ struct ShardCombine {
   std::function<void(const float* send, float* recv, std::int64_t count)> scatter_sum;
   // the same of bf16 values, where a bf16 run sums in bf16 (the blocks' partial results)
   std::function<void(const std::uint16_t* send, std::uint16_t* recv, std::int64_t count)> scatter_sum16;
+  ContextRing ring;  // context parallelism (parallel.cp)
 };
 
 }  // namespace lamina

@@ -45,7 +45,7 @@ Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& 
       dims_(dims),
       prices_(prices),
       final_(schedule.final_layer()),
-      tp_(tensor_parallel_combine(grid, schedule.spec().tp_sums, schedule.spec().layout.sequence_parallel)),
+      tp_(shard_combine(grid, schedule.spec().tp_sums, schedule.spec().layout.sequence_parallel)),
       ws_(tracker, dims),
       send_pool_(tracker, MemCategory::communication, "lamina::pipeline_sends"),
       messages_(transfer_instance<Exec>()),
@@ -159,8 +159,20 @@ void Executor::forward(const Chunk& c, int layer, int mb, int buffer, const Micr
   LayerRangeActs<Exec>& a = slot(c.index, mb);
   if (layer == first_layer(c)) {
     if (c.embedding || c.head) {
-      std::vector<std::int32_t> inputs(static_cast<std::size_t>(dims_.N())), targets(inputs.size());
+      // The micro-batch's whole sequences; under context parallelism this rank's rows of each.
+      const ContextChunks& where = dims_.context;
+      std::vector<std::int32_t> inputs(static_cast<std::size_t>(dims_.B * where.T)), targets(inputs.size());
       load(mb, inputs.data(), targets.data());
+      if (dims_.context_parallel()) {
+        for (std::int64_t b = 0; b < dims_.B; ++b) {
+          for (std::int64_t t = 0; t < where.rows(); ++t) {
+            const auto from = static_cast<std::size_t>(b * where.T + where.position(t));
+            const auto to = static_cast<std::size_t>(b * where.rows() + t);
+            inputs[to] = inputs[from];
+            targets[to] = targets[from];
+          }
+        }
+      }
       a.set_tokens(exec, inputs.data(), targets.data());
     }
     const Partition& part = schedule_.partition();

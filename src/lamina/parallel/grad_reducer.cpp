@@ -78,7 +78,7 @@ GradientReducer::GradientReducer(MemoryTracker& tracker, const ParamLayout& layo
   for (int l : held) {
     const LayerSpec& spec = layout.layers()[static_cast<std::size_t>(l)];
     Slot s;
-    s.shard = LayerShard::of(spec.numel, grid.dp_size(), precision == Precision::bf16);
+    s.shard = LayerShard::of(spec.numel, grid.data_size(), precision == Precision::bf16);
     const StoredGrads n = StoredGrads::of(s.shard, zero);
     if (n.full) s.grads = Buffer<float, DeviceMem>(tracker, MemCategory::gradients, "lamina::grads_" + spec.name, n.full);
     if (n.shard) {
@@ -105,7 +105,7 @@ GradientReducer::GradientReducer(MemoryTracker& tracker, const ParamLayout& layo
   std::vector<Span> spans;
   for (const auto& [l, s] : slots_) {
     if (l == 0 && !grid_.first_stage()) continue;  // the last stage's copy of the tied embedding
-    const std::int64_t begin = grid_.dp_rank() * s.shard.shard, end = std::min(s.shard.numel, begin + s.shard.shard);
+    const std::int64_t begin = grid_.data_rank() * s.shard.shard, end = std::min(s.shard.numel, begin + s.shard.shard);
     const auto add_span = [&](std::int64_t first, std::int64_t last) {
       const std::int64_t b = std::max(begin, first), e = std::min(end, last);
       if (b < e) spans.push_back({zero_ <= 1 ? s.grads.data() + b : s.grad_shard.data() + (b - begin), e - b});
@@ -185,13 +185,13 @@ Completion GradientReducer::reduce(int layer) {
     // Subgroup-sized buckets keep messages bounded.
     for (std::int64_t b = 0; b < s.shard.padded; b += bucket_) {
       const std::int64_t n = std::min(bucket_, s.shard.padded - b);
-      done.add(grid_.dp().iallreduce(s.grads.data() + b, n, ReduceOp::sum));
+      done.add(grid_.data().iallreduce(s.grads.data() + b, n, ReduceOp::sum));
     }
     return done;
   }
   float* full = zero_ == 1 ? s.grads.data() : s.full_grads;
   float* temp = pools_.staging.acquire(s.shard.shard);
-  done.add(grid_.dp().ireduce_scatter(full, temp, s.shard.shard));
+  done.add(grid_.data().ireduce_scatter(full, temp, s.shard.shard));
   if (zero_ >= 2) s.full_grads = nullptr;  // the next backward starts a fresh accumulator
   done.then([this, layer, full, temp] {
     // On an instance of its own: waiting for it waits for nothing queued on the compute's.
@@ -199,7 +199,7 @@ Completion GradientReducer::reduce(int layer) {
     const Exec& exec = follow_up_;
     if (zero_ == 1) {
       // ZeRO-1 keeps its full gradient buffer; the reduced shard goes back into its place.
-      const std::int64_t owned = s.shard.owned_begin(grid_.dp_rank(), zero_);
+      const std::int64_t owned = s.shard.owned_begin(grid_.data_rank(), zero_);
       Kokkos::deep_copy(exec, dev(s.grads.data() + owned, s.shard.shard), dev(temp, s.shard.shard));
     } else {
       add(exec, s.grad_shard.data(), temp, s.shard.shard);
@@ -219,7 +219,7 @@ void GradientReducer::sync_embedding() {
   if (zero_ == 0) {
     grid_.embedding().allreduce(s.grads.data(), s.shard.padded, ReduceOp::sum);
   } else if (zero_ == 1) {
-    grid_.embedding().allreduce(s.grads.data() + s.shard.owned_begin(grid_.dp_rank(), zero_), s.shard.shard,
+    grid_.embedding().allreduce(s.grads.data() + s.shard.owned_begin(grid_.data_rank(), zero_), s.shard.shard,
                                 ReduceOp::sum);
   } else {
     grid_.embedding().allreduce(s.grad_shard.data(), s.shard.shard, ReduceOp::sum);
@@ -228,7 +228,7 @@ void GradientReducer::sync_embedding() {
 
 const float* GradientReducer::owned(int layer) const {
   const Slot& s = slot(layer);
-  return zero_ <= 1 ? s.grads.data() + s.shard.owned_begin(grid_.dp_rank(), zero_) : s.grad_shard.data();
+  return zero_ <= 1 ? s.grads.data() + s.shard.owned_begin(grid_.data_rank(), zero_) : s.grad_shard.data();
 }
 
 double GradientReducer::sq_norm_local() const { return norm_(Exec()); }

@@ -28,6 +28,9 @@ inline const char* schedule_kind_name(ScheduleKind k) {
 
 struct ParallelLayout {
   int dp = 1, tp = 1, pp = 1;
+  // Context parallelism: each sequence's positions over cp ranks (kernels/context_chunks.hpp),
+  // attention as a ring; gradients sum and ZeRO shards over the dp x cp ranks of a replica.
+  int cp = 1;
   // Megatron's sequence parallelism: the residual stream, its norms and their saved inputs and
   // outputs hold 1/tp of a micro-batch's rows on each tensor-parallel rank, gathered before the
   // column-parallel products and reduce-scattered after the row-parallel ones.
@@ -39,7 +42,9 @@ struct ParallelLayout {
   int micro_batches = 1;   // per data-parallel rank and step
   std::int64_t micro_batch_size = 1;  // sequences per forward/backward pass
 
-  int ranks() const { return dp * tp * pp; }
+  int ranks() const { return dp * cp * tp * pp; }
+  // The data group: the ranks that hold the same parameters and see different tokens.
+  int replicas() const { return dp * cp; }
 };
 
 // One transformer block's policy; the embedding follows block 0, the final norm the last

@@ -43,9 +43,9 @@ ParameterStore::ParameterStore(MemoryTracker& tracker, const ParamLayout& layout
     const LayerSpec& spec = layout.layers()[static_cast<std::size_t>(l)];
     const LayerPolicy& policy = policy_of_layer(blocks, l);
     Slot s;
-    s.shard = LayerShard::of(spec.numel, grid.dp_size(), bf16_);
+    s.shard = LayerShard::of(spec.numel, grid.data_size(), bf16_);
     s.tier = policy.params;
-    s.owned_begin = s.shard.owned_begin(grid.dp_rank(), zero);
+    s.owned_begin = s.shard.owned_begin(grid.data_rank(), zero);
     const StoredParams n = StoredParams::of(s.shard, policy, zero, precision);
     const std::string& name = spec.name;
     const MemTier h = MemTier::host;
@@ -74,7 +74,7 @@ Completion ParameterStore::fetch(Slot& s) {
   Completion done;
   CopyStream& in = streams_.fetch;
   if (s.tier == MemTier::device) {  // ZeRO-3: from the data-parallel peers
-    done.add(grid_.dp_fetch().iall_gather(s.params.data(), s.gathered, sh.shard));
+    done.add(grid_.data_fetch().iall_gather(s.params.data(), s.gathered, sh.shard));
   } else if (zero_ < 3) {  // host tier: copied in on the fetch stream
     in.copy(dev(s.gathered, sh.padded), host(s.params_host.data(), sh.padded));
     done.add(in.mark());
@@ -82,7 +82,7 @@ Completion ParameterStore::fetch(Slot& s) {
     float* mine = pools_.staging.acquire(sh.shard);
     in.copy(dev(mine, sh.shard), host(s.params_host.data(), sh.shard));
     in.wait();  // the network reads it
-    done.add(grid_.dp_fetch().iall_gather(mine, s.gathered, sh.shard));
+    done.add(grid_.data_fetch().iall_gather(mine, s.gathered, sh.shard));
     done.then([this, mine, n = sh.shard] { pools_.staging.release(mine, n); });
   }
   return done;
@@ -100,13 +100,13 @@ Completion ParameterStore::fetch_bf16(Slot& s) {
   }
   // ZeRO-3: the bf16 shards are all-gathered (half the bytes of fp32).
   if (s.tier == MemTier::device) {
-    done.add(all_gather_bf16(grid_.dp_fetch(), s.params16.data(), s.gathered16, sh.shard));
+    done.add(all_gather_bf16(grid_.data_fetch(), s.params16.data(), s.gathered16, sh.shard));
     return done;
   }
   std::uint16_t* mine = pools_.staging16.acquire(sh.shard);
   in.copy(dev(mine, sh.shard), host(s.params16_host.data(), sh.shard));
   in.wait();  // the network reads it
-  done.add(all_gather_bf16(grid_.dp_fetch(), mine, s.gathered16, sh.shard));
+  done.add(all_gather_bf16(grid_.data_fetch(), mine, s.gathered16, sh.shard));
   done.then([this, mine, n = sh.shard] { pools_.staging16.release(mine, n); });
   return done;
 }
@@ -188,12 +188,12 @@ void ParameterStore::share(int layer) {
     if (s.tier == MemTier::device) {
       on.copy(dev(mine, sh.shard), dev(s.params16.data() + s.owned_begin, sh.shard));
       on.wait();
-      all_gather_bf16(grid_.dp(), mine, s.params16.data(), sh.shard).wait();
+      all_gather_bf16(grid_.data(), mine, s.params16.data(), sh.shard).wait();
     } else {
       std::uint16_t* full = pools_.staging16.acquire(sh.padded);
       on.copy(dev(mine, sh.shard), host(s.params16_host.data() + s.owned_begin, sh.shard));
       on.wait();
-      all_gather_bf16(grid_.dp(), mine, full, sh.shard).wait();
+      all_gather_bf16(grid_.data(), mine, full, sh.shard).wait();
       on.copy(host(s.params16_host.data(), sh.padded), dev(full, sh.padded));
       on.wait();
       pools_.staging16.release(full, sh.padded);
@@ -205,12 +205,12 @@ void ParameterStore::share(int layer) {
   if (s.tier == MemTier::device) {
     on.copy(dev(mine, sh.shard), dev(s.params.data() + s.owned_begin, sh.shard));
     on.wait();
-    grid_.dp().all_gather(mine, s.params.data(), sh.shard);
+    grid_.data().all_gather(mine, s.params.data(), sh.shard);
   } else {
     float* full = pools_.staging.acquire(sh.padded);
     on.copy(dev(mine, sh.shard), host(s.params_host.data() + s.owned_begin, sh.shard));
     on.wait();
-    grid_.dp().all_gather(mine, full, sh.shard);
+    grid_.data().all_gather(mine, full, sh.shard);
     on.copy(host(s.params_host.data(), sh.padded), dev(full, sh.padded));
     on.wait();
     pools_.staging.release(full, sh.padded);

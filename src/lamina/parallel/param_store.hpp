@@ -122,7 +122,7 @@ class ParameterStore : public ParamSink {
   };
   Slot& slot(int layer) { return slots_.at(layer); }
   const Slot& slot(int layer) const { return slots_.at(layer); }
-  std::int64_t stored_begin(const Slot& s) const { return s.shard.stored_begin(grid_.dp_rank(), zero_); }
+  std::int64_t stored_begin(const Slot& s) const { return s.shard.stored_begin(grid_.data_rank(), zero_); }
   Completion fetch(Slot& s);
   Completion fetch_bf16(Slot& s);
 

@@ -2,6 +2,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "lamina/comm/mpi_communicator.hpp"
@@ -83,28 +84,33 @@ std::unique_ptr<Communicator> make_group(MPI_Comm comm, const std::string& name,
 
 }  // namespace
 
-ProcessGrid::ProcessGrid(MPI_Comm world, int dp, int tp, int pp, CommBackend backend) : dp_(dp), tp_(tp), pp_(pp) {
+ProcessGrid::ProcessGrid(MPI_Comm world, int dp, int cp, int tp, int pp, CommBackend backend)
+    : dp_(dp), cp_(cp), tp_(tp), pp_(pp) {
   int size = 1;
   MPI_Comm_size(world, &size);
   MPI_Comm_rank(world, &world_rank_);
-  if (dp * tp * pp != size) {
-    throw InputError(strprintf("parallel.dp x tp x pp = %d x %d x %d = %d, but the job has %d rank(s); start it with "
-                               "mpirun -np %d, or change the parallel section",
-                               dp, tp, pp, dp * tp * pp, size, dp * tp * pp));
+  if (dp * cp * tp * pp != size) {
+    throw InputError(strprintf("parallel.dp x cp x tp x pp = %d x %d x %d x %d = %d, but the job has %d rank(s); start "
+                               "it with mpirun -np %d, or change the parallel section",
+                               dp, cp, tp, pp, dp * cp * tp * pp, size, dp * cp * tp * pp));
   }
   // Communicator creation is collective and cannot poll: a watchdog bounds it instead.
   const BlockingSection section("the other ranks to create the process grid's communicators");
   nccl_ = choose_nccl(world, backend, backend_reason_);
   tp_rank_ = world_rank_ % tp;
-  dp_rank_ = (world_rank_ / tp) % dp;
-  pp_rank_ = world_rank_ / (tp * dp);
-  MPI_Comm dup = MPI_COMM_NULL, tpc = MPI_COMM_NULL, dpc = MPI_COMM_NULL, ppc = MPI_COMM_NULL, emb = MPI_COMM_NULL;
+  cp_rank_ = (world_rank_ / tp) % cp;
+  dp_rank_ = (world_rank_ / (tp * cp)) % dp;
+  pp_rank_ = world_rank_ / (tp * cp * dp);
+  MPI_Comm dup = MPI_COMM_NULL, tpc = MPI_COMM_NULL, cpc = MPI_COMM_NULL, datac = MPI_COMM_NULL, ppc = MPI_COMM_NULL,
+           emb = MPI_COMM_NULL;
   MPI_Comm_dup(world, &dup);
   world_comm_ = std::make_unique<MpiCommunicator>(dup, "world");
   // Colours: the coordinates that stay fixed within the group; keys order the members.
-  MPI_Comm_split(world, dp_rank_ + dp * pp_rank_, tp_rank_, &tpc);
-  MPI_Comm_split(world, tp_rank_ + tp * pp_rank_, dp_rank_, &dpc);
-  MPI_Comm_split(world, tp_rank_ + tp * dp_rank_, pp_rank_, &ppc);
+  const int replica = cp_rank_ + cp * dp_rank_;  // the position in the data group
+  MPI_Comm_split(world, replica + cp * dp * pp_rank_, tp_rank_, &tpc);
+  MPI_Comm_split(world, tp_rank_ + tp * (dp_rank_ + dp * pp_rank_), cp_rank_, &cpc);
+  MPI_Comm_split(world, tp_rank_ + tp * pp_rank_, replica, &datac);
+  MPI_Comm_split(world, tp_rank_ + tp * replica, pp_rank_, &ppc);
   MPI_Comm ppclock = MPI_COMM_NULL;
   MPI_Comm_dup(ppc, &ppclock);
   pp_clock_comm_ = std::make_unique<MpiCommunicator>(ppclock, "pp_clock");
@@ -123,12 +129,13 @@ ProcessGrid::ProcessGrid(MPI_Comm world, int dp, int tp, int pp, CommBackend bac
     }
   }
   const bool ends = pp_rank_ == 0 || pp_rank_ == pp - 1;
-  MPI_Comm_split(world, ends ? tp_rank_ + tp * dp_rank_ : MPI_UNDEFINED, pp_rank_, &emb);
+  MPI_Comm_split(world, ends ? tp_rank_ + tp * replica : MPI_UNDEFINED, pp_rank_, &emb);
   MPI_Comm fetch = MPI_COMM_NULL;
-  MPI_Comm_dup(dpc, &fetch);
+  MPI_Comm_dup(datac, &fetch);
   tp_comm_ = make_group(tpc, "tp", nccl_);
-  dp_comm_ = make_group(dpc, "dp", nccl_);
-  dp_fetch_comm_ = make_group(fetch, "dp fetch", nccl_);
+  cp_comm_ = make_group(cpc, "cp", nccl_);
+  data_comm_ = make_group(datac, "dp", nccl_);
+  data_fetch_comm_ = make_group(fetch, "dp fetch", nccl_);
   // Pipeline messages over NCCL travel on the links; the group itself is MPI's.
   pp_comm_ = std::make_unique<MpiCommunicator>(ppc, "pp");
   for (const auto& [key, comm] : pairs) {
@@ -157,20 +164,38 @@ std::vector<Communicator*> ProcessGrid::own_links() const {
 }
 
 std::string ProcessGrid::describe() const {
-  std::string out = strprintf("process grid dp=%d x tp=%d x pp=%d (tp innermost):", dp_, tp_, pp_);
+  std::string out = strprintf("process grid dp=%d x cp=%d x tp=%d x pp=%d (tp innermost):", dp_, cp_, tp_, pp_);
   for (int p = 0; p < pp_; ++p) {
     out += strprintf("\n  stage %d:", p);
     for (int d = 0; d < dp_; ++d) {
       out += " [";
-      for (int t = 0; t < tp_; ++t) out += strprintf("%s%d", t ? " " : "", world_rank_of(d, t, p));
+      for (int c = 0; c < cp_; ++c) {
+        if (c > 0) out += " |";
+        for (int t = 0; t < tp_; ++t) out += strprintf("%s%d", t || c ? " " : "", world_rank_of(d, c, t, p));
+      }
       out += "]";
     }
   }
-  return out + "  (ranks per data-parallel replica, in tensor-parallel order)\n  communicators: " + backend_reason_;
+  return out + "  (ranks per data-parallel replica, context-parallel ranks apart by |, in tensor-parallel order)" +
+         "\n  communicators: " + backend_reason_;
 }
 
-ShardCombine tensor_parallel_combine(const ProcessGrid& grid, Precision sums, bool sequence_parallel) {
+ShardCombine shard_combine(const ProcessGrid& grid, Precision sums, bool sequence_parallel) {
   ShardCombine c;
+  if (grid.cp_size() > 1) {
+    Communicator* cp = &grid.cp();
+    auto pending = std::make_shared<std::vector<Request>>();
+    c.ring.size = grid.cp_size();
+    c.ring.rank = grid.cp_rank();
+    c.ring.pass = [cp, pending](const float* send, float* recv, std::int64_t n, int tag) {
+      const int size = cp->size(), next = (cp->rank() + 1) % size, previous = (cp->rank() + size - 1) % size;
+      pending->push_back(cp->isendrecv(send, recv, n, next, previous, tag));
+    };
+    c.ring.wait = [pending] {
+      for (Request& r : *pending) r.wait();
+      pending->clear();
+    };
+  }
   if (grid.tp_size() == 1) return c;
   Communicator* tp = &grid.tp();
   c.sum = [tp](float* data, std::int64_t n) { tp->allreduce(data, n, ReduceOp::sum); };

@@ -1,7 +1,11 @@
 #pragma once
-// The dp x tp x pp process grid. Tensor-parallel ranks are adjacent (same node, fastest
-// links), then data-parallel, then pipeline stages:
-//   world rank = tp_rank + tp * (dp_rank + dp * pp_rank).
+// The dp x cp x tp x pp process grid (Megatron-Core's order). Tensor-parallel ranks are
+// adjacent (same node, fastest links), then context-parallel, then data-parallel, then
+// pipeline stages:
+//   world rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank)).
+// The ranks of a context-parallel group share sequences (each holds 2 of their 2 cp chunks);
+// the dp x cp ranks of one (tp, pp) position hold the same parameters and see different tokens:
+// the data group (data()), over which gradients sum and ZeRO shards.
 // Each rank holds one communicator per group it belongs to; the "embedding" group joins
 // the first and last pipeline stages of one (dp, tp) position, which both hold the tied
 // token embedding. Pipeline messages travel on links (link()): over MPI the pp group
@@ -26,27 +30,35 @@ namespace lamina {
 
 class ProcessGrid {
  public:
-  // Throws InputError when dp * tp * pp differs from the size of `world`, or when
+  // Throws InputError when dp * cp * tp * pp differs from the size of `world`, or when
   // `backend` asks for NCCL where it cannot work (no CUDA build with NCCL, ranks that share
   // a GPU). The world and pp_clock groups are always MPI (host scalars).
-  ProcessGrid(MPI_Comm world, int dp, int tp, int pp, CommBackend backend = CommBackend::automatic);
+  ProcessGrid(MPI_Comm world, int dp, int cp, int tp, int pp, CommBackend backend = CommBackend::automatic);
 
   int dp_size() const { return dp_; }
+  int cp_size() const { return cp_; }
   int tp_size() const { return tp_; }
   int pp_size() const { return pp_; }
-  int dp_rank() const { return dp_rank_; }
+  int dp_rank() const { return dp_rank_; }  // which sequences of a batch the rank sees
+  int cp_rank() const { return cp_rank_; }  // which chunks of them
   int tp_rank() const { return tp_rank_; }
   int pp_rank() const { return pp_rank_; }
+  // The data group's size and this rank's place in it.
+  int data_size() const { return dp_ * cp_; }
+  int data_rank() const { return cp_rank_ + cp_ * dp_rank_; }
   int world_rank() const { return world_rank_; }
-  int world_size() const { return dp_ * tp_ * pp_; }
+  int world_size() const { return dp_ * cp_ * tp_ * pp_; }
   bool first_stage() const { return pp_rank_ == 0; }
   bool last_stage() const { return pp_rank_ == pp_ - 1; }
 
   Communicator& world() const { return *world_comm_; }
-  Communicator& dp() const { return *dp_comm_; }
-  // The data-parallel group again, for parameter fetches (ZeRO-3 all-gathers): a stream of
-  // their own beside the gradient reductions', as the simulator prices them.
-  Communicator& dp_fetch() const { return *dp_fetch_comm_; }
+  // The data group (dp x cp ranks; named "dp"): gradient sums, ZeRO's shards.
+  Communicator& data() const { return *data_comm_; }
+  // The data group again, for parameter fetches (ZeRO-3 all-gathers): a stream of their own
+  // beside the gradient reductions', as the simulator prices them.
+  Communicator& data_fetch() const { return *data_fetch_comm_; }
+  // The context-parallel ring (this rank alone without context parallelism).
+  Communicator& cp() const { return *cp_comm_; }
   Communicator& tp() const { return *tp_comm_; }
   Communicator& pp() const { return *pp_comm_; }  // over MPI (NCCL messages use link())
   // First and last stage (size 2 when pp > 1, else this rank alone).
@@ -65,26 +77,28 @@ class ProcessGrid {
   // The links that are not the pp group itself (their bytes are pipeline traffic too).
   std::vector<Communicator*> own_links() const;
 
-  // World rank of grid position (dp, tp, pp).
-  int world_rank_of(int dp, int tp, int pp) const { return tp + tp_ * (dp + dp_ * pp); }
+  // World rank of grid position (dp, cp, tp, pp).
+  int world_rank_of(int dp, int cp, int tp, int pp) const { return tp + tp_ * (cp + cp_ * (dp + dp_ * pp)); }
   // A table of which world rank holds which (dp, tp, pp) position and the backend of the
   // device groups, for the log.
   std::string describe() const;
   bool nccl() const { return nccl_; }
 
  private:
-  int dp_, tp_, pp_;
-  int dp_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0, world_rank_ = 0;
+  int dp_, cp_, tp_, pp_;
+  int dp_rank_ = 0, cp_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0, world_rank_ = 0;
   bool nccl_ = false;
   std::string backend_reason_;
-  std::unique_ptr<Communicator> world_comm_, dp_comm_, dp_fetch_comm_, tp_comm_, pp_comm_, embedding_comm_, pp_clock_comm_;
+  std::unique_ptr<Communicator> world_comm_, data_comm_, data_fetch_comm_, cp_comm_, tp_comm_, pp_comm_,
+      embedding_comm_, pp_clock_comm_;
   // NCCL: (activation?, the lower stage of the direction's pair s -> s+1) -> communicator
   std::map<std::pair<bool, int>, std::unique_ptr<Communicator>> links_;
 };
 
-// How the model's tensor-parallel shards combine over the grid's tensor-parallel group: sums
-// (in bf16 where `sums` says so), maxima, and under sequence parallelism the gathers and
-// reduce-scatters of the stream's rows. A group of one combines nothing.
-ShardCombine tensor_parallel_combine(const ProcessGrid& grid, Precision sums, bool sequence_parallel);
+// How the model's shards combine over the grid: over the tensor-parallel group sums (in bf16
+// where `sums` says so), maxima, and under sequence parallelism the gathers and reduce-scatters
+// of the stream's rows; over the context-parallel group the ring's passes. A group of one
+// combines nothing.
+ShardCombine shard_combine(const ProcessGrid& grid, Precision sums, bool sequence_parallel);
 
 }  // namespace lamina

@@ -45,7 +45,7 @@ LayerParams RankState::widened(int layer, const Vec<Exec>& vectors) const {
   return p;
 }
 
-bool RankState::writes(int layer) const { return grid_.dp_rank() == 0 && (layer != 0 || grid_.first_stage()); }
+bool RankState::writes(int layer) const { return grid_.data_rank() == 0 && (layer != 0 || grid_.first_stage()); }
 
 void RankState::init(std::uint64_t seed) {
   std::vector<float> full;
@@ -100,7 +100,7 @@ const float* RankState::assemble(int layer, CheckpointPart part, std::vector<flo
     Kokkos::deep_copy(exec, dev(mine, n), host(src, n));
   }
   exec.fence();
-  grid_.dp().all_gather(mine, all, sh.shard);
+  grid_.data().all_gather(mine, all, sh.shard);
   Kokkos::deep_copy(host(out.data(), sh.padded), dev(all, sh.padded));
   pools_.staging.release(all, sh.padded);
   pools_.staging.release(mine, sh.shard);
@@ -111,7 +111,7 @@ void RankState::scatter(int layer, CheckpointPart part, const std::vector<float>
   const LayerShard& sh = store_->shard(layer);
   const Exec exec;
   float* f = const_cast<float*>(full.data());
-  const std::int64_t ob = sh.owned_begin(grid_.dp_rank(), zero_), on = sh.owned_size(zero_);
+  const std::int64_t ob = sh.owned_begin(grid_.data_rank(), zero_), on = sh.owned_size(zero_);
   if (part == CheckpointPart::params) store_->write_stored(layer, full);
   // The optimizer's own copy of the owned range: moments, and master weights where they
   // are not the stored parameters themselves.

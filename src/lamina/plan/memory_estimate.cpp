@@ -86,7 +86,7 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
   const std::vector<int> held = schedule.layers_of_stage(stage);
   const RankOptimizers opt = plan_rank_optimizers(plan, layout, held, 0, dos_model(plan), device_free);
   const MemTier dev = MemTier::device, host = MemTier::host;
-  auto shard = [&](int l) { return LayerShard::of(layout.layers()[static_cast<std::size_t>(l)].numel, o.dp, bf16); };
+  auto shard = [&](int l) { return LayerShard::of(layout.layers()[static_cast<std::size_t>(l)].numel, o.replicas(), bf16); };
 
   // Buffers that live the whole run: the layers' state.
   Footprint f;
@@ -103,8 +103,8 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
   mm.dos_stage = opt.dos_stage;
   mm.checkpoint = extras.checkpoints;
   Dims d = extras.machine_host
-               ? Dims::on_machine(m, o.micro_batch_size, o.tp, *extras.machine_host, o.sequence_parallel)
-               : Dims::of(m, o.micro_batch_size, o.tp, 0, o.sequence_parallel);
+               ? Dims::on_machine(m, o.micro_batch_size, o.tp, *extras.machine_host, o.sequence_parallel, o.cp)
+               : Dims::of(m, o.micro_batch_size, o.tp, 0, o.sequence_parallel, o.cp);
   d.bf16 = bf16;
   const ActivationSizes a = activation_sizes(d);
   mm.stream_frame = Acts::stream_words(a, bf16);
@@ -145,7 +145,7 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
   }
   if (scratch) f.add(dev, MemCategory::activations, (bf16 ? 2 : 4) * a.inner);  // where a recomputed block runs
   if (offload) f.add(dev, MemCategory::activations, (bf16 ? 2 : 4) * 2 * a.inner);  // staging, double-buffered
-  f.add(dev, MemCategory::workspace, 4 * (a.workspace + a.column_partials + a.sequence));
+  f.add(dev, MemCategory::workspace, 4 * (a.workspace + a.column_partials + a.sequence + a.context));
   if (extras.sample) {  // a one-sequence replica for the text sample at the end (fp32 activations)
     Dims one = Dims::of(m, 1);
     one.bf16 = bf16;

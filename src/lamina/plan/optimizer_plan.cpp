@@ -49,7 +49,7 @@ RankOptimizers plan_rank_optimizers(const Plan& plan, const ParamLayout& layout,
   for (int l : held) {
     const LayerSpec& ls = layout.layers()[static_cast<std::size_t>(l)];
     const LayerPolicy& policy = plan.layer(l);
-    const LayerShard shard = LayerShard::of(ls.numel, plan.layout.dp, bf16);
+    const LayerShard shard = LayerShard::of(ls.numel, plan.layout.replicas(), bf16);
     LayerOptimizerSpec s;
     s.layer = l;
     s.matrix_numel = ls.matrix_numel;

@@ -83,6 +83,7 @@ Plan plan_from_deck(const Deck& deck, int world) {
   Plan plan;
   ParallelLayout& o = plan.layout;
   o.dp = static_cast<int>(p.dp);
+  o.cp = static_cast<int>(p.cp);
   o.tp = static_cast<int>(p.tp);
   o.pp = static_cast<int>(p.pp);
   o.zero = static_cast<int>(p.zero);
@@ -144,22 +145,36 @@ Plan plan_from_deck(const Deck& deck, int world) {
                                         ll(m.vocab_size), o.tp,
                                         ll((m.vocab_size + 128 * o.tp - 1) / (128 * o.tp) * 128 * o.tp)));
   }
+  if (o.cp > 1) {
+    if (m.seq_len % (2 * o.cp) != 0) {
+      error("parallel.cp", strprintf("cuts each sequence into 2 cp = %d chunks (rank i holding chunks i and 2 cp - 1 - "
+                                     "i), and model.seq_len = %lld does not split into them",
+                                     2 * o.cp, ll(m.seq_len)));
+    }
+    if (m.attention && *m.attention != AttentionProducts::fused) {
+      error("model.attention", strprintf("context parallelism (parallel.cp = %d) runs attention as ring attention on "
+                                         "the fused kernels: set model.attention = \"fused\" or leave it out",
+                                         o.cp));
+    }
+  }
   if (o.sequence_parallel) {
-    const std::int64_t rows = o.micro_batch_size * m.seq_len;
+    const std::int64_t rows = o.micro_batch_size * m.seq_len / o.cp;
     if (o.tp == 1) {
       error("parallel.sequence_parallel", "shards the sequence over the tensor-parallel group, and parallel.tp = 1 "
                                           "has none: set parallel.tp > 1 or parallel.sequence_parallel = false");
     } else if (rows % o.tp != 0) {
       error("parallel.sequence_parallel",
-            strprintf("a micro-batch's %lld positions (micro_batch_size x seq_len) do not split evenly over tp = %d",
-                      ll(rows), o.tp));
+            strprintf("a micro-batch's %lld positions (micro_batch_size x seq_len%s) do not split evenly over tp = %d",
+                      ll(rows), o.cp > 1 ? " / cp on a rank" : "", o.tp));
     }
   }
   for (const ScheduleProblem& sp : schedule_problems(m.layers, o)) error(sp.key, sp.message);
   if (world > 0 && o.ranks() != world) {
-    error("parallel.dp", strprintf("dp x tp x pp = %d x %d x %d = %d ranks, but the job runs on %d; change "
-                                   "parallel.dp, tp or pp, or the number of ranks (mpirun -np %d)",
-                                   o.dp, o.tp, o.pp, o.ranks(), world, o.ranks()));
+    const std::string grid = o.cp > 1 ? strprintf("dp x cp x tp x pp = %d x %d x %d x %d", o.dp, o.cp, o.tp, o.pp)
+                                      : strprintf("dp x tp x pp = %d x %d x %d", o.dp, o.tp, o.pp);
+    error("parallel.dp", strprintf("%s = %d ranks, but the job runs on %d; change parallel.dp, %stp or pp, or the "
+                                   "number of ranks (mpirun -np %d)",
+                                   grid.c_str(), o.ranks(), world, o.cp > 1 ? "cp, " : "", o.ranks()));
   }
 
   for (std::int64_t b = 0; b < m.layers; ++b) {
@@ -227,6 +242,7 @@ std::string describe(const Plan& plan) {
   std::string out = strprintf("plan: dp %d x tp %d x pp %d = %d rank(s), ZeRO stage %d, schedule %s", o.dp, o.tp, o.pp,
                               o.ranks(), o.zero, schedule_kind_name(o.schedule));
   if (o.schedule == ScheduleKind::interleaved) out += strprintf(" (%d chunks per stage)", o.virtual_stages);
+  if (o.cp > 1) out += strprintf(", context parallelism over %d ranks (ring attention)", o.cp);
   if (o.layered) out += ", layered gradient accumulation";
   if (o.sequence_parallel) out += ", sequence parallelism";
   out += strprintf(", %d micro-batch(es) of %lld sequence(s) per rank, %s, optimizer subgroups of %lld", o.micro_batches,
@@ -261,7 +277,9 @@ std::string plan_summary(const Plan& plan) {
                    o.layered ? "true" : "false", ll(o.micro_batch_size), o.micro_batches,
                    plan.precision == Precision::bf16 ? "bf16" : "fp32",
                    plan.tp_sums == Precision::bf16 ? " tp_sums=bf16" : "",
-                   o.sequence_parallel ? " sequence_parallel=true" : "",
+                   ((o.sequence_parallel ? std::string(" sequence_parallel=true") : std::string()) +
+                    (o.cp > 1 ? strprintf(" cp=%d", o.cp) : std::string()))
+                       .c_str(),
                    runs(plan.blocks, [](const LayerPolicy& p) { return activation_policy_name(p.activations); }).c_str(),
                    runs(plan.blocks, [](const LayerPolicy& p) { return mem_tier_name(p.params); }).c_str(),
                    runs(plan.blocks, [](const LayerPolicy& p) { return optimizer_placement_name(p.optimizer); }).c_str());

@@ -553,7 +553,7 @@ class BlockCosts {
   BlockCosts(const Costing& k, const Plan& plan, const ParamLayout& layout, const CostModel& cost)
       : k_(k), o_(plan.layout), plan_(plan), cost_(cost), serial_(k.machine.device_is_host),
         bf16_(plan.precision == Precision::bf16),
-        shard_(LayerShard::of(layout.layers()[1].numel, plan.layout.dp, bf16_)) {
+        shard_(LayerShard::of(layout.layers()[1].numel, plan.layout.replicas(), bf16_)) {
     Dims d = Dims::on_machine(k.deck.model, o_.micro_batch_size, o_.tp, k.machine.device_is_host,
                               o_.sequence_parallel);
     d.bf16 = bf16_;
@@ -702,7 +702,7 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o, bool checkpo
   lm.micro_batch_seconds.assign(static_cast<std::size_t>(stages), 0.0);
   for (int s = 0; s < stages; ++s) {
     StageProblem& sp = lm.stages[static_cast<std::size_t>(s)];
-    double fixed = 4.0 * static_cast<double>(a.workspace + a.column_partials + a.sequence) + pools;
+    double fixed = 4.0 * static_cast<double>(a.workspace + a.column_partials + a.sequence + a.context) + pools;
     double secs = 0.0;
     if (checkpoints) {
       fixed += 4.0 * static_cast<double>((M + 3) * Acts::stream_words(a, bf16) + (M + 1) * a.boundary);

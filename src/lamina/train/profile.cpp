@@ -91,8 +91,8 @@ MachineSpec measure_machine(MPI_Comm comm, const Log& log, CommBackend backend) 
 #endif
   // The all-reduce of the backend a run uses (NCCL where it would): the ranks as one
   // data-parallel group.
-  const ProcessGrid grid(comm, ranks, 1, 1, backend);
-  measure_allreduce(grid.dp(), m.intra_bandwidth, m.intra_latency);
+  const ProcessGrid grid(comm, ranks, 1, 1, 1, backend);
+  measure_allreduce(grid.data(), m.intra_bandwidth, m.intra_latency);
   if (ranks == 1) m.intra_bandwidth = m.memory_bandwidth;
   m.inter_bandwidth = m.intra_bandwidth;  // one node
   m.inter_latency = m.intra_latency;
@@ -254,9 +254,9 @@ std::vector<MeasuredCosts> profile_tensor_parallel(const ModelConfig& model, Pre
                                                    int reps) {
   int ranks = 1;
   MPI_Comm_size(comm, &ranks);
-  const ProcessGrid grid(comm, ranks / tp, tp, 1, backend);
+  const ProcessGrid grid(comm, ranks / tp, 1, tp, 1, backend);
   return profile_shard(model, precision, micro_batch_sizes, reps, tp, grid.tp_rank(),
-                       tensor_parallel_combine(grid, Precision::fp32, sequence_parallel),
+                       shard_combine(grid, Precision::fp32, sequence_parallel),
                        [&grid] { grid.tp().barrier(); });
 }
 

@@ -31,11 +31,11 @@ Runtime::Runtime(MemoryTracker& tracker, const ModelConfig& model, const Optimiz
                  const RunExtras& extras, MPI_Comm world, const CommConfig& comm)
     : plan_(plan),
       optimizer_config_(optimizer),
-      grid_(world, plan.layout.dp, plan.layout.tp, plan.layout.pp, comm.backend),
+      grid_(world, plan.layout.dp, plan.layout.cp, plan.layout.tp, plan.layout.pp, comm.backend),
       schedule_(Schedule::build(step_spec(plan, model))),
       layout_(ParamLayout::of(model, grid_.tp_size(), grid_.tp_rank())),
       dims_(Dims::of(model, plan.layout.micro_batch_size, grid_.tp_size(), grid_.tp_rank(),
-                     plan.layout.sequence_parallel)),
+                     plan.layout.sequence_parallel, grid_.cp_size(), grid_.cp_rank())),
       pools_(tracker),
       streams_(comm.threaded_copies ? HostCopies::threads : HostCopies::inline_) {
   dims_.products = product_math<Kokkos::DefaultExecutionSpace>(plan.precision);
@@ -46,7 +46,7 @@ Runtime::Runtime(MemoryTracker& tracker, const ModelConfig& model, const Optimiz
   const std::vector<int> held = schedule_.layers_of_stage(grid_.pp_rank());
   const bool dynamic = plan.any_optimizer(OptimizerPlacement::dynamic);
   const std::int64_t free = dynamic ? dos_device_free(model, plan, extras, grid_.pp_rank()) : -1;
-  optimizers_ = plan_rank_optimizers(plan, layout_, held, grid_.dp_rank(), dos_model(plan), free);
+  optimizers_ = plan_rank_optimizers(plan, layout_, held, grid_.data_rank(), dos_model(plan), free);
   auto store = std::make_unique<ParameterStore>(tracker, layout_, grid_, held, plan.blocks, plan.layout.zero,
                                                 plan.precision, pools_, streams_);
   auto reducer = std::make_unique<GradientReducer>(tracker, layout_, grid_, held, plan.layout.zero, plan.precision,
@@ -94,12 +94,16 @@ std::vector<std::string> Runtime::dos_schedule() const {
 
 std::map<std::string, std::int64_t> Runtime::take_comm_bytes() {
   std::map<std::string, std::int64_t> out;
-  for (Communicator* c : {&grid_.dp(), &grid_.tp(), &grid_.pp()}) {
+  for (Communicator* c : {&grid_.data(), &grid_.tp(), &grid_.pp()}) {
     out[c->name()] = c->bytes_sent();
     c->reset_bytes();
   }
-  out["dp"] += grid_.dp_fetch().bytes_sent();  // parameter gathers travel on a copy of the dp group
-  grid_.dp_fetch().reset_bytes();
+  out["dp"] += grid_.data_fetch().bytes_sent();  // parameter gathers travel on a copy of the dp group
+  grid_.data_fetch().reset_bytes();
+  if (grid_.cp_size() > 1) {  // the ring's keys and values (and their gradients)
+    out["cp"] = grid_.cp().bytes_sent();
+    grid_.cp().reset_bytes();
+  }
   // The tied embedding's gradient exchange between the first and last stage, and messages
   // on links of their own, count as pipeline traffic.
   for (Communicator* c : grid_.own_links()) {

@@ -47,7 +47,8 @@ TYPED_TEST(EmbeddingTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiffere
     auto de = to_device<Exec>(e), dp = to_device<Exec>(p);
     Vec<Exec> out("out", N * C);
     token_embedding_forward(Exec(), as_mat<Exec>(out.data(), N, C), dtok, as_mat<Exec>(de.data(), V, C), 0);
-    position_embedding_forward(Exec(), as_mat<Exec>(out.data(), N, C), as_mat<Exec>(dp.data(), T, C), T);
+    position_embedding_forward(Exec(), as_mat<Exec>(out.data(), N, C), as_mat<Exec>(dp.data(), T, C),
+                               ContextChunks{T});
     return to_host(out);
   };
   std::vector<double> want(N * C), want_dwte(V * C, 0.0), want_dwpe(T * C, 0.0);
@@ -65,11 +66,36 @@ TYPED_TEST(EmbeddingTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiffere
   const DeviceRuns<Exec> runs = device_runs<Exec>(tokens);
   token_embedding_backward(Exec(), as_mat<Exec>(dwte.data(), V, C), as_mat<Exec>(ddout.data(), N, C), dtok,
                            runs.get(), 0);
-  position_embedding_backward(Exec(), as_mat<Exec>(dwpe.data(), T, C), as_mat<Exec>(ddout.data(), N, C), T);
+  position_embedding_backward(Exec(), as_mat<Exec>(dwpe.data(), T, C), as_mat<Exec>(ddout.data(), N, C),
+                              ContextChunks{T});
   EXPECT_LT(rel_error(to_host(dwte), want_dwte), 1e-6);
   EXPECT_LT(rel_error(to_host(dwpe), want_dwpe), 1e-6);
   expect_fd_matches([&](const std::vector<double>& v) { return dot(run(v, wpe), dout); }, wte, to_host(dwte), "dwte");
   expect_fd_matches([&](const std::vector<double>& v) { return dot(run(wte, v), dout); }, wpe, to_host(dwpe), "dwpe");
+}
+
+// A context-parallel rank's rows (T = 8 over cp 2: rank 1 holds positions 2-5) read and
+// accumulate their positions' rows of the table; the other rows get no gradient.
+TYPED_TEST(EmbeddingTest, AContextParallelRankUsesItsRowsPositions) {
+  using Exec = TypeParam;
+  const int B = 2, T = 8, C = 3, R = 4, N = B * R;
+  const ContextChunks where{T, 2, 1};
+  const auto wpe = random_vector(T * C, 21), dout = random_vector(N * C, 22);
+  auto dp = to_device<Exec>(wpe), dd = to_device<Exec>(dout);
+  Vec<Exec> out("out", N * C), dwpe("dwpe", T * C);
+  position_embedding_forward(Exec(), as_mat<Exec>(out.data(), N, C), as_mat<Exec>(dp.data(), T, C), where);
+  position_embedding_backward(Exec(), as_mat<Exec>(dwpe.data(), T, C), as_mat<Exec>(dd.data(), N, C), where);
+  std::vector<double> want(N * C), want_dwpe(T * C, 0.0);
+  for (int i = 0; i < N; ++i) {
+    for (int c = 0; c < C; ++c) {
+      const int position = 2 + i % R;
+      want[i * C + c] = wpe[position * C + c];
+      want_dwpe[position * C + c] += dout[i * C + c];
+    }
+  }
+  EXPECT_EQ(to_host(out), want);
+  EXPECT_LT(rel_error(to_host(dwpe), want_dwpe), 1e-7);
+  for (const int untouched : {0, 1, 6, 7}) EXPECT_EQ(to_host(dwpe)[untouched * C], 0.0);
 }
 
 TYPED_TEST(EmbeddingTest, VocabularyShardsSumToTheFullTable) {

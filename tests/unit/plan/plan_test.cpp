@@ -159,6 +159,34 @@ TEST(Plan, SequenceParallelismNeedsATensorParallelGroupThatSplitsTheRows) {
             "(no error)");
 }
 
+// Context parallelism: a grid dimension of its own (dp x cp x tp x pp ranks), sequences cut
+// into 2 cp chunks, attention on the fused kernels.
+TEST(Plan, ContextParallelismCutsSequencesIntoTwoChunksPerRank) {
+  const Plan p = plan_from_deck(parse_deck(kDeck, "deck.toml", {"parallel.cp=2", "parallel.pp=1"}), 2);
+  EXPECT_EQ(p.layout.cp, 2);
+  EXPECT_EQ(p.layout.ranks(), 2);
+  EXPECT_EQ(p.layout.replicas(), 2);
+  EXPECT_NE(plan_summary(p).find(" cp=2 "), std::string::npos) << plan_summary(p);
+  EXPECT_NE(describe(p).find(", context parallelism over 2 ranks (ring attention)"), std::string::npos) << describe(p);
+  const std::string world = error_of({"parallel.cp=2"}, 3);
+  EXPECT_NE(world.find("parallel.dp: dp x cp x tp x pp = 1 x 2 x 1 x 2 = 4 ranks, but the job runs on 3; change "
+                       "parallel.dp, cp, tp or pp"),
+            std::string::npos)
+      << world;
+  // seq_len 16 is 2 chunks of 8 per rank over cp 4 (8 chunks of 2), not over cp 3.
+  EXPECT_EQ(error_of({"parallel.cp=4"}, 8), "(no error)");
+  const std::string uneven = error_of({"parallel.cp=3"}, 6);
+  EXPECT_NE(uneven.find("--set parallel.cp=3: parallel.cp: cuts each sequence into 2 cp = 6 chunks"),
+            std::string::npos)
+      << uneven;
+  const std::string staged = error_of({"parallel.cp=2", "model.attention=staged"}, 4);
+  EXPECT_NE(staged.find("model.attention: context parallelism (parallel.cp = 2) runs attention as ring attention on "
+                        "the fused kernels"),
+            std::string::npos)
+      << staged;
+  EXPECT_EQ(error_of({"parallel.cp=2", "model.attention=fused"}, 4), "(no error)");
+}
+
 TEST(Plan, PolicyProblemsAreDeckErrors) {
   const std::string e = error_of({"memory.params=host"});
   EXPECT_NE(e.find("memory.optimizer: block 0 has memory.params = 'host'"), std::string::npos) << e;
