@@ -21,7 +21,7 @@ namespace lamina {
 
 const std::vector<std::string>& planner_keys() {
   static const std::vector<std::string> keys = {
-      "parallel.dp",          "parallel.tp",        "parallel.pp",       "parallel.zero",
+      "parallel.dp",          "parallel.cp",        "parallel.tp",       "parallel.pp",       "parallel.zero",
       "parallel.schedule",    "parallel.virtual_stages", "parallel.layered", "parallel.sequence_parallel",
       "data.micro_batch_size", "memory.activations", "memory.params",    "memory.optimizer"};
   return keys;

@@ -26,21 +26,32 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
                      const std::vector<MeasuredCosts>& measured, const ParamLayout& layout)
     : model_(model), plan_(plan), machine_(machine), bf16_(plan.precision == Precision::bf16) {
   const ParallelLayout& o = plan.layout;
-  for (const LayerSpec& l : layout.layers()) {
+  const auto& layers = layout.layers();
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec& l = layers[i];
     numel_.push_back(static_cast<double>(l.numel));
+    if (i > 1 && i + 1 < layers.size()) {  // the blocks are alike: block 0's sums
+      replica_sums_.push_back(replica_sums_[1]);
+      norm_sums_.push_back(norm_sums_[1]);
+      continue;
+    }
     replica_sums_.push_back(static_cast<double>(replica_sum_elements(l)));
     double norms = 0.0;
     for (const TensorSpec& t : l.tensors) norms += t.norm ? static_cast<double>(t.numel()) : 0.0;
     norm_sums_.push_back(norms);
   }
   // The attention a build for the machine runs (a device's staged unless the deck says fused).
-  const Dims d = Dims::on_machine(model, o.micro_batch_size, o.tp, machine.device_is_host, o.sequence_parallel);
+  const Dims d =
+      Dims::on_machine(model, o.micro_batch_size, o.tp, machine.device_is_host, o.sequence_parallel, o.cp);
   inner_ = static_cast<double>(activation_sizes(d).inner);
 
   // Roofline of one micro-batch (Narayanan et al. 2021 count the same GEMMs: 24 N C^2 in
   // a GPT-2 block's forward, 4 N T C in its attention, 2 N C V in the LM head; backward
   // twice). A block's products read its weights once each per token: 2 N x those weights.
   const double N = static_cast<double>(d.N()), C = static_cast<double>(d.C), T = static_cast<double>(d.T);
+  // The keys each query meets: its whole sequence, also where context parallelism holds a
+  // cp-th of the queries (T) on a rank.
+  const double keys = static_cast<double>(d.context.T);
   // The residual stream's rows on this rank: its norms and residual adds run on 1/tp of them
   // under sequence parallelism.
   const double R = static_cast<double>(d.rows());
@@ -51,13 +62,13 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // FlashAttention-2), three in the device kernels, which recompute the scores and their
   // gradient for dk, dv and again for dq instead of accumulating dq atomically. Those
   // device kernels are lamina's own and compute in fp32 without tensor cores; BLAS products
-  // run at the precision's rate.
+  // run at the precision's rate. Context parallelism's ring runs them on every machine.
   const bool fused = d.attention == AttentionProducts::fused;
-  const bool own_kernels = fused && !d.host_attention;
+  const bool own_kernels = fused && (!d.host_attention || d.context_parallel());
   const double gemm = machine.peak_flops(bf16_) * machine.gemm_efficiency;
   const double attention = machine.peak_flops(bf16_ && !own_kernels) * machine.attention_efficiency;
   const double bandwidth = machine.memory_bandwidth * machine.elementwise_efficiency;
-  const double attention_backward = !fused ? 2.0 : d.host_attention ? 2.5 : 3.5;
+  const double attention_backward = !fused ? 2.0 : own_kernels ? 3.5 : 2.5;
   // Element-wise passes of a block's forward, in bytes moved: what is stored (the residual
   // stream and the saved activations) in its storage type, `s` bytes (bf16 runs: 2, read and
   // written as they are), products' outputs and softmax rows in fp32. The first layer norm
@@ -84,7 +95,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // the (T, T) scores under the mask) and round the probabilities only as far (in place into
   // the saved ones; fused into the block's copy, a conversion below, and in memory, not in a
   // device kernel's registers).
-  const bool host_rows = engine && d.host_attention && d.attention != AttentionProducts::staged;
+  const bool host_rows = engine && !own_kernels && d.host_attention && d.attention != AttentionProducts::staged;
   const double half_scores = score_count / 2;
   const double scores = host_rows ? (8 + (fused ? 0.0 : s)) * half_scores : fused ? 0.0 : (8 + s) * score_count;
   const bool layernorm = d.parts.norm == NormKind::layernorm, swiglu = d.parts.mlp == MlpKind::swiglu;
@@ -184,11 +195,24 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
     convert_head = 6 * (engine ? N * C : V * C);
     convert_head_backward = 6 * (engine ? N * C : V * C);  // the logits' gradient is rounded where computed
   }
-  forward_parts_ = {2 * N * weights / gemm, 4 * N * T * A / attention, ew_forward / bandwidth,
-                    convert_forward / bandwidth, tp_comm};
-  backward_parts_ = {2 * 2 * N * weights / gemm, attention_backward * 4 * N * T * A / attention,
-                     ew_backward / bandwidth, convert_backward / bandwidth, tp_comm_backward};
-  auto sum = [](const Parts& p) { return p.gemm + p.attention + p.elementwise + p.conversions + p.tp; };
+  const double attention_forward_s = 4 * N * keys * A / attention;
+  const double attention_backward_s = attention_backward * attention_forward_s;
+  // Context parallelism's ring: forward, cp - 1 passes of the rank's keys and values (N x 2 KV,
+  // as stored), each beside the attention on the block at hand (a cp-th of the rank's); backward,
+  // the keys and values again beside the compute, and after it each source's fp32 gradients
+  // (cp passes, not overlapped). What the attention does not hide is exposed.
+  double ring_forward = 0.0, ring_backward = 0.0;
+  if (d.context_parallel()) {
+    const double cp = o.cp, extent = o.cp * o.tp;
+    const double pass = collective(N * 2 * KV * s, 1, o.cp * o.tp), gradients = collective(N * 2 * KV * 4, 1, extent);
+    ring_forward = (cp - 1) * std::max(0.0, pass - attention_forward_s / cp);
+    ring_backward = (cp - 1) * std::max(0.0, pass - attention_backward_s / cp) + cp * gradients;
+  }
+  forward_parts_ = {2 * N * weights / gemm, attention_forward_s, ew_forward / bandwidth, convert_forward / bandwidth,
+                    tp_comm, ring_forward};
+  backward_parts_ = {2 * 2 * N * weights / gemm, attention_backward_s, ew_backward / bandwidth,
+                     convert_backward / bandwidth, tp_comm_backward, ring_backward};
+  auto sum = [](const Parts& p) { return p.gemm + p.attention + p.elementwise + p.conversions + p.tp + p.cp; };
   block_forward_ = sum(forward_parts_);
   block_backward_ = sum(backward_parts_);
   // The embedding's and the head's sums over the vocabulary shards: all-reduces, or under
@@ -205,7 +229,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double logit_gradient = bf16_ && machine.bf16_products() ? 2 * logits : 3 * logits;
   head_backward_ = 4 * N * C * V / gemm + (logit_gradient + 4 * 4 * N * C + convert_head_backward) / bandwidth + embed_tp;
   for (const MeasuredCosts& m : measured) {
-    if (m.micro_batch_size != o.micro_batch_size || m.tp != o.tp || m.sequence_parallel != sp) continue;
+    if (m.micro_batch_size != o.micro_batch_size || m.tp != o.tp || m.sequence_parallel != sp || m.cp != o.cp) continue;
     forward_parts_ = backward_parts_ = Parts{};
     block_forward_ = m.block_forward;
     block_backward_ = m.block_backward;
@@ -241,16 +265,20 @@ double CostModel::collective(double bytes_per_rank, int steps, int extent) const
 
 double CostModel::layer_numel(int layer) const { return numel_[static_cast<std::size_t>(layer)]; }
 
+double CostModel::stream_rows() const {
+  return static_cast<double>(plan_.layout.micro_batch_size) * static_cast<double>(model_.seq_len) / plan_.layout.cp;
+}
+
 double CostModel::gather(int layer) const {
   const ParallelLayout& o = plan_.layout;
-  const LayerShard s = LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.dp, bf16_);
+  const LayerShard s = LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.replicas(), bf16_);
   const double padded = static_cast<double>(s.padded), shard = static_cast<double>(s.shard);
   const bool host = plan_.layer(layer).params == MemTier::host;
   double t = 0.0;
   if (o.zero == 3) {
     if (host) t += shard * param_bytes() / machine_.h2d;
-    const double dp = o.dp;
-    t += collective((dp - 1) / dp * padded * param_bytes(), o.dp - 1, o.dp * o.tp);
+    const double dp = o.replicas();
+    t += collective((dp - 1) / dp * padded * param_bytes(), o.replicas() - 1, o.replicas() * o.tp);
   } else if (host) {
     t += padded * param_bytes() / machine_.h2d;
   }
@@ -270,8 +298,7 @@ double CostModel::activation_copy(bool to_host) const {
 }
 
 double CostModel::checkpoint_copy(bool to_host) const {
-  const double bytes = (bf16_ ? 2.0 : 4.0) * static_cast<double>(plan_.layout.micro_batch_size) *
-                       static_cast<double>(model_.seq_len) * static_cast<double>(model_.d_model);
+  const double bytes = (bf16_ ? 2.0 : 4.0) * stream_rows() * static_cast<double>(model_.d_model);
   return bytes / host_link(to_host);
 }
 
@@ -295,20 +322,23 @@ double CostModel::reduce(int layer) const {
   if (o.sequence_parallel && o.tp > 1 && norm_sums_[static_cast<std::size_t>(layer)] > 0) {
     replicas += collective(norm_sum_bytes(layer), 2 * (o.tp - 1), o.tp);
   }
-  if (o.dp == 1) return replicas;
-  const double dp = o.dp;
-  const double bytes = 4.0 * static_cast<double>(LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.dp, bf16_).padded);
+  // Over the data group: the dp x cp ranks of a replica.
+  const int group = o.replicas();
+  if (group == 1) return replicas;
+  const double dp = group;
+  const double bytes =
+      4.0 * static_cast<double>(LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), group, bf16_).padded);
   // ZeRO-0 all-reduces; ZeRO-1+ reduce-scatters (half the volume).
-  return replicas + (o.zero == 0 ? collective(2 * (dp - 1) / dp * bytes, 2 * (o.dp - 1), o.dp * o.tp)
-                                 : collective((dp - 1) / dp * bytes, o.dp - 1, o.dp * o.tp));
+  return replicas + (o.zero == 0 ? collective(2 * (dp - 1) / dp * bytes, 2 * (group - 1), group * o.tp)
+                                 : collective((dp - 1) / dp * bytes, group - 1, group * o.tp));
 }
 
 double CostModel::flush(int layer) const {
   const auto it = host_elements_.find(layer);
   const double n = it != host_elements_.end()
                        ? static_cast<double>(it->second)
-                       : static_cast<double>(LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), plan_.layout.dp,
-                                                            bf16_)
+                       : static_cast<double>(LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)),
+                                                            plan_.layout.replicas(), bf16_)
                                                  .owned_size(plan_.layout.zero));
   return 4.0 * n / machine_.d2h;
 }
@@ -328,7 +358,7 @@ double CostModel::update(std::int64_t n, UpdateSite site, bool host_resident, bo
 
 double CostModel::publish(int layer) const {
   const ParallelLayout& o = plan_.layout;
-  const LayerShard s = LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.dp, bf16_);
+  const LayerShard s = LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.replicas(), bf16_);
   const double owned = static_cast<double>(s.owned_size(o.zero));
   const LayerPolicy& p = plan_.layer(layer);
   if (p.params == MemTier::host) return 0.0;  // the host parameters are the master weights (or rounded there)
@@ -339,10 +369,11 @@ double CostModel::publish(int layer) const {
 
 double CostModel::share(int layer) const {
   const ParallelLayout& o = plan_.layout;
-  if (o.dp == 1) return 0.0;
-  const double dp = o.dp;
-  const LayerShard s = LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.dp, bf16_);
-  return collective((dp - 1) / dp * static_cast<double>(s.padded) * param_bytes(), o.dp - 1, o.dp * o.tp);
+  if (o.replicas() == 1) return 0.0;
+  const double dp = o.replicas();
+  const LayerShard s = LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.replicas(), bf16_);
+  return collective((dp - 1) / dp * static_cast<double>(s.padded) * param_bytes(), o.replicas() - 1,
+                    o.replicas() * o.tp);
 }
 
 double CostModel::p2p(bool activation) const {
@@ -350,18 +381,17 @@ double CostModel::p2p(bool activation) const {
   // stored, bf16 in bf16 runs; their gradients in fp32); the receivers all-gather the shares
   // over their group.
   const ParallelLayout& o = plan_.layout;
-  const double bytes = (activation ? param_bytes() : 4.0) * static_cast<double>(o.micro_batch_size) * static_cast<double>(model_.seq_len) *
-                       static_cast<double>(model_.d_model);
+  const double bytes = (activation ? param_bytes() : 4.0) * stream_rows() * static_cast<double>(model_.d_model);
   const double tp = o.tp;
   const double gather = o.tp > 1 ? collective((tp - 1) / tp * bytes, o.tp - 1, o.tp) : 0.0;
-  return collective(bytes / tp, 1, o.dp * o.tp * 2) + gather;
+  return collective(bytes / tp, 1, o.replicas() * o.tp * 2) + gather;
 }
 
 double CostModel::sync() const {
   const ParallelLayout& o = plan_.layout;
   if (o.pp == 1 || !model_.tie_embeddings) return 0.0;
-  const LayerShard s = LayerShard::of(static_cast<std::int64_t>(layer_numel(0)), o.dp, bf16_);
-  return collective(4.0 * static_cast<double>(s.owned_size(o.zero)), 2, o.dp * o.tp * o.pp);
+  const LayerShard s = LayerShard::of(static_cast<std::int64_t>(layer_numel(0)), o.replicas(), bf16_);
+  return collective(4.0 * static_cast<double>(s.owned_size(o.zero)), 2, o.replicas() * o.tp * o.pp);
 }
 
 double CostModel::price(const Instruction& i) const {
@@ -404,9 +434,8 @@ double CostModel::price(const Instruction& i) const {
 std::map<std::string, double> CostModel::traffic(const std::vector<Instruction>& step,
                                                  const std::vector<Instruction>& update) const {
   const ParallelLayout& o = plan_.layout;
-  const double dp = o.dp, tp = o.tp;
-  const double NC = static_cast<double>(o.micro_batch_size) * static_cast<double>(model_.seq_len) *
-                    static_cast<double>(model_.d_model);
+  const double dp = o.replicas(), tp = o.tp;
+  const double NC = stream_rows() * static_cast<double>(model_.d_model);
   const double tp_allreduce = o.tp > 1 ? 2.0 * (tp - 1) / tp * 4.0 * NC : 0.0;
   // Sequence parallelism: a gather or reduce-scatter of the stream moves half an all-reduce's
   // bytes; a block gathers its norms' outputs as stored (twice forward, twice more backward),
@@ -417,8 +446,16 @@ std::map<std::string, double> CostModel::traffic(const std::vector<Instruction>&
   const double summed_half = half * tp_sum_bytes() / 4.0;
   const int final_layer = static_cast<int>(numel_.size()) - 1;
   std::map<std::string, double> bytes{{"dp", 0.0}, {"tp", 0.0}, {"pp", 0.0}};
+  // Context parallelism: per block pass, the ring's cp - 1 passes of the keys and values (as
+  // stored) and, backward, cp of their fp32 gradients.
+  const double cp = o.cp;
+  const double kv_heads = static_cast<double>(std::max<std::int64_t>(1, model_.key_value_heads() / o.tp));
+  const double kv = 2.0 * kv_heads * static_cast<double>(model_.d_model / model_.heads) * stream_rows();
+  if (o.cp > 1) bytes["cp"] = 0.0;
   std::set<int> prefetched;
-  auto shard = [&](int layer) { return LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.dp, bf16_); };
+  auto shard = [&](int layer) {
+    return LayerShard::of(static_cast<std::int64_t>(layer_numel(layer)), o.replicas(), bf16_);
+  };
   for (const Instruction& i : step) {
     const bool block = i.layer > 0 && i.layer < final_layer;
     switch (i.op) {
@@ -426,10 +463,12 @@ std::map<std::string, double> CostModel::traffic(const std::vector<Instruction>&
       case Op::recompute:
         bytes["tp"] += !sp ? (block ? 2.0 * tp_sum_bytes() / 4.0 * tp_allreduce : tp_allreduce)
                            : (block ? 2 * (stored_half + summed_half) : half);
+        if (block && o.cp > 1) bytes["cp"] += (cp - 1) * kv * param_bytes();
         break;
       case Op::backward:
         bytes["tp"] += !sp ? (block ? 2.0 * tp_sum_bytes() / 4.0 * tp_allreduce : tp_allreduce)
                            : (block ? 2 * (half + summed_half + stored_half) : half);
+        if (block && o.cp > 1) bytes["cp"] += (cp - 1) * kv * param_bytes() + cp * kv * 4.0;
         break;
       case Op::send_activation: bytes["pp"] += param_bytes() * NC / tp; break;
       case Op::send_gradient: bytes["pp"] += 4.0 * NC / tp; break;

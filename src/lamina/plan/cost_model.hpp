@@ -31,6 +31,7 @@ struct MeasuredCosts {
   std::int64_t micro_batch_size = 0;
   int tp = 1;                      // measured at this degree, its collectives included
   bool sequence_parallel = false;  // and with sequence parallelism
+  int cp = 1;                      // and at this context-parallel degree (its ring included)
   double block_forward = 0.0, block_backward = 0.0;
   double embed_forward = 0.0, embed_backward = 0.0;
   double head_forward = 0.0, head_backward = 0.0;
@@ -57,13 +58,14 @@ class CostModel {
   bool serial() const { return machine_.device_is_host; }
   // Kernels are queued on a device and the host goes on, except where tensor-parallel
   // all-reduces inside a layer make it wait (the executor's rule, Executor::compute_queued).
-  bool compute_queued() const { return !machine_.device_is_host && plan_.layout.tp == 1; }
+  bool compute_queued() const { return !machine_.device_is_host && plan_.layout.tp == 1 && plan_.layout.cp == 1; }
 
   // Where a block's time goes, per micro-batch (the roofline's parts; empty where the times
   // were measured): forward and backward of GEMMs, attention products, element-wise
-  // passes, bf16 conversions and tensor-parallel all-reduces.
+  // passes, bf16 conversions, tensor-parallel all-reduces and the context-parallel ring's
+  // exposed passes.
   struct Parts {
-    double gemm = 0.0, attention = 0.0, elementwise = 0.0, conversions = 0.0, tp = 0.0;
+    double gemm = 0.0, attention = 0.0, elementwise = 0.0, conversions = 0.0, tp = 0.0, cp = 0.0;
   };
   const Parts& forward_parts() const { return forward_parts_; }
   const Parts& backward_parts() const { return backward_parts_; }
@@ -105,7 +107,7 @@ class CostModel {
   // The tied embedding's gradient sum between the first and last stage (pp > 1).
   double sync() const;
 
-  // Bytes one rank sends per step and group ("dp", "tp", "pp") running a stage's program
+  // Bytes one rank sends per step and group ("dp", "tp", "pp"; "cp" with context parallelism) running a stage's program
   // and its optimizer program (ring volumes, as the communicators count them).
   std::map<std::string, double> traffic(const std::vector<Instruction>& step, const std::vector<Instruction>& update) const;
 
@@ -115,6 +117,8 @@ class CostModel {
 
  private:
   double layer_numel(int layer) const;
+  // Rows of a micro-batch's stream on a rank (before sequence parallelism's split).
+  double stream_rows() const;
   double param_bytes() const { return bf16_ ? 2.0 : 4.0; }  // also of stored activations
   // Of an element of the blocks' tensor-parallel sums (parallel.tp_sums).
   double tp_sum_bytes() const { return bf16_ && plan_.tp_sums == Precision::bf16 ? 2.0 : 4.0; }

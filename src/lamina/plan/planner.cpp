@@ -391,6 +391,16 @@ ScheduleKind kind_of(const std::string& s) {
                               : ScheduleKind::one_f_one_b;
 }
 
+}  // namespace
+
+bool searched_context_parallel(const ModelConfig& m, int cp) {
+  if (cp == 1) return true;
+  const bool ring_attention = !m.attention || *m.attention == AttentionProducts::fused;
+  return ring_attention && m.seq_len % (2 * cp) == 0 && m.seq_len / (2 * cp) >= detail::kFlashBlock;
+}
+
+namespace {
+
 // Every layout the deck leaves open, within what the runtime supports.
 std::vector<ParallelLayout> layouts(const Deck& deck, int ranks, const Freedom& f, const MachineSpec& machine,
                                     const PlannerOptions& options) {
@@ -400,81 +410,93 @@ std::vector<ParallelLayout> layouts(const Deck& deck, int ranks, const Freedom& 
   const std::vector<int> tps = f.has("parallel.tp") ? divisors(ranks, machine.devices_per_node) : std::vector<int>{static_cast<int>(p.tp)};
   for (const int tp : tps) {
     if (!m.splits_over(tp) || ranks % tp != 0) continue;
-    const std::vector<int> pps = f.has("parallel.pp") ? divisors(ranks / tp, m.layers) : std::vector<int>{static_cast<int>(p.pp)};
-    for (const int pp : pps) {
-      if ((ranks / tp) % pp != 0) continue;
-      const int dp = ranks / tp / pp;
-      if (!f.has("parallel.dp") && dp != p.dp) continue;
-      const std::int64_t batch = options.batch_cap > 0 ? options.batch_cap / dp * dp : deck.data.batch_size;
-      if (batch < dp || batch % dp != 0) continue;
-      std::vector<std::int64_t> mbss;
-      if (f.has("data.micro_batch_size")) {
-        for (const int d : divisors(batch / dp, 64)) mbss.push_back(d);
-      } else {
-        mbss.push_back(deck.data.micro_batch_size);
+    std::vector<int> cps{static_cast<int>(p.cp)};
+    if (f.has("parallel.cp")) {
+      cps.clear();
+      for (const int c : divisors(ranks / tp)) {
+        if (searched_context_parallel(m, c)) cps.push_back(c);
       }
-      const std::vector<int> zeros = f.has("parallel.zero") ? (dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0})
-                                                            : std::vector<int>{static_cast<int>(p.zero)};
-      for (const std::int64_t mbs : mbss) {
-        if (batch % (mbs * dp) != 0) continue;
-        const int M = static_cast<int>(batch / (mbs * dp));
-        for (const int zero : zeros) {
-          // Schedules: (kind, virtual stages, layered).
-          std::vector<std::tuple<ScheduleKind, int, bool>> kinds;
-          const bool any_kind = f.has("parallel.schedule");
-          const bool any_layered = f.has("parallel.layered");
-          std::vector<ScheduleKind> ks;
-          if (any_kind) {
-            ks = pp == 1 ? std::vector<ScheduleKind>{ScheduleKind::one_f_one_b}
-                         : std::vector<ScheduleKind>{ScheduleKind::gpipe, ScheduleKind::one_f_one_b,
-                                                     ScheduleKind::interleaved, ScheduleKind::modular};
-          } else {
-            ks = {kind_of(p.schedule)};
-          }
-          for (const ScheduleKind k : ks) {
-            std::vector<int> vs{1};
-            if (k == ScheduleKind::interleaved) {
-              vs.clear();
-              if (f.has("parallel.virtual_stages")) {
-                for (const int v : divisors(m.layers / pp, 8))
-                  if (v >= 2) vs.push_back(v);
-              } else {
-                vs.push_back(static_cast<int>(p.virtual_stages));
-              }
+    }
+    for (const int cp : cps) {
+      if ((ranks / tp) % cp != 0) continue;
+      const std::vector<int> pps =
+          f.has("parallel.pp") ? divisors(ranks / tp / cp, m.layers) : std::vector<int>{static_cast<int>(p.pp)};
+      for (const int pp : pps) {
+        if ((ranks / tp / cp) % pp != 0) continue;
+        const int dp = ranks / tp / cp / pp;
+        if (!f.has("parallel.dp") && dp != p.dp) continue;
+        const std::int64_t batch = options.batch_cap > 0 ? options.batch_cap / dp * dp : deck.data.batch_size;
+        if (batch < dp || batch % dp != 0) continue;
+        std::vector<std::int64_t> mbss;
+        if (f.has("data.micro_batch_size")) {
+          for (const int d : divisors(batch / dp, 64)) mbss.push_back(d);
+        } else {
+          mbss.push_back(deck.data.micro_batch_size);
+        }
+        const std::vector<int> zeros = f.has("parallel.zero") ? (dp > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0})
+                                                              : std::vector<int>{static_cast<int>(p.zero)};
+        for (const std::int64_t mbs : mbss) {
+          if (batch % (mbs * dp) != 0) continue;
+          const int M = static_cast<int>(batch / (mbs * dp));
+          for (const int zero : zeros) {
+            // Schedules: (kind, virtual stages, layered).
+            std::vector<std::tuple<ScheduleKind, int, bool>> kinds;
+            const bool any_kind = f.has("parallel.schedule");
+            const bool any_layered = f.has("parallel.layered");
+            std::vector<ScheduleKind> ks;
+            if (any_kind) {
+              ks = pp == 1 ? std::vector<ScheduleKind>{ScheduleKind::one_f_one_b}
+                           : std::vector<ScheduleKind>{ScheduleKind::gpipe, ScheduleKind::one_f_one_b,
+                                                       ScheduleKind::interleaved, ScheduleKind::modular};
+            } else {
+              ks = {kind_of(p.schedule)};
             }
-            const std::vector<bool> ls = any_layered ? std::vector<bool>{false, true} : std::vector<bool>{p.layered};
-            for (const int v : vs)
-              for (const bool layered : ls) {
-                if (layered && pp > 1 && (k == ScheduleKind::one_f_one_b || k == ScheduleKind::interleaved)) continue;
-                if (layered && pp == 1 && k != ScheduleKind::one_f_one_b && k != ScheduleKind::gpipe) continue;
-                const bool standard = !layered && k != ScheduleKind::modular;
-                if (options.family == Family::standard && !standard) continue;
-                kinds.emplace_back(k, v, layered);
+            for (const ScheduleKind k : ks) {
+              std::vector<int> vs{1};
+              if (k == ScheduleKind::interleaved) {
+                vs.clear();
+                if (f.has("parallel.virtual_stages")) {
+                  for (const int v : divisors(m.layers / pp, 8))
+                    if (v >= 2) vs.push_back(v);
+                } else {
+                  vs.push_back(static_cast<int>(p.virtual_stages));
+                }
               }
-          }
-          // Sequence parallelism inside tensor-parallel groups whose ranks split the micro-batch's
-          // rows evenly.
-          const bool splits = tp > 1 && mbs * m.seq_len % tp == 0;
-          std::vector<bool> sps{p.sequence_parallel};
-          if (f.has("parallel.sequence_parallel")) {
-            sps = splits ? std::vector<bool>{false, true} : std::vector<bool>{false};
-          }
-          if (sps.front() && !splits) continue;
-          for (const auto& [k, v, layered] : kinds) {
-            for (const bool sp : sps) {
-              ParallelLayout o;
-              o.dp = dp;
-              o.tp = tp;
-              o.pp = pp;
-              o.zero = zero;
-              o.schedule = k;
-              o.virtual_stages = v;
-              o.layered = layered;
-              o.sequence_parallel = sp;
-              o.micro_batch_size = mbs;
-              o.micro_batches = M;
-              if (!schedule_problems(m.layers, o).empty()) continue;
-              out.push_back(o);
+              const std::vector<bool> ls = any_layered ? std::vector<bool>{false, true} : std::vector<bool>{p.layered};
+              for (const int v : vs)
+                for (const bool layered : ls) {
+                  if (layered && pp > 1 && (k == ScheduleKind::one_f_one_b || k == ScheduleKind::interleaved)) continue;
+                  if (layered && pp == 1 && k != ScheduleKind::one_f_one_b && k != ScheduleKind::gpipe) continue;
+                  const bool standard = !layered && k != ScheduleKind::modular;
+                  if (options.family == Family::standard && !standard) continue;
+                  kinds.emplace_back(k, v, layered);
+                }
+            }
+            // Sequence parallelism inside tensor-parallel groups whose ranks split the micro-batch's
+            // rows (on a rank) evenly.
+            const bool splits = tp > 1 && mbs * m.seq_len / cp % tp == 0;
+            std::vector<bool> sps{p.sequence_parallel};
+            if (f.has("parallel.sequence_parallel")) {
+              sps = splits ? std::vector<bool>{false, true} : std::vector<bool>{false};
+            }
+            if (sps.front() && !splits) continue;
+            for (const auto& [k, v, layered] : kinds) {
+              for (const bool sp : sps) {
+                ParallelLayout o;
+                o.dp = dp;
+                o.cp = cp;
+                o.tp = tp;
+                o.pp = pp;
+                o.zero = zero;
+                o.schedule = k;
+                o.virtual_stages = v;
+                o.layered = layered;
+                o.sequence_parallel = sp;
+                o.micro_batch_size = mbs;
+                o.micro_batches = M;
+                if (!schedule_problems(m.layers, o).empty()) continue;
+                out.push_back(o);
+              }
             }
           }
         }
@@ -509,6 +531,9 @@ struct LayoutModel {
   std::vector<double> fixed_device, fixed_host;         // per stage
   std::vector<double> micro_batch_seconds;              // per stage: one micro-batch through it (for the bubble)
   double lower_bound = 0.0;  // compute alone, the slowest stage, and the fill and drain (no choice changes it)
+  // Bytes per rank with every saving on, the most of any stage (device, host): below the
+  // capacity, or the layout cannot fit.
+  double least_device = 0.0, least_host = 0.0;
   double sequences = 1.0;                               // the batch of this layout
   // Seconds per sequence: layouts with different batches compare by throughput.
   double per_sequence(double seconds) const { return seconds / sequences; }
@@ -555,7 +580,7 @@ class BlockCosts {
         bf16_(plan.precision == Precision::bf16),
         shard_(LayerShard::of(layout.layers()[1].numel, plan.layout.replicas(), bf16_)) {
     Dims d = Dims::on_machine(k.deck.model, o_.micro_batch_size, o_.tp, k.machine.device_is_host,
-                              o_.sequence_parallel);
+                              o_.sequence_parallel, o_.cp);
     d.bf16 = bf16_;
     acts_ = activation_sizes(d);
     gather_device_ = cost.gather(1);
@@ -763,7 +788,24 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o, bool checkpo
     lm.lower_bound = std::max(lm.lower_bound, secs + stage_lower_bound(sp));
   }
   lm.lower_bound += fill_and_drain(lm);
+  for (std::size_t s = 0; s < lm.stages.size(); ++s) {
+    double dev = lm.fixed_device[s], host = 0.0;
+    for (const auto& cs : lm.stages[s].blocks) {
+      double d = std::numeric_limits<double>::infinity(), h = std::numeric_limits<double>::infinity();
+      for (const BlockChoice& x : cs) d = std::min(d, x.device_bytes), h = std::min(h, x.host_bytes);
+      dev += d;
+      host += h;
+    }
+    lm.least_device = std::max(lm.least_device, dev);
+    lm.least_host = std::max(lm.least_host, host);
+  }
   return lm;
+}
+
+// A layout's model without its blocks' choices (the bulk of its memory: tens of thousands of
+// layouts are modelled at once), to be modelled again should it be solved.
+void drop_choices(LayoutModel& lm) {
+  for (StageProblem& sp : lm.stages) std::vector<std::vector<BlockChoice>>().swap(sp.blocks);
 }
 
 // The additive estimate of a layout's step once each stage's blocks are chosen: the
@@ -800,6 +842,7 @@ std::vector<std::string> overrides(const Plan& plan, const Freedom& f) {
     if (f.has(key)) sets.push_back(std::string(key) + "=" + value);
   };
   add("parallel.dp", std::to_string(o.dp));
+  add("parallel.cp", std::to_string(o.cp));
   add("parallel.tp", std::to_string(o.tp));
   add("parallel.pp", std::to_string(o.pp));
   add("parallel.zero", std::to_string(o.zero));
@@ -900,6 +943,7 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   models.resize(variants.size());
   for_each_index(variants.size(), options.threads, [&](std::size_t v) {
     models[v] = model_layout(k, all[variants[v].first], variants[v].second);
+    drop_choices(models[v]);
   });
   r.model_s = std::chrono::duration<double>(Clock::now() - t0).count();
   std::vector<std::size_t> order(models.size());
@@ -924,21 +968,7 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     return solved.size() >= keep && lm.per_sequence(lm.lower_bound) > solved[keep - 1].objective;
   };
   // Cannot fit even with every saving on: how far off, for the advice.
-  auto least_bytes = [](const LayoutModel& lm) {
-    double least_dev = 0.0, least_host = 0.0;
-    for (std::size_t s = 0; s < lm.stages.size(); ++s) {
-      double dev = lm.fixed_device[s], host = 0.0;
-      for (const auto& cs : lm.stages[s].blocks) {
-        double d = std::numeric_limits<double>::infinity(), h = std::numeric_limits<double>::infinity();
-        for (const BlockChoice& x : cs) d = std::min(d, x.device_bytes), h = std::min(h, x.host_bytes);
-        dev += d;
-        host += h;
-      }
-      least_dev = std::max(least_dev, dev);
-      least_host = std::max(least_host, host);
-    }
-    return std::make_pair(least_dev, least_host);
-  };
+  auto least_bytes = [](const LayoutModel& lm) { return std::make_pair(lm.least_device, lm.least_host); };
   // Batches of a few layouts per thread: the stage problems differ in size, and what a
   // batch solves that the tightened bound then prunes is wasted (at most one batch).
   const std::size_t batch = 4 * static_cast<std::size_t>(options.threads > 0 ? options.threads : usable_cores());
@@ -946,12 +976,18 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
   for (std::size_t first = 0; first < order.size(); first += batch) {
     const std::size_t last = std::min(order.size(), first + batch);
     std::vector<std::pair<std::size_t, std::size_t>> tasks;  // (model, stage)
+    std::vector<std::size_t> to_solve;
     for (std::size_t j = first; j < last; ++j) {
       const LayoutModel& lm = models[order[j]];
       if (bound_prunes(lm) || least_bytes(lm).first > k.cap.device) continue;
+      to_solve.push_back(order[j]);
       solutions[order[j]].resize(lm.stages.size());
       for (std::size_t st = 0; st < lm.stages.size(); ++st) tasks.emplace_back(order[j], st);
     }
+    for_each_index(to_solve.size(), options.threads, [&](std::size_t n) {  // their choices again
+      const std::size_t v = to_solve[n];
+      models[v] = model_layout(k, all[variants[v].first], variants[v].second);
+    });
     for_each_index(tasks.size(), options.threads, [&](std::size_t t) {
       const auto [m, st] = tasks[t];
       solutions[m][st] = solve(models[m].stages[st], options.solver);

@@ -118,6 +118,11 @@ StageSolution solve_greedy(const StageProblem& p);
 double stage_lower_bound(const StageProblem& p);
 StageSolution solve_brute(const StageProblem& p);
 
+// Whether the search considers context-parallel degree cp for model m: its ring runs the fused
+// attention kernels, on chunks (seq_len / 2 cp positions) of at least one of their blocks
+// (smaller ones would leave the blocks partly empty).
+bool searched_context_parallel(const ModelConfig& m, int cp);
+
 const char* solver_name(Solver s);
 
 }  // namespace lamina

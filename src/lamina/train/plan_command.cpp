@@ -39,9 +39,9 @@ std::vector<std::string> free_keys(const Deck& deck, bool unset_too) {
 int ranks_for(const Deck& deck, const std::vector<std::string>& free, int requested, MPI_Comm comm) {
   if (requested > 0) return requested;
   const bool fixed = std::none_of(free.begin(), free.end(), [](const std::string& k) {
-    return k == "parallel.dp" || k == "parallel.tp" || k == "parallel.pp";
+    return k == "parallel.dp" || k == "parallel.cp" || k == "parallel.tp" || k == "parallel.pp";
   });
-  if (fixed) return static_cast<int>(deck.parallel.dp * deck.parallel.tp * deck.parallel.pp);
+  if (fixed) return static_cast<int>(deck.parallel.dp * deck.parallel.cp * deck.parallel.tp * deck.parallel.pp);
   return world_size(comm);
 }
 
@@ -59,24 +59,30 @@ MachineSpec measure_for(const Deck& deck, const std::vector<std::string>& free, 
   }
   measured = profile_model(deck.model, deck.train.precision, sizes);
   const std::size_t whole = measured.size() - 1;  // the largest micro-batch on one rank's whole block
-  // The tensor-parallel degrees (and sequence parallelism) the search may pick, each timed
-  // with its group's collectives on all the ranks at once.
+  // The tensor- and context-parallel degrees (and sequence parallelism) the search may pick,
+  // each timed with its groups' collectives on all the ranks at once.
   const int ranks = world_size(comm);
-  const bool tp_free = std::find(free.begin(), free.end(), "parallel.tp") != free.end();
-  const bool sp_free = std::find(free.begin(), free.end(), "parallel.sequence_parallel") != free.end();
+  auto is_free = [&free](const char* key) { return std::find(free.begin(), free.end(), key) != free.end(); };
+  const bool tp_free = is_free("parallel.tp"), sp_free = is_free("parallel.sequence_parallel");
+  const bool cp_free = is_free("parallel.cp");
   const ModelConfig& model = deck.model;
-  for (int tp = 2; tp <= ranks; ++tp) {
-    if (ranks % tp != 0 || (!tp_free && tp != deck.parallel.tp) || !model.splits_over(tp)) continue;
-    for (const bool sp : {false, true}) {
-      if (!sp_free && sp != deck.parallel.sequence_parallel) continue;
-      std::vector<std::int64_t> split;  // micro-batch sizes whose rows split over tp
-      for (const std::int64_t b : sizes) {
-        if (!sp || b * model.seq_len % tp == 0) split.push_back(b);
+  for (int cp = 1; cp <= ranks; ++cp) {
+    if (ranks % cp != 0 || (cp_free ? !searched_context_parallel(model, cp) : cp != deck.parallel.cp)) continue;
+    for (int tp = 1; tp * cp <= ranks; ++tp) {
+      if (tp * cp == 1 || ranks % (tp * cp) != 0 || (!tp_free && tp != deck.parallel.tp) || !model.splits_over(tp)) {
+        continue;
       }
-      if (split.empty()) continue;
-      for (const MeasuredCosts& c :
-           profile_tensor_parallel(model, deck.train.precision, split, tp, sp, comm, deck.comm.backend)) {
-        measured.push_back(c);
+      for (const bool sp : {false, true}) {
+        if ((!sp_free && sp != deck.parallel.sequence_parallel) || (sp && tp == 1)) continue;
+        std::vector<std::int64_t> split;  // micro-batch sizes whose rows on a rank split over tp
+        for (const std::int64_t b : sizes) {
+          if (!sp || b * model.seq_len / cp % tp == 0) split.push_back(b);
+        }
+        if (split.empty()) continue;
+        for (const MeasuredCosts& c :
+             profile_sharded(model, deck.train.precision, split, tp, sp, cp, comm, deck.comm.backend)) {
+          measured.push_back(c);
+        }
       }
     }
   }
@@ -99,10 +105,11 @@ MachineSpec measure_for(const Deck& deck, const std::vector<std::string>& free, 
                      1e3 * (measured[whole].block_forward + measured[whole].block_backward),
                      100.0 * m.gemm_efficiency));
   for (const MeasuredCosts& c : measured) {
-    if (c.tp == 1) continue;
-    log.info(strprintf("measured at tp %d%s, micro-batch %lld: one block forward + backward %.2f ms (collectives "
+    if (c.tp == 1 && c.cp == 1) continue;
+    log.info(strprintf("measured at tp %d%s%s, micro-batch %lld: one block forward + backward %.2f ms (collectives "
                        "included)",
                        c.tp, c.sequence_parallel ? " with sequence parallelism" : "",
+                       c.cp > 1 ? strprintf(" and cp %d", c.cp).c_str() : "",
                        static_cast<long long>(c.micro_batch_size), 1e3 * (c.block_forward + c.block_backward)));
   }
   return m;
@@ -188,7 +195,8 @@ std::string policies(const Plan& p) {
 }
 
 std::string layout_name(const ParallelLayout& o) {
-  std::string s = strprintf("dp %d x tp %d%s x pp %d, ZeRO %d, %s", o.dp, o.tp,
+  std::string s = strprintf("dp %d x %stp %d%s x pp %d, ZeRO %d, %s", o.dp,
+                            o.cp > 1 ? strprintf("cp %d x ", o.cp).c_str() : "", o.tp,
                             o.sequence_parallel ? " (sequence parallel)" : "", o.pp, o.zero,
                             schedule_kind_name(o.schedule));
   if (o.schedule == ScheduleKind::interleaved) s += strprintf(" v%d", o.virtual_stages);
@@ -396,7 +404,7 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
                      best.checked_instructions));
   const Figures f = figures(deck, machine, best, options.ranks);
   const ParallelLayout& o = best.plan.layout;
-  j.add("dp", o.dp).add("tp", o.tp).add("pp", o.pp).add("zero", o.zero).add("schedule", schedule_kind_name(o.schedule));
+  j.add("dp", o.dp).add("cp", o.cp).add("tp", o.tp).add("pp", o.pp).add("zero", o.zero).add("schedule", schedule_kind_name(o.schedule));
   j.add("virtual_stages", o.virtual_stages).add("layered", o.layered).add("sequence_parallel", o.sequence_parallel);
   j.add("micro_batch_size", o.micro_batch_size);
   j.add("micro_batches", o.micro_batches).add("step_s", best.step_s).add("tokens_per_s", f.tokens_per_s);

@@ -168,7 +168,7 @@ std::vector<MeasuredCosts> profile_shard(const ModelConfig& full, Precision prec
   const Exec exec;
   std::vector<MeasuredCosts> out;
   for (const std::int64_t mbs : micro_batch_sizes) {
-    Dims d = Dims::of(model, mbs, tp, tp_rank, sequence_parallel);
+    Dims d = Dims::of(model, mbs, tp, tp_rank, sequence_parallel, combine.ring.size, combine.ring.rank);
     d.products = product_math<Exec>(precision);
     d.bf16 = bf16;
     LayerRangeActs<Exec> a(tracker, d, 0, 1, true, true, {ActivationPolicy::keep}, bf16);
@@ -230,6 +230,7 @@ std::vector<MeasuredCosts> profile_shard(const ModelConfig& full, Precision prec
     m.micro_batch_size = mbs;
     m.tp = tp;
     m.sequence_parallel = sequence_parallel;
+    m.cp = combine.ring.size;
     m.embed_forward = median(t[0]);
     m.block_forward = median(t[1]);
     m.head_forward = median(t[2]);
@@ -248,16 +249,18 @@ std::vector<MeasuredCosts> profile_model(const ModelConfig& model, Precision pre
   return profile_shard(model, precision, micro_batch_sizes, reps, 1, 0, ShardCombine());
 }
 
-std::vector<MeasuredCosts> profile_tensor_parallel(const ModelConfig& model, Precision precision,
-                                                   const std::vector<std::int64_t>& micro_batch_sizes, int tp,
-                                                   bool sequence_parallel, MPI_Comm comm, CommBackend backend,
-                                                   int reps) {
+std::vector<MeasuredCosts> profile_sharded(const ModelConfig& model, Precision precision,
+                                           const std::vector<std::int64_t>& micro_batch_sizes, int tp,
+                                           bool sequence_parallel, int cp, MPI_Comm comm, CommBackend backend,
+                                           int reps) {
   int ranks = 1;
   MPI_Comm_size(comm, &ranks);
-  const ProcessGrid grid(comm, ranks / tp, 1, tp, 1, backend);
+  const ProcessGrid grid(comm, ranks / (tp * cp), cp, tp, 1, backend);
   return profile_shard(model, precision, micro_batch_sizes, reps, tp, grid.tp_rank(),
-                       shard_combine(grid, Precision::fp32, sequence_parallel),
-                       [&grid] { grid.tp().barrier(); });
+                       shard_combine(grid, Precision::fp32, sequence_parallel), [&grid, cp] {
+                         if (cp > 1) grid.world().barrier();  // the ring's ranks, as the tp group's
+                         grid.tp().barrier();
+                       });
 }
 
 void calibrate(MachineSpec& machine, const ModelConfig& model, Precision precision, const MeasuredCosts& measured) {

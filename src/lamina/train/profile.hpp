@@ -25,13 +25,14 @@ MachineSpec measure_machine(MPI_Comm comm, const Log& log, CommBackend backend =
 std::vector<MeasuredCosts> profile_model(const ModelConfig& model, Precision precision,
                                          const std::vector<std::int64_t>& micro_batch_sizes, int reps = 3);
 
-// The same at tensor-parallel degree `tp` (dividing the ranks of `comm`, which all run at
-// once in groups of tp, as a run at that degree does): a rank's shard with its group's
-// collectives (and sequence parallelism's), so the times include the communication.
-std::vector<MeasuredCosts> profile_tensor_parallel(const ModelConfig& model, Precision precision,
-                                                   const std::vector<std::int64_t>& micro_batch_sizes, int tp,
-                                                   bool sequence_parallel, MPI_Comm comm, CommBackend backend,
-                                                   int reps = 3);
+// The same at tensor-parallel degree `tp` and context-parallel degree `cp` (tp x cp dividing
+// the ranks of `comm`, which all run at once in groups of tp x cp, as a run at those degrees
+// does): a rank's shard with its groups' collectives (and sequence parallelism's) and the
+// ring's passes, so the times include the communication.
+std::vector<MeasuredCosts> profile_sharded(const ModelConfig& model, Precision precision,
+                                           const std::vector<std::int64_t>& micro_batch_sizes, int tp,
+                                           bool sequence_parallel, int cp, MPI_Comm comm, CommBackend backend,
+                                           int reps = 3);
 
 // Sets the machine's kernel efficiencies so that its roofline of one block equals the
 // measured time (one factor for GEMMs, attention and element-wise kernels alike).
