@@ -326,6 +326,43 @@ TEST(CostModel, SequenceParallelismShardsTheNormsAndSplitsEachSumInTwo) {
   EXPECT_NEAR(sums16.backward_parts().tp, 2 * (half + gathered + gathered), 1e-12);
 }
 
+// Context parallelism: a rank's queries (N / cp rows) meet every key of their sequences, so
+// the attention halves on cp 2 as the products do; the ring's passes cost what the attention
+// beside them does not hide, and the gradients sum over the dp x cp ranks of a replica.
+TEST(CostModel, ContextParallelismPricesTheRingBesideTheAttentionItOverlaps) {
+  ModelConfig m = model();
+  m.attention = AttentionProducts::fused;
+  Plan ring_plan = plan(1, 1, 1, Precision::bf16);
+  ring_plan.layout.cp = 2;
+  const CostModel whole(m, plan(1, 1, 1, Precision::bf16), machine()), ring(m, ring_plan, machine());
+  EXPECT_NEAR(ring.forward_parts().attention, whole.forward_parts().attention / 2, 1e-15);
+  EXPECT_NEAR(ring.backward_parts().attention, whole.backward_parts().attention / 2, 1e-15);
+  EXPECT_NEAR(ring.forward_parts().gemm, whole.forward_parts().gemm / 2, 1e-15);
+  EXPECT_EQ(whole.forward_parts().cp, 0.0);
+  // 1024 rows of keys and values, 2 x 1024 columns: bf16 to the next rank, fp32 gradients. In
+  // a node the attention (0.34 ms forward) hides the pass; the gradients' passes are exposed.
+  const double kv = 1024.0 * 2 * 1024, pass = 2 * kv / 200e9 + 1e-5, gradients = 4 * kv / 200e9 + 1e-5;
+  EXPECT_LT(pass, ring.forward_parts().attention / 2);
+  EXPECT_EQ(ring.forward_parts().cp, 0.0);
+  EXPECT_NEAR(ring.backward_parts().cp, 2 * gradients, 1e-15);
+  // One device per node: the ring crosses the network (20 GB/s), slower than the attention.
+  MachineSpec apart = machine();
+  apart.devices_per_node = 1;
+  const CostModel slow(m, ring_plan, apart);
+  const double slow_pass = 2 * kv / 20e9 + 2e-5, slow_gradients = 4 * kv / 20e9 + 2e-5;
+  EXPECT_NEAR(slow.forward_parts().cp, slow_pass - slow.forward_parts().attention / 2, 1e-15);
+  EXPECT_GT(slow.forward_parts().cp, 0.0);
+  EXPECT_NEAR(slow.backward_parts().cp,
+              std::max(0.0, slow_pass - slow.backward_parts().attention / 2) + 2 * slow_gradients, 1e-15);
+  EXPECT_NEAR(slow.block_forward() - ring.block_forward(), slow.forward_parts().cp, 1e-15);
+  // The gradients of cp 2 reduce as dp 2's; the ring holds the host (collectives inside a layer).
+  EXPECT_DOUBLE_EQ(ring.reduce(1), CostModel(m, plan(2, 1, 1, Precision::bf16), machine()).reduce(1));
+  EXPECT_FALSE(ring.compute_queued());
+  // Pipeline messages and checkpoints are a rank's rows.
+  EXPECT_LT(ring.p2p(true), whole.p2p(true));
+  EXPECT_DOUBLE_EQ(ring.checkpoint_copy(true), whole.checkpoint_copy(true) / 2);
+}
+
 TEST(CostModel, CollectivesUseTheLinkTheirGroupSpans) {
   const CostModel c(model(), plan(4, 2, 1, Precision::bf16), machine());
   EXPECT_DOUBLE_EQ(c.collective(1e9, 3, 8), 1e9 / 200e9 + 3 * 1e-5);  // one node

@@ -237,6 +237,43 @@ TEST(Planner, ChoosesSequenceParallelismWhereItsActivationsFitAlone) {
             r.best[0].sets.end());
 }
 
+// Context parallelism where a sequence's activations do not fit one rank: over 4 ranks with
+// everything else fixed (dp 1, no tensor parallelism), only cp 4 fits a device that cp 2 does
+// not, and the search finds it among cp 1, 2 and 4.
+TEST(Planner, ChoosesContextParallelismWhereOnlyItFits) {
+  MachineSpec machine = parse_machine(kMachine, "<test>");
+  const std::vector<std::string> fixed = {"parallel.tp=1", "parallel.pp=1", "data.micro_batch_size=4",
+                                          "model.attention=fused", "memory.activations=keep",
+                                          "memory.params=device", "memory.optimizer=device"};
+  PlannerOptions o;
+  o.ranks = 4;
+  o.top = 1;
+  o.free_keys = {"parallel.cp", "parallel.dp"};
+  auto best = [&](int cp) {
+    std::vector<std::string> sets = fixed;
+    sets.push_back("parallel.cp=" + std::to_string(cp));
+    sets.push_back("parallel.dp=" + std::to_string(4 / cp));
+    PlannerOptions fixed_cp = o;
+    fixed_cp.free_keys.clear();
+    return plan_search(parse_deck(kDeck, "deck.toml", sets), machine, fixed_cp);
+  };
+  const PlanResult two = best(2), four = best(4);
+  ASSERT_TRUE(two.feasible);
+  ASSERT_TRUE(four.feasible);
+  ASSERT_LT(four.best[0].device_bytes, two.best[0].device_bytes);
+  machine.device_memory = static_cast<double>(two.best[0].device_bytes) - 1;
+  const PlanResult r = plan_search(parse_deck(kDeck, "deck.toml", fixed), machine, o);
+  ASSERT_TRUE(r.feasible);
+  EXPECT_EQ(r.best[0].plan.layout.cp, 4);
+  EXPECT_EQ(r.best[0].plan.layout.dp, 1);
+  EXPECT_EQ(r.best[0].device_bytes, four.best[0].device_bytes);
+  EXPECT_NE(std::find(r.best[0].sets.begin(), r.best[0].sets.end(), "parallel.cp=4"), r.best[0].sets.end());
+  // Chunks of seq_len / 2 cp positions below one block of the fused kernels are not searched.
+  EXPECT_TRUE(searched_context_parallel(parse_deck(kDeck, "deck.toml", {}).model, 8));
+  EXPECT_FALSE(searched_context_parallel(parse_deck(kDeck, "deck.toml", {}).model, 16));
+  EXPECT_FALSE(searched_context_parallel(parse_deck(kDeck, "deck.toml", {"model.attention=staged"}).model, 2));
+}
+
 // Layouts are modelled, solved and simulated on several threads, the bound pruning them
 // as one thread would: the same plans, figures and counts whatever the thread count.
 TEST(Planner, TheSearchIsTheSameOnAnyNumberOfThreads) {
