@@ -8,6 +8,10 @@
 
 namespace lamina {
 
+// Tags of the passes in flight together (the backward pass's keys and values, and their
+// gradients).
+constexpr int kRingKeys = 1, kRingGradients = 2;
+
 struct ContextRing {
   int size = 1, rank = 0;
   // Starts sending n floats (words) of `send` to the next rank and receiving as many from the

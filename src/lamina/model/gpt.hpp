@@ -167,9 +167,6 @@ void combine_gradients(const Exec& exec, const ShardCombine& tp, const Mat<Exec>
   then(ConstMat<Exec>(g), ws.scratch);
 }
 
-// Tags of the ring's passes in flight together (the backward pass's keys and gradients).
-constexpr int kRingKeys = 1, kRingGradients = 2;
-
 // The words (floats) of a matrix stored as T, as the ring passes them.
 template <class Exec, class T>
 float* words(const MatOf<Exec, T>& m) {

@@ -55,6 +55,20 @@ Executor::Executor(MemoryTracker& tracker, RankState& state, const ProcessGrid& 
       frames_(tracker, MemCategory::activations, "lamina::checkpoint_frames"),
       stream_words_(LayerRangeActs<Exec>::stream_words(activation_sizes(dims), bf16_)),
       losses_("lamina::losses", static_cast<std::size_t>(schedule.micro_batches())) {
+  if (tp_.ring.pass) {  // the ring's passes, timed for the step's trace
+    tp_.ring.pass = [this, pass = tp_.ring.pass](const float* send, float* recv, std::int64_t n, int tag) {
+      ring_passes_.push_back({current_, tag, now(), -1.0, -1.0});
+      pass(send, recv, n, tag);
+    };
+    tp_.ring.wait = [this, wait = tp_.ring.wait] {
+      const double waited = now();
+      wait();
+      for (; ring_open_ < ring_passes_.size(); ++ring_open_) {
+        ring_passes_[ring_open_].waited = waited;
+        ring_passes_[ring_open_].done = now();
+      }
+    };
+  }
   const Partition& part = schedule.partition();
   bool scratch = false, offload = false;  // what needs the scratch, the staging buffers
   for (int c : part.chunks_of(grid.pp_rank())) {
@@ -412,6 +426,7 @@ void Executor::run_program(const std::vector<Instruction>& program, std::vector<
     e.issued = now();
     for (const PoolEvent& p : i.pool)
       if (p.acquire) take(p);
+    current_ = static_cast<int>(k);
     completions_[k] = execute(i, static_cast<int>(k));
     if (i.stream == Stream::compute && compute_queued) completions_[k].add(StreamEvent::record(Exec()));
     for (const PoolEvent& p : i.pool) {
@@ -478,6 +493,8 @@ StageResult Executor::run(const MicroBatchLoader& load, float loss_scale) {
   start_ = now();
   state_.reducer().zero_grads();
   Kokkos::deep_copy(Exec(), losses_, 0.0);
+  ring_passes_.clear();
+  ring_open_ = 0;
   run_program(schedule_.program(grid_.pp_rank()), step_events_,
               [&](const Instruction& i, int k) { return execute(i, load, loss_scale, k); });
   for (auto& o : outgoing_) send_pool_.release(o.buffer, o.n);

@@ -63,6 +63,15 @@ struct InstructionEvent {
   double completed = -1.0;  // running beside the host: first seen done (a poll or a wait)
 };
 
+// One pass of context parallelism's ring (ShardCombine::ring) in the last step: started by
+// instruction `index`'s attention, its wait called (on a host, the attention computed with
+// the pass in flight until then; on a device, queued) and over.
+struct RingPass {
+  int index = 0;
+  int tag = 0;  // kRingKeys: keys and values; kRingGradients: their gradients
+  double begun = 0.0, waited = 0.0, done = 0.0;
+};
+
 class Executor {
  public:
   using Exec = RankState::Exec;
@@ -85,6 +94,7 @@ class Executor {
   const Workspace<Exec>& workspace() const { return ws_.ws; }
   // One event per instruction of this stage's program, of the last run().
   const std::vector<InstructionEvent>& events() const { return step_events_; }
+  const std::vector<RingPass>& ring_passes() const { return ring_passes_; }
 
  private:
   struct Slots {
@@ -138,6 +148,9 @@ class Executor {
   ClockPrices prices_;
   int final_;
   ShardCombine tp_;
+  std::vector<RingPass> ring_passes_;  // of the last step
+  std::size_t ring_open_ = 0;          // the first pass not waited for
+  int current_ = 0;                    // the instruction running
   WorkspaceBuffers<Exec> ws_;
   std::map<int, Slots> slots_;                 // per local chunk
   std::map<std::pair<int, int>, int> in_use_;  // (chunk, micro-batch) -> slot

@@ -66,6 +66,7 @@ class Runtime {
   std::vector<std::string> dos_schedule() const;
   // What the executor did with each instruction of the last forward_backward().
   const std::vector<InstructionEvent>& step_events() const { return executor_->events(); }
+  const std::vector<RingPass>& ring_passes() const { return executor_->ring_passes(); }
   // Bytes each group's communicator sent since the last call ("dp", "tp", "pp").
   std::map<std::string, std::int64_t> take_comm_bytes();
 

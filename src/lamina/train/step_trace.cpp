@@ -19,7 +19,7 @@ std::string span(const std::string& name, const std::string& category, int rank,
 }  // namespace
 
 std::string step_trace_json(const std::vector<Instruction>& program, const std::vector<InstructionEvent>& events,
-                            int final_layer, int rank) {
+                            int final_layer, int rank, const std::vector<RingPass>& ring) {
   std::string out = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   bool first = true;
   auto put = [&](const std::string& e) {
@@ -39,6 +39,13 @@ std::string step_trace_json(const std::vector<Instruction>& program, const std::
       const char* stream = stream_index_name(stream_index(i));
       put(span(name, stream, rank, stream, e.issued, e.completed, args));
     }
+  }
+  for (const RingPass& p : ring) {
+    const bool keys = p.tag == kRingKeys;
+    const std::string args = strprintf("{\"index\": %d}", p.index);
+    put(span(keys ? "keys and values to the next rank" : "key/value gradients to the next rank", "cp", rank, "cp ring",
+             p.begun, p.done, args));
+    if (keys) put(span("ring attention beside the pass", "cp", rank, "cp attention", p.begun, p.waited, args));
   }
   return out + "\n]}\n";
 }

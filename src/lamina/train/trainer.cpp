@@ -454,7 +454,7 @@ class Trainer {
     const std::string path = strprintf("%s/trace_step%lld_rank%d.json", deck_.output.dir.c_str(),
                                        static_cast<long long>(step), rank);
     write_text_file(path, step_trace_json(rt.schedule().program(rt.grid().pp_rank()), rt.step_events(),
-                                          rt.schedule().final_layer(), rank));
+                                          rt.schedule().final_layer(), rank, rt.ring_passes()));
     if (rank == 0) log_.info("trace of step " + std::to_string(step) + " written: " + path + " (one per rank)");
   }
 
