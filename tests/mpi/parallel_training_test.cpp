@@ -277,6 +277,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"cp4", 4, {"parallel.cp=4"}},
                       Layout{"dp2_cp2_zero3", 4, {"parallel.dp=2", "parallel.cp=2", "parallel.zero=3"}},
                       Layout{"cp2_tp2_sp", 4, {"parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"}},
+                      Layout{"cp2_pp2_interleaved", 4,
+                             {"parallel.cp=2", "parallel.pp=2", "parallel.schedule=interleaved",
+                              "parallel.virtual_stages=2"}},
                       Layout{"cp2_pp2_layered_checkpoints", 4,
                              {"parallel.cp=2", "parallel.pp=2", "parallel.schedule=modular", "parallel.layered=true",
                               "memory.activations=offload_checkpoint"}},
@@ -707,7 +710,8 @@ TEST_F(ParallelTraining, ContextParallelismPassesKeysAndValuesAroundTheRing) {
     EXPECT_NE(r.out.find("context parallelism over " + std::to_string(np) + " ranks"), std::string::npos) << r.out;
     const double rows = 2 * 16 / np, pass = rows * kv * (bf16 ? 2 : 4), gradients = rows * kv * 4;
     for (std::size_t i = 0; i < 5; ++i) {
-      EXPECT_DOUBLE_EQ(r.comm[i].at("cp"), blocks * (2 * (np - 1) * pass + np * gradients)) << name << " step " << i + 1;
+      EXPECT_DOUBLE_EQ(r.comm[i].at("cp"), blocks * (2 * (np - 1) * pass + np * gradients))
+          << name << " step " << i + 1;
       if (np == 2 && !bf16) EXPECT_DOUBLE_EQ(r.comm[i].at("dp"), dp2.comm[i].at("dp")) << "step " << i + 1;
     }
   }
@@ -746,7 +750,8 @@ TEST_F(ParallelTraining, ContextParallelismsPeakMemoryIsPredicted) {
            {2, {"train.precision=bf16"}},
            {2, {"memory.activations=recompute", "model.arch=llama", "model.kv_heads=2", "model.ffn_hidden=48"}},
            {4, {"parallel.tp=2", "parallel.sequence_parallel=true", "memory.activations=offload"}}}) {
-    std::string args = "bench memory " + dir_ + "/deck.toml --set output.dir=" + dir_ + "/cp_memory --set parallel.cp=2";
+    std::string args =
+        "bench memory " + dir_ + "/deck.toml --set output.dir=" + dir_ + "/cp_memory --set parallel.cp=2";
     for (const auto& s : sets) args += " --set " + s;
     const JobResult r = run_command(launch(np, args));
     ASSERT_EQ(r.code, 0) << r.out;

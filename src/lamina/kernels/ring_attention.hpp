@@ -154,7 +154,8 @@ struct RingAttentionBackwardKeys {
     const std::int64_t G = blocks.L.group(), NKV = blocks.L.NKV, hd = blocks.hd, B = kFlashBlock;
     const std::int64_t kvh = team.league_rank() / blocks.blocks, s = kvh / NKV, h0 = kvh % NKV * G;
     const std::int64_t c0 = team.league_rank() % blocks.blocks * B, m = blocks.size(c0);
-    const std::int64_t krow = s * pair.rows + pair.k_row + c0, kcol = pair.kv_column(1, h0), vcol = pair.kv_column(2, h0);
+    const std::int64_t krow = s * pair.rows + pair.k_row + c0;
+    const std::int64_t kcol = pair.kv_column(1, h0), vcol = pair.kv_column(2, h0);
     const auto sc = team.team_scratch(level);
     const auto b = FlashBackwardBlock<Exec>::in_scratch(sc, hd, true);
     const ScratchMat<Exec> dk = scratch_block<Exec>(sc, hd), dv = scratch_block<Exec>(sc, hd);

@@ -189,7 +189,8 @@ void context_attention_forward(const Exec& exec, const ContextRing& ring, const 
       exec.fence();  // `here` is written, and the kernels that read the other buffer are done
       ring.pass(words<Exec, T>(here), words<Exec, T>(kv[(step + 1) % 2]), n, kRingKeys);
     }
-    ring_attention_forward(exec, ws.ring, s.qkv, here, d.NH, d.context, (d.context.rank - step + ring.size) % ring.size);
+    const int source = (d.context.rank - step + ring.size) % ring.size;
+    ring_attention_forward(exec, ws.ring, s.qkv, here, d.NH, d.context, source);
     if (more) ring.wait();
   }
   ring_attention_end(exec, s.atty, s.att, ws.ring);

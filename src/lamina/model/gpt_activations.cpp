@@ -15,7 +15,8 @@ void add_bf16_workspace(ActivationSizes& s, const Dims& d) {
   s.product_out = N * std::max({W, F1, C});  // within the shared part's backward
   const ProductMath math = product_math<Exec>(Precision::bf16);
   // (Context parallelism's ring reads and writes bf16 as it is stored.)
-  s.attention_copies = d.context_parallel() ? 0 : attention_copies<Exec>(d.attention, math, d.B, d.T, d.NH, d.hd, d.NKV);
+  s.attention_copies =
+      d.context_parallel() ? 0 : attention_copies<Exec>(d.attention, math, d.B, d.T, d.NH, d.hd, d.NKV);
   s.param_vectors = d.block_vectors();  // a block's; the final norm's fit
   // Weights products read as bf16 (op(B) of K rows): the projections both ways, the head's.
   const std::int64_t largest = std::max({C * W, A * C, C * F1, F * C, d.V * C});

@@ -298,7 +298,8 @@ class WorkspaceBuffers {
     ws.heads.narrowed = ws.dheads.narrowed = ws.widened;  // between products, never during one
     if (s.rotary > 0) {
       ws.rotary = RotaryTable<Exec>(p + s.product_scratch, T,
-                                    rotary_inverse_frequencies(hd, d.parts.rope_theta, d.parts.rope_scaling), d.context);
+                                    rotary_inverse_frequencies(hd, d.parts.rope_theta, d.parts.rope_scaling),
+                                    d.context);
     }
     partials_ = Buffer<float, Mem>(tracker, MemCategory::workspace, "lamina::column_partials", s.column_partials);
     ws.column_partials = partials_.view();

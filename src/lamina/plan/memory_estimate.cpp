@@ -86,7 +86,9 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
   const std::vector<int> held = schedule.layers_of_stage(stage);
   const RankOptimizers opt = plan_rank_optimizers(plan, layout, held, 0, dos_model(plan), device_free);
   const MemTier dev = MemTier::device, host = MemTier::host;
-  auto shard = [&](int l) { return LayerShard::of(layout.layers()[static_cast<std::size_t>(l)].numel, o.replicas(), bf16); };
+  auto shard = [&](int l) {
+    return LayerShard::of(layout.layers()[static_cast<std::size_t>(l)].numel, o.replicas(), bf16);
+  };
 
   // Buffers that live the whole run: the layers' state.
   Footprint f;

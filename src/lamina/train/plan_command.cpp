@@ -404,7 +404,8 @@ int run_plan_command(const PlanCommand& cmd, const Log& log, MPI_Comm comm) {
                      best.checked_instructions));
   const Figures f = figures(deck, machine, best, options.ranks);
   const ParallelLayout& o = best.plan.layout;
-  j.add("dp", o.dp).add("cp", o.cp).add("tp", o.tp).add("pp", o.pp).add("zero", o.zero).add("schedule", schedule_kind_name(o.schedule));
+  j.add("dp", o.dp).add("cp", o.cp).add("tp", o.tp).add("pp", o.pp).add("zero", o.zero);
+  j.add("schedule", schedule_kind_name(o.schedule));
   j.add("virtual_stages", o.virtual_stages).add("layered", o.layered).add("sequence_parallel", o.sequence_parallel);
   j.add("micro_batch_size", o.micro_batch_size);
   j.add("micro_batches", o.micro_batches).add("step_s", best.step_s).add("tokens_per_s", f.tokens_per_s);

@@ -17,10 +17,10 @@ inline double identity(double x) { return x; }
 // exact ones are read; `y` is applied to the output where the softmax backward's row sum is
 // taken as dy . y (fused kernels), not P . dP. `probs`, when given, receives the exact
 // probabilities, (B*NH, T, T), zero above the diagonal.
-inline void attention_reference(const std::vector<double>& qkv, const std::vector<double>& dout, int B, int T, int C, int NH,
-                         std::vector<double>& out, std::vector<double>& dqkv, double (*r)(double) = identity,
-                         const std::vector<double>* saved = nullptr, double (*y)(double) = nullptr, int NKV = 0,
-                         std::vector<double>* probs = nullptr) {
+inline void attention_reference(const std::vector<double>& qkv, const std::vector<double>& dout, int B, int T, int C,
+                                int NH, std::vector<double>& out, std::vector<double>& dqkv,
+                                double (*r)(double) = identity, const std::vector<double>* saved = nullptr,
+                                double (*y)(double) = nullptr, int NKV = 0, std::vector<double>* probs = nullptr) {
   const int hd = C / NH;
   if (NKV == 0) NKV = NH;
   const int G = NH / NKV, W = (NH + 2 * NKV) * hd;
