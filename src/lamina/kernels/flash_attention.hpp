@@ -102,6 +102,67 @@ KOKKOS_INLINE_FUNCTION void flash_zero(const Member& team, const Dst& dst, std::
                        [&](std::int64_t e) { dst(e / hd, e % hd) = 0.0f; });
 }
 
+// The start of the online softmax of n query rows: q (scaled) from rows row.. of src at column
+// col, their output o zero, no scores seen yet (st: running maximum, sum).
+template <class Member, class Scratch, class Src>
+KOKKOS_INLINE_FUNCTION void flash_start_rows(const Member& team, const Scratch& q, const Scratch& o, const Scratch& st,
+                                             const Src& src, std::int64_t row, std::int64_t col, std::int64_t n,
+                                             std::int64_t hd, float scale) {
+  flash_load(team, q, src, row, col, n, hd, scale);
+  flash_zero(team, o, n, hd);
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](std::int64_t i) {
+    st(i, 0) = kNoScoresYet;
+    st(i, 1) = 0.0f;
+  });
+  team.team_barrier();
+}
+
+// One block of m keys of the online softmax of n query rows (q: scaled, in scratch): their
+// scores against the keys load_keys() puts in kv, query row i seeing the block's keys j <=
+// diagonal + i (the causal mask, on positions), folded into each row's running maximum and
+// sum of exponentials (st columns 0 and 1; column 2: this block's rescaling) and its output
+// o, with the values load_values() then puts in kv.
+template <class Member, class Scratch, class LoadKeys, class LoadValues>
+KOKKOS_INLINE_FUNCTION void flash_key_block(const Member& team, const Scratch& q, const Scratch& kv, const Scratch& s,
+                                            const Scratch& st, const Scratch& o, std::int64_t n, std::int64_t m,
+                                            std::int64_t hd, std::int64_t diagonal, const LoadKeys& load_keys,
+                                            const LoadValues& load_values) {
+  load_keys();
+  team.team_barrier();
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n * m), [&](std::int64_t e) {
+    const std::int64_t i = e / m, j = e % m;
+    float dot = 0.0f;
+    for (std::int64_t d = 0; d < hd; ++d) dot += q(i, d) * kv(j, d);
+    s(i, j) = dot;
+  });
+  team.team_barrier();
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](std::int64_t i) {
+    const std::int64_t seen = math::max<std::int64_t>(0, math::min(m, diagonal + i + 1));
+    float mx = st(i, 0);
+    for (std::int64_t j = 0; j < seen; ++j) mx = math::max(mx, s(i, j));
+    float sum = 0.0f;
+    for (std::int64_t j = 0; j < m; ++j) {
+      const float p = j < seen ? fast_exp(s(i, j) - mx) : 0.0f;
+      s(i, j) = p;
+      sum += p;
+    }
+    const float rescale = fast_exp(st(i, 0) - mx);
+    st(i, 0) = mx;
+    st(i, 1) = st(i, 1) * rescale + sum;
+    st(i, 2) = rescale;
+  });
+  team.team_barrier();
+  load_values();
+  team.team_barrier();
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n * hd), [&](std::int64_t e) {
+    const std::int64_t i = e / hd, d = e % hd;
+    float acc = o(i, d) * st(i, 2);
+    for (std::int64_t j = 0; j < m; ++j) acc += s(i, j) * kv(j, d);
+    o(i, d) = acc;
+  });
+  team.team_barrier();
+}
+
 // T: how qkv, out and lse are stored (float, or bf16 as std::uint16_t).
 template <class Exec, class T>
 struct FlashAttentionForward {
@@ -119,50 +180,14 @@ struct FlashAttentionForward {
     const auto sc = team.team_scratch(level);
     const ScratchMat<Exec> q = scratch_block<Exec>(sc, hd), kv = scratch_block<Exec>(sc, hd),
                            o = scratch_block<Exec>(sc, hd), s = scratch_block<Exec>(sc, B), st(sc, B, 3);
-    flash_load(team, q, qkv, t.row0 + t.r0, t.col0, t.n, hd, scale);
-    flash_zero(team, o, t.n, hd);
     // st: running maximum, running sum of exponentials, this block's rescaling of both
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n), [&](std::int64_t i) {
-      st(i, 0) = kNoScoresYet;
-      st(i, 1) = 0.0f;
-    });
-    team.team_barrier();
+    flash_start_rows(team, q, o, st, qkv, t.row0 + t.r0, t.col0, t.n, hd, scale);
     for (std::int64_t c0 = 0; c0 < t.r0 + t.n; c0 += B) {
       const std::int64_t m = blocks.size(c0);
-      flash_load(team, kv, qkv, t.row0 + c0, kcol, m, hd, 1.0f);
-      team.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n * m), [&](std::int64_t e) {
-        const std::int64_t i = e / m, j = e % m;
-        float dot = 0.0f;
-        for (std::int64_t d = 0; d < hd; ++d) dot += q(i, d) * kv(j, d);
-        s(i, j) = dot;
-      });
-      team.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n), [&](std::int64_t i) {
-        const std::int64_t seen = math::min(m, t.r0 + i - c0 + 1);  // keys at or before position r0 + i
-        float mx = st(i, 0);
-        for (std::int64_t j = 0; j < seen; ++j) mx = math::max(mx, s(i, j));
-        float sum = 0.0f;
-        for (std::int64_t j = 0; j < m; ++j) {
-          const float p = j < seen ? fast_exp(s(i, j) - mx) : 0.0f;
-          s(i, j) = p;
-          sum += p;
-        }
-        const float rescale = fast_exp(st(i, 0) - mx);
-        st(i, 0) = mx;
-        st(i, 1) = st(i, 1) * rescale + sum;
-        st(i, 2) = rescale;
-      });
-      team.team_barrier();
-      flash_load(team, kv, qkv, t.row0 + c0, vcol, m, hd, 1.0f);
-      team.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n * hd), [&](std::int64_t e) {
-        const std::int64_t i = e / hd, d = e % hd;
-        float acc = o(i, d) * st(i, 2);
-        for (std::int64_t j = 0; j < m; ++j) acc += s(i, j) * kv(j, d);
-        o(i, d) = acc;
-      });
-      team.team_barrier();
+      flash_key_block(
+          team, q, kv, s, st, o, t.n, m, hd, t.r0 - c0,
+          [&] { flash_load(team, kv, qkv, t.row0 + c0, kcol, m, hd, 1.0f); },
+          [&] { flash_load(team, kv, qkv, t.row0 + c0, vcol, m, hd, 1.0f); });
     }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n * hd), [&](std::int64_t e) {
       const std::int64_t i = e / hd, d = e % hd;
@@ -227,6 +252,35 @@ struct FlashBackwardBlock {
       ds(i, j) = dsij;
     });
   }
+
+  // dv += P^T dy and dk += dS^T (scale q) for the block's m keys and n queries.
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void add_key_gradients(const Member& team, const ScratchMat<Exec>& dk,
+                                                const ScratchMat<Exec>& dv, std::int64_t n, std::int64_t m,
+                                                std::int64_t hd) const {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, m * hd), [&](std::int64_t e) {
+      const std::int64_t j = e / hd, d = e % hd;
+      float gv = dv(j, d), gk = dk(j, d);
+      for (std::int64_t i = 0; i < n; ++i) {
+        gv += p(i, j) * dy(i, d);
+        gk += ds(i, j) * q(i, d);
+      }
+      dv(j, d) = gv;
+      dk(j, d) = gk;
+    });
+  }
+
+  // dq += dS k for the block's n queries and m keys (scaled by the caller once at the end).
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void add_query_gradient(const Member& team, const ScratchMat<Exec>& dq, std::int64_t n,
+                                                 std::int64_t m, std::int64_t hd) const {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n * hd), [&](std::int64_t e) {
+      const std::int64_t i = e / hd, d = e % hd;
+      float g = dq(i, d);
+      for (std::int64_t j = 0; j < m; ++j) g += ds(i, j) * k(j, d);
+      dq(i, d) = g;
+    });
+  }
 };
 
 // dk, dv of one key block of one key/value head, over the query blocks at or after it of
@@ -262,17 +316,7 @@ struct FlashAttentionBackwardKeys {
       team.team_barrier();
       b.template probabilities<true>(team, r0, qt.n, kt.r0, kt.n, hd);
       team.team_barrier();
-      // dv = P^T dy; dk = dS^T (scale q)
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kt.n * hd), [&](std::int64_t e) {
-        const std::int64_t j = e / hd, d = e % hd;
-        float gv = dv(j, d), gk = dk(j, d);
-        for (std::int64_t i = 0; i < qt.n; ++i) {
-          gv += b.p(i, j) * b.dy(i, d);
-          gk += b.ds(i, j) * b.q(i, d);
-        }
-        dv(j, d) = gv;
-        dk(j, d) = gk;
-      });
+      b.add_key_gradients(team, dk, dv, qt.n, kt.n, hd);
       team.team_barrier();
     }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kt.n * hd), [&](std::int64_t e) {
@@ -311,12 +355,7 @@ struct FlashAttentionBackwardQueries {
       team.team_barrier();
       b.template probabilities<false>(team, qt.r0, qt.n, c0, m, hd);
       team.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, qt.n * hd), [&](std::int64_t e) {
-        const std::int64_t i = e / hd, d = e % hd;
-        float g = dq(i, d);
-        for (std::int64_t j = 0; j < m; ++j) g += b.ds(i, j) * b.k(j, d);
-        dq(i, d) = g;
-      });
+      b.add_query_gradient(team, dq, qt.n, m, hd);
     }
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, qt.n * hd), [&](std::int64_t e) {

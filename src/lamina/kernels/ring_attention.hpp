@@ -68,51 +68,13 @@ struct RingAttentionForward {
     const auto sc = team.team_scratch(level);
     const ScratchMat<Exec> q = scratch_block<Exec>(sc, hd), kvb = scratch_block<Exec>(sc, hd),
                            o = scratch_block<Exec>(sc, hd), s = scratch_block<Exec>(sc, B), st(sc, B, 3);
-    flash_load(team, q, qkv, t.row0 + t.r0, t.col0, t.n, hd, scale);
-    flash_zero(team, o, t.n, hd);
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n), [&](std::int64_t i) {
-      st(i, 0) = kNoScoresYet;
-      st(i, 1) = 0.0f;
-    });
-    team.team_barrier();
+    flash_start_rows(team, q, o, st, qkv, t.row0 + t.r0, t.col0, t.n, hd, scale);
     for (std::int64_t c0 = 0; c0 < blocks.T && pair.visible(r0, t.n, c0); c0 += B) {
-      const std::int64_t m = blocks.size(c0);
-      flash_load(team, kvb, kv, krow + pair.k_row + c0, pair.kv_column(1, h), m, hd, 1.0f);
-      team.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n * m), [&](std::int64_t e) {
-        const std::int64_t i = e / m, j = e % m;
-        float dot = 0.0f;
-        for (std::int64_t d = 0; d < hd; ++d) dot += q(i, d) * kvb(j, d);
-        s(i, j) = dot;
-      });
-      team.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n), [&](std::int64_t i) {
-        // keys at or before the query's position
-        const std::int64_t seen = math::max<std::int64_t>(
-            0, math::min(m, pair.q_pos + r0 + i - (pair.k_pos + c0) + 1));
-        float mx = st(i, 0);
-        for (std::int64_t j = 0; j < seen; ++j) mx = math::max(mx, s(i, j));
-        float sum = 0.0f;
-        for (std::int64_t j = 0; j < m; ++j) {
-          const float p = j < seen ? fast_exp(s(i, j) - mx) : 0.0f;
-          s(i, j) = p;
-          sum += p;
-        }
-        const float rescale = fast_exp(st(i, 0) - mx);
-        st(i, 0) = mx;
-        st(i, 1) = st(i, 1) * rescale + sum;
-        st(i, 2) = rescale;
-      });
-      team.team_barrier();
-      flash_load(team, kvb, kv, krow + pair.k_row + c0, pair.kv_column(2, h), m, hd, 1.0f);
-      team.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n * hd), [&](std::int64_t e) {
-        const std::int64_t i = e / hd, d = e % hd;
-        float acc_o = o(i, d) * st(i, 2);
-        for (std::int64_t j = 0; j < m; ++j) acc_o += s(i, j) * kvb(j, d);
-        o(i, d) = acc_o;
-      });
-      team.team_barrier();
+      const std::int64_t m = blocks.size(c0), at = krow + pair.k_row + c0;
+      flash_key_block(
+          team, q, kvb, s, st, o, t.n, m, hd, pair.q_pos + r0 - (pair.k_pos + c0),
+          [&] { flash_load(team, kvb, kv, at, pair.kv_column(1, h), m, hd, 1.0f); },
+          [&] { flash_load(team, kvb, kv, at, pair.kv_column(2, h), m, hd, 1.0f); });
     }
     // Merge: y = (y e^lse_y + o e^lse_o) / (e^lse_y + e^lse_o), the weights in st(i, 1..2).
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.n), [&](std::int64_t i) {
@@ -172,16 +134,7 @@ struct RingAttentionBackwardKeys {
         team.team_barrier();
         b.template probabilities<true>(team, pair.q_pos + r0, qt.n, pair.k_pos + c0, m, hd);
         team.team_barrier();
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, m * hd), [&](std::int64_t e) {
-          const std::int64_t jj = e / hd, d = e % hd;
-          float gv = dv(jj, d), gk = dk(jj, d);
-          for (std::int64_t i = 0; i < qt.n; ++i) {
-            gv += b.p(i, jj) * b.dy(i, d);
-            gk += b.ds(i, jj) * b.q(i, d);
-          }
-          dv(jj, d) = gv;
-          dk(jj, d) = gk;
-        });
+        b.add_key_gradients(team, dk, dv, qt.n, m, hd);
       }
     }
     team.team_barrier();
@@ -222,12 +175,7 @@ struct RingAttentionBackwardQueries {
       team.team_barrier();
       b.template probabilities<false>(team, pair.q_pos + r0, qt.n, pair.k_pos + c0, m, hd);
       team.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, qt.n * hd), [&](std::int64_t e) {
-        const std::int64_t i = e / hd, d = e % hd;
-        float g = dq(i, d);
-        for (std::int64_t j = 0; j < m; ++j) g += b.ds(i, j) * b.k(j, d);
-        dq(i, d) = g;
-      });
+      b.add_query_gradient(team, dq, qt.n, m, hd);
     }
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, qt.n * hd), [&](std::int64_t e) {
