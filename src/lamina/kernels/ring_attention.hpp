@@ -185,6 +185,34 @@ struct RingAttentionBackwardQueries {
   }
 };
 
+// dst(r, dst0 + c) = src(r, src0 + c), rounded where dst is bf16 (c < the copied width).
+template <class Dst, class Src>
+struct CopyColumns {
+  Dst dst;
+  Src src;
+  std::int64_t dst0, src0;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t r, std::int64_t c) const {
+    put(dst(r, dst0 + c), widen(src(r, src0 + c)));
+  }
+};
+
+template <class Exec, class Dst, class Src>
+void copy_columns(const Exec& exec, const char* label, const Dst& dst, std::int64_t dst0, const Src& src,
+                  std::int64_t src0, std::int64_t width) {
+  Kokkos::parallel_for(label, RowMajor<Exec, 2>(exec, {0, 0}, {static_cast<std::int64_t>(dst.extent(0)), width}),
+                       CopyColumns<Dst, Src>{dst, src, dst0, src0});
+}
+
+// The running log-sum-exps saved as the fused kernels save theirs.
+template <class Exec, class LseV>
+struct SaveLogSumExps {
+  LseV lse;
+  Mats<Exec> running;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t bh, std::int64_t t) const {
+    save_log_sum_exp(&lse(bh, t, 0), running(bh, t, 0));
+  }
+};
+
 // The visible pairs of this rank's chunks with the source rank's: f(ChunkPair).
 template <class F>
 void for_each_visible_pair(const QkvLayout& L, const ContextChunks& chunks, int source, F f) {
@@ -202,11 +230,9 @@ void for_each_visible_pair(const QkvLayout& L, const ContextChunks& chunks, int 
 // kv (B T / cp, 2 NKV hd) = the [k | v] columns of the rank's qkv rows, to send.
 template <class Exec, class T>
 void ring_pack_keys_values(const Exec& exec, const MatOf<Exec, T>& kv, const MatOf<Exec, T>& qkv) {
-  const std::int64_t k0 = static_cast<std::int64_t>(qkv.extent(1) - kv.extent(1));
-  Kokkos::parallel_for("lamina::ring_pack_keys_values",
-                       RowMajor<Exec, 2>(exec, {0, 0}, {static_cast<std::int64_t>(kv.extent(0)),
-                                                        static_cast<std::int64_t>(kv.extent(1))}),
-                       KOKKOS_LAMBDA(std::int64_t r, std::int64_t c) { kv(r, c) = qkv(r, k0 + c); });
+  const std::int64_t width = static_cast<std::int64_t>(kv.extent(1));
+  detail::copy_columns(exec, "lamina::ring_pack_keys_values", kv, 0, qkv,
+                       static_cast<std::int64_t>(qkv.extent(1)) - width, width);
 }
 
 // Running results of no key yet.
@@ -235,16 +261,11 @@ void ring_attention_forward(const Exec& exec, const RingAttentionState<Exec>& ac
 // flash_attention_forward leaves them, from the running results of every source.
 template <class Exec, class OutV, class LseV>
 void ring_attention_end(const Exec& exec, const OutV& out, const LseV& lse, const RingAttentionState<Exec>& acc) {
-  Kokkos::parallel_for("lamina::ring_attention_out",
-                       RowMajor<Exec, 2>(exec, {0, 0}, {static_cast<std::int64_t>(out.extent(0)),
-                                                        static_cast<std::int64_t>(out.extent(1))}),
-                       KOKKOS_LAMBDA(std::int64_t r, std::int64_t c) { put(out(r, c), acc.y(r, c)); });
+  detail::copy_columns(exec, "lamina::ring_attention_out", out, 0, acc.y, 0, static_cast<std::int64_t>(out.extent(1)));
   Kokkos::parallel_for("lamina::ring_attention_lse",
                        RowMajor<Exec, 2>(exec, {0, 0}, {static_cast<std::int64_t>(lse.extent(0)),
                                                         static_cast<std::int64_t>(lse.extent(1))}),
-                       KOKKOS_LAMBDA(std::int64_t bh, std::int64_t t) {
-                         detail::save_log_sum_exp(&lse(bh, t, 0), acc.lse(bh, t, 0));
-                       });
+                       detail::SaveLogSumExps<Exec, LseV>{lse, acc.lse});
 }
 
 // The backward pass against rank `source`'s keys and values (kv, packed): dq added to the q
@@ -273,11 +294,9 @@ void ring_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mat<
 // columns of dqkv.
 template <class Exec>
 void ring_unpack_key_value_gradients(const Exec& exec, const Mat<Exec>& dqkv, const Mat<Exec>& dkv) {
-  const std::int64_t k0 = static_cast<std::int64_t>(dqkv.extent(1) - dkv.extent(1));
-  Kokkos::parallel_for("lamina::ring_unpack_key_value_gradients",
-                       RowMajor<Exec, 2>(exec, {0, 0}, {static_cast<std::int64_t>(dkv.extent(0)),
-                                                        static_cast<std::int64_t>(dkv.extent(1))}),
-                       KOKKOS_LAMBDA(std::int64_t r, std::int64_t c) { dqkv(r, k0 + c) = dkv(r, c); });
+  const std::int64_t width = static_cast<std::int64_t>(dkv.extent(1));
+  detail::copy_columns(exec, "lamina::ring_unpack_key_value_gradients", dqkv,
+                       static_cast<std::int64_t>(dqkv.extent(1)) - width, dkv, 0, width);
 }
 
 }  // namespace lamina
