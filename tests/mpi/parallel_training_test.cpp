@@ -191,10 +191,13 @@ struct Layout {
 // 1.33e-5 for the Llama block (both an exp_avg_sq of block 0) on an Intel Xeon with AMX
 // (earlier CI machines stayed within 1e-5); since a host's row sums take sixteen lanes, 3.3e-5
 // for the untied Llama block on tp 2 (an exp_avg_sq of a norm's gain) in CI's -O1 sanitizer
-// build on MPICH, under 3e-5 in the Release build; the losses stay within 1e-5.
+// build on MPICH, under 3e-5 in the Release build; the losses stay within 1e-5. Context
+// parallelism computes attention with the fused kernels where one rank runs the host BLAS's
+// (another order of the same sums): 1.3e-5 in the sanitizer build (h.2.mlp.c_fc.weight on cp
+// 2 and every cp 2 layout), within 1e-5 in the Release build.
 double parameter_tolerance(const Layout& l) {
   for (const std::string& s : l.sets) {
-    if (s.rfind("parallel.tp=", 0) == 0) return 5e-5;
+    if (s.rfind("parallel.tp=", 0) == 0 || s.rfind("parallel.cp=", 0) == 0) return 5e-5;
   }
   return 1e-5;
 }
