@@ -9,6 +9,7 @@
 // fused kernels stream them through team scratch (kernels/flash_attention.hpp); elsewhere
 // they run as batched GEMMs over per-head copies.
 #include "lamina/core/config.hpp"
+#include "lamina/kernels/context_chunks.hpp"
 #include "lamina/kernels/fast_math.hpp"
 #include "lamina/kernels/flash_attention.hpp"
 #include "lamina/kernels/gemm.hpp"
@@ -132,25 +133,42 @@ KOKKOS_INLINE_FUNCTION void causal_softmax_row_backward(const Row& loop, float* 
   loop.for_each(T, [&](std::int64_t j) { drow[j] = j <= t ? prow[j] * (drow[j] - dot) : 0.0f; });
 }
 
+// A staged score matrix (B*NH, rows, keys): row t of each (sequence, head) is the query at
+// position chunks.position(t) (context parallelism: the rank's rows), column j the key at
+// position j, seen where j <= that position.
+struct ScoreRows {
+  ContextChunks chunks;
+  std::int64_t rows, keys;
+  template <class M>
+  static ScoreRows of(const M& scores, const ContextChunks& chunks) {
+    return {chunks, static_cast<std::int64_t>(scores.extent(1)), static_cast<std::int64_t>(scores.extent(2))};
+  }
+  std::int64_t count(std::int64_t BNH) const { return BNH * rows; }
+  KOKKOS_INLINE_FUNCTION std::int64_t bh(std::int64_t item) const { return item / rows; }
+  KOKKOS_INLINE_FUNCTION std::int64_t t(std::int64_t item) const { return item % rows; }
+  KOKKOS_INLINE_FUNCTION std::int64_t last_seen(std::int64_t item) const { return chunks.position(t(item)); }
+};
+
 // One team per score row (b*NH + h, t).
 template <class Exec>
 struct AttentionSoftmaxForward {
   Mats<Exec> att;
-  std::int64_t T;
+  ScoreRows r;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
-    const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
-    causal_softmax_row(TeamRow<typename Teams<Exec>::member_type>{team}, &att(bh, t, 0), t, T);
+    const std::int64_t i = team.league_rank();
+    causal_softmax_row(TeamRow<typename Teams<Exec>::member_type>{team}, &att(r.bh(i), r.t(i), 0), r.last_seen(i),
+                       r.keys);
   }
 };
 
 template <class Exec>
 struct AttentionSoftmaxBackward {
   Mats<Exec> datt, att;
-  std::int64_t T;
+  ScoreRows r;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
-    const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
+    const std::int64_t i = team.league_rank(), bh = r.bh(i), t = r.t(i);
     causal_softmax_row_backward(TeamRow<typename Teams<Exec>::member_type>{team}, &datt(bh, t, 0), &att(bh, t, 0),
-                                t, T);
+                                r.last_seen(i), r.keys);
   }
 };
 
@@ -162,15 +180,15 @@ struct AttentionSoftmaxForward16 {
   Mats<Exec> scores;
   Mats16<Exec> att;
   float scale;
-  std::int64_t T;
+  ScoreRows r;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
-    const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
+    const std::int64_t i = team.league_rank(), bh = r.bh(i), t = r.t(i);
     const TeamRow<typename Teams<Exec>::member_type> loop{team};
     float* row = &scores(bh, t, 0);
-    causal_softmax_row(loop, row, t, T, scale);
+    causal_softmax_row(loop, row, r.last_seen(i), r.keys, scale);
     loop.barrier();
     std::uint16_t* saved = &att(bh, t, 0);
-    loop.for_each(T, [&](std::int64_t j) { saved[j] = to_bf16(row[j]); });
+    loop.for_each(r.keys, [&](std::int64_t j) { saved[j] = to_bf16(row[j]); });
   }
 };
 
@@ -181,16 +199,16 @@ struct AttentionSoftmaxBackward16 {
   Mats<Exec> datt;
   Mats16<Exec> att, ds;
   float scale;
-  std::int64_t T;
+  ScoreRows r;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
-    const std::int64_t bh = team.league_rank() / T, t = team.league_rank() % T;
+    const std::int64_t i = team.league_rank(), bh = r.bh(i), t = r.t(i), seen = r.last_seen(i);
     const TeamRow<typename Teams<Exec>::member_type> loop{team};
     const float* drow = &datt(bh, t, 0);
     const std::uint16_t* prow = &att(bh, t, 0);
     std::uint16_t* srow = &ds(bh, t, 0);
-    const float dot = loop.sum(t + 1, [&](std::int64_t j) { return from_bf16(prow[j]) * drow[j]; });
-    loop.for_each(T, [&](std::int64_t j) {
-      srow[j] = j <= t ? to_bf16(scale * (from_bf16(prow[j]) * (drow[j] - dot))) : std::uint16_t{0};
+    const float dot = loop.sum(seen + 1, [&](std::int64_t j) { return from_bf16(prow[j]) * drow[j]; });
+    loop.for_each(r.keys, [&](std::int64_t j) {
+      srow[j] = j <= seen ? to_bf16(scale * (from_bf16(prow[j]) * (drow[j] - dot))) : std::uint16_t{0};
     });
   }
 };
@@ -795,30 +813,32 @@ bool attention_stores_bf16(AttentionProducts how, ProductMath math) {
          attention_staged_bf16<Exec>(how, math);
 }
 
-// Floats of the fp32 copies that attention on bf16 storage takes, with NKV key/value heads:
+// Floats of the fp32 copies that attention on bf16 storage takes, with NKV key/value heads
+// and T rows of each sequence meeting `keys` keys (T; context parallelism: the sequence's):
 // qkv32, y32 and att32 where it has no bf16 way of its own; staged products in bf16 take
 // att32 alone, for the fp32 scores and then the bf16 score gradients.
 template <class Exec>
 std::int64_t attention_copies(AttentionProducts how, ProductMath math, std::int64_t B, std::int64_t T, std::int64_t NH,
-                              std::int64_t hd, std::int64_t NKV) {
-  if (attention_staged_bf16<Exec>(how, math)) return B * NH * T * T;
+                              std::int64_t hd, std::int64_t NKV, std::int64_t keys) {
+  if (attention_staged_bf16<Exec>(how, math)) return B * NH * T * keys;
   if (attention_stores_bf16<Exec>(how, math)) return 0;
-  return B * T * (2 * NH + 2 * NKV) * hd + B * NH * T * saved_attention_columns(how, T);
+  return B * T * (2 * NH + 2 * NKV) * hd + B * NH * T * saved_attention_columns(how, keys);
 }
 
 // Points ws's fp32 copies (attention_copies() floats from p) at their places.
 template <class Exec>
 void place_attention_copies(AttentionWorkspace<Exec>& ws, float* p, AttentionProducts how, ProductMath math,
-                            std::int64_t B, std::int64_t T, std::int64_t NH, std::int64_t hd, std::int64_t NKV) {
+                            std::int64_t B, std::int64_t T, std::int64_t NH, std::int64_t hd, std::int64_t NKV,
+                            std::int64_t keys) {
   const std::int64_t N = B * T, A = NH * hd, W = A + 2 * NKV * hd;
-  if (attention_copies<Exec>(how, math, B, T, NH, hd, NKV) == 0) return;
+  if (attention_copies<Exec>(how, math, B, T, NH, hd, NKV, keys) == 0) return;
   if (attention_staged_bf16<Exec>(how, math)) {
-    ws.att32 = as_mats<Exec>(p, B * NH, T, T);
+    ws.att32 = as_mats<Exec>(p, B * NH, T, keys);
     return;
   }
   ws.qkv32 = as_mat<Exec>(p, N, W);
   ws.y32 = as_mat<Exec>(p + N * W, N, A);
-  ws.att32 = as_mats<Exec>(p + N * (W + A), B * NH, T, saved_attention_columns(how, T));
+  ws.att32 = as_mats<Exec>(p + N * (W + A), B * NH, T, saved_attention_columns(how, keys));
 }
 
 // Floats of AttentionWorkspace::narrowed that attention takes on Exec (0: none).
@@ -862,25 +882,50 @@ Mat<Exec> shaped_like(const Mat<Exec>& copy, const Mat16<Exec>& rows) {
                       static_cast<std::int64_t>(rows.extent(1)));
 }
 
+// [q | k | v] rows into staged copies; under context parallelism q alone, the keys and values
+// of every position being in place already (ring_place_keys_values).
+template <class Exec, class Rows, class Heads>
+void split_staged(const Exec& exec, const char* label, const Rows& qkv, const Heads& q, const Heads& k,
+                  const Heads& v, const QkvLayout& L, const ContextChunks& chunks) {
+  if (chunks.cp > 1) {
+    split_heads(exec, label, qkv, 0, q, L, false);
+  } else {
+    permute_heads(exec, label, qkv, q, k, v, L, false);
+  }
+}
+
+// Staged gradients back into dqkv's rows; under context parallelism dq alone, dk and dv of
+// every position staying for the ring (ring_take_key_value_gradients).
+template <class Exec>
+void merge_staged(const Exec& exec, const char* label, const Mat<Exec>& dqkv, const Mats<Exec>& dq,
+                  const Mats<Exec>& dk, const Mats<Exec>& dv, const QkvLayout& L, const ContextChunks& chunks) {
+  if (chunks.cp > 1) {
+    split_heads(exec, label, dqkv, 0, dq, L, true);
+  } else {
+    permute_heads(exec, label, dqkv, dq, dk, dv, L, true);
+  }
+}
+
 // Staged products in bf16 (attention_staged_bf16) on bf16 storage: q, k, v copied per head
 // as they are stored, into the first half of the staged copies' fp32 memory; the scores in
 // fp32 (ws.att32, scaled in the softmax), their softmax rounded into the saved probabilities, which the output's
 // products read as saved; the output in fp32 (ws.y), rounded into its rows.
 template <class Exec>
 void staged_bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Exec>& att,
-                                   const Mat16<Exec>& qkv, const AttentionWorkspace<Exec>& ws, const QkvLayout& L) {
-  const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0)), T = static_cast<std::int64_t>(att.extent(1));
-  const std::int64_t B = BNH / L.NH;
+                                   const Mat16<Exec>& qkv, const AttentionWorkspace<Exec>& ws, const QkvLayout& L,
+                                   const ContextChunks& chunks) {
+  const ScoreRows r = ScoreRows::of(att, chunks);
+  const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0)), B = BNH / L.NH;
   const float scale = 1.0f / math::sqrt(static_cast<float>(L.hd));
   const Mats16<Exec> q = halves<Exec>(ws.q), k = halves<Exec>(staged_kv<Exec>(ws.k, L, B)),
                      v = halves<Exec>(staged_kv<Exec>(ws.v, L, B));
-  permute_heads(exec, "lamina::attention_forward_split", qkv, q, k, v, L, false);
+  split_staged(exec, "lamina::attention_forward_split", qkv, q, k, v, L, chunks);
   for (std::int64_t j = 0; j < L.group(); ++j) {
     batched_gemm_bf16(exec, "N", "T", 1.0f, staged_group<Exec>(q, L, B, j), k, 0.0f,
                       staged_group<Exec>(ws.att32, L, B, j));
   }
-  Kokkos::parallel_for("lamina::attention_forward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
-                       AttentionSoftmaxForward16<Exec>{ws.att32, att, scale, T});
+  Kokkos::parallel_for("lamina::attention_forward_softmax", Teams<Exec>(exec, r.count(BNH), Kokkos::AUTO),
+                       AttentionSoftmaxForward16<Exec>{ws.att32, att, scale, r});
   for (std::int64_t j = 0; j < L.group(); ++j) {
     batched_gemm_bf16(exec, "N", "N", 1.0f, staged_group<Exec>(att, L, B, j), v, 0.0f,
                       staged_group<Exec>(ws.y, L, B, j));
@@ -890,32 +935,34 @@ void staged_bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, con
 
 // Its backward: dy rounded into bf16 copies (ws.y's memory), q, k and v copied again; dP in
 // fp32 (datt), the score gradients rounded to bf16 with attention's scale (ws.att32's
-// memory); dq, dk, dv in fp32 (dk, dv summed over each group), into dqkv's rows.
+// memory); dq, dk, dv in fp32 (dk, dv summed over each group), into dqkv's rows (context
+// parallelism: dq, dk and dv of every position left in ws.dk, ws.dv).
 template <class Exec>
 void staged_bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& datt,
                                     const Mat<Exec>& dout, const Mat16<Exec>& qkv, const Mats16<Exec>& att,
-                                    const AttentionWorkspace<Exec>& ws, const QkvLayout& L) {
-  const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0)), T = static_cast<std::int64_t>(att.extent(1));
-  const std::int64_t B = BNH / L.NH, G = L.group();
+                                    const AttentionWorkspace<Exec>& ws, const QkvLayout& L,
+                                    const ContextChunks& chunks) {
+  const ScoreRows r = ScoreRows::of(att, chunks);
+  const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0)), B = BNH / L.NH, G = L.group();
   const float scale = 1.0f / math::sqrt(static_cast<float>(L.hd));
   const Mats16<Exec> dy = halves<Exec>(ws.y), q = halves<Exec>(ws.q), k = halves<Exec>(staged_kv<Exec>(ws.k, L, B)),
                      v = halves<Exec>(staged_kv<Exec>(ws.v, L, B)), ds = halves<Exec>(ws.att32);
   const Mats<Exec> dk = staged_kv<Exec>(ws.dk, L, B), dv = staged_kv<Exec>(ws.dv, L, B);
   split_heads(exec, "lamina::attention_backward_split", dout, 0, dy, L, false);
-  permute_heads(exec, "lamina::attention_backward_split_qkv", qkv, q, k, v, L, false);
+  split_staged(exec, "lamina::attention_backward_split_qkv", qkv, q, k, v, L, chunks);
   for (std::int64_t j = 0; j < G; ++j) {  // dP = dy v^T; dv = sum over the group of P^T dy
     const Mats16<Exec> dyj = staged_group<Exec>(dy, L, B, j);
     batched_gemm_bf16(exec, "N", "T", 1.0f, dyj, v, 0.0f, staged_group<Exec>(datt, L, B, j));
     batched_gemm_bf16(exec, "T", "N", 1.0f, staged_group<Exec>(att, L, B, j), dyj, j == 0 ? 0.0f : 1.0f, dv);
   }
-  Kokkos::parallel_for("lamina::attention_backward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
-                       AttentionSoftmaxBackward16<Exec>{datt, att, ds, scale, T});
+  Kokkos::parallel_for("lamina::attention_backward_softmax", Teams<Exec>(exec, r.count(BNH), Kokkos::AUTO),
+                       AttentionSoftmaxBackward16<Exec>{datt, att, ds, scale, r});
   for (std::int64_t j = 0; j < G; ++j) {  // dq = dS k; dk = sum over the group of dS^T q
     const Mats16<Exec> dsj = staged_group<Exec>(ds, L, B, j);
     batched_gemm_bf16(exec, "N", "N", 1.0f, dsj, k, 0.0f, staged_group<Exec>(ws.dq, L, B, j));
     batched_gemm_bf16(exec, "T", "N", 1.0f, dsj, staged_group<Exec>(q, L, B, j), j == 0 ? 0.0f : 1.0f, dk);
   }
-  permute_heads(exec, "lamina::attention_backward_merge", dqkv, ws.dq, dk, dv, L, true);
+  merge_staged(exec, "lamina::attention_backward_merge", dqkv, ws.dq, dk, dv, L, chunks);
 }
 
 }  // namespace detail
@@ -924,10 +971,15 @@ void staged_bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, con
 // att: (B*NH, T, saved_attention_columns(how, T)) probabilities or log-sum-exps, saved
 // qkv: (B*T, (NH + 2 NKV) hd) output of the QKV projection, saved (kernels/qkv_layout.hpp)
 // The staged products take ws.k and ws.v as (B*NKV, T, hd).
+// chunks: context parallelism on staged products (cp > 1): T is the rank's rows of each
+// sequence, the queries at chunks' positions, against the keys and values of all chunks.T
+// positions, placed in ws.k and ws.v beforehand (ring_place_keys_values); att (B*NH, T,
+// chunks.T).
 template <class Exec>
 void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>& att, const Mat<Exec>& qkv,
                        const AttentionWorkspace<Exec>& ws, std::int64_t NH,
-                       AttentionProducts how = kAttentionProducts<Exec>, ProductMath math = ProductMath::fp32) {
+                       AttentionProducts how = kAttentionProducts<Exec>, ProductMath math = ProductMath::fp32,
+                       const ContextChunks& chunks = {}) {
   const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0));
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
@@ -951,14 +1003,15 @@ void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>&
     return;
   }
   const std::int64_t B = BNH / NH;
+  const detail::ScoreRows r = detail::ScoreRows::of(att, chunks);
   const Mats<Exec> k = detail::staged_kv<Exec>(ws.k, L, B), v = detail::staged_kv<Exec>(ws.v, L, B);
-  detail::permute_heads(exec, "lamina::attention_forward_split", qkv, ws.q, k, v, L, false);
+  detail::split_staged(exec, "lamina::attention_forward_split", qkv, ws.q, k, v, L, chunks);
   for (std::int64_t j = 0; j < L.group(); ++j) {
     batched_gemm<Exec>(exec, "N", "T", scale, detail::staged_group<Exec>(ws.q, L, B, j), k, 0.0f,
                        detail::staged_group<Exec>(att, L, B, j), math);
   }
-  Kokkos::parallel_for("lamina::attention_forward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
-                       detail::AttentionSoftmaxForward<Exec>{att, T});
+  Kokkos::parallel_for("lamina::attention_forward_softmax", Teams<Exec>(exec, r.count(BNH), Kokkos::AUTO),
+                       detail::AttentionSoftmaxForward<Exec>{att, r});
   for (std::int64_t j = 0; j < L.group(); ++j) {
     batched_gemm<Exec>(exec, "N", "N", 1.0f, detail::staged_group<Exec>(att, L, B, j), v, 0.0f,
                        detail::staged_group<Exec>(ws.y, L, B, j), math);
@@ -969,12 +1022,15 @@ void attention_forward(const Exec& exec, const Mat<Exec>& out, const Mats<Exec>&
 // dqkv: (B*T, (NH + 2 NKV) hd) overwritten; datt: (B*NH, T, T) workspace (a device's fused
 // products keep it in team scratch instead); dout: (B*T, NH hd); qkv, out, att: as
 // attention_forward saved them. The staged products take ws.k, ws.v, ws.dk and ws.dv as
-// (B*NKV, T, hd).
+// (B*NKV, T, hd). chunks: as attention_forward's; then only dqkv's q columns are written, and
+// the keys' and values' gradients of every position are left in ws.dk and ws.dv
+// (ring_take_key_value_gradients).
 template <class Exec>
 void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& datt, const Mat<Exec>& dout,
                         const Mat<Exec>& qkv, const Mat<Exec>& out, const Mats<Exec>& att,
                         const AttentionWorkspace<Exec>& ws, std::int64_t NH,
-                        AttentionProducts how = kAttentionProducts<Exec>, ProductMath math = ProductMath::fp32) {
+                        AttentionProducts how = kAttentionProducts<Exec>, ProductMath math = ProductMath::fp32,
+                        const ContextChunks& chunks = {}) {
   const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0));
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
   const std::int64_t hd = static_cast<std::int64_t>(dout.extent(1)) / NH;
@@ -1013,21 +1069,22 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
   using detail::staged_group;
   const Mats<Exec> k = detail::staged_kv<Exec>(ws.k, L, B), v = detail::staged_kv<Exec>(ws.v, L, B),
                    dk = detail::staged_kv<Exec>(ws.dk, L, B), dv = detail::staged_kv<Exec>(ws.dv, L, B);
+  const detail::ScoreRows r = detail::ScoreRows::of(att, chunks);
   detail::split_heads(exec, "lamina::attention_backward_split", dout, 0, ws.y, L, false);
-  detail::permute_heads(exec, "lamina::attention_backward_split_qkv", qkv, ws.q, k, v, L, false);
+  detail::split_staged(exec, "lamina::attention_backward_split_qkv", qkv, ws.q, k, v, L, chunks);
   for (std::int64_t j = 0; j < G; ++j) {  // dP = dy v^T; dv = sum over the group of P^T dy
     const Mats<Exec> dy = staged_group<Exec>(ws.y, L, B, j);
     batched_gemm<Exec>(exec, "N", "T", 1.0f, dy, v, 0.0f, staged_group<Exec>(datt, L, B, j), math);
     batched_gemm<Exec>(exec, "T", "N", 1.0f, staged_group<Exec>(att, L, B, j), dy, j == 0 ? 0.0f : 1.0f, dv, math);
   }
-  Kokkos::parallel_for("lamina::attention_backward_softmax", Teams<Exec>(exec, BNH * T, Kokkos::AUTO),
-                       detail::AttentionSoftmaxBackward<Exec>{datt, att, T});
+  Kokkos::parallel_for("lamina::attention_backward_softmax", Teams<Exec>(exec, r.count(BNH), Kokkos::AUTO),
+                       detail::AttentionSoftmaxBackward<Exec>{datt, att, r});
   for (std::int64_t j = 0; j < G; ++j) {  // dq = scale dS k; dk = sum over the group of scale dS^T q
     const Mats<Exec> dS = staged_group<Exec>(datt, L, B, j);
     batched_gemm<Exec>(exec, "N", "N", scale, dS, k, 0.0f, staged_group<Exec>(ws.dq, L, B, j), math);
     batched_gemm<Exec>(exec, "T", "N", scale, dS, staged_group<Exec>(ws.q, L, B, j), j == 0 ? 0.0f : 1.0f, dk, math);
   }
-  detail::permute_heads(exec, "lamina::attention_backward_merge", dqkv, ws.dq, dk, dv, L, true);
+  detail::merge_staged(exec, "lamina::attention_backward_merge", dqkv, ws.dq, dk, dv, L, chunks);
 }
 
 // Attention on bf16 storage (bf16 runs): qkv, out and att as attention_forward's, stored in
@@ -1037,12 +1094,13 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
 template <class Exec>
 void attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Exec>& att, const Mat16<Exec>& qkv,
                        const AttentionWorkspace<Exec>& ws, std::int64_t NH,
-                       AttentionProducts how = kAttentionProducts<Exec>, ProductMath math = ProductMath::fp32) {
+                       AttentionProducts how = kAttentionProducts<Exec>, ProductMath math = ProductMath::fp32,
+                       const ContextChunks& chunks = {}) {
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
   if (attention_staged_bf16<Exec>(how, math)) {
     const std::int64_t width = static_cast<std::int64_t>(out.extent(1));
-    detail::staged_bf16_attention_forward(exec, out, att, qkv, ws,
-                                          QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, width / NH));
+    detail::staged_bf16_attention_forward(
+        exec, out, att, qkv, ws, QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, width / NH), chunks);
     return;
   }
   if constexpr (kAttentionInPlace<Exec>) {
@@ -1063,7 +1121,7 @@ void attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Ex
   const Mat<Exec> qkv32 = detail::shaped_like<Exec>(ws.qkv32, qkv);
   from_bf16(exec, as_vec<Exec>(qkv32.data(), static_cast<std::int64_t>(qkv.size())),
             Bf16Vec<Exec>(qkv.data(), qkv.size()));
-  attention_forward(exec, ws.y32, ws.att32, qkv32, ws, NH, how, math);
+  attention_forward(exec, ws.y32, ws.att32, qkv32, ws, NH, how, math, chunks);
   to_bf16(exec, Bf16Vec<Exec>(att.data(), att.size()), ConstVec<Exec>(ws.att32.data(), static_cast<std::int64_t>(att.size())));
   to_bf16(exec, Bf16Vec<Exec>(out.data(), out.size()), ConstVec<Exec>(ws.y32.data(), static_cast<std::int64_t>(out.size())));
 }
@@ -1072,12 +1130,13 @@ template <class Exec>
 void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& datt, const Mat<Exec>& dout,
                         const Mat16<Exec>& qkv, const Mat16<Exec>& out, const Mats16<Exec>& att,
                         const AttentionWorkspace<Exec>& ws, std::int64_t NH,
-                        AttentionProducts how = kAttentionProducts<Exec>, ProductMath math = ProductMath::fp32) {
+                        AttentionProducts how = kAttentionProducts<Exec>, ProductMath math = ProductMath::fp32,
+                        const ContextChunks& chunks = {}) {
   const std::int64_t T = static_cast<std::int64_t>(att.extent(1));
   if (attention_staged_bf16<Exec>(how, math)) {
     const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
     detail::staged_bf16_attention_backward(exec, dqkv, datt, dout, qkv, att, ws,
-                                           QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, hd));
+                                           QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, hd), chunks);
     return;
   }
   if constexpr (kAttentionInPlace<Exec>) {
@@ -1100,7 +1159,7 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
             Bf16Vec<Exec>(att.data(), att.size()));
   from_bf16(exec, as_vec<Exec>(ws.y32.data(), static_cast<std::int64_t>(out.size())),
             Bf16Vec<Exec>(out.data(), out.size()));
-  attention_backward(exec, dqkv, datt, dout, qkv32, ws.y32, ws.att32, ws, NH, how, math);
+  attention_backward(exec, dqkv, datt, dout, qkv32, ws.y32, ws.att32, ws, NH, how, math, chunks);
 }
 
 // Gradient of the fused QKV bias, dbias: (W) +=, from sums: (W) the column sums of dqkv (N, W),

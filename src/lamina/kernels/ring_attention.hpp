@@ -12,8 +12,15 @@
 // is back with their owner. Keys and values travel packed, (B T / cp, 2 NKV hd) rows [k | v];
 // their gradients as fp32 rows of the same shape. The kernels are the fused kernels' teams
 // (kernels/flash_attention.hpp), their causal mask taken on positions.
+// Staged products (kernels/attention.hpp) run whole batched products instead: the ring
+// first places every source's keys and values at their positions in the staged copies
+// (ring_place_keys_values), the rank's queries meet them all at once, and backward each
+// source's travelling gradient buffer takes the rank's gradients at the source's positions
+// (ring_take_key_value_gradients).
+#include <type_traits>
 #include <utility>
 
+#include "lamina/kernels/attention.hpp"
 #include "lamina/kernels/context_chunks.hpp"
 #include "lamina/kernels/flash_attention.hpp"
 
@@ -288,6 +295,72 @@ void ring_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mat<
         exec, "lamina::ring_attention_backward_queries", BNH, p.blocks.scratch_bytes<Exec>(5, 1),
         detail::RingAttentionBackwardQueries<Exec, T>{p, p.blocks, scale, 0, dqkv, dout, qkv, kv, out, lse});
   });
+}
+
+namespace detail {
+
+// A source's packed key/value rows <-> staged copies (B*NKV, T, hd) of every position:
+// place (rounded where the copies are bf16), or take (the copies' gradients added to the
+// rows).
+template <class Rows, class Heads>
+struct SourceRowsAndHeads {
+  Rows kv;
+  Heads k, v;
+  ContextChunks source;  // the chunks of the rank whose rows kv holds
+  std::int64_t NKV, hd;
+  bool take;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b, std::int64_t g, std::int64_t t, std::int64_t d) const {
+    const std::int64_t row = b * source.rows() + t, p = source.position(t);
+    auto& rk = kv(row, g * hd + d);
+    auto& rv = kv(row, (NKV + g) * hd + d);
+    auto& xk = k(b * NKV + g, p, d);
+    auto& xv = v(b * NKV + g, p, d);
+    if (take) {
+      put(rk, widen(rk) + widen(xk));
+      put(rv, widen(rv) + widen(xv));
+    } else {
+      put(xk, widen(rk));
+      put(xv, widen(rv));
+    }
+  }
+};
+
+template <class Exec, class Rows, class Heads>
+void source_rows_and_heads(const Exec& exec, const char* label, const Rows& kv, const Heads& k, const Heads& v,
+                           const ContextChunks& source, bool take) {
+  const std::int64_t BNKV = static_cast<std::int64_t>(k.extent(0)), hd = static_cast<std::int64_t>(k.extent(2));
+  const std::int64_t NKV = static_cast<std::int64_t>(kv.extent(1)) / (2 * hd), B = BNKV / NKV;
+  Kokkos::parallel_for(label, RowMajor<Exec, 4>(exec, {0, 0, 0, 0}, {B, NKV, source.rows(), hd}),
+                       SourceRowsAndHeads<Rows, Heads>{kv, k, v, source, NKV, hd, take});
+}
+
+}  // namespace detail
+
+// Staged products: the keys and values of rank `source` (kv, packed by
+// ring_pack_keys_values) into ws.k and ws.v (B*NKV, chunks.T, hd) at their positions, as
+// staged products in `math` read them (bf16 storage on a bf16 engine: bf16 copies in their
+// first half).
+template <class Exec, class T>
+void ring_place_keys_values(const Exec& exec, const AttentionWorkspace<Exec>& ws, const MatOf<Exec, T>& kv,
+                            const ContextChunks& chunks, int source, ProductMath math) {
+  const ContextChunks from{chunks.T, chunks.cp, source};
+  if constexpr (std::is_same<T, std::uint16_t>::value) {
+    if (attention_staged_bf16<Exec>(AttentionProducts::staged, math)) {
+      detail::source_rows_and_heads(exec, "lamina::ring_place_keys_values", kv, detail::halves<Exec>(ws.k),
+                                    detail::halves<Exec>(ws.v), from, false);
+      return;
+    }
+  }
+  detail::source_rows_and_heads(exec, "lamina::ring_place_keys_values", kv, ws.k, ws.v, from, false);
+}
+
+// Their backward: this rank's gradients dk, dv (B*NKV, chunks.T, hd) of every position added,
+// at rank `source`'s positions, to the source's travelling gradients dkv (B T / cp, 2 NKV hd).
+template <class Exec>
+void ring_take_key_value_gradients(const Exec& exec, const Mat<Exec>& dkv, const Mats<Exec>& dk, const Mats<Exec>& dv,
+                                   const ContextChunks& chunks, int source) {
+  detail::source_rows_and_heads(exec, "lamina::ring_take_key_value_gradients", dkv, dk, dv,
+                                ContextChunks{chunks.T, chunks.cp, source}, true);
 }
 
 // The rank's own keys' and values' gradients, back from the ring in dkv, into the k and v

@@ -173,11 +173,37 @@ float* words(const MatOf<Exec, T>& m) {
   return reinterpret_cast<float*>(m.data());
 }
 
+// Staged products under context parallelism: every rank's keys and values, passed around the
+// ring, placed at their positions in heads' copies (each placed while the next is in flight).
+template <class Exec, class T>
+void gather_keys_values(const Exec& exec, const ContextRing& ring, const BlockActs<Exec, T>& s, const Dims& d,
+                        const Workspace<Exec>& ws, const AttentionWorkspace<Exec>& heads) {
+  const MatOf<Exec, T> kv[2] = {ws.template ring_kv_as<T>(0), ws.template ring_kv_as<T>(1)};
+  const std::int64_t n = static_cast<std::int64_t>(ws.ring_kv[0].size());
+  ring_pack_keys_values(exec, kv[0], s.qkv);
+  for (int step = 0; step < ring.size; ++step) {
+    const MatOf<Exec, T>& here = kv[step % 2];
+    const bool more = step + 1 < ring.size;
+    if (more) {
+      exec.fence();  // `here` is written, and the kernels that read the other buffer are done
+      ring.pass(words<Exec, T>(here), words<Exec, T>(kv[(step + 1) % 2]), n, kRingKeys);
+    }
+    ring_place_keys_values(exec, heads, here, d.context, (d.context.rank - step + ring.size) % ring.size, s.products);
+    if (more) ring.wait();
+  }
+}
+
 // Context parallelism: attention of this rank's queries against every rank's keys and values
-// (ring attention), each source's passed on around the ring while this rank computes with it.
+// (ring attention), each source's passed on around the ring while this rank computes with it;
+// staged products meet them all at once, gathered.
 template <class Exec, class T>
 void context_attention_forward(const Exec& exec, const ContextRing& ring, const BlockActs<Exec, T>& s, const Dims& d,
                                const Workspace<Exec>& ws) {
+  if (s.attention == AttentionProducts::staged) {
+    gather_keys_values(exec, ring, s, d, ws, ws.heads);
+    attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, d.NH, s.attention, s.products, d.context);
+    return;
+  }
   const MatOf<Exec, T> kv[2] = {ws.template ring_kv_as<T>(0), ws.template ring_kv_as<T>(1)};
   const std::int64_t n = static_cast<std::int64_t>(ws.ring_kv[0].size());
   ring_pack_keys_values(exec, kv[0], s.qkv);
@@ -197,13 +223,31 @@ void context_attention_forward(const Exec& exec, const ContextRing& ring, const 
 }
 
 // Its backward pass into ws.dqkv: dq of this rank's queries against each source, and each
-// source's dk, dv travelling on with its keys and values until they are back with it.
+// source's dk, dv travelling on with its keys and values until they are back with it (staged
+// products: the gradients of every position, each source's taken into its buffer as it
+// passes).
 template <class Exec, class T>
 void context_attention_backward(const Exec& exec, const ContextRing& ring, const BlockActs<Exec, T>& s, const Dims& d,
                                 const Workspace<Exec>& ws) {
+  const std::int64_t g = static_cast<std::int64_t>(ws.ring_dkv[0].size());
+  if (s.attention == AttentionProducts::staged) {
+    gather_keys_values(exec, ring, s, d, ws, ws.dheads);
+    attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, d.NH, s.attention,
+                       s.products, d.context);
+    Kokkos::deep_copy(exec, ws.ring_dkv[0], 0.0f);
+    for (int step = 0; step < ring.size; ++step) {
+      const int here = step % 2, next = 1 - here;
+      ring_take_key_value_gradients(exec, ws.ring_dkv[here], ws.dheads.dk, ws.dheads.dv, d.context,
+                                    (d.context.rank - step + ring.size) % ring.size);
+      exec.fence();
+      ring.pass(ws.ring_dkv[here].data(), ws.ring_dkv[next].data(), g, kRingGradients);
+      ring.wait();
+    }
+    ring_unpack_key_value_gradients(exec, ws.dqkv, ws.ring_dkv[ring.size % 2]);
+    return;
+  }
   const MatOf<Exec, T> kv[2] = {ws.template ring_kv_as<T>(0), ws.template ring_kv_as<T>(1)};
   const std::int64_t n = static_cast<std::int64_t>(ws.ring_kv[0].size());
-  const std::int64_t g = static_cast<std::int64_t>(ws.ring_dkv[0].size());
   Kokkos::deep_copy(exec, ws.dqkv, 0.0f);  // the q columns sum over the sources
   ring_pack_keys_values(exec, kv[0], s.qkv);
   Kokkos::deep_copy(exec, ws.ring_dkv[0], 0.0f);

@@ -75,22 +75,26 @@ struct Dims {
   // Columns per score row of what a block saves for attention's backward pass; of that
   // pass's score gradients, and of the probabilities fused products recompute, one layer at
   // a time, on a host BLAS (a device's fused products keep both in team scratch).
-  std::int64_t saved_attention_columns() const { return lamina::saved_attention_columns(attention, T); }
-  // (Context parallelism: none, its ring runs the fused kernels of a device on any space.)
+  // (Context parallelism: a rank's T queries meet the keys of every position, keys(); its
+  // fused ring runs a device's fused kernels on any space, which keep no score gradients.)
+  std::int64_t saved_attention_columns() const { return lamina::saved_attention_columns(attention, keys()); }
   std::int64_t score_gradient_columns() const {
-    return !context_parallel() && (attention != AttentionProducts::fused || host_attention) ? T : 0;
+    const bool kept = attention == AttentionProducts::staged ||
+                      (!context_parallel() && (attention != AttentionProducts::fused || host_attention));
+    return kept ? keys() : 0;
   }
   std::int64_t recomputed_probability_columns() const {
     return !context_parallel() && attention == AttentionProducts::fused && host_attention ? T : 0;
   }
   std::int64_t A() const { return NH * hd; }  // attention width on this rank (C / tp)
+  std::int64_t keys() const { return context.T; }  // the keys a query meets: its sequence's positions
   // The dims of a run on Exec (a run's: the build's default space): refuses what it cannot run.
   template <class Exec = Kokkos::DefaultExecutionSpace>
   static Dims of(const ModelConfig& m, std::int64_t micro_batch, int tp_size = 1, int tp_rank = 0,
                  bool sequence_parallel = false, int cp_size = 1, int cp_rank = 0) {
     Dims d = shape(m, micro_batch, tp_size, tp_rank, sequence_parallel, cp_size, cp_rank);
     d.host_attention = kAttentionInPlace<Exec>;
-    d.attention = d.context_parallel() ? AttentionProducts::fused : m.attention.value_or(kAttentionProducts<Exec>);
+    d.attention = m.attention.value_or(d.context_parallel() ? AttentionProducts::fused : kAttentionProducts<Exec>);
     if (d.attention == AttentionProducts::in_place && !d.host_attention) {
       throw InputError(std::string("model.attention = \"in_place\" needs host execution and OpenBLAS; this build "
                                    "runs on ") +
@@ -105,7 +109,7 @@ struct Dims {
     if (host) return of<Kokkos::DefaultHostExecutionSpace>(m, micro_batch, tp_size, 0, sequence_parallel, cp_size);
     Dims d = shape(m, micro_batch, tp_size, 0, sequence_parallel, cp_size);
     d.host_attention = false;
-    d.attention = d.context_parallel() ? AttentionProducts::fused : m.attention.value_or(kDeviceAttentionProducts);
+    d.attention = m.attention.value_or(d.context_parallel() ? AttentionProducts::fused : kDeviceAttentionProducts);
     if (d.attention == AttentionProducts::in_place) {
       throw InputError("model.attention = \"in_place\" needs host execution and OpenBLAS; the machine planned "
                        "for runs on a device: choose \"fused\" or \"staged\"");
@@ -131,16 +135,17 @@ struct Dims {
     d.vocab_begin = tp_rank * d.V;
     d.attention = m.attention.value_or(d.attention);
     if (d.context_parallel()) {
-      if (m.attention && *m.attention != AttentionProducts::fused) {
-        throw InputError(std::string("context parallelism (parallel.cp) runs attention as ring attention on the fused "
-                                     "kernels, not model.attention = \"") +
-                         attention_products_name(*m.attention) + "\": set it to \"fused\" or leave it out");
+      if (m.attention == AttentionProducts::in_place) {
+        throw InputError("context parallelism (parallel.cp) runs attention as ring attention on the fused kernels or "
+                         "on staged products; model.attention = \"in_place\" reads keys and values in the rank's own "
+                         "rows, and the ring brings the other ranks' in buffers: set it to \"fused\" or \"staged\" "
+                         "(the same products on copies), or leave it out");
       }
       if (m.seq_len % (2 * cp_size) != 0) {
         throw InputError("context parallelism cuts each sequence into 2 cp = " + std::to_string(2 * cp_size) +
                          " chunks, which model.seq_len = " + std::to_string(m.seq_len) + " does not split into");
       }
-      d.attention = AttentionProducts::fused;
+      d.attention = m.attention.value_or(AttentionProducts::fused);
     }
     if (sequence_parallel) {
       d.seq_shards = tp_size;
@@ -290,8 +295,8 @@ class WorkspaceBuffers {
     p = buf_.data() + s.workspace - s.rotary - s.attention_copies - s.param_vectors - s.product_scratch;
     if (s.attention_copies > 0) {
       const ProductMath math = product_math<Exec>(Precision::bf16);
-      place_attention_copies(ws.heads, p, d.attention, math, d.B, T, d.NH, hd, d.NKV);
-      place_attention_copies(ws.dheads, p, d.attention, math, d.B, T, d.NH, hd, d.NKV);
+      place_attention_copies(ws.heads, p, d.attention, math, d.B, T, d.NH, hd, d.NKV, d.keys());
+      place_attention_copies(ws.dheads, p, d.attention, math, d.B, T, d.NH, hd, d.NKV, d.keys());
     }
     ws.vectors = as_vec<Exec>(p += s.attention_copies, s.param_vectors);
     ws.widened = as_vec<Exec>(p += s.param_vectors, s.product_scratch);
@@ -316,7 +321,17 @@ class WorkspaceBuffers {
         kv = as_mat<Exec>(p, N, words);
         p += N * words;
       }
-      ws.ring = {as_mat<Exec>(p, N, A), as_mats<Exec>(p + N * A, BNH, T, 1)};
+      if (d.attention == AttentionProducts::staged) {
+        // Staged products: the keys and values of every position, and their gradients.
+        const std::int64_t every = BKV * d.keys() * hd;
+        ws.heads.k = ws.dheads.k = as_mats<Exec>(p, BKV, d.keys(), hd);
+        ws.heads.v = ws.dheads.v = as_mats<Exec>(p + every, BKV, d.keys(), hd);
+        ws.dheads.dk = as_mats<Exec>(p + 2 * every, BKV, d.keys(), hd);
+        ws.dheads.dv = as_mats<Exec>(p + 3 * every, BKV, d.keys(), hd);
+        p += 4 * every;
+      } else {
+        ws.ring = {as_mat<Exec>(p, N, A), as_mats<Exec>(p + N * A, BNH, T, 1)};
+      }
       ws.ring_dkv[0] = as_mat<Exec>(p, N, K);
       ws.ring_dkv[1] = as_mat<Exec>(p + N * K, N, K);
     }

@@ -151,9 +151,12 @@ Plan plan_from_deck(const Deck& deck, int world) {
                                      "i), and model.seq_len = %lld does not split into them",
                                      2 * o.cp, ll(m.seq_len)));
     }
-    if (m.attention && *m.attention != AttentionProducts::fused) {
+    if (m.attention == AttentionProducts::in_place) {
       error("model.attention", strprintf("context parallelism (parallel.cp = %d) runs attention as ring attention on "
-                                         "the fused kernels: set model.attention = \"fused\" or leave it out",
+                                         "the fused kernels or on staged products, not in place (in_place reads "
+                                         "keys and values in the rank's own rows; the ring brings the other ranks' "
+                                         "in buffers): set model.attention = \"fused\" or \"staged\", or leave "
+                                         "it out",
                                          o.cp));
     }
   }

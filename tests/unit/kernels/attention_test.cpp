@@ -248,8 +248,8 @@ TYPED_TEST(AttentionTest, Bf16StorageMatchesAReferenceOfTheStoredAndRoundedOpera
         return to_device<Exec>(std::vector<double>(static_cast<std::size_t>(std::max<std::int64_t>(1, n)), std::nan("")));
       };
       heads.narrowed = nan_vec(attention_scratch<Exec>(how, math, B, T, NH, hd));
-      const auto copies = nan_vec(attention_copies<Exec>(how, math, B, T, NH, hd, NKV));
-      place_attention_copies(heads, copies.data(), how, math, B, T, NH, hd, NKV);
+      const auto copies = nan_vec(attention_copies<Exec>(how, math, B, T, NH, hd, NKV, T));
+      place_attention_copies(heads, copies.data(), how, math, B, T, NH, hd, NKV, T);
       auto qkv16 = to_device_bf16<Exec>(qkv);
       Bf16Vec<Exec> att("att", BNH * T * cols), out("out", N * C);
       Kokkos::deep_copy(att, std::uint16_t{0x7fc0});  // NaN

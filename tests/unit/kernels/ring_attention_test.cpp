@@ -132,5 +132,147 @@ TYPED_TEST(RingAttentionTest, Bf16StorageTravelsAndIsWrittenAsStored) {
   for (const int NKV : {2, 1}) check_ring<Exec, std::uint16_t>(2, NKV, true);
 }
 
+// Staged products under context parallelism: every rank places each source's packed keys and
+// values at their positions, its queries meet them all in one batched product, and its
+// gradients of every position are taken into each source's travelling buffer. Returns the
+// whole sequences' output and dqkv, each rank's rows put back at their positions.
+template <class Exec, class T>
+std::pair<std::vector<double>, std::vector<double>> staged_ring(int cp, int NKV, ProductMath math,
+                                                                const std::vector<double>& qkv,
+                                                                const std::vector<double>& dout, int B, int Tn) {
+  const int C = 8, NH = 2, hd = C / NH, Tl = Tn / cp, n = B * Tl, W = C + 2 * NKV * hd, KV = 2 * NKV * hd;
+  const int BNH = B * NH, BKV = B * NKV;
+  using Stored = Kokkos::View<T*, Kokkos::LayoutRight, typename Exec::memory_space>;
+  auto nans = [](std::int64_t count) {
+    return to_device<Exec>(std::vector<double>(static_cast<std::size_t>(std::max<std::int64_t>(1, count)),
+                                               std::nan("")));
+  };
+  std::vector<Stored> q(cp), kv(cp), out(cp), att(cp);
+  std::vector<Vec<Exec>> dqkv(cp), dkv(cp), dd(cp), heads(cp), copies(cp);
+  std::vector<AttentionWorkspace<Exec>> ws(cp);
+  const Exec exec;
+  for (int r = 0; r < cp; ++r) {
+    const ContextChunks chunks{Tn, cp, r};
+    std::vector<double> rows(static_cast<std::size_t>(n) * W), drows(static_cast<std::size_t>(n) * C);
+    for (int b = 0; b < B; ++b) {
+      for (int t = 0; t < Tl; ++t) {
+        const std::int64_t p = b * Tn + chunks.position(t);
+        std::copy_n(qkv.begin() + p * W, W, rows.begin() + (b * Tl + t) * W);
+        std::copy_n(dout.begin() + p * C, C, drows.begin() + (b * Tl + t) * C);
+      }
+    }
+    Kokkos::View<T*, Kokkos::LayoutRight, typename Exec::memory_space> d("qkv", rows.size());
+    auto h = Kokkos::create_mirror_view(d);
+    for (std::size_t i = 0; i < rows.size(); ++i) put(h(i), static_cast<float>(rows[i]));
+    Kokkos::deep_copy(d, h);
+    q[r] = d;
+    kv[r] = Stored("kv", n * KV);
+    out[r] = Stored("out", n * C);
+    att[r] = Stored("att", BNH * Tl * Tn);
+    dqkv[r] = nans(n * W);
+    dkv[r] = Vec<Exec>("dkv", n * KV);
+    dd[r] = to_device<Exec>(drows);
+    // q, y, dq: (B*NH, Tl, hd); k, v, dk, dv: (B*NKV, Tn, hd), of every position.
+    heads[r] = nans(3 * BNH * Tl * hd + 4 * BKV * Tn * hd);
+    float* p = heads[r].data();
+    auto take = [&](std::int64_t count, std::int64_t rows_) {
+      const Mats<Exec> m = as_mats<Exec>(p, count, rows_, hd);
+      p += count * rows_ * hd;
+      return m;
+    };
+    ws[r].q = take(BNH, Tl);
+    ws[r].y = take(BNH, Tl);
+    ws[r].dq = take(BNH, Tl);
+    ws[r].k = take(BKV, Tn);
+    ws[r].v = take(BKV, Tn);
+    ws[r].dk = take(BKV, Tn);
+    ws[r].dv = take(BKV, Tn);
+    if constexpr (std::is_same<T, std::uint16_t>::value) {
+      copies[r] = nans(attention_copies<Exec>(AttentionProducts::staged, math, B, Tl, NH, hd, NKV, Tn));
+      place_attention_copies(ws[r], copies[r].data(), AttentionProducts::staged, math, B, Tl, NH, hd, NKV, Tn);
+    }
+    ring_pack_keys_values(exec, as_mat_of<Exec>(kv[r].data(), n, KV), as_mat_of<Exec>(q[r].data(), n, W));
+  }
+  auto place_all = [&](int r) {
+    for (int step = 0; step < cp; ++step) {
+      const int source = (r - step + cp) % cp;
+      ring_place_keys_values(exec, ws[r], as_mat_of<Exec>(kv[source].data(), n, KV), ContextChunks{Tn, cp, r}, source,
+                             math);
+    }
+  };
+  for (int r = 0; r < cp; ++r) {
+    place_all(r);
+    attention_forward(exec, as_mat_of<Exec>(out[r].data(), n, C), as_mats_of<Exec>(att[r].data(), BNH, Tl, Tn),
+                      as_mat_of<Exec>(q[r].data(), n, W), ws[r], NH, AttentionProducts::staged, math,
+                      ContextChunks{Tn, cp, r});
+  }
+  for (int r = 0; r < cp; ++r) {
+    const ContextChunks chunks{Tn, cp, r};
+    place_all(r);
+    const auto datt = nans(BNH * Tl * Tn);
+    attention_backward(exec, as_mat<Exec>(dqkv[r].data(), n, W), as_mats<Exec>(datt.data(), BNH, Tl, Tn),
+                       as_mat<Exec>(dd[r].data(), n, C), as_mat_of<Exec>(q[r].data(), n, W),
+                       as_mat_of<Exec>(out[r].data(), n, C), as_mats_of<Exec>(att[r].data(), BNH, Tl, Tn), ws[r], NH,
+                       AttentionProducts::staged, math, chunks);
+    for (int step = 0; step < cp; ++step) {
+      const int source = (r - step + cp) % cp;
+      ring_take_key_value_gradients(exec, as_mat<Exec>(dkv[source].data(), n, KV), ws[r].dk, ws[r].dv, chunks, source);
+    }
+  }
+  std::vector<double> whole_out(static_cast<std::size_t>(B) * Tn * C), whole_dqkv(static_cast<std::size_t>(B) * Tn * W);
+  for (int r = 0; r < cp; ++r) {
+    ring_unpack_key_value_gradients(exec, as_mat<Exec>(dqkv[r].data(), n, W), as_mat<Exec>(dkv[r].data(), n, KV));
+    const ContextChunks chunks{Tn, cp, r};
+    auto o = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out[r]);
+    const auto g = to_host(dqkv[r]);
+    for (int b = 0; b < B; ++b) {
+      for (int t = 0; t < Tl; ++t) {
+        const std::int64_t p = b * Tn + chunks.position(t), i = b * Tl + t;
+        for (int c = 0; c < C; ++c) whole_out[p * C + c] = widen(o(i * C + c));
+        std::copy_n(g.begin() + i * W, W, whole_dqkv.begin() + p * W);
+      }
+    }
+  }
+  return {whole_out, whole_dqkv};
+}
+
+// fp32: every rank's rows against the whole-sequence double reference (chunks of 40
+// positions, as check_ring's).
+TYPED_TEST(RingAttentionTest, StagedProductsOfEveryRankMatchWholeSequenceAttention) {
+  using Exec = TypeParam;
+  const int B = 2, C = 8, NH = 2, hd = C / NH;
+  for (const int cp : {1, 2, 4}) {
+    for (const int NKV : {2, 1}) {
+      SCOPED_TRACE("cp " + std::to_string(cp) + ", " + std::to_string(NKV) + " key/value heads");
+      const int Tn = 2 * cp * 40, W = C + 2 * NKV * hd;
+      const auto qkv = random_vector(B * Tn * W, 63, -2.0, 2.0), dout = random_vector(B * Tn * C, 64);
+      std::vector<double> want, want_dqkv;
+      attention_reference(qkv, dout, B, Tn, C, NH, want, want_dqkv, identity, nullptr, nullptr, NKV);
+      const auto [out, dqkv] = staged_ring<Exec, float>(cp, NKV, ProductMath::fp32, qkv, dout, B, Tn);
+      EXPECT_LT(rel_error(out, want), 1e-5);
+      EXPECT_LT(rel_error(dqkv, want_dqkv), 1e-5);
+    }
+  }
+}
+
+// bf16 storage, staged products in bf16 (where the space has a bf16 engine) and in fp32 (on
+// fp32 copies): cp 2 and 4 as the whole sequence on one rank, which AttentionTest checks
+// against the reference: outputs within a bf16 step, gradients within what a rounded
+// probability's flip moves (AttentionTest's 1e-4).
+TYPED_TEST(RingAttentionTest, StagedProductsOnBf16StorageAsOneRanks) {
+  using Exec = TypeParam;
+  const int B = 2, C = 8, NH = 2, hd = C / NH, NKV = 1, Tn = 160, W = C + 2 * NKV * hd;
+  const auto qkv = bf16_values(random_vector(B * Tn * W, 65, -2.0, 2.0)), dout = random_vector(B * Tn * C, 66);
+  for (const ProductMath math : {ProductMath::bf16, ProductMath::fp32}) {
+    const auto [one, one_dqkv] = staged_ring<Exec, std::uint16_t>(1, NKV, math, qkv, dout, B, Tn);
+    for (const int cp : {2, 4}) {
+      SCOPED_TRACE("cp " + std::to_string(cp) + (math == ProductMath::bf16 ? ", bf16 products" : ", fp32 products"));
+      const auto [out, dqkv] = staged_ring<Exec, std::uint16_t>(cp, NKV, math, qkv, dout, B, Tn);
+      for (std::size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], one[i], std::abs(one[i]) / 128 + 1e-6) << i;
+      EXPECT_LT(rel_error(dqkv, one_dqkv), 1e-4);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lamina::test

@@ -179,12 +179,13 @@ TEST(Plan, ContextParallelismCutsSequencesIntoTwoChunksPerRank) {
   EXPECT_NE(uneven.find("--set parallel.cp=3: parallel.cp: cuts each sequence into 2 cp = 6 chunks"),
             std::string::npos)
       << uneven;
-  const std::string staged = error_of({"parallel.cp=2", "model.attention=staged"}, 4);
-  EXPECT_NE(staged.find("model.attention: context parallelism (parallel.cp = 2) runs attention as ring attention on "
-                        "the fused kernels"),
+  const std::string in_place = error_of({"parallel.cp=2", "model.attention=in_place"}, 4);
+  EXPECT_NE(in_place.find("model.attention: context parallelism (parallel.cp = 2) runs attention as ring attention on "
+                          "the fused kernels or on staged products, not in place"),
             std::string::npos)
-      << staged;
+      << in_place;
   EXPECT_EQ(error_of({"parallel.cp=2", "model.attention=fused"}, 4), "(no error)");
+  EXPECT_EQ(error_of({"parallel.cp=2", "model.attention=staged"}, 4), "(no error)");
 }
 
 TEST(Plan, PolicyProblemsAreDeckErrors) {
