@@ -84,8 +84,14 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // writes it as stored for backward and the activation (F). The q/k/v scatter moves the
   // key/value heads there are.
   const double s = bf16_ ? 2.0 : 4.0;
-  const double A = static_cast<double>(d.A()), F = static_cast<double>(d.F), score_count = static_cast<double>(d.B) * heads * T * T;
+  // The score matrices are (T, keys) per sequence and head: staged products under context
+  // parallelism compute a rank's queries against every position's keys, placed in staged
+  // copies as they arrive around the ring (2 s bytes each way per source).
+  const double A = static_cast<double>(d.A()), F = static_cast<double>(d.F),
+               score_count = static_cast<double>(d.B) * heads * T * keys;
   const double KV = static_cast<double>(d.NKV * d.hd);
+  const bool keys_gathered = d.context_parallel() && d.attention == AttentionProducts::staged;
+  const double kv_copies = keys_gathered ? o.cp : 1.0;
   // A host's bf16 engine (oneDNN) writes the QKV projection's and the MLP's first products
   // in bf16 with their biases (kernels/gemm.hpp, rounding_products): the activation then
   // reads the kept pre-activation (SwiGLU: [gate | up]) as stored.
@@ -108,7 +114,8 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double rotary = d.parts.position == PositionKind::rotary ? 2 * s * N * (A + KV) : 0.0;
   const double mlp = rounding ? (swiglu ? 3 * s * N * F : 2 * s * N * F)
                               : (swiglu ? (8 + 3 * s) * N * F : (4 + 2 * s) * N * F);
-  const double ew_forward = norms + (2 * s + branch) * R * C + 2 * s * N * (A + 2 * KV) + rotary + scores + mlp;
+  const double ew_forward =
+      norms + (2 * s + branch) * R * C + 2 * s * N * (A + 2 * KV * kv_copies) + rotary + scores + mlp;
   // And of its backward, whose gradients are fp32: each norm's kernel reads the output's
   // gradient, the skip's and the input, writes the input's gradient and the gain's per-row
   // terms, which a column sum reads (with LayerNorm's bias gradient, the output's); the biases'
@@ -117,8 +124,10 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // and writes theirs; rotary positions turn dq and dk back in place; attention copies q, k, v
   // again, reads its probabilities and the product's dP (written fp32), writes the score
   // gradients (fp32, or bf16 on an engine: conversions below) and merges dq, dk, dv into one
-  // gradient. A host's engine reads them up to the diagonal (fused: computes the
-  // probabilities again in place in fp32) and writes no fp32 score gradients.
+  // gradient (staged under context parallelism: every position's keys and values placed again,
+  // and each source's gradients taken from every position's into its travelling buffer, 12
+  // bytes). A host's engine reads them up to the diagonal (fused: computes the probabilities
+  // again in place in fp32) and writes no fp32 score gradients.
   const bool staged_engine = engine && d.attention == AttentionProducts::staged;
   // On a host rank of one thread (a machine file's `cores` per device at most 1, or not
   // given), the norms' backward adds the gain's and bias's terms into their sums row by row
@@ -141,8 +150,9 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
                                  : fused   ? 0.0
                                            : (8 + s + (staged_engine ? 0.0 : 4.0)) * score_count;
   const double rotary_backward = rotary > 0 ? 8 * N * (A + KV) : 0.0;
-  const double ew_backward = norms_backward + biases + mlp_backward + rotary_backward + (2 * s + 8) * N * (A + 2 * KV) +
-                             scores_backward;
+  const double qkv_backward =
+      (2 * s + 8) * N * A + (keys_gathered ? (2 * s + 12) * o.cp * N * 2 * KV + 8 * N * 2 * KV : (2 * s + 8) * N * 2 * KV);
+  const double ew_backward = norms_backward + biases + mlp_backward + rotary_backward + qkv_backward + scores_backward;
   // Tensor parallelism: two all-reduces of the (N, C) residual stream per pass (Megatron), in
   // fp32, or in bf16 (parallel.tp_sums): forward, the products write their partial results in
   // bf16 where they round (a host's engine), else a pass rounds them (read 4, write 2 bytes);
@@ -178,8 +188,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // gradients) and the activations the products read.
   double convert_forward = 0.0, convert_backward = 0.0, convert_head = 0.0, convert_head_backward = 0.0;
   if (bf16_) {
-    const double saved =
-        static_cast<double>(d.B) * heads * T * static_cast<double>(saved_attention_columns(d.attention, d.T));
+    const double saved = static_cast<double>(d.B) * heads * T * static_cast<double>(d.saved_attention_columns());
     const double copies = own_kernels ? 0.0 : 6 * (4 * N * A + saved);
     const double attention_forward = host_rows       ? 6 * N * A + (fused ? 2 * half_scores : 0.0)
                                      : staged_engine ? 6 * N * A
@@ -200,13 +209,16 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // Context parallelism's ring: forward, cp - 1 passes of the rank's keys and values (N x 2 KV,
   // as stored), each beside the attention on the block at hand (a cp-th of the rank's); backward,
   // the keys and values again beside the compute, and after it each source's fp32 gradients
-  // (cp passes, not overlapped). What the attention does not hide is exposed.
+  // (cp passes, not overlapped). What the attention does not hide is exposed. Staged products
+  // wait for every position's keys: the passes are exposed whole.
   double ring_forward = 0.0, ring_backward = 0.0;
   if (d.context_parallel()) {
     const double cp = o.cp, extent = o.cp * o.tp;
     const double pass = collective(N * 2 * KV * s, 1, o.cp * o.tp), gradients = collective(N * 2 * KV * 4, 1, extent);
-    ring_forward = (cp - 1) * std::max(0.0, pass - attention_forward_s / cp);
-    ring_backward = (cp - 1) * std::max(0.0, pass - attention_backward_s / cp) + cp * gradients;
+    const double hidden_forward = keys_gathered ? 0.0 : attention_forward_s / cp;
+    const double hidden_backward = keys_gathered ? 0.0 : attention_backward_s / cp;
+    ring_forward = (cp - 1) * std::max(0.0, pass - hidden_forward);
+    ring_backward = (cp - 1) * std::max(0.0, pass - hidden_backward) + cp * gradients;
   }
   forward_parts_ = {2 * N * weights / gemm, attention_forward_s, ew_forward / bandwidth, convert_forward / bandwidth,
                     tp_comm, ring_forward};

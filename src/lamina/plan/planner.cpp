@@ -395,7 +395,7 @@ ScheduleKind kind_of(const std::string& s) {
 
 bool searched_context_parallel(const ModelConfig& m, int cp) {
   if (cp == 1) return true;
-  const bool ring_attention = !m.attention || *m.attention == AttentionProducts::fused;
+  const bool ring_attention = m.attention != AttentionProducts::in_place;
   return ring_attention && m.seq_len % (2 * cp) == 0 && m.seq_len / (2 * cp) >= detail::kFlashBlock;
 }
 

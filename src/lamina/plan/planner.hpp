@@ -119,8 +119,8 @@ double stage_lower_bound(const StageProblem& p);
 StageSolution solve_brute(const StageProblem& p);
 
 // Whether the search considers context-parallel degree cp for model m: its ring runs the fused
-// attention kernels, on chunks (seq_len / 2 cp positions) of at least one of their blocks
-// (smaller ones would leave the blocks partly empty).
+// attention kernels or staged products (not in place), on chunks (seq_len / 2 cp positions) of
+// at least one fused block (smaller ones would leave the blocks partly empty).
 bool searched_context_parallel(const ModelConfig& m, int cp);
 
 const char* solver_name(Solver s);

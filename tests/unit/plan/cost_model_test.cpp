@@ -363,6 +363,26 @@ TEST(CostModel, ContextParallelismPricesTheRingBesideTheAttentionItOverlaps) {
   EXPECT_DOUBLE_EQ(ring.checkpoint_copy(true), whole.checkpoint_copy(true) / 2);
 }
 
+// Staged products under context parallelism: a rank's queries (half the rows) against every
+// position's keys, half the whole sequence's score matrices, its attention half the
+// whole's; its products wait for all the keys, so every pass is exposed, even in a node.
+TEST(CostModel, StagedContextParallelismExposesEveryPassAndHalvesTheScores) {
+  ModelConfig m = model();
+  m.attention = AttentionProducts::staged;
+  Plan gathered_plan = plan(1, 1, 1, Precision::bf16);
+  gathered_plan.layout.cp = 2;
+  const CostModel whole(m, plan(1, 1, 1, Precision::bf16), machine()), gathered(m, gathered_plan, machine());
+  EXPECT_NEAR(gathered.forward_parts().attention, whole.forward_parts().attention / 2, 1e-15);
+  EXPECT_NEAR(gathered.backward_parts().attention, whole.backward_parts().attention / 2, 1e-15);
+  const double kv = 1024.0 * 2 * 1024, pass = 2 * kv / 200e9 + 1e-5, gradients = 4 * kv / 200e9 + 1e-5;
+  EXPECT_NEAR(gathered.forward_parts().cp, pass, 1e-15);
+  EXPECT_NEAR(gathered.backward_parts().cp, pass + 2 * gradients, 1e-15);
+  // The score passes (half the (T, T) scores) dominate the element-wise time of both; the
+  // placed keys add 2 x 2 bytes of every position's keys and values to the rank's half.
+  EXPECT_LT(gathered.forward_parts().elementwise, whole.forward_parts().elementwise);
+  EXPECT_GT(gathered.forward_parts().elementwise, whole.forward_parts().elementwise / 2);
+}
+
 TEST(CostModel, CollectivesUseTheLinkTheirGroupSpans) {
   const CostModel c(model(), plan(4, 2, 1, Precision::bf16), machine());
   EXPECT_DOUBLE_EQ(c.collective(1e9, 3, 8), 1e9 / 200e9 + 3 * 1e-5);  // one node

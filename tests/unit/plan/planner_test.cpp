@@ -271,7 +271,8 @@ TEST(Planner, ChoosesContextParallelismWhereOnlyItFits) {
   // Chunks of seq_len / 2 cp positions below one block of the fused kernels are not searched.
   EXPECT_TRUE(searched_context_parallel(parse_deck(kDeck, "deck.toml", {}).model, 8));
   EXPECT_FALSE(searched_context_parallel(parse_deck(kDeck, "deck.toml", {}).model, 16));
-  EXPECT_FALSE(searched_context_parallel(parse_deck(kDeck, "deck.toml", {"model.attention=staged"}).model, 2));
+  EXPECT_TRUE(searched_context_parallel(parse_deck(kDeck, "deck.toml", {"model.attention=staged"}).model, 2));
+  EXPECT_FALSE(searched_context_parallel(parse_deck(kDeck, "deck.toml", {"model.attention=in_place"}).model, 2));
 }
 
 // Layouts are modelled, solved and simulated on several threads, the bound pruning them
