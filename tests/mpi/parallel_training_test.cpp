@@ -290,6 +290,10 @@ INSTANTIATE_TEST_SUITE_P(
                              {"parallel.cp=2", "parallel.zero=1",
                               "'memory.activations=[\"recompute\",\"offload\",\"keep\",\"recompute\"]'",
                               "memory.optimizer=dynamic", "memory.dos_split=alternate"}},
+                      // The loss in chunks of rows: vocabulary-parallel statistics summed per chunk.
+                      Layout{"tp2_sp_loss_chunks", 2,
+                             {"parallel.tp=2", "parallel.sequence_parallel=true", "model.loss_chunk=12"}},
+                      Layout{"cp2_pp2_loss_chunks", 4, {"parallel.cp=2", "parallel.pp=2", "model.loss_chunk=5"}},
                       // Staged products: every position's keys and values gathered around the ring.
                       Layout{"cp2_staged", 2, {"parallel.cp=2", "model.attention=staged"}},
                       Layout{"cp4_staged_recompute", 4,

@@ -59,6 +59,9 @@ struct ModelConfig {
   std::int64_t vocab_size = 0;
   double init_std = 0.02;
   std::optional<AttentionProducts> attention;  // unset: what the backend runs fastest
+  // Rows of the head's logits computed at a time (0: a micro-batch's all): backward computes
+  // each chunk's logits again, so that long sequences keep (loss_chunk, V) logits, not (N, V).
+  std::int64_t loss_chunk = 0;
   // Initial weights: a lamina checkpoint, HuggingFace safetensors or an llm.c model file
   // ("": GPT-2's random initialisation). A resumed run reads its checkpoint instead.
   std::string init;

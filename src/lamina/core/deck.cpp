@@ -134,7 +134,7 @@ const std::vector<Section>& schema() {
       {"model",
        {"layers", "d_model", "heads", "seq_len", "vocab_size", "init_std", "attention", "init", "arch", "kv_heads",
         "ffn_hidden", "norm", "norm_eps", "position", "rope_theta", "rope_scaling", "rope_low_freq_factor",
-        "rope_high_freq_factor", "rope_original_context", "mlp", "tie_embeddings"}},
+        "rope_high_freq_factor", "rope_original_context", "mlp", "tie_embeddings", "loss_chunk"}},
       {"data", {"format", "path", "batch_size", "micro_batch_size", "shuffle", "eval_path"}},
       {"train", {"steps", "seed", "precision", "skip_nonfinite", "max_skipped", "eval_every", "eval_batches"}},
       {"optimizer",
@@ -602,6 +602,7 @@ Deck read(toml::table& root, const std::string& file, const std::vector<std::str
     if (attention == attention_products_name(a)) m.attention = a;
   }
   m.init = r.string("model", "init", "");
+  m.loss_chunk = r.integer("model", "loss_chunk", 0, 0, 1 << 30);
   dc.paths = r.strings("data", "path", dc.format != DataFormat::synthetic);
   dc.eval_paths = r.strings("data", "eval_path", false);
   auto& p = d.parallel;

@@ -443,8 +443,30 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   Kokkos::Profiling::popRegion();
 }
 
+namespace detail {
+
+// The head's rows in chunks of Dims::logit_rows (one chunk: all of them): f(first row, rows).
+template <class F>
+void for_each_logit_chunk(const Dims& d, F f) {
+  const std::int64_t N = d.N(), chunk = d.logit_rows();
+  for (std::int64_t r0 = 0; r0 < N; r0 += chunk) f(r0, std::min(chunk, N - r0));
+}
+
+// Rows r0 .. r0 + n of a matrix or vector (rows contiguous).
+template <class V>
+V row_chunk(const V& v, std::int64_t r0, std::int64_t n) {
+  if constexpr (V::rank == 2) {
+    return V(v.data() + r0 * static_cast<std::int64_t>(v.stride_0()), n, v.extent(1));
+  } else {
+    return V(v.data() + r0, n);
+  }
+}
+
+}  // namespace detail
+
 // Final norm (the block's kind), LM head (wte, or an untied lm_head) and per-position losses (h.losses) of x, the last
-// block's output as stored.
+// block's output as stored. The logits of Dims::logit_rows rows at a time, each chunk's loss
+// statistics taken (and summed over the vocabulary shards) before the next overwrites them.
 template <class Exec, class XV>
 void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const FinalWeights<Exec>& w,
                   const HeadActs<Exec>& h, const XV& x, const Tokens<Exec>& targets, const Dims& d,
@@ -454,23 +476,31 @@ void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const Final
   const Mat<Exec> lnf = tp.gather ? as_mat<Exec>(ws.gathered_grad.data(), d.rows(), d.C) : h.lnf;
   block_norm_forward(exec, d, lnf, h.lnf_mean, h.lnf_rstd, x, w.w, w.b);
   detail::all_rows<Exec, float>(exec, tp, lnf, h.lnf);
-  tied_head_forward(exec, h.logits, h.lnf, w.lm_head.rows() > 0 ? w.lm_head : e.wte, d.products, ws.widened);
-  if (tp.max) {
-    cross_entropy_row_max(exec, h.rowmax, h.logits);
-    detail::combine(exec, tp.max, h.rowmax);
-    cross_entropy_row_sumexp(exec, h.sumexp, h.logits, h.rowmax);
-  } else {
-    cross_entropy_row_stats(exec, h.rowmax, h.sumexp, h.logits);
-  }
-  cross_entropy_target_logit(exec, h.target, h.logits, targets, d.vocab_begin);
-  detail::combine(exec, tp.sum, h.sumexp);
-  detail::combine(exec, tp.sum, h.target);
+  detail::for_each_logit_chunk(d, [&](std::int64_t r0, std::int64_t n) {
+    using detail::row_chunk;
+    const Mat<Exec> logits = row_chunk(h.logits, 0, n);
+    const Vec<Exec> rowmax = row_chunk(h.rowmax, r0, n), sumexp = row_chunk(h.sumexp, r0, n),
+                    target = row_chunk(h.target, r0, n);
+    tied_head_forward(exec, logits, row_chunk(h.lnf, r0, n), w.lm_head.rows() > 0 ? w.lm_head : e.wte, d.products,
+                      ws.widened);
+    if (tp.max) {
+      cross_entropy_row_max(exec, rowmax, logits);
+      detail::combine(exec, tp.max, rowmax);
+      cross_entropy_row_sumexp(exec, sumexp, logits, rowmax);
+    } else {
+      cross_entropy_row_stats(exec, rowmax, sumexp, logits);
+    }
+    cross_entropy_target_logit(exec, target, logits, Tokens<Exec>(targets.data() + r0, n), d.vocab_begin);
+    detail::combine(exec, tp.sum, sumexp);
+    detail::combine(exec, tp.sum, target);
+  });
   cross_entropy_forward(exec, h.losses, h.lse, h.rowmax, h.sumexp, h.target);
   Kokkos::Profiling::popRegion();
 }
 
 // loss_scale: d(objective)/d(loss_i), e.g. 1 / (positions in the global batch).
-// Leaves d objective / d(x) in dres.
+// Leaves d objective / d(x) in dres. In chunks of rows as head_forward, each chunk's logits
+// computed again where there are several (one chunk: the forward's are still there).
 template <class Exec, class XV>
 void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const FinalNormTensors<Exec>& g,
                    const EmbeddingWeights<Exec>& e, const FinalWeights<Exec>& w, const HeadActs<Exec>& h,
@@ -480,16 +510,24 @@ void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const Fin
   const bool untied = w.lm_head.rows() > 0;
   const MatRef<Exec> weight = untied ? w.lm_head : e.wte;
   const Mat<Exec> dweight = untied ? g.lm_head : ge.wte;
-  if (d.products == ProductMath::bf16 && weight.bf16() && detail::bf16_engine<Exec>()) {
-    // The logits' gradient rounded where it is computed, and read by both products as it is.
-    cross_entropy_backward_bf16(exec, h.logits, h.lse, targets, d.vocab_begin, loss_scale);
-    head_backward_products_bf16(exec, reinterpret_cast<const std::uint16_t*>(h.logits.data()),
-                                2 * static_cast<std::int64_t>(h.logits.extent(1)), weight,
-                                h.lnf, ws.dln, dweight, ws.widened);
-  } else {
-    cross_entropy_backward(exec, h.logits, h.logits, h.lse, targets, d.vocab_begin, loss_scale);
-    tied_head_backward(exec, ws.dln, dweight, h.logits, h.lnf, weight, d.products, ws.widened);
-  }
+  const bool again = d.logit_rows() < d.N();
+  detail::for_each_logit_chunk(d, [&](std::int64_t r0, std::int64_t n) {
+    using detail::row_chunk;
+    const Mat<Exec> logits = row_chunk(h.logits, 0, n), lnf = row_chunk(h.lnf, r0, n), dln = row_chunk(ws.dln, r0, n);
+    const ConstVec<Exec> lse = row_chunk(h.lse, r0, n);
+    const Tokens<Exec> chunk_targets(targets.data() + r0, n);
+    if (again) tied_head_forward(exec, logits, lnf, weight, d.products, ws.widened);
+    if (d.products == ProductMath::bf16 && weight.bf16() && detail::bf16_engine<Exec>()) {
+      // The logits' gradient rounded where it is computed, and read by both products as it is.
+      cross_entropy_backward_bf16(exec, logits, lse, chunk_targets, d.vocab_begin, loss_scale);
+      head_backward_products_bf16(exec, reinterpret_cast<const std::uint16_t*>(logits.data()),
+                                  2 * static_cast<std::int64_t>(logits.extent(1)), weight, lnf, dln, dweight,
+                                  ws.widened);
+    } else {
+      cross_entropy_backward(exec, logits, logits, lse, chunk_targets, d.vocab_begin, loss_scale);
+      tied_head_backward(exec, dln, dweight, logits, lnf, weight, d.products, ws.widened);
+    }
+  });
   detail::combine_gradients<Exec, float>(exec, tp, ws.dln, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
     block_norm_backward(exec, d, dres, g.w, g.b, dln, ConstMat<Exec>(), x, w.w, h.lnf_mean, h.lnf_rstd, scratch,
                         ws.column_partials);

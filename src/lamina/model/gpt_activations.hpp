@@ -88,6 +88,9 @@ struct Dims {
   }
   std::int64_t A() const { return NH * hd; }  // attention width on this rank (C / tp)
   std::int64_t keys() const { return context.T; }  // the keys a query meets: its sequence's positions
+  // Rows of the head's logits at a time (ModelConfig::loss_chunk; the head's rows N: all).
+  std::int64_t loss_chunk = 0;
+  std::int64_t logit_rows() const { return loss_chunk > 0 ? std::min(N(), loss_chunk) : N(); }
   // The dims of a run on Exec (a run's: the build's default space): refuses what it cannot run.
   template <class Exec = Kokkos::DefaultExecutionSpace>
   static Dims of(const ModelConfig& m, std::int64_t micro_batch, int tp_size = 1, int tp_rank = 0,
@@ -133,6 +136,7 @@ struct Dims {
     d.parts = m.parts;
     d.V = m.vocab_size / tp_size;
     d.vocab_begin = tp_rank * d.V;
+    d.loss_chunk = m.loss_chunk;
     d.attention = m.attention.value_or(d.attention);
     if (d.context_parallel()) {
       if (m.attention == AttentionProducts::in_place) {
@@ -202,7 +206,7 @@ template <class Exec>
 struct HeadActs {
   Mat<Exec> lnf;                    // (N, C): all rows, gathered under sequence parallelism
   Vec<Exec> lnf_mean, lnf_rstd;     // (R) the stream's rows on this rank
-  Mat<Exec> logits;                 // (N, V); holds dlogits during backward
+  Mat<Exec> logits;                 // (logit_rows, V): a chunk of rows at a time; holds dlogits during backward
   Vec<Exec> rowmax, sumexp, target; // (N) loss statistics, combined over tensor-parallel ranks
   Vec<Exec> losses, lse;            // (N)
 };
@@ -546,7 +550,7 @@ class LayerRangeActs {
       this->head.lnf = as_mat<Exec>(take(N * C), N, C);
       this->head.lnf_mean = as_vec<Exec>(take(R), R);
       this->head.lnf_rstd = as_vec<Exec>(take(R), R);
-      this->head.logits = as_mat<Exec>(take(N * d.V), N, d.V);
+      this->head.logits = as_mat<Exec>(take(d.logit_rows() * d.V), d.logit_rows(), d.V);
       this->head.rowmax = as_vec<Exec>(take(N), N);
       this->head.sumexp = as_vec<Exec>(take(N), N);
       this->head.target = as_vec<Exec>(take(N), N);

@@ -240,6 +240,8 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // engine) rounded to bf16 as the cross-entropy backward writes it.
   const double logit_gradient = bf16_ && machine.bf16_products() ? 2 * logits : 3 * logits;
   head_backward_ = 4 * N * C * V / gemm + (logit_gradient + 4 * 4 * N * C + convert_head_backward) / bandwidth + embed_tp;
+  // In chunks of rows (model.loss_chunk), backward computes the logits again, chunk by chunk.
+  if (d.logit_rows() < d.N()) head_backward_ += 2 * N * C * V / gemm + logits / bandwidth;
   for (const MeasuredCosts& m : measured) {
     if (m.micro_batch_size != o.micro_batch_size || m.tp != o.tp || m.sequence_parallel != sp || m.cp != o.cp) continue;
     forward_parts_ = backward_parts_ = Parts{};

@@ -73,6 +73,7 @@ class OneSequence {
   // training sends them there (never to a host BLAS that cannot read device memory).
   static Dims dims_of(const RankState& state) {
     Dims d = Dims::of(state.model(), 1);
+    d.loss_chunk = 0;  // sampling reads the logits of every row
     d.bf16 = state.bf16();
     d.products = product_math<Exec>(state.bf16() ? Precision::bf16 : Precision::fp32);
     return d;

@@ -383,6 +383,19 @@ TEST(CostModel, StagedContextParallelismExposesEveryPassAndHalvesTheScores) {
   EXPECT_GT(gathered.forward_parts().elementwise, whole.forward_parts().elementwise / 2);
 }
 
+// The loss in chunks of rows (model.loss_chunk): the head's backward computes the logits
+// again, its product and the logits' bytes once more; the forward as before.
+TEST(CostModel, LossChunksPriceTheHeadsProductAgainInBackward) {
+  ModelConfig m = model();
+  const CostModel whole(m, plan(1, 1, 1, Precision::bf16), machine());
+  m.loss_chunk = 256;
+  const CostModel chunked(m, plan(1, 1, 1, Precision::bf16), machine());
+  EXPECT_DOUBLE_EQ(chunked.head_forward(), whole.head_forward());
+  // 2048 rows, C = 1024, V = 32768: bf16 products at 200 TFLOP/s, 1 TB/s for the fp32 logits.
+  const double N = 2048, C = 1024, V = 32768;
+  EXPECT_NEAR(chunked.head_backward() - whole.head_backward(), 2 * N * C * V / 200e12 + 4 * N * V / 1e12, 1e-15);
+}
+
 TEST(CostModel, CollectivesUseTheLinkTheirGroupSpans) {
   const CostModel c(model(), plan(4, 2, 1, Precision::bf16), machine());
   EXPECT_DOUBLE_EQ(c.collective(1e9, 3, 8), 1e9 / 200e9 + 3 * 1e-5);  // one node
