@@ -226,6 +226,7 @@ namespace {
 constexpr const char* kWhatHelps =
     "  what helps: memory.activations = \"recompute\" or \"offload\" (activations; they also scale with "
     "data.micro_batch_size), model.attention = \"fused\" (keeps no T x T attention probabilities), "
+    "model.loss_chunk (the head's logits for that many rows at a time), "
     "memory.params = \"host\", memory.optimizer = \"host\" or \"dynamic\", "
     "train.precision = \"bf16\" (stored parameters and activations), parallel.zero, tp and pp (parameters, "
     "gradients, optimizer state); `lamina plan` finds a plan that fits";

@@ -1139,6 +1139,9 @@ PlanResult plan_search(const Deck& deck, const MachineSpec& machine, const Plann
     if (!f.has("parallel.pp") || !f.has("parallel.tp")) advice += "leave parallel.tp and parallel.pp to the planner; ";
     if (!f.has("parallel.zero")) advice += "leave parallel.zero to the planner (ZeRO-3 shards parameters); ";
     if (deck.train.precision == Precision::fp32) advice += "train.precision = \"bf16\" halves parameters and activations; ";
+    if (deck.model.loss_chunk == 0) {
+      advice += "model.loss_chunk (e.g. 4096) keeps the head's logits for that many rows, not a micro-batch's; ";
+    }
     advice += "more ranks (--ranks) split the model further; a smaller data.micro_batch_size cuts activations";
     r.advice = advice;
   }
