@@ -173,11 +173,11 @@ float* words(const MatOf<Exec, T>& m) {
   return reinterpret_cast<float*>(m.data());
 }
 
-// Staged products under context parallelism: every rank's keys and values, passed around the
-// ring, placed at their positions in heads' copies (each placed while the next is in flight).
-template <class Exec, class T>
-void gather_keys_values(const Exec& exec, const ContextRing& ring, const BlockActs<Exec, T>& s, const Dims& d,
-                        const Workspace<Exec>& ws, const AttentionWorkspace<Exec>& heads) {
+// Every rank's keys and values around the ring, packed as stored: f(held buffer, its source
+// rank) for each of the cp sources in turn, the pass of the next one in flight meanwhile.
+template <class Exec, class T, class F>
+void around_the_ring(const Exec& exec, const ContextRing& ring, const BlockActs<Exec, T>& s, const Dims& d,
+                     const Workspace<Exec>& ws, F f) {
   const MatOf<Exec, T> kv[2] = {ws.template ring_kv_as<T>(0), ws.template ring_kv_as<T>(1)};
   const std::int64_t n = static_cast<std::int64_t>(ws.ring_kv[0].size());
   ring_pack_keys_values(exec, kv[0], s.qkv);
@@ -188,9 +188,19 @@ void gather_keys_values(const Exec& exec, const ContextRing& ring, const BlockAc
       exec.fence();  // `here` is written, and the kernels that read the other buffer are done
       ring.pass(words<Exec, T>(here), words<Exec, T>(kv[(step + 1) % 2]), n, kRingKeys);
     }
-    ring_place_keys_values(exec, heads, here, d.context, (d.context.rank - step + ring.size) % ring.size, s.products);
+    f(here, (d.context.rank - step + ring.size) % ring.size);
     if (more) ring.wait();
   }
+}
+
+// Staged products under context parallelism: every rank's keys and values placed at their
+// positions in heads' copies as they come around the ring.
+template <class Exec, class T>
+void gather_keys_values(const Exec& exec, const ContextRing& ring, const BlockActs<Exec, T>& s, const Dims& d,
+                        const Workspace<Exec>& ws, const AttentionWorkspace<Exec>& heads) {
+  around_the_ring(exec, ring, s, d, ws, [&](const MatOf<Exec, T>& here, int source) {
+    ring_place_keys_values(exec, heads, here, d.context, source, s.products);
+  });
 }
 
 // Context parallelism: attention of this rank's queries against every rank's keys and values
@@ -204,21 +214,10 @@ void context_attention_forward(const Exec& exec, const ContextRing& ring, const 
     attention_forward(exec, s.atty, s.att, s.qkv, ws.heads, d.NH, s.attention, s.products, d.context);
     return;
   }
-  const MatOf<Exec, T> kv[2] = {ws.template ring_kv_as<T>(0), ws.template ring_kv_as<T>(1)};
-  const std::int64_t n = static_cast<std::int64_t>(ws.ring_kv[0].size());
-  ring_pack_keys_values(exec, kv[0], s.qkv);
   ring_attention_begin(exec, ws.ring);
-  for (int step = 0; step < ring.size; ++step) {
-    const MatOf<Exec, T>& here = kv[step % 2];
-    const bool more = step + 1 < ring.size;
-    if (more) {
-      exec.fence();  // `here` is written, and the kernels that read the other buffer are done
-      ring.pass(words<Exec, T>(here), words<Exec, T>(kv[(step + 1) % 2]), n, kRingKeys);
-    }
-    const int source = (d.context.rank - step + ring.size) % ring.size;
+  around_the_ring(exec, ring, s, d, ws, [&](const MatOf<Exec, T>& here, int source) {
     ring_attention_forward(exec, ws.ring, s.qkv, here, d.NH, d.context, source);
-    if (more) ring.wait();
-  }
+  });
   ring_attention_end(exec, s.atty, s.att, ws.ring);
 }
 
