@@ -936,7 +936,7 @@ void staged_bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, con
 // Its backward: dy rounded into bf16 copies (ws.y's memory), q, k and v copied again; dP in
 // fp32 (datt), the score gradients rounded to bf16 with attention's scale (ws.att32's
 // memory); dq, dk, dv in fp32 (dk, dv summed over each group), into dqkv's rows (context
-// parallelism: dq, dk and dv of every position left in ws.dk, ws.dv).
+// parallelism: dq alone, dk and dv of every position left in ws.dk, ws.dv).
 template <class Exec>
 void staged_bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& datt,
                                     const Mat<Exec>& dout, const Mat16<Exec>& qkv, const Mats16<Exec>& att,

@@ -33,6 +33,7 @@ struct Dims {
   std::int64_t F = 0;                // MLP hidden width on this rank (ffn_hidden / tp; GPT-2: 4C / tp)
   std::int64_t V = 0;                // vocabulary rows on this rank (V / tp)
   std::int64_t vocab_begin = 0;      // first token id of this rank's vocabulary rows
+  std::int64_t loss_chunk = 0;       // rows of the head's logits at a time (ModelConfig::loss_chunk; 0: all)
   // how attention runs (it decides what a block saves): what the build's default
   // execution space runs fastest
   AttentionProducts attention = kAttentionProducts<Kokkos::DefaultExecutionSpace>;
@@ -88,8 +89,7 @@ struct Dims {
   }
   std::int64_t A() const { return NH * hd; }  // attention width on this rank (C / tp)
   std::int64_t keys() const { return context.T; }  // the keys a query meets: its sequence's positions
-  // Rows of the head's logits at a time (ModelConfig::loss_chunk; the head's rows N: all).
-  std::int64_t loss_chunk = 0;
+  // Rows of the head's logits at a time (a loss_chunk, or all N).
   std::int64_t logit_rows() const { return loss_chunk > 0 ? std::min(N(), loss_chunk) : N(); }
   // The dims of a run on Exec (a run's: the build's default space): refuses what it cannot run.
   template <class Exec = Kokkos::DefaultExecutionSpace>
