@@ -326,30 +326,39 @@ TEST(CostModel, SequenceParallelismShardsTheNormsAndSplitsEachSumInTwo) {
   EXPECT_NEAR(sums16.backward_parts().tp, 2 * (half + gathered + gathered), 1e-12);
 }
 
+// plan() with context parallelism over cp ranks (bf16, micro-batch 1).
+Plan context_plan(int cp) {
+  Plan p = plan(1, 1, 1, Precision::bf16);
+  p.layout.cp = cp;
+  return p;
+}
+
+// A rank's ring traffic per pass on cp 2: its 1024 rows of keys and values, 2 x 1024 columns,
+// in bf16 to the next rank in a node (200 GB/s, 10 us), and their fp32 gradients.
+constexpr double kRingValues = 1024.0 * 2 * 1024;
+constexpr double kRingPass = 2 * kRingValues / 200e9 + 1e-5, kRingGradients = 4 * kRingValues / 200e9 + 1e-5;
+
 // Context parallelism: a rank's queries (N / cp rows) meet every key of their sequences, so
 // the attention halves on cp 2 as the products do; the ring's passes cost what the attention
 // beside them does not hide, and the gradients sum over the dp x cp ranks of a replica.
 TEST(CostModel, ContextParallelismPricesTheRingBesideTheAttentionItOverlaps) {
   ModelConfig m = model();
   m.attention = AttentionProducts::fused;
-  Plan ring_plan = plan(1, 1, 1, Precision::bf16);
-  ring_plan.layout.cp = 2;
+  const Plan ring_plan = context_plan(2);
   const CostModel whole(m, plan(1, 1, 1, Precision::bf16), machine()), ring(m, ring_plan, machine());
   EXPECT_NEAR(ring.forward_parts().attention, whole.forward_parts().attention / 2, 1e-15);
   EXPECT_NEAR(ring.backward_parts().attention, whole.backward_parts().attention / 2, 1e-15);
   EXPECT_NEAR(ring.forward_parts().gemm, whole.forward_parts().gemm / 2, 1e-15);
   EXPECT_EQ(whole.forward_parts().cp, 0.0);
-  // 1024 rows of keys and values, 2 x 1024 columns: bf16 to the next rank, fp32 gradients. In
-  // a node the attention (0.34 ms forward) hides the pass; the gradients' passes are exposed.
-  const double kv = 1024.0 * 2 * 1024, pass = 2 * kv / 200e9 + 1e-5, gradients = 4 * kv / 200e9 + 1e-5;
-  EXPECT_LT(pass, ring.forward_parts().attention / 2);
+  // In a node the attention (0.34 ms forward) hides the pass; the gradients' passes are exposed.
+  EXPECT_LT(kRingPass, ring.forward_parts().attention / 2);
   EXPECT_EQ(ring.forward_parts().cp, 0.0);
-  EXPECT_NEAR(ring.backward_parts().cp, 2 * gradients, 1e-15);
+  EXPECT_NEAR(ring.backward_parts().cp, 2 * kRingGradients, 1e-15);
   // One device per node: the ring crosses the network (20 GB/s), slower than the attention.
   MachineSpec apart = machine();
   apart.devices_per_node = 1;
   const CostModel slow(m, ring_plan, apart);
-  const double slow_pass = 2 * kv / 20e9 + 2e-5, slow_gradients = 4 * kv / 20e9 + 2e-5;
+  const double slow_pass = 2 * kRingValues / 20e9 + 2e-5, slow_gradients = 4 * kRingValues / 20e9 + 2e-5;
   EXPECT_NEAR(slow.forward_parts().cp, slow_pass - slow.forward_parts().attention / 2, 1e-15);
   EXPECT_GT(slow.forward_parts().cp, 0.0);
   EXPECT_NEAR(slow.backward_parts().cp,
@@ -369,14 +378,11 @@ TEST(CostModel, ContextParallelismPricesTheRingBesideTheAttentionItOverlaps) {
 TEST(CostModel, StagedContextParallelismExposesEveryPassAndHalvesTheScores) {
   ModelConfig m = model();
   m.attention = AttentionProducts::staged;
-  Plan gathered_plan = plan(1, 1, 1, Precision::bf16);
-  gathered_plan.layout.cp = 2;
-  const CostModel whole(m, plan(1, 1, 1, Precision::bf16), machine()), gathered(m, gathered_plan, machine());
+  const CostModel whole(m, plan(1, 1, 1, Precision::bf16), machine()), gathered(m, context_plan(2), machine());
   EXPECT_NEAR(gathered.forward_parts().attention, whole.forward_parts().attention / 2, 1e-15);
   EXPECT_NEAR(gathered.backward_parts().attention, whole.backward_parts().attention / 2, 1e-15);
-  const double kv = 1024.0 * 2 * 1024, pass = 2 * kv / 200e9 + 1e-5, gradients = 4 * kv / 200e9 + 1e-5;
-  EXPECT_NEAR(gathered.forward_parts().cp, pass, 1e-15);
-  EXPECT_NEAR(gathered.backward_parts().cp, pass + 2 * gradients, 1e-15);
+  EXPECT_NEAR(gathered.forward_parts().cp, kRingPass, 1e-15);
+  EXPECT_NEAR(gathered.backward_parts().cp, kRingPass + 2 * kRingGradients, 1e-15);
   // The score passes (half the (T, T) scores) dominate the element-wise time of both; the
   // placed keys add 2 x 2 bytes of every position's keys and values to the rank's half.
   EXPECT_LT(gathered.forward_parts().elementwise, whole.forward_parts().elementwise);
