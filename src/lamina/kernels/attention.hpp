@@ -446,9 +446,14 @@ struct Bf16Operands {
   }
 };
 
-// Matrix (s, h) of bf16 rows or scores, as HeadMatrices (group 1).
+// Matrix (s, h) of bf16 rows or scores, as HeadMatrices (group 1); a product's output
+// rounded into bf16 (RoundedHeads).
 struct HeadMatrices16 {
   const std::uint16_t* data = nullptr;
+  std::int64_t ld = 0, seq_stride = 0, head_stride = 0;
+};
+struct RoundedHeads {
+  std::uint16_t* data = nullptr;
   std::int64_t ld = 0, seq_stride = 0, head_stride = 0;
 };
 
@@ -462,11 +467,8 @@ M group_member(M m, std::int64_t G, std::int64_t j) {
 }
 
 // A block's rows of every (sequence, head): rows r0.. of each matrix.
-inline HeadMatrices from_row(HeadMatrices m, std::int64_t r0) {
-  m.data += r0 * m.ld;
-  return m;
-}
-inline HeadMatrices16 from_row(HeadMatrices16 m, std::int64_t r0) {
+template <class M>
+M from_row(M m, std::int64_t r0) {
   m.data += r0 * m.ld;
   return m;
 }
@@ -494,6 +496,27 @@ inline void head_products(std::int64_t B, std::int64_t NH, char ta, char tb, std
   batch.b = {b.seq_stride, b.head_stride};
   batch.c = {c.seq_stride, c.head_stride};
   host_gemm_bf16(g, a.data, b.data, batch);
+}
+
+// C = op(A) op(B), the fp32 sums rounded to nearest into the bf16 C as the product writes them.
+inline void head_products(std::int64_t B, std::int64_t NH, char ta, char tb, std::int64_t m, std::int64_t n,
+                          std::int64_t k, const HeadMatrices16& a, const HeadMatrices16& b, const RoundedHeads& c) {
+  RowMajorGemm g;
+  g.ta = ta;
+  g.tb = tb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.lda = a.ld;
+  g.ldb = b.ld;
+  g.ldc = c.ld;
+  HeadBatch batch;
+  batch.sequences = B;
+  batch.heads = NH;
+  batch.a = {a.seq_stride, a.head_stride};
+  batch.b = {b.seq_stride, b.head_stride};
+  batch.c = {c.seq_stride, c.head_stride};
+  host_gemm_bf16_rounded(g, a.data, b.data, c.data, nullptr, batch);
 }
 
 // Rows r0..r0+m of the heads of one sequence, one item per row: i / m is the head, bh0 the
@@ -643,13 +666,13 @@ struct Bf16Pass {
         v(row_heads16(qkv.data(), L.width(), L.column(2), T, L.hd)) {}
 };
 
-// y = softmax(scale q k^T) v by row blocks into `out` (bf16). in place: the probabilities
-// saved in `att` (B*NH, T, T); fused: P (T, T) fp32 of each (sequence, head), the
-// log-sum-exps saved in `att` (B*NH, T, 2). y_rows: (B*T, A) fp32.
+// y = softmax(scale q k^T) v by row blocks into `out` (bf16, rounded as the products write
+// it). in place: the probabilities saved in `att` (B*NH, T, T); fused: P (T, T) fp32 of each
+// (sequence, head), the log-sum-exps saved in `att` (B*NH, T, 2).
 template <class Exec>
 void bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Exec>& att, const Mat16<Exec>& qkv,
-                            bool fused, const HeadMatrices& P, const Mat<Exec>& y_rows, const Vec<Exec>& narrowed,
-                            const QkvLayout& L, std::int64_t T) {
+                            bool fused, const HeadMatrices& P, const Vec<Exec>& narrowed, const QkvLayout& L,
+                            std::int64_t T) {
   const Bf16Pass b(qkv, L, T);
   const std::int64_t B = b.B, hd = L.hd, NH = L.NH, NKV = L.NKV, G = b.G;
   const Bf16Operands o = Bf16Operands::in(narrowed.data(), static_cast<std::int64_t>(narrowed.extent(0)), B, T, NH, hd);
@@ -658,7 +681,7 @@ void bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats
   const HeadMatrices16 &q = b.q, &k = b.k, &v = b.v;
   const HeadMatrices16 p = fused ? block_heads16(p16, NH, T) : score_heads16(att.data(), NH, T);
   const HeadMatrices block{scores, T, NH * kBf16RowBlock * T, kBf16RowBlock * T};
-  const HeadMatrices y = row_heads<Exec>(y_rows, 0, T, hd);
+  const RoundedHeads y{out.data(), b.A, T * b.A, hd};
   exec.fence();  // q, k, v written
   for (std::int64_t r0 = 0; r0 < T; r0 += kBf16RowBlock) {
     const std::int64_t r1 = std::min(T, r0 + kBf16RowBlock), m = r1 - r0;
@@ -670,14 +693,11 @@ void bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats
       for_each_row(exec, "lamina::attention_forward_bf16_rows", NH,
                    Bf16SoftmaxRows{{NH, T, r0, m, r1, s * NH}, P, fused ? nullptr : scores, att.data(), p16, b.scale});
       for (std::int64_t j = 0; j < G; ++j) {
-        head_products(1, NKV, 'N', 'N', m, hd, r1, 1.0f,
-                      group_member(fused ? p : from_row(sequence(p, s), r0), G, j), sequence(v, s), 0.0f,
-                      group_member(from_row(sequence(y, s), r0), G, j));
+        head_products(1, NKV, 'N', 'N', m, hd, r1, group_member(fused ? p : from_row(sequence(p, s), r0), G, j),
+                      sequence(v, s), group_member(from_row(sequence(y, s), r0), G, j));
       }
     }
   }
-  const std::int64_t n = static_cast<std::int64_t>(out.size());
-  to_bf16(exec, Bf16Vec<Exec>(out.data(), static_cast<std::size_t>(n)), ConstVec<Exec>(y_rows.data(), n));
 }
 
 // dqkv from dy = dout by row blocks, last first: dP = dy v^T, dS = the softmax's backward,
@@ -1110,7 +1130,6 @@ void attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Ex
       const QkvLayout L = QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, width / NH);
       detail::bf16_attention_forward(exec, out, att, qkv, fused,
                                      fused ? detail::score_heads<Exec>(ws.probs, NH) : detail::HeadMatrices{},
-                                     as_mat<Exec>(ws.y.data(), static_cast<std::int64_t>(out.extent(0)), width),
                                      ws.narrowed, L, T);
       return;
     }

@@ -179,10 +179,13 @@ void host_gemm_bf16(const RowMajorGemm& g, const std::uint16_t* a, const std::ui
 }
 
 void host_gemm_bf16_rounded(const RowMajorGemm& g, const std::uint16_t* a, const std::uint16_t* b, std::uint16_t* c,
-                            const float* bias) {
-  if (g.m == 0 || g.n == 0) return;
+                            const float* bias, const HeadBatch& batch) {
+  if (g.m == 0 || g.n == 0 || batch.sequences == 0 || batch.heads == 0) return;
   if (g.beta != 0.0f) throw std::logic_error("lamina::host_gemm_bf16_rounded: beta must be 0");
-  Engine::get().run(g, a, b, HeadBatch{}, c, bias);
+  if (bias != nullptr && (batch.sequences != 1 || batch.heads != 1)) {
+    throw std::logic_error("lamina::host_gemm_bf16_rounded: a batch of products takes no bias");
+  }
+  Engine::get().run(g, a, b, batch, c, bias);
 }
 
 #else
@@ -198,7 +201,7 @@ void host_gemm_bf16(const RowMajorGemm&, const std::uint16_t*, const std::uint16
 }
 
 void host_gemm_bf16_rounded(const RowMajorGemm&, const std::uint16_t*, const std::uint16_t*, std::uint16_t*,
-                            const float*) {
+                            const float*, const HeadBatch&) {
   throw RunError("host bf16 product: lamina was built without oneDNN");
 }
 

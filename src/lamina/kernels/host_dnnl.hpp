@@ -42,8 +42,9 @@ void host_gemm_bf16(const RowMajorGemm& g, const std::uint16_t* a, const std::ui
 
 // C = op(A) op(B) + bias, A and B stored in bf16 as above, the fp32 sums and their bias (n
 // floats, one per column of C; or null for none) rounded to nearest into the bf16 C (ldc
-// apart; g.c is not read, g.beta must be 0): the product's epilogue, in one pass.
+// apart; g.c is not read, g.beta must be 0): the product's epilogue, in one pass. For each
+// (sequence, head) of `batch` (then without a bias).
 void host_gemm_bf16_rounded(const RowMajorGemm& g, const std::uint16_t* a, const std::uint16_t* b, std::uint16_t* c,
-                            const float* bias);
+                            const float* bias, const HeadBatch& batch = HeadBatch{});
 
 }  // namespace lamina

@@ -176,11 +176,11 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // operands: each product's output gradient dY in backward (once for both of its products),
   // and at the head the final norm's output (both passes) and the logits' gradient. The QKV
   // projection's output is rounded into storage with its bias in a pass of its own, or (a
-  // host's engine) as the product writes it. Attention on a
-  // host's oneDNN reads q, k, v as stored and rounds its output, dy, a row block's score
-  // gradients (and, fused, its recomputed probabilities) in bf16 beside fp32 (2 bytes each,
-  // half of the (T, T) scores under the mask); a device's fused kernels read and write the
-  // storage as they are; staged products on an engine read q, k, v and the saved
+  // host's engine) as the product writes it. Attention on a host's oneDNN reads q, k, v as
+  // stored, writes its output rounded as its products sum it, and rounds dy, a row block's
+  // score gradients (and, fused, its recomputed probabilities) in bf16 beside fp32 (2 bytes
+  // each, half of the (T, T) scores under the mask); a device's fused kernels read and write
+  // the storage as they are; staged products on an engine read q, k, v and the saved
   // probabilities as stored and round the output, dy and the (T, T) score gradients (written
   // in bf16, 2 bytes each); elsewhere it runs on fp32 copies of q, k, v, its output and what
   // it saves, widened and rounded each pass. Without an engine, the
@@ -190,7 +190,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   if (bf16_) {
     const double saved = static_cast<double>(d.B) * heads * T * static_cast<double>(d.saved_attention_columns());
     const double copies = own_kernels ? 0.0 : 6 * (4 * N * A + saved);
-    const double attention_forward = host_rows       ? 6 * N * A + (fused ? 2 * half_scores : 0.0)
+    const double attention_forward = host_rows       ? (fused ? 2 * half_scores : 0.0)
                                      : staged_engine ? 6 * N * A
                                                      : copies;
     const double attention_backward = host_rows       ? 6 * N * A + (fused ? 4 : 2) * half_scores

@@ -193,20 +193,22 @@ TEST(CostModel, ADeviceIsPricedWithTheAttentionADeviceBuildRuns) {
 // On a host's bf16 engine (oneDNN) the in_place attention reads the bf16 storage as it is
 // and takes its softmax by row blocks whose products stop at the block's last row: forward,
 // its rows read and write the fp32 scores and write the saved probabilities only up to the
-// diagonal (half the (T, T) scores); backward, they read the probabilities and dP that far and
-// round the score gradients (2 of 6 bytes) without writing them in fp32. Staged attention on
-// the engine moves all of the scores and rounds all the score gradients. Nothing else differs.
+// diagonal (half the (T, T) scores), and its output products write the output in bf16;
+// backward, they read the probabilities and dP that far and round the score gradients (2 of 6
+// bytes) without writing them in fp32. Staged attention on the engine moves all of the scores,
+// rounds its output from fp32 (6 bytes per element) and rounds all the score gradients.
+// Nothing else differs.
 TEST(CostModel, AHostsBf16EngineReadsAttentionsStorageInPlace) {
   if (!kAttentionInPlace<Kokkos::DefaultHostExecutionSpace>) GTEST_SKIP() << "no host BLAS for attention";
   MachineSpec host = machine();
   host.device_is_host = true;
-  const double T = 2048, H = 16, bandwidth = 2e12 * 0.5;
+  const double N = 2048, A = 1024, T = 2048, H = 16, bandwidth = 2e12 * 0.5;
   ModelConfig in_place = model();
   in_place.attention = AttentionProducts::in_place;
   const CostModel i(in_place, plan(1, 1, 1, Precision::bf16), host), s(model(), plan(1, 1, 1, Precision::bf16), host);
   const double scores = H * T * T, half = scores / 2;
-  // forward: (4 + 4 + 2) bytes of half the scores against all of them
-  EXPECT_NEAR(i.block_forward() - s.block_forward(), (10 * half - 10 * scores) / bandwidth, 1e-12);
+  // forward: (4 + 4 + 2) bytes of half the scores against all of them, and no output rounded
+  EXPECT_NEAR(i.block_forward() - s.block_forward(), (10 * half - 10 * scores - 6 * N * A) / bandwidth, 1e-12);
   // backward: probabilities and dP read (2 + 4) and dS rounded (2) for half the scores; staged
   // reads the probabilities and dP, writes dS in fp32 (2 + 4 + 4) and rounds it (2), all of them
   EXPECT_NEAR(i.block_backward() - s.block_backward(), ((6 + 2) * half - (10 + 2) * scores) / bandwidth, 1e-12);
