@@ -582,6 +582,43 @@ bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& 
   return false;
 }
 
+// A linear layer's two backward products on a bf16 engine with its output gradient dY (N,
+// OUT) already in bf16, written so by the kernel before them (linear_swiglu_backward), and its
+// input X (N, IN) and weight W (IN, OUT) stored in bf16: dX = dY W^T and dW += X^T dY, each
+// whole, reading the operands as they are.
+template <class Exec>
+void backward_products_bf16(const Exec& exec, const MatRefArg<Exec>& W, const ConstMat16<Exec>& dY,
+                            const ConstMat16<Exec>& X, const Mat<Exec>& dX, const Mat<Exec>& dW, ProductMath math) {
+  if (!rounds_output_gradient<Exec>(math, W)) {
+    throw std::logic_error("lamina::backward_products_bf16: needs a bf16 weight and a bf16 engine");
+  }
+  const std::int64_t N = static_cast<std::int64_t>(dY.extent(0));
+  const std::int64_t a = static_cast<std::int64_t>(dY.extent(1)), b = static_cast<std::int64_t>(X.extent(1));
+  RowMajorGemm gx;  // dX = dY W^T
+  gx.ta = 'N';
+  gx.tb = 'T';
+  gx.m = N;
+  gx.n = static_cast<std::int64_t>(dX.extent(1));
+  gx.k = a;
+  gx.lda = static_cast<std::int64_t>(dY.stride_0());
+  gx.ldb = static_cast<std::int64_t>(W.b16.stride_0());
+  gx.c = dX.data();
+  gx.ldc = static_cast<std::int64_t>(dX.stride_0());
+  detail::bf16_product(exec, gx, dY.data(), W.b16.data());
+  RowMajorGemm gw;  // dW += X^T dY
+  gw.ta = 'T';
+  gw.tb = 'N';
+  gw.m = b;
+  gw.n = a;
+  gw.k = N;
+  gw.lda = static_cast<std::int64_t>(X.stride_0());
+  gw.ldb = static_cast<std::int64_t>(dY.stride_0());
+  gw.beta = 1.0f;
+  gw.c = dW.data();
+  gw.ldc = static_cast<std::int64_t>(dW.stride_0());
+  detail::bf16_product(exec, gw, X.data(), dY.data());
+}
+
 // The LM head's two backward products on a bf16 engine with its logits' gradient dY already
 // in bf16 as the engine reads it (N rows of V, ld apart: cross_entropy_backward_bf16's rows)
 // and the head's weight W (V, C) in bf16: dX = dY W in one product, dW += dY^T X with X (N, C,

@@ -3,6 +3,7 @@
 // tied head: logits = x @ E^T with E the (V, C) token embedding (no bias).
 #include "lamina/kernels/gemm.hpp"
 #include "lamina/kernels/gelu.hpp"
+#include "lamina/kernels/swiglu.hpp"
 
 namespace lamina {
 
@@ -113,6 +114,29 @@ void linear_gelu_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exe
   const Vec<Exec> flat(dact.data(), dact.size());
   gelu_backward(exec, flat, VecOf<Exec, const StoredType<PV>>(pre.data(), pre.size()), ConstVec<Exec>(flat));
   linear_backward(exec, dinp, dweight, dbias, dact, inp, weight, partials, math, scratch);
+}
+
+// The MLP's first layer backward through SwiGLU: dact is d loss / d act (N, F), pre the kept
+// [gate | up] (N, 2F, as stored), dpre (N, 2F) fp32 workspace for [dgate | dup]. Where the
+// products round their output gradient (a bf16 engine, a bf16 weight and input, no bias),
+// SwiGLU's backward writes [dgate | dup] in bf16 into dpre's memory and both products read
+// it as stored: no fp32 gradient of [gate | up] is written, and no pass rounds it. Elsewhere
+// it is written in fp32, then the layer's backward.
+template <class Exec, class InV, class PV>
+void linear_swiglu_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
+                            const Mat<Exec>& dpre, const ConstMat<Exec>& dact, const PV& pre, const InV& inp,
+                            const MatRefArg<Exec>& weight, const Vec<Exec>& partials, ProductMath math,
+                            const Vec<Exec>& scratch = Vec<Exec>()) {
+  if constexpr (std::is_same<StoredType<InV>, std::uint16_t>::value) {
+    if (rounds_output_gradient<Exec>(math, weight) && dbias.data() == nullptr) {
+      const Mat16<Exec> d16(reinterpret_cast<std::uint16_t*>(dpre.data()), dpre.extent(0), dpre.extent(1));
+      swiglu_backward(exec, d16, pre, dact);
+      backward_products_bf16(exec, weight, ConstMat16<Exec>(d16), ConstMat16<Exec>(inp), dinp, dweight, math);
+      return;
+    }
+  }
+  swiglu_backward(exec, dpre, pre, dact);
+  linear_backward(exec, dinp, dweight, dbias, dpre, inp, weight, partials, math, scratch);
 }
 
 // logits: (N, V); inp: (N, C); embedding: (V, C)

@@ -43,27 +43,28 @@ void swiglu_forward(const Exec& exec, const V& pre, const V& out, const PV& prod
                        SwigluForward<Exec, P, StoredType<V>>{MatOf<Exec, const P>(product), pre, out, writes_pre});
 }
 
-template <class Exec, class T>
+template <class Exec, class T, class D>
 struct SwigluBackward {
-  Mat<Exec> dpre;
+  MatOf<Exec, D> dpre;
   MatOf<Exec, const T> pre;
   ConstMat<Exec> dout;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
     const std::int64_t i = team.league_rank(), F = static_cast<std::int64_t>(dout.extent(1));
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](std::int64_t j) {
       const float g = widen(pre(i, j)), u = widen(pre(i, F + j)), s = sigmoid(g), d = dout(i, j);
-      dpre(i, j) = d * u * s * (1.0f + g * (1.0f - s));  // silu'(g) = s (1 + g (1 - s))
-      dpre(i, F + j) = d * g * s;
+      put(dpre(i, j), d * u * s * (1.0f + g * (1.0f - s)));  // silu'(g) = s (1 + g (1 - s))
+      put(dpre(i, F + j), d * g * s);
     });
   }
 };
 
-// dpre: (N, 2F) = [dgate | dup], fp32; pre: (N, 2F) as forward kept it; dout: (N, F)
-template <class Exec, class PreV>
-void swiglu_backward(const Exec& exec, const Mat<Exec>& dpre, const PreV& pre, const ConstMat<Exec>& dout) {
+// dpre: (N, 2F) = [dgate | dup], fp32, or bf16 (rounded to nearest) where the products read
+// it as stored (linear_swiglu_backward); pre: (N, 2F) as forward kept it; dout: (N, F)
+template <class Exec, class DV, class PreV>
+void swiglu_backward(const Exec& exec, const DV& dpre, const PreV& pre, const ConstMat<Exec>& dout) {
   Kokkos::parallel_for("lamina::swiglu_backward",
                        Teams<Exec>(exec, static_cast<std::int64_t>(dout.extent(0)), Kokkos::AUTO),
-                       SwigluBackward<Exec, StoredType<PreV>>{dpre, pre, dout});
+                       SwigluBackward<Exec, StoredType<PreV>, StoredType<DV>>{dpre, pre, dout});
 }
 
 }  // namespace lamina

@@ -411,9 +411,9 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   } else {
     linear_backward(exec, ws.dact, g.fcproj_w, g.fcproj_b, dout, s.fch_gelu, w.fcproj_w, ws.column_partials, s.products,
                     ws.widened);
-    swiglu_backward(exec, ws.dfch, s.fch, ws.dact);
-    linear_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, detail::all_rows(exec, tp, s.ln2, all), w.fc_w,
-                    ws.column_partials, s.products, ws.widened);
+    linear_swiglu_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, ws.dact, s.fch,
+                           detail::all_rows(exec, tp, s.ln2, all), w.fc_w, ws.column_partials, s.products,
+                           ws.widened);
   }
   detail::combine_gradients<Exec, T>(exec, tp, ws.dln, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
     block_norm_backward(exec, d, dres, g.ln2_w, g.ln2_b, dln, dres, s.x2, w.ln2_w, s.ln2_mean, s.ln2_rstd, scratch,

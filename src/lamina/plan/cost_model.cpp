@@ -145,7 +145,12 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // products applies GELU's derivative as it reads (kernels/linear.hpp, linear_gelu_backward;
   // with a bias, which that pass sums too, on one thread): GELU moves no bytes of its own.
   const bool gelu_rides = rounding && (one_thread || !d.parts.bias);
-  const double mlp_backward = swiglu ? (12 + 2 * s) * N * F : gelu_rides ? 0.0 : (8 + s) * N * F;
+  // With a bf16 engine (and no bias) SwiGLU's backward writes [dgate | dup] in bf16 as the
+  // products read it (linear_swiglu_backward): 2 bytes each, and no pass rounds it.
+  const bool swiglu_bf16 = swiglu && engine && !d.parts.bias;
+  const double mlp_backward = swiglu       ? (swiglu_bf16 ? 8 + 2 * s : 12 + 2 * s) * N * F
+                              : gelu_rides ? 0.0
+                                           : (8 + s) * N * F;
   const double scores_backward = host_rows ? (fused ? 12.0 : 4 + s) * half_scores
                                  : fused   ? 0.0
                                            : (8 + s + (staged_engine ? 0.0 : 4.0)) * score_count;
@@ -199,8 +204,11 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
     const double read_activations = 6 * N * (2 * C + A + F);  // ln1, atty, ln2, gelu widened
     const double qkv_rounded = rounding ? 0.0 : 6 * N * (A + 2 * KV);
     convert_forward = qkv_rounded + attention_forward + (engine ? 0.0 : 6 * weights + read_activations) + sums_forward;
-    convert_backward = attention_backward + (engine ? 6 * N * (2 * C + F + 3 * A) : 6 * weights + read_activations) +
-                       sums_backward;
+    // Each product's output gradient rounded: the two projections' (dres), the MLP's first
+    // (GELU's, or SwiGLU's [dgate | dup] unless written in bf16) and the QKV projection's.
+    const double fc_dy = swiglu ? (swiglu_bf16 ? 0.0 : 2 * F) : F;
+    convert_backward = attention_backward +
+                       (engine ? 6 * N * (2 * C + fc_dy + A + 2 * KV) : 6 * weights + read_activations) + sums_backward;
     convert_head = 6 * (engine ? N * C : V * C);
     convert_head_backward = 6 * (engine ? N * C : V * C);  // the logits' gradient is rounded where computed
   }

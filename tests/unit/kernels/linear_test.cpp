@@ -227,6 +227,79 @@ TYPED_TEST(LinearTest, GeluBackwardRidesThePassThatRoundsTheOutputGradient) {
   }
 }
 
+// The MLP's first layer backward through SwiGLU (linear_swiglu_backward, no bias as Llama's):
+// against a double reference (the exact derivatives at the stored bf16 [gate | up], the
+// products on [dgate | dup] rounded where the space has a bf16 engine), and bit for bit
+// against the sequence without the engine's path, swiglu_backward in fp32 then
+// linear_backward rounding it (one block of rows here, so the products sum alike). On the
+// engine [dgate | dup] is written in bf16 into the first half of the fp32 workspace's bytes,
+// the rest left as it was.
+TYPED_TEST(LinearTest, SwigluBackwardWritesTheOutputGradientTheProductsRead) {
+  using Exec = TypeParam;
+  const int N = 7, IN = 6, F = 5, OUT = 2 * F;
+  const bool engine = product_math<Exec>(Precision::bf16) == ProductMath::bf16;
+  const auto x = bf16_values(random_vector(N * IN, 121)), w = bf16_values(random_vector(IN * OUT, 122));
+  const auto pre = bf16_values(random_vector(N * OUT, 123, -3.0, 3.0)), dact = random_vector(N * F, 124);
+  const auto w0 = random_vector(IN * OUT, 125);
+  std::vector<double> g(N * OUT);
+  for (int i = 0; i < N; ++i) {
+    for (int j = 0; j < F; ++j) {
+      const double gate = pre[i * OUT + j], up = pre[i * OUT + F + j], sg = 1.0 / (1.0 + std::exp(-gate));
+      g[i * OUT + j] = dact[i * F + j] * up * sg * (1.0 + gate * (1.0 - sg));
+      g[i * OUT + F + j] = dact[i * F + j] * gate * sg;
+    }
+  }
+  const auto gr = engine ? bf16_values(g) : g;
+  std::vector<double> want_dx(N * IN, 0.0), want_dw = w0;
+  for (int i = 0; i < N; ++i) {
+    for (int o = 0; o < OUT; ++o) {
+      for (int k = 0; k < IN; ++k) {
+        want_dx[i * IN + k] += gr[i * OUT + o] * w[k * OUT + o];
+        want_dw[k * OUT + o] += x[i * IN + k] * gr[i * OUT + o];
+      }
+    }
+  }
+  auto x16 = to_device_bf16<Exec>(x), w16 = to_device_bf16<Exec>(w), pre16 = to_device_bf16<Exec>(pre);
+  const ConstMat16<Exec> xm(x16.data(), N, IN), prem(pre16.data(), N, OUT);
+  const MatRef<Exec> weight(ConstMat16<Exec>(w16.data(), IN, OUT));
+  Vec<Exec> partials("partials", column_partials(N, 256));
+  auto scratch = to_device<Exec>(std::vector<double>(static_cast<std::size_t>(product_scratch<Exec>(N * OUT, OUT)), NAN));
+  auto ga = to_device<Exec>(dact);
+  const ConstMat<Exec> gam = as_mat<Exec>(ga.data(), N, F);
+  // result[0]: linear_swiglu_backward; result[1]: swiglu_backward in fp32, then linear_backward.
+  std::vector<double> dx[2], dw[2], dpre[2];
+  for (int unfused = 0; unfused < 2; ++unfused) {
+    auto gx = to_device<Exec>(std::vector<double>(N * IN, NAN)), gw = to_device<Exec>(w0);
+    auto gp = to_device<Exec>(std::vector<double>(N * OUT, 5.0));
+    const Mat<Exec> gpm = as_mat<Exec>(gp.data(), N, OUT);
+    if (unfused) {
+      swiglu_backward(Exec(), gpm, prem, gam);
+      linear_backward(Exec(), as_mat<Exec>(gx.data(), N, IN), as_mat<Exec>(gw.data(), IN, OUT), Vec<Exec>(), gpm, xm,
+                      weight, partials, ProductMath::bf16, scratch);
+    } else {
+      linear_swiglu_backward(Exec(), as_mat<Exec>(gx.data(), N, IN), as_mat<Exec>(gw.data(), IN, OUT), Vec<Exec>(), gpm,
+                             gam, prem, xm, weight, partials, ProductMath::bf16, scratch);
+    }
+    dx[unfused] = to_host(gx);
+    dw[unfused] = to_host(gw);
+    dpre[unfused] = to_host(gp);
+  }
+  EXPECT_LT(rel_error(dx[0], want_dx), engine ? 2e-3 : 1e-5);
+  EXPECT_LT(rel_error(dw[0], want_dw), engine ? 2e-3 : 1e-5);
+  EXPECT_EQ(dx[0], dx[1]);
+  EXPECT_EQ(dw[0], dw[1]);
+  if (engine) {
+    // The bf16 gradient in the first N * OUT / 2 floats' bytes: each the fp32 path's value rounded.
+    Kokkos::View<float*, Kokkos::HostSpace> bytes("bytes", N * OUT);
+    for (int e = 0; e < N * OUT; ++e) bytes(e) = static_cast<float>(dpre[0][e]);
+    const auto* got = reinterpret_cast<const std::uint16_t*>(bytes.data());
+    for (int e = 0; e < N * OUT; ++e) EXPECT_EQ(got[e], to_bf16(static_cast<float>(dpre[1][e]))) << e;
+    for (int e = N * OUT / 2; e < N * OUT; ++e) EXPECT_EQ(dpre[0][e], 5.0) << e;
+  } else {
+    EXPECT_EQ(dpre[0], dpre[1]);
+  }
+}
+
 // The LM head's backward on a bf16 engine with its logit gradients already in bf16, rows 2 V
 // apart (cross_entropy_backward_bf16's, the rest of each row NaN): against a double reference
 // of them, the stored weight and X rounded; X in blocks of 3 rows (7 rows: 3, 3, 1).

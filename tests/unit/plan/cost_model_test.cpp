@@ -124,7 +124,7 @@ TEST(CostModel, BlockForwardIsItsGemmsAttentionAndElementwisePasses) {
 // narrower k/v scatter, SwiGLU reading the [gate | up] product and writing it and the
 // activation; in backward RMSNorm's two passes (20 + s each: no bias), no bias sums, SwiGLU
 // reading the activation's gradient and [gate | up] and writing theirs, dq and dk turned back
-// in place.
+// in place; in bf16 what a bf16 engine moves and rounds (below).
 TEST(CostModel, ALlamaBlockPricesItsOwnProductsAndPasses) {
   ModelConfig m = model();
   m.kv_heads = 4;
@@ -143,6 +143,17 @@ TEST(CostModel, ALlamaBlockPricesItsOwnProductsAndPasses) {
                                 (2 * s + 8) * N * (C + 2 * KV) + (12 + s) * H * T * T;
   EXPECT_NEAR(f.block_forward(), gemm + attention + bytes / bandwidth, 1e-12);
   EXPECT_NEAR(f.block_backward(), 2 * (gemm + attention) + backward_bytes / bandwidth, 1e-12);
+  // bf16 on a device's engine (staged attention): SwiGLU's backward writes [dgate | dup] in
+  // bf16 for the products (2 bytes each, not 4) and no pass rounds it; the products' output
+  // gradients that are rounded are the two projections' (C each) and the QKV's (C + 2 KV):
+  // 6 bytes per element, beside staged attention's output and dy (6 each) and its score
+  // gradients (2 each).
+  const CostModel b(m, plan(1, 1, 1, Precision::bf16), machine());
+  const double s16 = 2, gemm16 = gemm / 4, attention16 = attention / 4;
+  const double backward16 = 2 * (20 + s16) * N * C + (8 + 2 * s16) * N * F + 8 * N * (C + KV) +
+                            (2 * s16 + 8) * N * (C + 2 * KV) + (8 + s16) * H * T * T;
+  const double rounded16 = 6 * N * C + 2 * H * T * T + 6 * N * (2 * C + C + 2 * KV);
+  EXPECT_NEAR(b.block_backward(), 2 * (gemm16 + attention16) + (backward16 + rounded16) / bandwidth, 1e-12);
 }
 
 TEST(CostModel, FusedAttentionRecomputesTheScoresInsteadOfMovingThem) {
