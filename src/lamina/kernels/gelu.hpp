@@ -1,6 +1,8 @@
 #pragma once
 // GELU, tanh approximation (GPT-2; PyTorch approximate="tanh"):
 //   gelu(x) = 0.5 x (1 + tanh(s (x + 0.044715 x^3))),  s = sqrt(2 / pi)
+#include <type_traits>
+
 #include "lamina/kernels/bf16.hpp"
 #include "lamina/kernels/fast_math.hpp"
 
@@ -13,7 +15,7 @@ KOKKOS_INLINE_FUNCTION float gelu(float x) {
   return 0.5f * x * (1.0f + fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x)));
 }
 
-// The MLP's bias and activation in one pass, one team per row: the product's output in
+// The MLP's bias and activation in one pass, by rows: the product's output in
 // (fp32, or bf16 where the product rounded it into the pre-activation itself), the
 // pre-activation and the activation out in their storage type T.
 template <class Exec, class P, class T>
@@ -22,14 +24,33 @@ struct BiasGeluForward {
   MatOf<Exec, T> pre, out;
   ConstVec<Exec> bias;
   bool has_bias, writes_pre;
-  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
-    const std::int64_t i = team.league_rank();
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, static_cast<std::int64_t>(pre.extent(1))),
-                         [&](std::int64_t j) {
-                           const float x = has_bias ? widen(product(i, j)) + bias(j) : widen(product(i, j));
-                           if (writes_pre) put(pre(i, j), x);
-                           put(out(i, j), gelu(x));
-                         });
+  KOKKOS_INLINE_FUNCTION void element(std::int64_t i, std::int64_t j) const {
+    const float x = has_bias ? widen(product(i, j)) + bias(j) : widen(product(i, j));
+    if (writes_pre) put(pre(i, j), x);
+    put(out(i, j), gelu(x));
+  }
+  void row(std::int64_t i) const {
+    const P* y = &product(i, 0);
+    T *p = &pre(i, 0), *o = &out(i, 0);
+    const float* b = bias.data();
+    const std::int64_t n = static_cast<std::int64_t>(pre.extent(1));
+    // A loop per case, so that each vectorizes: a bias read only where there is one, and pre
+    // written only where it is not the product itself.
+    auto loop = [&](auto add, auto keep) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        float x = widen(y[j]);
+        if constexpr (decltype(add)::value) x += b[j];
+        if constexpr (decltype(keep)::value) put(p[j], x);
+        put(o[j], gelu(x));
+      }
+    };
+    using yes = std::true_type;
+    using no = std::false_type;
+    if (has_bias) {
+      writes_pre ? loop(yes{}, yes{}) : loop(yes{}, no{});
+    } else {
+      writes_pre ? loop(no{}, yes{}) : loop(no{}, no{});
+    }
   }
 };
 
@@ -41,8 +62,8 @@ void bias_gelu_forward(const Exec& exec, const V& pre, const V& out, const PV& p
   using P = StoredType<PV>;
   const bool has_bias = bias.data() != nullptr;
   const bool writes_pre = has_bias || static_cast<const void*>(product.data()) != static_cast<const void*>(pre.data());
-  Kokkos::parallel_for("lamina::bias_gelu_forward",
-                       Teams<Exec>(exec, static_cast<std::int64_t>(pre.extent(0)), Kokkos::AUTO),
+  detail::for_each_row_element("lamina::bias_gelu_forward", exec, static_cast<std::int64_t>(pre.extent(0)),
+                       static_cast<std::int64_t>(pre.extent(1)),
                        BiasGeluForward<Exec, P, StoredType<V>>{MatOf<Exec, const P>(product), pre, out, bias, has_bias,
                                                                writes_pre});
 }

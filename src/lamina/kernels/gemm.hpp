@@ -79,9 +79,6 @@ template <class Exec>
 constexpr bool kTiledOnHost = false;
 #endif
 
-template <class Exec>
-constexpr bool kOnHost = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible;
-
 // Whether products on Exec reach a BLAS that takes row strides as they are (so that a block
 // of columns of C can be computed on its own): the host BLAS called directly, or cuBLAS.
 template <class Exec>

@@ -10,7 +10,7 @@ namespace lamina {
 
 KOKKOS_INLINE_FUNCTION float sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
 
-// One team per row: the product's output in (fp32, or bf16 where the product rounded it
+// By rows: the product's output in (fp32, or bf16 where the product rounded it
 // into the kept halves themselves), the kept halves and the activation out in their storage
 // type T.
 template <class Exec, class P, class T>
@@ -18,17 +18,27 @@ struct SwigluForward {
   MatOf<Exec, const P> product;
   MatOf<Exec, T> pre, out;
   bool writes_pre;
-  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
-    const std::int64_t i = team.league_rank(), F = static_cast<std::int64_t>(out.extent(1));
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](std::int64_t j) {
-      if (writes_pre) {
-        put(pre(i, j), widen(product(i, j)));
-        put(pre(i, F + j), widen(product(i, F + j)));
-      }
-      // From the values as kept, so that backward differentiates what forward computed.
-      const float gs = widen(pre(i, j)), us = widen(pre(i, F + j));
-      put(out(i, j), gs * sigmoid(gs) * us);
-    });
+  KOKKOS_INLINE_FUNCTION void element(std::int64_t i, std::int64_t j) const {
+    const std::int64_t F = static_cast<std::int64_t>(out.extent(1));
+    if (writes_pre) {
+      put(pre(i, j), widen(product(i, j)));
+      put(pre(i, F + j), widen(product(i, F + j)));
+    }
+    // From the values as kept, so that backward differentiates what forward computed.
+    const float gs = widen(pre(i, j)), us = widen(pre(i, F + j));
+    put(out(i, j), gs * sigmoid(gs) * us);
+  }
+  void row(std::int64_t i) const {
+    const std::int64_t F = static_cast<std::int64_t>(out.extent(1));
+    const P* y = &product(i, 0);
+    T *p = &pre(i, 0), *o = &out(i, 0);
+    if (writes_pre) {
+      for (std::int64_t j = 0; j < 2 * F; ++j) put(p[j], widen(y[j]));
+    }
+    for (std::int64_t j = 0; j < F; ++j) {
+      const float gs = widen(p[j]), us = widen(p[F + j]);
+      put(o[j], gs * sigmoid(gs) * us);
+    }
   }
 };
 
@@ -38,8 +48,8 @@ template <class Exec, class V, class PV>
 void swiglu_forward(const Exec& exec, const V& pre, const V& out, const PV& product) {
   using P = StoredType<PV>;
   const bool writes_pre = static_cast<const void*>(product.data()) != static_cast<const void*>(pre.data());
-  Kokkos::parallel_for("lamina::swiglu_forward",
-                       Teams<Exec>(exec, static_cast<std::int64_t>(out.extent(0)), Kokkos::AUTO),
+  detail::for_each_row_element("lamina::swiglu_forward", exec, static_cast<std::int64_t>(out.extent(0)),
+                       static_cast<std::int64_t>(out.extent(1)),
                        SwigluForward<Exec, P, StoredType<V>>{MatOf<Exec, const P>(product), pre, out, writes_pre});
 }
 
@@ -48,13 +58,22 @@ struct SwigluBackward {
   MatOf<Exec, D> dpre;
   MatOf<Exec, const T> pre;
   ConstMat<Exec> dout;
-  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
-    const std::int64_t i = team.league_rank(), F = static_cast<std::int64_t>(dout.extent(1));
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](std::int64_t j) {
-      const float g = widen(pre(i, j)), u = widen(pre(i, F + j)), s = sigmoid(g), d = dout(i, j);
-      put(dpre(i, j), d * u * s * (1.0f + g * (1.0f - s)));  // silu'(g) = s (1 + g (1 - s))
-      put(dpre(i, F + j), d * g * s);
-    });
+  KOKKOS_INLINE_FUNCTION void element(std::int64_t i, std::int64_t j) const {
+    const std::int64_t F = static_cast<std::int64_t>(dout.extent(1));
+    const float g = widen(pre(i, j)), u = widen(pre(i, F + j)), s = sigmoid(g), d = dout(i, j);
+    put(dpre(i, j), d * u * s * (1.0f + g * (1.0f - s)));  // silu'(g) = s (1 + g (1 - s))
+    put(dpre(i, F + j), d * g * s);
+  }
+  void row(std::int64_t i) const {
+    const std::int64_t F = static_cast<std::int64_t>(dout.extent(1));
+    const T* p = &pre(i, 0);
+    const float* dy = &dout(i, 0);
+    D* dp = &dpre(i, 0);
+    for (std::int64_t j = 0; j < F; ++j) {
+      const float g = widen(p[j]), u = widen(p[F + j]), s = sigmoid(g), d = dy[j];
+      put(dp[j], d * u * s * (1.0f + g * (1.0f - s)));
+      put(dp[F + j], d * g * s);
+    }
   }
 };
 
@@ -62,8 +81,8 @@ struct SwigluBackward {
 // it as stored (linear_swiglu_backward); pre: (N, 2F) as forward kept it; dout: (N, F)
 template <class Exec, class DV, class PreV>
 void swiglu_backward(const Exec& exec, const DV& dpre, const PreV& pre, const ConstMat<Exec>& dout) {
-  Kokkos::parallel_for("lamina::swiglu_backward",
-                       Teams<Exec>(exec, static_cast<std::int64_t>(dout.extent(0)), Kokkos::AUTO),
+  detail::for_each_row_element("lamina::swiglu_backward", exec, static_cast<std::int64_t>(dout.extent(0)),
+                       static_cast<std::int64_t>(dout.extent(1)),
                        SwigluBackward<Exec, StoredType<PreV>, StoredType<DV>>{dpre, pre, dout});
 }
 

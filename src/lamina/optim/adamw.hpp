@@ -90,8 +90,8 @@ void adamw_launch(const Exec& exec, const Vec<Exec>& params, const Vec<Exec>& m,
                   const Bf16Vec<Exec>& rounded) {
   const std::int64_t n = static_cast<std::int64_t>(params.extent(0));
   if (n == 0) return;
-  Kokkos::parallel_for("lamina::adamw_update", Range<Exec>(exec, 0, n),
-                       adamw_functor<Exec, Round>(params, m, v, grads, s, split, wd_below, wd_above, rounded));
+  for_each_element("lamina::adamw_update", exec, n,
+                   adamw_functor<Exec, Round>(params, m, v, grads, s, split, wd_below, wd_above, rounded));
 }
 
 }  // namespace detail
