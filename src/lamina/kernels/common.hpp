@@ -116,8 +116,8 @@ constexpr bool kOnHost = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename 
 // block, calling a copy of `body` made in the work item: its scalars then stay in registers
 // and the loop vectorizes. Under Kokkos' OpenMP a functor is read through a pointer in
 // the outlined region, so every store of a float could change its float members: its
-// element loop reloaded them after each store and ran scalar, AdamW and GELU four times
-// slower per thread than on Serial (perf, kernel timer).
+// element loop reloaded them after each store and ran scalar, AdamW and GELU four to six
+// times slower per thread than on Serial (perf, kernel timer).
 constexpr std::int64_t kHostBlock = 4096;
 template <class Body>
 struct HostBlocks {
