@@ -8,6 +8,8 @@
 // instructions, oneDNN's bf16 products over every sequence and head at once); on a device
 // fused kernels stream them through team scratch (kernels/flash_attention.hpp); elsewhere
 // they run as batched GEMMs over per-head copies.
+#include <utility>
+
 #include "lamina/core/config.hpp"
 #include "lamina/kernels/context_chunks.hpp"
 #include "lamina/kernels/fast_math.hpp"
@@ -473,21 +475,20 @@ M from_row(M m, std::int64_t r0) {
   return m;
 }
 
-// C = alpha op(A) op(B) + beta C for every (sequence, head) of B x NH: op(A) m x k, op(B) k x n.
-inline void head_products(std::int64_t B, std::int64_t NH, char ta, char tb, std::int64_t m, std::int64_t n,
-                          std::int64_t k, float alpha, const HeadMatrices16& a, const HeadMatrices16& b, float beta,
-                          const HeadMatrices& c) {
+// The product op(A) op(B) for every (sequence, head) of B x NH: op(A) m x k, op(B) k x n, C
+// fp32 (HeadMatrices) or bf16 (RoundedHeads).
+template <class C>
+std::pair<RowMajorGemm, HeadBatch> head_batch(std::int64_t B, std::int64_t NH, char ta, char tb, std::int64_t m,
+                                              std::int64_t n, std::int64_t k, const HeadMatrices16& a,
+                                              const HeadMatrices16& b, const C& c) {
   RowMajorGemm g;
   g.ta = ta;
   g.tb = tb;
   g.m = m;
   g.n = n;
   g.k = k;
-  g.alpha = alpha;
   g.lda = a.ld;
   g.ldb = b.ld;
-  g.beta = beta;
-  g.c = c.data;
   g.ldc = c.ld;
   HeadBatch batch;
   batch.sequences = B;
@@ -495,27 +496,24 @@ inline void head_products(std::int64_t B, std::int64_t NH, char ta, char tb, std
   batch.a = {a.seq_stride, a.head_stride};
   batch.b = {b.seq_stride, b.head_stride};
   batch.c = {c.seq_stride, c.head_stride};
+  return {g, batch};
+}
+
+// C = alpha op(A) op(B) + beta C for every (sequence, head) of B x NH.
+inline void head_products(std::int64_t B, std::int64_t NH, char ta, char tb, std::int64_t m, std::int64_t n,
+                          std::int64_t k, float alpha, const HeadMatrices16& a, const HeadMatrices16& b, float beta,
+                          const HeadMatrices& c) {
+  auto [g, batch] = head_batch(B, NH, ta, tb, m, n, k, a, b, c);
+  g.alpha = alpha;
+  g.beta = beta;
+  g.c = c.data;
   host_gemm_bf16(g, a.data, b.data, batch);
 }
 
 // C = op(A) op(B), the fp32 sums rounded to nearest into the bf16 C as the product writes them.
 inline void head_products(std::int64_t B, std::int64_t NH, char ta, char tb, std::int64_t m, std::int64_t n,
                           std::int64_t k, const HeadMatrices16& a, const HeadMatrices16& b, const RoundedHeads& c) {
-  RowMajorGemm g;
-  g.ta = ta;
-  g.tb = tb;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.lda = a.ld;
-  g.ldb = b.ld;
-  g.ldc = c.ld;
-  HeadBatch batch;
-  batch.sequences = B;
-  batch.heads = NH;
-  batch.a = {a.seq_stride, a.head_stride};
-  batch.b = {b.seq_stride, b.head_stride};
-  batch.c = {c.seq_stride, c.head_stride};
+  const auto [g, batch] = head_batch(B, NH, ta, tb, m, n, k, a, b, c);
   host_gemm_bf16_rounded(g, a.data, b.data, c.data, nullptr, batch);
 }
 

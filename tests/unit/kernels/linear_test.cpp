@@ -155,6 +155,25 @@ TYPED_TEST(LinearTest, Bf16BackwardProductsMatchAReferenceOfTheRoundedOperands) 
   }
 }
 
+// A linear layer's backward in double: dx = g W^T and dw = w0 + x^T g (W: in x out, g: the
+// output gradient as the products read it, N x out).
+struct BackwardReference {
+  std::vector<double> dx, dw;
+};
+BackwardReference backward_reference(int N, int IN, int OUT, const std::vector<double>& x, const std::vector<double>& w,
+                                     const std::vector<double>& g, const std::vector<double>& w0) {
+  BackwardReference r{std::vector<double>(N * IN, 0.0), w0};
+  for (int i = 0; i < N; ++i) {
+    for (int o = 0; o < OUT; ++o) {
+      for (int k = 0; k < IN; ++k) {
+        r.dx[i * IN + k] += g[i * OUT + o] * w[k * OUT + o];
+        r.dw[k * OUT + o] += x[i * IN + k] * g[i * OUT + o];
+      }
+    }
+  }
+  return r;
+}
+
 // The MLP's first layer backward through its GELU (linear_gelu_backward), with and without a
 // bias: against a double reference (the exact derivative at the stored bf16 pre-activation,
 // the products on the operand rounded where the space has a bf16 engine, the bias gradient
@@ -176,16 +195,10 @@ TYPED_TEST(LinearTest, GeluBackwardRidesThePassThatRoundsTheOutputGradient) {
     g[e] = (0.5 * (1.0 + th) + 0.5 * v * s * (1.0 + 3.0 * c * v * v) * (1.0 - th * th)) * dact[e];
   }
   const auto gr = engine ? bf16_values(g) : g;
-  std::vector<double> want_dx(N * IN, 0.0), want_dw = w0, want_db = b0;
-  for (int i = 0; i < N; ++i) {
-    for (int o = 0; o < OUT; ++o) {
-      want_db[o] += g[i * OUT + o];
-      for (int k = 0; k < IN; ++k) {
-        want_dx[i * IN + k] += gr[i * OUT + o] * w[k * OUT + o];
-        want_dw[k * OUT + o] += x[i * IN + k] * gr[i * OUT + o];
-      }
-    }
-  }
+  const BackwardReference want = backward_reference(N, IN, OUT, x, w, gr, w0);
+  std::vector<double> want_db = b0;
+  for (int i = 0; i < N; ++i)
+    for (int o = 0; o < OUT; ++o) want_db[o] += g[i * OUT + o];
   auto x16 = to_device_bf16<Exec>(x), w16 = to_device_bf16<Exec>(w), pre16 = to_device_bf16<Exec>(pre);
   const ConstMat16<Exec> xm(x16.data(), N, IN), prem(pre16.data(), N, OUT);
   const MatRef<Exec> weight(ConstMat16<Exec>(w16.data(), IN, OUT));
@@ -214,8 +227,8 @@ TYPED_TEST(LinearTest, GeluBackwardRidesThePassThatRoundsTheOutputGradient) {
       if (bias) db[unfused] = to_host(gb);
       da[unfused] = to_host(ga);
     }
-    EXPECT_LT(rel_error(dx[0], want_dx), engine ? 2e-3 : 1e-5);
-    EXPECT_LT(rel_error(dw[0], want_dw), engine ? 2e-3 : 1e-5);
+    EXPECT_LT(rel_error(dx[0], want.dx), engine ? 2e-3 : 1e-5);
+    EXPECT_LT(rel_error(dw[0], want.dw), engine ? 2e-3 : 1e-5);
     if (bias) {
       EXPECT_LT(rel_error(db[0], want_db), 1e-5);
     }
@@ -249,16 +262,7 @@ TYPED_TEST(LinearTest, SwigluBackwardWritesTheOutputGradientTheProductsRead) {
       g[i * OUT + F + j] = dact[i * F + j] * gate * sg;
     }
   }
-  const auto gr = engine ? bf16_values(g) : g;
-  std::vector<double> want_dx(N * IN, 0.0), want_dw = w0;
-  for (int i = 0; i < N; ++i) {
-    for (int o = 0; o < OUT; ++o) {
-      for (int k = 0; k < IN; ++k) {
-        want_dx[i * IN + k] += gr[i * OUT + o] * w[k * OUT + o];
-        want_dw[k * OUT + o] += x[i * IN + k] * gr[i * OUT + o];
-      }
-    }
-  }
+  const BackwardReference want = backward_reference(N, IN, OUT, x, w, engine ? bf16_values(g) : g, w0);
   auto x16 = to_device_bf16<Exec>(x), w16 = to_device_bf16<Exec>(w), pre16 = to_device_bf16<Exec>(pre);
   const ConstMat16<Exec> xm(x16.data(), N, IN), prem(pre16.data(), N, OUT);
   const MatRef<Exec> weight(ConstMat16<Exec>(w16.data(), IN, OUT));
@@ -284,8 +288,8 @@ TYPED_TEST(LinearTest, SwigluBackwardWritesTheOutputGradientTheProductsRead) {
     dw[unfused] = to_host(gw);
     dpre[unfused] = to_host(gp);
   }
-  EXPECT_LT(rel_error(dx[0], want_dx), engine ? 2e-3 : 1e-5);
-  EXPECT_LT(rel_error(dw[0], want_dw), engine ? 2e-3 : 1e-5);
+  EXPECT_LT(rel_error(dx[0], want.dx), engine ? 2e-3 : 1e-5);
+  EXPECT_LT(rel_error(dw[0], want.dw), engine ? 2e-3 : 1e-5);
   EXPECT_EQ(dx[0], dx[1]);
   EXPECT_EQ(dw[0], dw[1]);
   if (engine) {
