@@ -414,8 +414,8 @@ void for_each_causal_block(const Exec& exec, const char* label, std::int64_t bat
 // in place) or (fused) a block's bf16 copy, a bf16 copy of dy made once per backward pass, and
 // a block's score gradients rounded as the softmax's backward writes its rows. Scores and
 // probabilities are computed in fp32 (a block's in the score gradients' workspace, which the
-// forward pass does not use; fused: AttentionWorkspace::probs), and the output in fp32 rows
-// (AttentionWorkspace::y's memory) rounded into its storage at the end.
+// forward pass does not use; fused: AttentionWorkspace::probs); the output products write the
+// output rounded into its storage as they sum it.
 // Rows per block: at T = 256 and 1024 (bench-torch, GPT-2 124M; 2 cores) 64 and 128 gave
 // the same step times within their noise (5 %), 32 was slower; 64 wastes less on the mask.
 constexpr std::int64_t kBf16RowBlock = 64;
