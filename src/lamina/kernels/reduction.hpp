@@ -2,6 +2,8 @@
 // Reductions in a fixed order (bitwise reproducible) that vectorize on the host: a host
 // thread keeps independent partial results in SIMD lanes instead of one long dependency
 // chain, and a GPU team spreads blocks of eight over its threads.
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "lamina/kernels/common.hpp"
@@ -13,10 +15,10 @@ namespace lamina {
 // the sixteen lanes meet in a fixed tree. A host's vector unit then takes sixteen elements at
 // a time with no chain of dependent operations (a tree per block of eight added into one float
 // made the sums of exponentials cost three times the exponentials).
-template <class F, class Op>
-KOKKOS_INLINE_FUNCTION float lane_fold(std::int64_t n, const F& f, float init, const Op& op) {
+template <class T, class F, class Op>
+KOKKOS_INLINE_FUNCTION T lane_fold(std::int64_t n, const F& f, T init, const Op& op) {
   constexpr int kLanes = 16;
-  float lane[kLanes];
+  T lane[kLanes];
   for (int k = 0; k < kLanes; ++k) lane[k] = init;
   const std::int64_t body = n / kLanes * kLanes;
   for (std::int64_t b = 0; b < body; b += kLanes) {
@@ -32,8 +34,30 @@ KOKKOS_INLINE_FUNCTION float lane_fold(std::int64_t n, const F& f, float init, c
 struct AddFloats {
   KOKKOS_INLINE_FUNCTION float operator()(float a, float b) const { return a + b; }
 };
-struct MaxOfFloats {
-  KOKKOS_INLINE_FUNCTION float operator()(float a, float b) const { return math::max(a, b); }
+
+// A float's bits as an integer that orders as the floats do (-0 below +0, the NaNs past the
+// infinities on their sign's side), and back. A float maximum in lanes stays scalar: GCC may
+// not turn `a < b ? b : a` into a vector maximum without -ffinite-math-only and
+// -fno-signed-zeros, whereas an integer maximum is sixteen lanes in one instruction.
+KOKKOS_INLINE_FUNCTION std::int32_t ordered_bits(float x) {
+  std::int32_t i;
+  std::memcpy(&i, &x, sizeof(i));
+  return i ^ ((i >> 31) & 0x7fffffff);
+}
+KOKKOS_INLINE_FUNCTION float from_ordered_bits(std::int32_t i) {
+  i ^= (i >> 31) & 0x7fffffff;
+  float x;
+  std::memcpy(&x, &i, sizeof(x));
+  return x;
+}
+
+template <class F>
+struct OrderedBitsOf {
+  const F& f;
+  KOKKOS_INLINE_FUNCTION std::int32_t operator()(std::int64_t j) const { return ordered_bits(f(j)); }
+};
+struct MaxOfInts {
+  KOKKOS_INLINE_FUNCTION std::int32_t operator()(std::int32_t a, std::int32_t b) const { return a < b ? b : a; }
 };
 
 // Sum of f(j) for j in [0, n) in one thread, in lanes.
@@ -42,10 +66,12 @@ KOKKOS_INLINE_FUNCTION float lane_sum(std::int64_t n, const F& f) {
   return lane_fold(n, f, 0.0f, AddFloats{});
 }
 
-// Maximum of f(j) for j in [0, n), n >= 1, in one thread, in lanes.
+// Maximum of f(j) for j in [0, n), n >= 1, in one thread, in lanes of ordered bits: the
+// largest value whatever the order (of zeros, +0; a positive NaN wins, a negative one loses).
 template <class F>
 KOKKOS_INLINE_FUNCTION float lane_max(std::int64_t n, const F& f) {
-  return lane_fold(n, f, f(0), MaxOfFloats{});
+  const OrderedBitsOf<F> bits{f};
+  return from_ordered_bits(lane_fold(n, bits, bits(0), MaxOfInts{}));
 }
 
 // Sum of f(j) for j in [0, n) over the threads of a team: a team of one (a host's) sums in

@@ -1,6 +1,8 @@
 #include "lamina/kernels/reduction.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "test_util.hpp"
@@ -55,6 +57,34 @@ TYPED_TEST(RowReductionTest, SerialRowEqualsATeamOfOneBitForBit) {
     EXPECT_EQ(static_cast<double>(max), *std::max_element(host.begin(), host.end()));
     EXPECT_NEAR(sum, std::accumulate(host.begin(), host.end(), 0.0), 1e-5);
   }
+}
+
+// A row's maximum in lanes is the largest value wherever it stands and whatever the others:
+// all negative, infinities, both zeros (+0 wins, as it orders above -0), lengths around the
+// sixteen lanes, the largest first, in the body and in the tail.
+TEST(RowMaximum, IsTheLargestValueWhereverItStands) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const std::int64_t n : {1, 2, 15, 16, 17, 31, 32, 33, 100}) {
+    for (std::int64_t at = 0; at < n; at += std::max<std::int64_t>(1, n / 7)) {
+      SCOPED_TRACE(testing::Message() << "n " << n << ", largest at " << at);
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (std::int64_t j = 0; j < n; ++j) x[j] = -1.0f - 0.25f * static_cast<float>((j * 7) % 13);
+      x[at] = -0.5f;
+      const Values values{x.data()};
+      EXPECT_EQ(SerialRow{}.max(n, values), -0.5f);
+      x[at] = inf;
+      EXPECT_EQ(SerialRow{}.max(n, values), inf);
+      std::fill(x.begin(), x.end(), -inf);
+      EXPECT_EQ(SerialRow{}.max(n, values), -inf);
+      x[at] = 0.0f;
+      if (n > 1) x[(at + 1) % n] = -0.0f;
+      const float zero = SerialRow{}.max(n, values);
+      EXPECT_EQ(zero, 0.0f);
+      EXPECT_FALSE(std::signbit(zero));
+    }
+  }
+  const std::vector<float> x = {-0.0f, -0.0f, -3.0f};
+  EXPECT_TRUE(std::signbit(SerialRow{}.max(3, Values{x.data()})));
 }
 
 // The gradient norm's one reduction over many pieces of memory: equal to the double sum
