@@ -187,18 +187,26 @@ struct CrossEntropyBackwardBf16 {
     const float* row = &logits(i, 0);
     std::uint16_t* d = reinterpret_cast<std::uint16_t*>(&logits(i, 0));
     if (S == 1) {  // a host's team: whole blocks in order, loops that vectorise
+      // The target's gradient is written last, from its logit read first, so that the loop
+      // compares no 64-bit index (which halved its vectors' width); a block's values go
+      // through a local array (GCC left the stores scalar when they went to d one by one).
+      const bool has_target = y >= 0 && y < V;
+      float target_logit = 0.0f;
+      if (has_target) memcpy(&target_logit, row + y, sizeof target_logit);
       std::int64_t j0 = 0;
       for (; j0 + kBlock <= V; j0 += kBlock) {
-        float g[kBlock];
-        memcpy(g, row + j0, sizeof g);
-        for (int k = 0; k < kBlock; ++k) g[k] = fast_exp(g[k] - l);
-        for (int k = 0; k < kBlock; ++k) d[j0 + k] = to_bf16(scale * (g[k] - (j0 + k == y ? 1.0f : 0.0f)));
+        float x[kBlock];
+        std::uint16_t g[kBlock];
+        memcpy(x, row + j0, sizeof x);
+        for (int k = 0; k < kBlock; ++k) g[k] = to_bf16(scale * fast_exp(x[k] - l));
+        memcpy(d + j0, g, sizeof g);
       }
       for (std::int64_t j = j0; j < V; ++j) {
         float x;
         memcpy(&x, row + j, sizeof x);
-        d[j] = to_bf16(scale * (fast_exp(x - l) - (j == y ? 1.0f : 0.0f)));
+        d[j] = to_bf16(scale * fast_exp(x - l));
       }
+      if (has_target) d[y] = to_bf16(scale * (fast_exp(target_logit - l) - 1.0f));
       return;
     }
     for (std::int64_t j0 = 0; j0 < V; j0 += S * kBlock) {

@@ -119,25 +119,28 @@ TYPED_TEST(CrossEntropyTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiff
 
 // bf16 runs whose products read the gradient as stored: each row's gradients rounded into
 // the first half of the row's own memory, bit for bit what rounding cross_entropy_backward's
-// output gives. Rows long enough for a device team to take several blocks of them.
+// output gives. Rows long enough for a device team to take several blocks of them; targets
+// in a row's first block, its last element, and (a vocabulary shard from `begin`) before or
+// past the shard's columns.
 TYPED_TEST(CrossEntropyTest, Bf16BackwardRoundsTheGradientIntoItsOwnRow) {
   using Exec = TypeParam;
   using Mem = typename Exec::memory_space;
   for (const int V : {13, 1000}) {
     SCOPED_TRACE(V);
-    const int N = 5;
+    const int N = 5, begin = 2;
     const auto logits = random_vector(N * V, 52, -4, 4);
     Kokkos::View<std::int32_t*, Kokkos::LayoutRight, Mem> dt("targets", N);
     auto ht = Kokkos::create_mirror_view(dt);
-    for (int i = 0; i < N; ++i) ht(i) = (7 * i + 3) % V;
+    const int targets[N] = {begin + 3, begin + 10, begin + V - 1, begin - 1, begin + V};
+    for (int i = 0; i < N; ++i) ht(i) = targets[i];
     Kokkos::deep_copy(dt, ht);
     auto dl = to_device<Exec>(logits);
     Vec<Exec> losses, lse;
     sharded_forward<Exec>(as_mat<Exec>(dl.data(), N, V), dt, {0, V}, losses, lse);
     auto want = to_device<Exec>(logits);
-    cross_entropy_backward(Exec(), as_mat<Exec>(want.data(), N, V), as_mat<Exec>(want.data(), N, V), lse, dt, 0,
+    cross_entropy_backward(Exec(), as_mat<Exec>(want.data(), N, V), as_mat<Exec>(want.data(), N, V), lse, dt, begin,
                            0.2f);
-    cross_entropy_backward_bf16(Exec(), as_mat<Exec>(dl.data(), N, V), lse, dt, 0, 0.2f);
+    cross_entropy_backward_bf16(Exec(), as_mat<Exec>(dl.data(), N, V), lse, dt, begin, 0.2f);
     const auto w = to_host(want);
     const Bf16Vec<Exec> got16(reinterpret_cast<std::uint16_t*>(dl.data()), static_cast<std::size_t>(2 * N * V));
     auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), got16);
