@@ -69,7 +69,7 @@ def main():
                 f.write(deck(heads, hidden, layers, batch))
             dp = gpus // (tp * pp)
             fixed = [f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.dp={dp}", "data.micro_batch_size=1",
-                     "parallel.zero=0", "parallel.tp_sums=bf16"]
+                     "parallel.zero=0", "parallel.tp_sums=bf16", "parallel.sequence_parallel=false", "parallel.cp=1"]
             memory = ["memory.activations=recompute", "memory.params=device", "memory.optimizer=device"]
             mark = ""
             for sets in (fixed + memory, fixed):

@@ -174,43 +174,47 @@ struct AttentionSoftmaxBackward {
   }
 };
 
-// Staged products in bf16: the softmax of a row of fp32 scores (unscaled: scale > 0 applies
-// in the softmax, as oneDNN 2's bf16 products would not fuse it) in place, its probabilities
-// rounded into the saved bf16 row (entries past t: 0).
+// Staged products in bf16: the softmax of a row of bf16 scores, as the scores' product
+// rounded them (unscaled: scale > 0 applies here, as oneDNN 2's bf16 products would not fuse
+// it), in place into the saved bf16 probabilities (entries past the last seen: 0), in fp32
+// arithmetic: the row's maximum, its sum of exponentials, then each exponential again over
+// the sum (the row cannot hold fp32 exponentials; Megatron's fused softmax reads and writes
+// bf16 so).
 template <class Exec>
 struct AttentionSoftmaxForward16 {
-  Mats<Exec> scores;
   Mats16<Exec> att;
   float scale;
   ScoreRows r;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
-    const std::int64_t i = team.league_rank(), bh = r.bh(i), t = r.t(i);
+    const std::int64_t i = team.league_rank(), seen = r.last_seen(i);
     const TeamRow<typename Teams<Exec>::member_type> loop{team};
-    float* row = &scores(bh, t, 0);
-    causal_softmax_row(loop, row, r.last_seen(i), r.keys, scale);
-    loop.barrier();
-    std::uint16_t* saved = &att(bh, t, 0);
-    loop.for_each(r.keys, [&](std::int64_t j) { saved[j] = to_bf16(row[j]); });
+    std::uint16_t* row = &att(r.bh(i), r.t(i), 0);
+    const float mx = loop.max(seen + 1, [&](std::int64_t j) { return from_bf16(row[j]); });
+    const float sum = loop.sum(seen + 1, [&](std::int64_t j) { return fast_exp(scale * (from_bf16(row[j]) - mx)); });
+    const float inv = 1.0f / sum;
+    loop.for_each(r.keys, [&](std::int64_t j) {
+      row[j] = j <= seen ? to_bf16(fast_exp(scale * (from_bf16(row[j]) - mx)) * inv) : std::uint16_t{0};
+    });
   }
 };
 
-// Its backward: the score gradients scale * P * (dP - sum_j P dP) from the fp32 dP and the
-// saved bf16 P, rounded into a bf16 row for the products (masked entries 0).
+// Its backward in place on the bf16 dP, as its product rounded it: the score gradients
+// scale * P * (dP - sum_j P dP) from it and the saved bf16 P, rounded into the same row for the
+// products (masked entries 0). Each entry is read before it is written, by the thread that
+// writes it, and the sum is whole before any is.
 template <class Exec>
 struct AttentionSoftmaxBackward16 {
-  Mats<Exec> datt;
   Mats16<Exec> att, ds;
   float scale;
   ScoreRows r;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
     const std::int64_t i = team.league_rank(), bh = r.bh(i), t = r.t(i), seen = r.last_seen(i);
     const TeamRow<typename Teams<Exec>::member_type> loop{team};
-    const float* drow = &datt(bh, t, 0);
     const std::uint16_t* prow = &att(bh, t, 0);
-    std::uint16_t* srow = &ds(bh, t, 0);
-    const float dot = loop.sum(seen + 1, [&](std::int64_t j) { return from_bf16(prow[j]) * drow[j]; });
+    std::uint16_t* row = &ds(bh, t, 0);
+    const float dot = loop.sum(seen + 1, [&](std::int64_t j) { return from_bf16(prow[j]) * from_bf16(row[j]); });
     loop.for_each(r.keys, [&](std::int64_t j) {
-      srow[j] = j <= seen ? to_bf16(scale * (from_bf16(prow[j]) * (drow[j] - dot))) : std::uint16_t{0};
+      row[j] = j <= seen ? to_bf16(scale * (from_bf16(prow[j]) * (from_bf16(row[j]) - dot))) : std::uint16_t{0};
     });
   }
 };
@@ -833,12 +837,10 @@ bool attention_stores_bf16(AttentionProducts how, ProductMath math) {
 
 // Floats of the fp32 copies that attention on bf16 storage takes, with NKV key/value heads
 // and T rows of each sequence meeting `keys` keys (T; context parallelism: the sequence's):
-// qkv32, y32 and att32 where it has no bf16 way of its own; staged products in bf16 take
-// att32 alone, for the fp32 scores and then the bf16 score gradients.
+// qkv32, y32 and att32 where it has no bf16 way of its own.
 template <class Exec>
 std::int64_t attention_copies(AttentionProducts how, ProductMath math, std::int64_t B, std::int64_t T, std::int64_t NH,
                               std::int64_t hd, std::int64_t NKV, std::int64_t keys) {
-  if (attention_staged_bf16<Exec>(how, math)) return B * NH * T * keys;
   if (attention_stores_bf16<Exec>(how, math)) return 0;
   return B * T * (2 * NH + 2 * NKV) * hd + B * NH * T * saved_attention_columns(how, keys);
 }
@@ -850,10 +852,6 @@ void place_attention_copies(AttentionWorkspace<Exec>& ws, float* p, AttentionPro
                             std::int64_t keys) {
   const std::int64_t N = B * T, A = NH * hd, W = A + 2 * NKV * hd;
   if (attention_copies<Exec>(how, math, B, T, NH, hd, NKV, keys) == 0) return;
-  if (attention_staged_bf16<Exec>(how, math)) {
-    ws.att32 = as_mats<Exec>(p, B * NH, T, keys);
-    return;
-  }
   ws.qkv32 = as_mat<Exec>(p, N, W);
   ws.y32 = as_mat<Exec>(p + N * W, N, A);
   ws.att32 = as_mats<Exec>(p + N * (W + A), B * NH, T, saved_attention_columns(how, keys));
@@ -925,9 +923,10 @@ void merge_staged(const Exec& exec, const char* label, const Mat<Exec>& dqkv, co
 }
 
 // Staged products in bf16 (attention_staged_bf16) on bf16 storage: q, k, v copied per head
-// as they are stored, into the first half of the staged copies' fp32 memory; the scores in
-// fp32 (ws.att32, scaled in the softmax), their softmax rounded into the saved probabilities, which the output's
-// products read as saved; the output in fp32 (ws.y), rounded into its rows.
+// as they are stored, into the first half of the staged copies' fp32 memory; the scores
+// rounded into the saved rows by their product, the softmax (scaled there) turning them into
+// the probabilities in place, which the output's products read as saved; the output in fp32
+// (ws.y), rounded into its rows.
 template <class Exec>
 void staged_bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Exec>& att,
                                    const Mat16<Exec>& qkv, const AttentionWorkspace<Exec>& ws, const QkvLayout& L,
@@ -939,11 +938,10 @@ void staged_bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, con
                      v = halves<Exec>(staged_kv<Exec>(ws.v, L, B));
   split_staged(exec, "lamina::attention_forward_split", qkv, q, k, v, L, chunks);
   for (std::int64_t j = 0; j < L.group(); ++j) {
-    batched_gemm_bf16(exec, "N", "T", 1.0f, staged_group<Exec>(q, L, B, j), k, 0.0f,
-                      staged_group<Exec>(ws.att32, L, B, j));
+    batched_gemm_bf16(exec, "N", "T", staged_group<Exec>(q, L, B, j), k, staged_group<Exec>(att, L, B, j));
   }
   Kokkos::parallel_for("lamina::attention_forward_softmax", Teams<Exec>(exec, r.count(BNH), Kokkos::AUTO),
-                       AttentionSoftmaxForward16<Exec>{ws.att32, att, scale, r});
+                       AttentionSoftmaxForward16<Exec>{att, scale, r});
   for (std::int64_t j = 0; j < L.group(); ++j) {
     batched_gemm_bf16(exec, "N", "N", 1.0f, staged_group<Exec>(att, L, B, j), v, 0.0f,
                       staged_group<Exec>(ws.y, L, B, j));
@@ -951,10 +949,10 @@ void staged_bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, con
   split_heads(exec, "lamina::attention_forward_merge", out, 0, ws.y, L, true);
 }
 
-// Its backward: dy rounded into bf16 copies (ws.y's memory), q, k and v copied again; dP in
-// fp32 (datt), the score gradients rounded to bf16 with attention's scale (ws.att32's
-// memory); dq, dk, dv in fp32 (dk, dv summed over each group), into dqkv's rows (context
-// parallelism: dq alone, dk and dv of every position left in ws.dk, ws.dv).
+// Its backward: dy rounded into bf16 copies (ws.y's memory), q, k and v copied again; dP
+// rounded into bf16 by its product (in datt's memory), the score gradients with attention's
+// scale in place of it; dq, dk, dv in fp32 (dk, dv summed over each group), into dqkv's rows
+// (context parallelism: dq alone, dk and dv of every position left in ws.dk, ws.dv).
 template <class Exec>
 void staged_bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& datt,
                                     const Mat<Exec>& dout, const Mat16<Exec>& qkv, const Mats16<Exec>& att,
@@ -964,17 +962,17 @@ void staged_bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, con
   const std::int64_t BNH = static_cast<std::int64_t>(att.extent(0)), B = BNH / L.NH, G = L.group();
   const float scale = 1.0f / math::sqrt(static_cast<float>(L.hd));
   const Mats16<Exec> dy = halves<Exec>(ws.y), q = halves<Exec>(ws.q), k = halves<Exec>(staged_kv<Exec>(ws.k, L, B)),
-                     v = halves<Exec>(staged_kv<Exec>(ws.v, L, B)), ds = halves<Exec>(ws.att32);
+                     v = halves<Exec>(staged_kv<Exec>(ws.v, L, B)), ds = halves<Exec>(datt);
   const Mats<Exec> dk = staged_kv<Exec>(ws.dk, L, B), dv = staged_kv<Exec>(ws.dv, L, B);
   split_heads(exec, "lamina::attention_backward_split", dout, 0, dy, L, false);
   split_staged(exec, "lamina::attention_backward_split_qkv", qkv, q, k, v, L, chunks);
   for (std::int64_t j = 0; j < G; ++j) {  // dP = dy v^T; dv = sum over the group of P^T dy
     const Mats16<Exec> dyj = staged_group<Exec>(dy, L, B, j);
-    batched_gemm_bf16(exec, "N", "T", 1.0f, dyj, v, 0.0f, staged_group<Exec>(datt, L, B, j));
+    batched_gemm_bf16(exec, "N", "T", dyj, v, staged_group<Exec>(ds, L, B, j));
     batched_gemm_bf16(exec, "T", "N", 1.0f, staged_group<Exec>(att, L, B, j), dyj, j == 0 ? 0.0f : 1.0f, dv);
   }
   Kokkos::parallel_for("lamina::attention_backward_softmax", Teams<Exec>(exec, r.count(BNH), Kokkos::AUTO),
-                       AttentionSoftmaxBackward16<Exec>{datt, att, ds, scale, r});
+                       AttentionSoftmaxBackward16<Exec>{att, ds, scale, r});
   for (std::int64_t j = 0; j < G; ++j) {  // dq = dS k; dk = sum over the group of dS^T q
     const Mats16<Exec> dsj = staged_group<Exec>(ds, L, B, j);
     batched_gemm_bf16(exec, "N", "N", 1.0f, dsj, k, 0.0f, staged_group<Exec>(ws.dq, L, B, j));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <stdexcept>
 
 #include "lamina/core/error.hpp"
 #include "lamina/core/format.hpp"
@@ -67,8 +68,12 @@ void device_gemm(cudaStream_t stream, ProductMath math, const RowMajorGemm& g, c
         "cublasGemmStridedBatchedEx");
 }
 
-void device_gemm_bf16(cudaStream_t stream, const RowMajorGemm& g, const std::uint16_t* a, const std::uint16_t* b,
-                      const GemmBatch& batch) {
+namespace {
+
+// Products on bf16 operands summed in fp32, written as `c_type` (fp32, or bf16 rounded to
+// nearest by cuBLAS's epilogue).
+void gemm_bf16_operands(cudaStream_t stream, const RowMajorGemm& g, const std::uint16_t* a, const std::uint16_t* b,
+                        void* c, cudaDataType_t c_type, const GemmBatch& batch) {
   if (g.m == 0 || g.n == 0 || batch.count == 0) return;
   cublasHandle_t h = handle();
   check(cublasSetStream(h, stream), "cublasSetStream");
@@ -78,14 +83,27 @@ void device_gemm_bf16(cudaStream_t stream, const RowMajorGemm& g, const std::uin
   const int ldc = blas_int(std::max<std::int64_t>(g.ldc, 1), "ldc");
   if (batch.count == 1) {
     check(cublasGemmEx(h, op(g.tb), op(g.ta), m, n, k, &g.alpha, b, CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &g.beta,
-                       g.c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                       c, c_type, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx (bf16)");
     return;
   }
   check(cublasGemmStridedBatchedEx(h, op(g.tb), op(g.ta), m, n, k, &g.alpha, b, CUDA_R_16BF, ldb, batch.stride_b, a,
-                                   CUDA_R_16BF, lda, batch.stride_a, &g.beta, g.c, CUDA_R_32F, ldc, batch.stride_c,
+                                   CUDA_R_16BF, lda, batch.stride_a, &g.beta, c, c_type, ldc, batch.stride_c,
                                    blas_int(batch.count, "batch"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmStridedBatchedEx (bf16)");
+}
+
+}  // namespace
+
+void device_gemm_bf16(cudaStream_t stream, const RowMajorGemm& g, const std::uint16_t* a, const std::uint16_t* b,
+                      const GemmBatch& batch) {
+  gemm_bf16_operands(stream, g, a, b, g.c, CUDA_R_32F, batch);
+}
+
+void device_gemm_bf16_rounded(cudaStream_t stream, const RowMajorGemm& g, const std::uint16_t* a,
+                              const std::uint16_t* b, std::uint16_t* c, const GemmBatch& batch) {
+  if (g.beta != 0.0f) throw std::logic_error("lamina::device_gemm_bf16_rounded: beta must be 0");
+  gemm_bf16_operands(stream, g, a, b, c, CUDA_R_16BF, batch);
 }
 
 }  // namespace lamina

@@ -36,6 +36,10 @@ void device_gemm(cudaStream_t stream, ProductMath math, const RowMajorGemm& g, c
 // summed in fp32 into the fp32 C: one, or a batch in one launch.
 void device_gemm_bf16(cudaStream_t stream, const RowMajorGemm& g, const std::uint16_t* a, const std::uint16_t* b,
                       const GemmBatch& batch = GemmBatch{});
+// The same written into the bf16 C (ldc apart; g.c is not read, g.beta must be 0): the fp32
+// sums rounded to nearest as cuBLAS writes them.
+void device_gemm_bf16_rounded(cudaStream_t stream, const RowMajorGemm& g, const std::uint16_t* a,
+                              const std::uint16_t* b, std::uint16_t* c, const GemmBatch& batch = GemmBatch{});
 #endif
 
 }  // namespace lamina

@@ -92,6 +92,17 @@ bool bf16_engine() {
   return false;
 }
 
+// A batch of equally spaced products as a host's engine takes them: one sequence of `count`
+// heads (its sequence stride past them all).
+inline HeadBatch one_sequence(const GemmBatch& batch) {
+  HeadBatch heads;
+  heads.heads = batch.count;
+  heads.a = {batch.count * batch.stride_a, batch.stride_a};
+  heads.b = {batch.count * batch.stride_b, batch.stride_b};
+  heads.c = {batch.count * batch.stride_c, batch.stride_c};
+  return heads;
+}
+
 // Products on Exec's bf16 engine with both operands stored in bf16 (g.a, g.b not read): one,
 // or a batch of equally spaced ones.
 template <class Exec>
@@ -105,12 +116,24 @@ void bf16_product([[maybe_unused]] const Exec& exec, const RowMajorGemm& g, cons
 #endif
   if constexpr (kOnHost<Exec>) {
     exec.fence();  // the operands' rounding, on this instance
-    HeadBatch heads;  // one sequence of `count` heads (its sequence stride past them all)
-    heads.heads = batch.count;
-    heads.a = {batch.count * batch.stride_a, batch.stride_a};
-    heads.b = {batch.count * batch.stride_b, batch.stride_b};
-    heads.c = {batch.count * batch.stride_c, batch.stride_c};
-    host_gemm_bf16(g, a, b, heads);
+    host_gemm_bf16(g, a, b, one_sequence(batch));
+  }
+}
+
+// The same written into the bf16 c (g.c not read, g.beta 0): the fp32 sums rounded to nearest
+// as the engine writes them.
+template <class Exec>
+void bf16_product_rounded([[maybe_unused]] const Exec& exec, const RowMajorGemm& g, const std::uint16_t* a,
+                          const std::uint16_t* b, std::uint16_t* c, const GemmBatch& batch = GemmBatch{}) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (kDeviceBlas<Exec>) {
+    device_gemm_bf16_rounded(exec.cuda_stream(), g, a, b, c, batch);
+    return;
+  }
+#endif
+  if constexpr (kOnHost<Exec>) {
+    exec.fence();  // the operands' producers, on this instance
+    host_gemm_bf16_rounded(g, a, b, c, nullptr, one_sequence(batch));
   }
 }
 
@@ -723,6 +746,28 @@ void batched_gemm_bf16(const Exec& exec, const char* ta, const char* tb, float a
   const GemmBatch batch{count, static_cast<std::int64_t>(A.stride_0()), static_cast<std::int64_t>(B.stride_0()),
                         static_cast<std::int64_t>(C.stride_0())};
   detail::bf16_product(exec, g, A.data(), B.data(), batch);
+}
+
+// The same written into the bf16 C: C[i] = op(A[i]) @ op(B[i]), its fp32 sums rounded to
+// nearest as the engine writes them (no pass of their own).
+template <class Exec>
+void batched_gemm_bf16(const Exec& exec, const char* ta, const char* tb, const Mats16<Exec>& A, const Mats16<Exec>& B,
+                       const Mats16<Exec>& C) {
+  const std::int64_t count = static_cast<std::int64_t>(C.extent(0));
+  if (count == 0) return;
+  if (!detail::bf16_engine<Exec>()) throw std::logic_error("lamina::batched_gemm_bf16: no bf16 engine on this space");
+  RowMajorGemm g;
+  g.ta = *ta;
+  g.tb = *tb;
+  g.m = static_cast<std::int64_t>(C.extent(1));
+  g.n = static_cast<std::int64_t>(C.extent(2));
+  g.k = static_cast<std::int64_t>(g.ta == 'N' ? A.extent(2) : A.extent(1));
+  g.lda = static_cast<std::int64_t>(A.stride_1());
+  g.ldb = static_cast<std::int64_t>(B.stride_1());
+  g.ldc = static_cast<std::int64_t>(C.stride_1());
+  const GemmBatch batch{count, static_cast<std::int64_t>(A.stride_0()), static_cast<std::int64_t>(B.stride_0()),
+                        static_cast<std::int64_t>(C.stride_0())};
+  detail::bf16_product_rounded(exec, g, A.data(), B.data(), C.data(), batch);
 }
 
 namespace detail {

@@ -75,7 +75,9 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // (read x, write y), two residual adds (read the stream and a projection's output, write the
   // stream), the first of them with the second layer norm in the same pass (which writes y
   // from the row still in cache), the q/k/v scatter and attention gather, the softmax over the
-  // (T, T) scores unless fused (read and write them in fp32, write the saved probabilities),
+  // (T, T) scores unless fused (read and write them in fp32, write the saved probabilities;
+  // staged products on a bf16 engine write them in bf16, which the softmax turns into the
+  // saved probabilities in place: three passes of s bytes),
   // the MLP's bias and GELU (read the product, write the pre-activation and the activation:
   // in place in fp32).
   // A Llama block's parts: RMSNorm moves what LayerNorm does, but the second norm runs
@@ -102,8 +104,12 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // the saved ones; fused into the block's copy, a conversion below, and in memory, not in a
   // device kernel's registers).
   const bool host_rows = engine && !own_kernels && d.host_attention && d.attention != AttentionProducts::staged;
+  const bool staged_engine = engine && d.attention == AttentionProducts::staged;
   const double half_scores = score_count / 2;
-  const double scores = host_rows ? (8 + (fused ? 0.0 : s)) * half_scores : fused ? 0.0 : (8 + s) * score_count;
+  const double scores = host_rows       ? (8 + (fused ? 0.0 : s)) * half_scores
+                        : fused         ? 0.0
+                        : staged_engine ? 3 * s * score_count
+                                        : (8 + s) * score_count;
   const bool layernorm = d.parts.norm == NormKind::layernorm, swiglu = d.parts.mlp == MlpKind::swiglu;
   // Tensor parallelism with bf16 sums (parallel.tp_sums): the residual adds read the
   // row-parallel products' sums (the branch) as summed, in bf16.
@@ -123,12 +129,12 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // pre-activation and writes in place (a host engine's rounding pass does it: below), SwiGLU reads the activation's gradient and [gate | up]
   // and writes theirs; rotary positions turn dq and dk back in place; attention copies q, k, v
   // again, reads its probabilities and the product's dP (written fp32), writes the score
-  // gradients (fp32, or bf16 on an engine: conversions below) and merges dq, dk, dv into one
+  // gradients (fp32; staged products on an engine write dP in bf16, and the score gradients
+  // replace it in place: s bytes each way) and merges dq, dk, dv into one
   // gradient (staged under context parallelism: every position's keys and values placed again,
   // and each source's gradients taken from every position's into its travelling buffer, 12
   // bytes). A host's engine reads them up to the diagonal (fused: computes the probabilities
   // again in place in fp32) and writes no fp32 score gradients.
-  const bool staged_engine = engine && d.attention == AttentionProducts::staged;
   // On a host rank of one thread (a machine file's `cores` per device at most 1, or not
   // given), the norms' backward adds the gain's and bias's terms into their sums row by row
   // (kernels/norm_backward.hpp): no per-row terms written and read, no second read of the
@@ -151,9 +157,10 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double mlp_backward = swiglu       ? (swiglu_bf16 ? 8 + 2 * s : 12 + 2 * s) * N * F
                               : gelu_rides ? 0.0
                                            : (8 + s) * N * F;
-  const double scores_backward = host_rows ? (fused ? 12.0 : 4 + s) * half_scores
-                                 : fused   ? 0.0
-                                           : (8 + s + (staged_engine ? 0.0 : 4.0)) * score_count;
+  const double scores_backward = host_rows       ? (fused ? 12.0 : 4 + s) * half_scores
+                                 : fused         ? 0.0
+                                 : staged_engine ? 4 * s * score_count
+                                                 : (12 + s) * score_count;
   const double rotary_backward = rotary > 0 ? 8 * N * (A + KV) : 0.0;
   const double qkv_backward =
       (2 * s + 8) * N * A + (keys_gathered ? (2 * s + 12) * o.cp * N * 2 * KV + 8 * N * 2 * KV : (2 * s + 8) * N * 2 * KV);
@@ -186,8 +193,8 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // score gradients (and, fused, its recomputed probabilities) in bf16 beside fp32 (2 bytes
   // each, half of the (T, T) scores under the mask); a device's fused kernels read and write
   // the storage as they are; staged products on an engine read q, k, v and the saved
-  // probabilities as stored and round the output, dy and the (T, T) score gradients (written
-  // in bf16, 2 bytes each); elsewhere it runs on fp32 copies of q, k, v, its output and what
+  // probabilities as stored and round the output and dy (their products write the scores, dP
+  // and the score gradients in bf16: no conversion); elsewhere it runs on fp32 copies of q, k, v, its output and what
   // it saves, widened and rounded each pass. Without an engine, the
   // host BLAS widens the weights (each matrix once per forward and once for the input
   // gradients) and the activations the products read.
@@ -199,7 +206,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
                                      : staged_engine ? 6 * N * A
                                                      : copies;
     const double attention_backward = host_rows       ? 6 * N * A + (fused ? 4 : 2) * half_scores
-                                      : staged_engine ? 6 * N * A + 2 * score_count
+                                      : staged_engine ? 6 * N * A
                                                       : copies;
     const double read_activations = 6 * N * (2 * C + A + F);  // ln1, atty, ln2, gelu widened
     const double qkv_rounded = rounding ? 0.0 : 6 * N * (A + 2 * KV);

@@ -16,11 +16,14 @@ inline double identity(double x) { return x; }
 // fp32 probabilities and these double ones may round to neighbouring bf16 values), else the
 // exact ones are read; `y` is applied to the output where the softmax backward's row sum is
 // taken as dy . y (fused kernels), not P . dP. `probs`, when given, receives the exact
-// probabilities, (B*NH, T, T), zero above the diagonal.
+// probabilities, (B*NH, T, T), zero above the diagonal (of the scores as `sc` leaves them).
+// `sc` is applied to the products' sums that staged bf16 products round as they write them:
+// the unscaled scores and dP.
 inline void attention_reference(const std::vector<double>& qkv, const std::vector<double>& dout, int B, int T, int C,
                                 int NH, std::vector<double>& out, std::vector<double>& dqkv,
                                 double (*r)(double) = identity, const std::vector<double>* saved = nullptr,
-                                double (*y)(double) = nullptr, int NKV = 0, std::vector<double>* probs = nullptr) {
+                                double (*y)(double) = nullptr, int NKV = 0, std::vector<double>* probs = nullptr,
+                                double (*sc)(double) = identity) {
   const int hd = C / NH;
   if (NKV == 0) NKV = NH;
   const int G = NH / NKV, W = (NH + 2 * NKV) * hd;
@@ -39,7 +42,8 @@ inline void attention_reference(const std::vector<double>& qkv, const std::vecto
         double mx = -1e300;
         std::vector<double> s(T, 0.0);
         for (int j = 0; j <= t; ++j) {
-          for (int d = 0; d < hd; ++d) s[j] += r(qkv[at(b, t, 0, h, d)]) * r(qkv[at(b, j, 1, h, d)]) * scale;
+          for (int d = 0; d < hd; ++d) s[j] += r(qkv[at(b, t, 0, h, d)]) * r(qkv[at(b, j, 1, h, d)]);
+          s[j] = sc(s[j]) * scale;
           mx = std::max(mx, s[j]);
         }
         double z = 0;
@@ -66,6 +70,7 @@ inline void attention_reference(const std::vector<double>& qkv, const std::vecto
             dqkv[at(b, j, 2, h, d)] += r(P[t * T + j]) * dy;
           }
         }
+        for (int j = 0; j <= t; ++j) dP[t * T + j] = sc(dP[t * T + j]);
         double dotp = 0;
         for (int j = 0; j <= t; ++j) dotp += P[t * T + j] * dP[t * T + j];
         if (y != nullptr) {

@@ -277,9 +277,10 @@ TYPED_TEST(AttentionTest, Bf16StorageMatchesAReferenceOfTheStoredAndRoundedOpera
       }
       std::vector<double> want, want_dqkv, exact_probs;
       // A device's fused kernels take the softmax backward's row sums from the stored output.
+      // Staged products on a bf16 engine write the scores and dP in bf16.
       attention_reference(stored_qkv, dout, B, T, C, NH, want, want_dqkv, rounds ? bf16 : identity,
                           saved_probabilities ? &got_probs : nullptr, native && !rounds ? bf16 : nullptr, NKV,
-                          &exact_probs);
+                          &exact_probs, attention_staged_bf16<Exec>(how, math) ? bf16 : identity);
       if (saved_probabilities) {
         double worst = 0;  // error over the allowed error, largest
         for (std::int64_t bh = 0; bh < BNH; ++bh) {

@@ -57,34 +57,37 @@ Plan plan(int dp, int tp, std::int64_t micro_batch, Precision p) {
 // the saved activations) `s` bytes per element (2 in bf16, read and written as stored), the
 // products' outputs and the softmax rows fp32: a layer norm (2 s), a residual add with the
 // layer norm after it (3 s + 4), a residual add (2 s + 4), the q/k/v scatter and gather, the
-// softmax over `scores` (0 fused), the MLP's bias and GELU.
-double elementwise_bytes(double s, double N, double C, double tp, double scores) {
+// softmax over `scores` (0 fused; `bf16_scores`, staged products on a bf16 engine: the product
+// writes them in bf16 and the softmax reads them and writes the probabilities in place, 3 s),
+// the MLP's bias and GELU.
+double elementwise_bytes(double s, double N, double C, double tp, double scores, bool bf16_scores = false) {
   const double A = C / tp, F = 4 * C / tp;
-  return (7 * s + 8) * N * C + 6 * s * N * A + (8 + s) * scores + (4 + 2 * s) * N * F;
+  return (7 * s + 8) * N * C + 6 * s * N * A + (bf16_scores ? 3 * s : 8 + s) * scores + (4 + 2 * s) * N * F;
 }
 
 // And of its backward, whose gradients are fp32: two layer norms (each reads dout, dskip and x,
 // writes dx and the gain's per-row terms, then sums those and dout: 24 + s), the column sums
 // of the biases' gradients, GELU's backward in place (8 + s), q, k, v copied again and dq,
 // dk, dv merged (2 s + 8), the softmax's backward over `scores` (dP written and read, the
-// probabilities read, the score gradients written in fp32 unless `ds_in_conversions`).
-double elementwise_backward_bytes(double s, double N, double C, double tp, double scores, bool ds_in_conversions) {
+// probabilities read, the score gradients written: in fp32, 12 + s; with `bf16_scores`, dP
+// written in bf16 by its product and the score gradients in its place, 4 s).
+double elementwise_backward_bytes(double s, double N, double C, double tp, double scores, bool bf16_scores) {
   const double A = C / tp, F = 4 * C / tp;
   return 2 * (24 + s) * N * C + 4 * N * (2 * C + F + 3 * A) + (8 + s) * N * F + (2 * s + 8) * 3 * N * A +
-         (8 + s + (ds_in_conversions ? 0 : 4)) * scores;
+         (bf16_scores ? 4 * s : 12 + s) * scores;
 }
 
 // The bytes a bf16 block still converts on a device with a bf16 engine (6 per element: the
 // fp32 side and the bf16 one): the QKV projection's output rounded with its bias; staged
-// attention's output and dy rounded, and its `scores` score gradients written in bf16 (2
-// bytes each; 0: the fused kernels, which convert nothing); in backward each product's
-// output gradient dY (dres, dfch, dres, dqkv).
+// attention's output and dy rounded (its products write the scores, dP and the score
+// gradients in bf16; `scores` 0: the fused kernels, which convert nothing); in backward each
+// product's output gradient dY (dres, dfch, dres, dqkv).
 struct Conversions {
   double forward, backward;
 };
 Conversions conversions(double N, double C, double tp, double scores) {
   const double A = C / tp, F = 4 * C / tp, staged = scores > 0 ? 6 * N * A : 0.0;
-  return {6 * 3 * N * A + staged, staged + 2 * scores + 6 * N * (2 * C + F + 3 * A)};
+  return {6 * 3 * N * A + staged, staged + 6 * N * (2 * C + F + 3 * A)};
 }
 
 // The head's backward: its two products, the logits read, their gradient written and read by
@@ -105,7 +108,7 @@ TEST(CostModel, BlockForwardIsItsGemmsAttentionAndElementwisePasses) {
   const double N = 2048, C = 1024, T = 2048, H = 16, bandwidth = 2e12 * 0.5;
   const double gemm = 24 * N * C * C / (400e12 * 0.5);  // qkv, projection, two MLP products
   const double attention = 4 * N * T * C / (400e12 * 0.25);
-  const double elementwise = elementwise_bytes(2, N, C, 1, H * T * T) / bandwidth;
+  const double elementwise = elementwise_bytes(2, N, C, 1, H * T * T, true) / bandwidth;
   const double elementwise_backward = elementwise_backward_bytes(2, N, C, 1, H * T * T, true) / bandwidth;
   const Conversions bf16 = conversions(N, C, 1, H * T * T);
   EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / bandwidth, 1e-12);
@@ -146,13 +149,13 @@ TEST(CostModel, ALlamaBlockPricesItsOwnProductsAndPasses) {
   // bf16 on a device's engine (staged attention): SwiGLU's backward writes [dgate | dup] in
   // bf16 for the products (2 bytes each, not 4) and no pass rounds it; the products' output
   // gradients that are rounded are the two projections' (C each) and the QKV's (C + 2 KV):
-  // 6 bytes per element, beside staged attention's output and dy (6 each) and its score
-  // gradients (2 each).
+  // 6 bytes per element, beside staged attention's output and dy (6 each); its products write
+  // dP in bf16 and the softmax's backward the score gradients in its place (2 bytes each way).
   const CostModel b(m, plan(1, 1, 1, Precision::bf16), machine());
   const double s16 = 2, gemm16 = gemm / 4, attention16 = attention / 4;
   const double backward16 = 2 * (20 + s16) * N * C + (8 + 2 * s16) * N * F + 8 * N * (C + KV) +
-                            (2 * s16 + 8) * N * (C + 2 * KV) + (8 + s16) * H * T * T;
-  const double rounded16 = 6 * N * C + 2 * H * T * T + 6 * N * (2 * C + C + 2 * KV);
+                            (2 * s16 + 8) * N * (C + 2 * KV) + 4 * s16 * H * T * T;
+  const double rounded16 = 6 * N * C + 6 * N * (2 * C + C + 2 * KV);
   EXPECT_NEAR(b.block_backward(), 2 * (gemm16 + attention16) + (backward16 + rounded16) / bandwidth, 1e-12);
 }
 
@@ -206,9 +209,11 @@ TEST(CostModel, ADeviceIsPricedWithTheAttentionADeviceBuildRuns) {
 // its rows read and write the fp32 scores and write the saved probabilities only up to the
 // diagonal (half the (T, T) scores), and its output products write the output in bf16;
 // backward, they read the probabilities and dP that far and round the score gradients (2 of 6
-// bytes) without writing them in fp32. Staged attention on the engine moves all of the scores,
-// rounds its output from fp32 (6 bytes per element) and rounds all the score gradients.
-// Nothing else differs.
+// bytes) without writing them in fp32. Staged attention on the engine moves all of the scores
+// in bf16 (its product writes them, the softmax reads them and writes the probabilities in
+// place: 2 + 2 + 2), rounds its output from fp32 (6 bytes per element), and backward writes
+// dP in bf16, reads it and the probabilities, and writes the score gradients in its place (2
+// bytes each). Nothing else differs.
 TEST(CostModel, AHostsBf16EngineReadsAttentionsStorageInPlace) {
   if (!kAttentionInPlace<Kokkos::DefaultHostExecutionSpace>) GTEST_SKIP() << "no host BLAS for attention";
   MachineSpec host = machine();
@@ -218,11 +223,12 @@ TEST(CostModel, AHostsBf16EngineReadsAttentionsStorageInPlace) {
   in_place.attention = AttentionProducts::in_place;
   const CostModel i(in_place, plan(1, 1, 1, Precision::bf16), host), s(model(), plan(1, 1, 1, Precision::bf16), host);
   const double scores = H * T * T, half = scores / 2;
-  // forward: (4 + 4 + 2) bytes of half the scores against all of them, and no output rounded
-  EXPECT_NEAR(i.block_forward() - s.block_forward(), (10 * half - 10 * scores - 6 * N * A) / bandwidth, 1e-12);
+  // forward: (4 + 4 + 2) bytes of half the scores against (2 + 2 + 2) of all of them, and no
+  // output rounded
+  EXPECT_NEAR(i.block_forward() - s.block_forward(), (10 * half - 6 * scores - 6 * N * A) / bandwidth, 1e-12);
   // backward: probabilities and dP read (2 + 4) and dS rounded (2) for half the scores; staged
-  // reads the probabilities and dP, writes dS in fp32 (2 + 4 + 4) and rounds it (2), all of them
-  EXPECT_NEAR(i.block_backward() - s.block_backward(), ((6 + 2) * half - (10 + 2) * scores) / bandwidth, 1e-12);
+  // writes dP, reads it and the probabilities and writes dS (2 + 2 + 2 + 2), all of them
+  EXPECT_NEAR(i.block_backward() - s.block_backward(), ((6 + 2) * half - 8 * scores) / bandwidth, 1e-12);
   EXPECT_NEAR(i.head_backward(), s.head_backward(), 1e-12);
 }
 
@@ -257,7 +263,7 @@ TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {
   const double N = 2048, C = 1024, T = 2048, H = 8, bandwidth = 2e12 * 0.5;  // 8 heads on each of the 2 ranks
   const double gemm = 24 * N * C * C / 2 / (400e12 * 0.5);
   const double attention = 4 * N * T * C / 2 / (400e12 * 0.25);
-  const double elementwise = elementwise_bytes(2, N, C, 2, H * T * T) / bandwidth;
+  const double elementwise = elementwise_bytes(2, N, C, 2, H * T * T, true) / bandwidth;
   const double elementwise_backward = elementwise_backward_bytes(2, N, C, 2, H * T * T, true) / bandwidth;
   // An all-reduce of the (N, C) fp32 residual over 2 ranks inside a node: 2 (p-1)/p of its
   // bytes, 2 (p-1) latency-bound steps; two per pass (Megatron's f and g).
