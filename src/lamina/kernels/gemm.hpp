@@ -462,23 +462,24 @@ void gemm(const Exec& exec, const char* tb, float alpha, const ConstMat16<Exec>&
   }
 }
 
-// Whether Exec's products in `math` can write bf16 with a bias as their epilogue
-// (gemm_rounded): a host's oneDNN on a CPU with bf16 instructions. Elsewhere a bf16 output
-// is an fp32 product rounded by the kernel that reads it (a device's cuBLASLt epilogue could
-// do it too: not yet written).
+// Whether Exec's products in `math` can write bf16 (gemm_rounded), with a bias as their
+// epilogue where `bias`: a host's oneDNN on a CPU with bf16 instructions, with or without;
+// cuBLAS without (its bias epilogue is cuBLASLt's: not called yet). Elsewhere a bf16 output
+// is an fp32 product rounded by the kernel that reads it.
 template <class Exec>
-bool rounding_products(ProductMath math) {
+bool rounding_products(ProductMath math, bool bias) {
+  if constexpr (kDeviceBlas<Exec>) return math == ProductMath::bf16 && !bias;
   if constexpr (detail::kOnHost<Exec> && kHostDnnlLinked) return math == ProductMath::bf16 && host_bf16_products();
   return false;
 }
 
 // C = bf16(A @ op(B) + bias) with A stored in bf16 and B a weight stored in bf16, where
-// rounding_products<Exec>(ProductMath::bf16): the fp32 sums and the bias (or none) rounded
-// to nearest as the product writes them, in one pass.
+// rounding_products<Exec>(ProductMath::bf16, bias given): the fp32 sums and the bias (or
+// none) rounded to nearest as the product writes them, in one pass.
 template <class Exec>
 void gemm_rounded(const Exec& exec, const char* tb, const ConstMat16<Exec>& A, const MatRefArg<Exec>& B,
                   const ConstVec<Exec>& bias, const Mat16<Exec>& C) {
-  if (!B.bf16() || !rounding_products<Exec>(ProductMath::bf16)) {
+  if (!B.bf16() || !rounding_products<Exec>(ProductMath::bf16, bias.data() != nullptr)) {
     throw std::logic_error("lamina::gemm_rounded: needs a bf16 weight and a space whose products round");
   }
   RowMajorGemm g;
@@ -489,6 +490,12 @@ void gemm_rounded(const Exec& exec, const char* tb, const ConstMat16<Exec>& A, c
   g.lda = static_cast<std::int64_t>(A.stride_0());
   g.ldb = static_cast<std::int64_t>(B.b16.stride_0());
   g.ldc = static_cast<std::int64_t>(C.stride_0());
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (kDeviceBlas<Exec>) {
+    device_gemm_bf16_rounded(exec.cuda_stream(), g, A.data(), B.b16.data(), C.data());
+    return;
+  }
+#endif
   exec.fence();  // the operands' producers, on this instance
   host_gemm_bf16_rounded(g, A.data(), B.b16.data(), C.data(), bias.data());
 }

@@ -73,7 +73,7 @@ void linear_forward(const Exec& exec, const Mat16<Exec>& out, const InV& inp, co
   const std::int64_t N = static_cast<std::int64_t>(out.extent(0));
   const std::int64_t OC = static_cast<std::int64_t>(out.extent(1));
   if constexpr (std::is_same<StoredType<InV>, std::uint16_t>::value) {
-    if (weight.bf16() && rounding_products<Exec>(math)) {
+    if (weight.bf16() && rounding_products<Exec>(math, bias.data() != nullptr)) {
       gemm_rounded(exec, "N", ConstMat16<Exec>(inp), weight, bias, out);
       return;
     }

@@ -358,9 +358,9 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
                                                                w.ln2_b);
                                           }
                                         });
-  // The MLP's first product: where products round (a bf16 run on a host's oneDNN), it writes
-  // the kept pre-activation with its bias, which the activation reads; else the activation
-  // reads its fp32 output and adds the bias.
+  // The MLP's first product: where products round (a bf16 run on a host's oneDNN; on cuBLAS,
+  // SwiGLU's, which has no bias), it writes the kept pre-activation with its bias, which the
+  // activation reads; else the activation reads its fp32 output and adds the bias.
   const bool gelu = d.parts.mlp == MlpKind::gelu;
   auto activate = [&](const auto& product, const ConstVec<Exec>& bias) {
     if (gelu) {
@@ -372,7 +372,7 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
   const MatOf<Exec, T> ln2 = detail::all_rows(exec, tp, s.ln2, ws.template gathered_as<T>());
   bool rounded = false;
   if constexpr (!std::is_same<T, float>::value) {
-    rounded = w.fc_w.bf16() && rounding_products<Exec>(s.products);
+    rounded = w.fc_w.bf16() && rounding_products<Exec>(s.products, gelu);
     if (rounded) {
       linear_forward(exec, s.fch, ln2, w.fc_w, gelu ? w.fc_b : ConstVec<Exec>(), s.products, ws.widened,
                      Mat<Exec>());

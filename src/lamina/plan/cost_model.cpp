@@ -94,10 +94,13 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double KV = static_cast<double>(d.NKV * d.hd);
   const bool keys_gathered = d.context_parallel() && d.attention == AttentionProducts::staged;
   const double kv_copies = keys_gathered ? o.cp : 1.0;
-  // A host's bf16 engine (oneDNN) writes the QKV projection's and the MLP's first products
-  // in bf16 with their biases (kernels/gemm.hpp, rounding_products): the activation then
+  // A bf16 engine writes a product's output in bf16 where it can (kernels/gemm.hpp,
+  // rounding_products): a host's oneDNN with the product's bias as its epilogue, cuBLAS where
+  // the product has no bias (a Llama block's QKV and [gate | up] products; the row-parallel
+  // partial results summed in bf16, whose biases join the residual). The activation then
   // reads the kept pre-activation (SwiGLU: [gate | up]) as stored.
   const bool engine = bf16_ && machine.bf16_products(), rounding = engine && machine.device_is_host;
+  const bool qkv_written16 = engine && (rounding || !d.parts.bias);
   // Attention on a host's engine takes the softmax by row blocks whose products stop at the
   // block's last row: the rows read and write their fp32 scores only up to the diagonal (half
   // the (T, T) scores under the mask) and round the probabilities only as far (in place into
@@ -118,8 +121,9 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double norms = layernorm ? 2 * s * R * C + (3 * s + branch) * R * C
                                  : 2 * s * R * C + (2 * s + branch) * R * C + 2 * s * R * C;
   const double rotary = d.parts.position == PositionKind::rotary ? 2 * s * N * (A + KV) : 0.0;
-  const double mlp = rounding ? (swiglu ? 3 * s * N * F : 2 * s * N * F)
-                              : (swiglu ? (8 + 3 * s) * N * F : (4 + 2 * s) * N * F);
+  const bool fc_written16 = engine && (rounding || swiglu);
+  const double mlp = fc_written16 ? (swiglu ? 3 * s * N * F : 2 * s * N * F)
+                                  : (swiglu ? (8 + 3 * s) * N * F : (4 + 2 * s) * N * F);
   const double ew_forward =
       norms + (2 * s + branch) * R * C + 2 * s * N * (A + 2 * KV * kv_copies) + rotary + scores + mlp;
   // And of its backward, whose gradients are fp32: each norm's kernel reads the output's
@@ -167,7 +171,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double ew_backward = norms_backward + biases + mlp_backward + rotary_backward + qkv_backward + scores_backward;
   // Tensor parallelism: two all-reduces of the (N, C) residual stream per pass (Megatron), in
   // fp32, or in bf16 (parallel.tp_sums): forward, the products write their partial results in
-  // bf16 where they round (a host's engine), else a pass rounds them (read 4, write 2 bytes);
+  // bf16 where they round (a bf16 engine), else a pass rounds them (read 4, write 2 bytes);
   // backward, a pass rounds the partial gradients. Under sequence parallelism each all-reduce
   // is an all-gather and a reduce-scatter (half the bytes each): forward, the norms' outputs
   // gathered as stored and the row-parallel results reduce-scattered at the sums' precision;
@@ -181,14 +185,14 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const bool sp = d.sequence_parallel();
   const double tp_comm = o.tp == 1 ? 0.0 : sp ? 2.0 * (gathered + scattered) : 2.0 * all_reduce;
   const double tp_comm_backward = o.tp == 1 ? 0.0 : sp ? 2.0 * (fp32_half + scattered + gathered) : 2.0 * all_reduce;
-  const double sums_forward = sum16 && !rounding ? 2 * 6 * N * C : 0.0;
+  const double sums_forward = sum16 && !engine ? 2 * 6 * N * C : 0.0;
   const double sums_backward = sum16 ? 2 * 6 * N * C : 0.0;
   // What bf16 runs still convert, 6 bytes per element (the fp32 side and the bf16 one). A
   // bf16 engine reads stored activations and weights as they are; it rounds the fp32
   // operands: each product's output gradient dY in backward (once for both of its products),
   // and at the head the final norm's output (both passes) and the logits' gradient. The QKV
-  // projection's output is rounded into storage with its bias in a pass of its own, or (a
-  // host's engine) as the product writes it. Attention on a host's oneDNN reads q, k, v as
+  // projection's output is rounded into storage with its bias in a pass of its own, or as the
+  // product writes it (a host's engine; cuBLAS where it has no bias). Attention on a host's oneDNN reads q, k, v as
   // stored, writes its output rounded as its products sum it, and rounds dy, a row block's
   // score gradients (and, fused, its recomputed probabilities) in bf16 beside fp32 (2 bytes
   // each, half of the (T, T) scores under the mask); a device's fused kernels read and write
@@ -209,7 +213,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
                                       : staged_engine ? 6 * N * A
                                                       : copies;
     const double read_activations = 6 * N * (2 * C + A + F);  // ln1, atty, ln2, gelu widened
-    const double qkv_rounded = rounding ? 0.0 : 6 * N * (A + 2 * KV);
+    const double qkv_rounded = qkv_written16 ? 0.0 : 6 * N * (A + 2 * KV);
     convert_forward = qkv_rounded + attention_forward + (engine ? 0.0 : 6 * weights + read_activations) + sums_forward;
     // Each product's output gradient rounded: the two projections' (dres), the MLP's first
     // (GELU's, or SwiGLU's [dgate | dup] unless written in bf16) and the QKV projection's.
