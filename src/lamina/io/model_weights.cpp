@@ -143,7 +143,8 @@ class SafetensorsSource : public WeightsSource {
     for (const auto& f : files) shards_.push_back(std::make_unique<SafetensorsFile>(f));
     // The index must say where each tensor is: a key it names in a shard that lacks it is a
     // stale or edited index, whatever the other shards hold.
-    for (const auto& [key, file] : index_) {
+    for (const auto& entry : index_) {  // not a structured binding: the lambda below captures it
+      const std::string &key = entry.first, &file = entry.second;
       const auto shard = std::find_if(shards_.begin(), shards_.end(), [&](const auto& s) { return s->path() == file; });
       if (shard != shards_.end() && (*shard)->tensors().count(key) == 0) {
         throw InputError(index_path_ + ": weight_map[\"" + key + "\"] names " + fs::path(file).filename().string() +

@@ -104,7 +104,9 @@ GradientReducer::GradientReducer(MemoryTracker& tracker, const ParamLayout& layo
   // The elements this rank is the one owner of, every tensor's piece of them, summed in one
   // reduction per step.
   std::vector<Span> spans;
-  for (const auto& [l, s] : slots_) {
+  for (const auto& slot : slots_) {  // not a structured binding: the lambda below captures it
+    const int l = slot.first;
+    const Slot& s = slot.second;
     if (l == 0 && !grid_.first_stage()) continue;  // the last stage's copy of the tied embedding
     const std::int64_t begin = grid_.data_rank() * s.shard.shard, end = std::min(s.shard.numel, begin + s.shard.shard);
     const auto add_span = [&](std::int64_t first, std::int64_t last) {
