@@ -14,6 +14,7 @@
 #include <climits>
 #include <stdexcept>
 #include <type_traits>
+#include <utility>
 
 #include "lamina/core/precision.hpp"
 #include "lamina/kernels/bf16.hpp"
@@ -729,29 +730,41 @@ void batched_gemm(const Exec& exec, const char* ta, const char* tb, float alpha,
   }
 }
 
-// The same product for every matrix of a batch, operands stored in bf16, summed in fp32 on
-// Exec's bf16 engine (detail::bf16_engine<Exec>() true): C[i] = alpha * op(A[i]) @ op(B[i]) +
-// beta * C[i], each slice a contiguous row-major matrix.
-template <class Exec>
-void batched_gemm_bf16(const Exec& exec, const char* ta, const char* tb, float alpha, const Mats16<Exec>& A,
-                       const Mats16<Exec>& B, float beta, const Mats<Exec>& C) {
-  const std::int64_t count = static_cast<std::int64_t>(C.extent(0));
-  if (count == 0) return;
-  if (!detail::bf16_engine<Exec>()) throw std::logic_error("lamina::batched_gemm_bf16: no bf16 engine on this space");
+namespace detail {
+
+// The shapes and strides of a batch of products on bf16 operands, C fp32 or bf16, each slice
+// a contiguous row-major matrix (alpha 1, beta 0, g.c unset).
+template <class Exec, class CV>
+std::pair<RowMajorGemm, GemmBatch> bf16_batch(const char* ta, const char* tb, const Mats16<Exec>& A,
+                                              const Mats16<Exec>& B, const CV& C) {
+  if (!bf16_engine<Exec>()) throw std::logic_error("lamina::batched_gemm_bf16: no bf16 engine on this space");
   RowMajorGemm g;
   g.ta = *ta;
   g.tb = *tb;
   g.m = static_cast<std::int64_t>(C.extent(1));
   g.n = static_cast<std::int64_t>(C.extent(2));
   g.k = static_cast<std::int64_t>(g.ta == 'N' ? A.extent(2) : A.extent(1));
-  g.alpha = alpha;
   g.lda = static_cast<std::int64_t>(A.stride_1());
   g.ldb = static_cast<std::int64_t>(B.stride_1());
+  g.ldc = static_cast<std::int64_t>(C.stride_1());
+  const GemmBatch batch{static_cast<std::int64_t>(C.extent(0)), static_cast<std::int64_t>(A.stride_0()),
+                        static_cast<std::int64_t>(B.stride_0()), static_cast<std::int64_t>(C.stride_0())};
+  return {g, batch};
+}
+
+}  // namespace detail
+
+// The same product for every matrix of a batch, operands stored in bf16, summed in fp32 on
+// Exec's bf16 engine (detail::bf16_engine<Exec>() true): C[i] = alpha * op(A[i]) @ op(B[i]) +
+// beta * C[i], each slice a contiguous row-major matrix.
+template <class Exec>
+void batched_gemm_bf16(const Exec& exec, const char* ta, const char* tb, float alpha, const Mats16<Exec>& A,
+                       const Mats16<Exec>& B, float beta, const Mats<Exec>& C) {
+  if (C.extent(0) == 0) return;
+  auto [g, batch] = detail::bf16_batch<Exec>(ta, tb, A, B, C);
+  g.alpha = alpha;
   g.beta = beta;
   g.c = C.data();
-  g.ldc = static_cast<std::int64_t>(C.stride_1());
-  const GemmBatch batch{count, static_cast<std::int64_t>(A.stride_0()), static_cast<std::int64_t>(B.stride_0()),
-                        static_cast<std::int64_t>(C.stride_0())};
   detail::bf16_product(exec, g, A.data(), B.data(), batch);
 }
 
@@ -760,20 +773,8 @@ void batched_gemm_bf16(const Exec& exec, const char* ta, const char* tb, float a
 template <class Exec>
 void batched_gemm_bf16(const Exec& exec, const char* ta, const char* tb, const Mats16<Exec>& A, const Mats16<Exec>& B,
                        const Mats16<Exec>& C) {
-  const std::int64_t count = static_cast<std::int64_t>(C.extent(0));
-  if (count == 0) return;
-  if (!detail::bf16_engine<Exec>()) throw std::logic_error("lamina::batched_gemm_bf16: no bf16 engine on this space");
-  RowMajorGemm g;
-  g.ta = *ta;
-  g.tb = *tb;
-  g.m = static_cast<std::int64_t>(C.extent(1));
-  g.n = static_cast<std::int64_t>(C.extent(2));
-  g.k = static_cast<std::int64_t>(g.ta == 'N' ? A.extent(2) : A.extent(1));
-  g.lda = static_cast<std::int64_t>(A.stride_1());
-  g.ldb = static_cast<std::int64_t>(B.stride_1());
-  g.ldc = static_cast<std::int64_t>(C.stride_1());
-  const GemmBatch batch{count, static_cast<std::int64_t>(A.stride_0()), static_cast<std::int64_t>(B.stride_0()),
-                        static_cast<std::int64_t>(C.stride_0())};
+  if (C.extent(0) == 0) return;
+  const auto [g, batch] = detail::bf16_batch<Exec>(ta, tb, A, B, C);
   detail::bf16_product_rounded(exec, g, A.data(), B.data(), C.data(), batch);
 }
 
