@@ -512,20 +512,48 @@ bool rounds_output_gradient(ProductMath math, const MatRefArg<Exec>& W) {
 // dY^T X (the tied LM head, W: vocabulary x in).
 enum class WeightGradient { xt_dy, dyt_x };
 
+// Whether the input gradient of a layer's backward products can be written in bf16 (dX a
+// Mat16: the partial gradients a bf16 tensor-parallel sum reads): where they round dY
+// (rounds_output_gradient) on a space whose products write bf16 without a bias.
+template <class Exec>
+bool rounds_input_gradient(ProductMath math, const MatRefArg<Exec>& W) {
+  return rounds_output_gradient<Exec>(math, W) && rounding_products<Exec>(math, false);
+}
+
+namespace detail {
+// Rows r0 .. r0 + g.m of dX = dY op(W) on the bf16 engine (g.c not read), written as dX is
+// stored: fp32, or bf16 rounded to nearest as the engine writes it.
+template <class Exec, class DXV>
+void input_gradient_product(const Exec& exec, RowMajorGemm g, std::int64_t r0, const std::uint16_t* dy,
+                            const MatRefArg<Exec>& W, const DXV& dX) {
+  if constexpr (std::is_same<StoredType<DXV>, std::uint16_t>::value) {
+    bf16_product_rounded(exec, g, dy, W.b16.data(), dX.data() + r0 * g.ldc);
+  } else {
+    g.c = dX.data() + r0 * g.ldc;
+    bf16_product(exec, g, dy, W.b16.data());
+  }
+}
+}  // namespace detail
+
 // A layer's two backward products: dX = dY op(W) (overwritten) and dW += the `form` of X
 // and dY. X is fp32, or (xt_dy only) bf16 as a bf16 run stores its activations. On a bf16
 // engine with W stored in bf16, each block of rows of dY (and of an fp32 X) is rounded once
 // for both products (dY, the larger, would otherwise be rounded twice), and a bf16 X is read
-// as it is; else two gemm() calls, a bf16 X widened a block of rows at a time.
+// as it is; else two gemm() calls, a bf16 X widened a block of rows at a time. dX is fp32,
+// or bf16 where rounds_input_gradient.
 // `scratch`: product_scratch() elements. With `dsums`, a host's engine on one thread adds dY's
 // column sums (a bias gradient) into it in the pass that rounds dY; returns whether it did
 // (else the caller sums them). A `gate` other than NoGate is applied to dY in that pass, and
 // needs it (rounds_output_gradient).
-template <class Exec, class DV, class XV, class G = detail::NoGate>
+template <class Exec, class DV, class XV, class DXV, class G = detail::NoGate>
 bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& W, const DV& dY, const XV& X,
-                       const Mat<Exec>& dX, const Mat<Exec>& dW, WeightGradient form, ProductMath math,
+                       const DXV& dX, const Mat<Exec>& dW, WeightGradient form, ProductMath math,
                        const Vec<Exec>& scratch, const Vec<Exec>& dsums = Vec<Exec>(), const G& gate = G{}) {
   constexpr bool x16 = std::is_same<StoredType<XV>, std::uint16_t>::value;
+  constexpr bool dx16 = std::is_same<StoredType<DXV>, std::uint16_t>::value;
+  if (dx16 && !rounds_input_gradient<Exec>(math, W)) {
+    throw std::logic_error("lamina::backward_products: a bf16 dX needs products that write bf16");
+  }
   const std::int64_t N = static_cast<std::int64_t>(dY.extent(0));
   const std::int64_t a = static_cast<std::int64_t>(dY.extent(1)), b = static_cast<std::int64_t>(X.extent(1));
   if constexpr (x16) {
@@ -575,8 +603,7 @@ bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& 
         xr = dy16 + r * a;
       }
       gx.m = r;
-      gx.c = dX.data() + r0 * gx.ldc;
-      detail::bf16_product(exec, gx, dy16, W.b16.data());
+      detail::input_gradient_product(exec, gx, r0, dy16, W, dX);
       gw.k = r;
       if (form == WeightGradient::xt_dy) {
         detail::bf16_product(exec, gw, xr, dy16);
@@ -589,7 +616,7 @@ bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& 
   if (!std::is_same<G, detail::NoGate>::value) {
     throw std::logic_error("lamina::backward_products: a gated output gradient needs the bf16 engine's rounding pass");
   }
-  gemm(exec, "N", tw, 1.0f, dY, W, 0.0f, dX, math, scratch);
+  if constexpr (!dx16) gemm(exec, "N", tw, 1.0f, dY, W, 0.0f, dX, math, scratch);
   if constexpr (x16) {
     if (math == ProductMath::bf16 && detail::bf16_engine<Exec>()) {
       throw std::logic_error("lamina::backward_products: a bf16 activation with an fp32 weight");
@@ -613,12 +640,15 @@ bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& 
 // A linear layer's two backward products on a bf16 engine with its output gradient dY (N,
 // OUT) already in bf16, written so by the kernel before them (linear_swiglu_backward), and its
 // input X (N, IN) and weight W (IN, OUT) stored in bf16: dX = dY W^T and dW += X^T dY, each
-// whole, reading the operands as they are.
-template <class Exec>
+// whole, reading the operands as they are. dX as backward_products'.
+template <class Exec, class DXV>
 void backward_products_bf16(const Exec& exec, const MatRefArg<Exec>& W, const ConstMat16<Exec>& dY,
-                            const ConstMat16<Exec>& X, const Mat<Exec>& dX, const Mat<Exec>& dW, ProductMath math) {
+                            const ConstMat16<Exec>& X, const DXV& dX, const Mat<Exec>& dW, ProductMath math) {
   if (!rounds_output_gradient<Exec>(math, W)) {
     throw std::logic_error("lamina::backward_products_bf16: needs a bf16 weight and a bf16 engine");
+  }
+  if (std::is_same<StoredType<DXV>, std::uint16_t>::value && !rounds_input_gradient<Exec>(math, W)) {
+    throw std::logic_error("lamina::backward_products_bf16: a bf16 dX needs products that write bf16");
   }
   const std::int64_t N = static_cast<std::int64_t>(dY.extent(0));
   const std::int64_t a = static_cast<std::int64_t>(dY.extent(1)), b = static_cast<std::int64_t>(X.extent(1));
@@ -630,9 +660,8 @@ void backward_products_bf16(const Exec& exec, const MatRefArg<Exec>& W, const Co
   gx.k = a;
   gx.lda = static_cast<std::int64_t>(dY.stride_0());
   gx.ldb = static_cast<std::int64_t>(W.b16.stride_0());
-  gx.c = dX.data();
   gx.ldc = static_cast<std::int64_t>(dX.stride_0());
-  detail::bf16_product(exec, gx, dY.data(), W.b16.data());
+  detail::input_gradient_product(exec, gx, 0, dY.data(), W, dX);
   RowMajorGemm gw;  // dW += X^T dY
   gw.ta = 'T';
   gw.tb = 'N';

@@ -83,12 +83,13 @@ void linear_forward(const Exec& exec, const Mat16<Exec>& out, const InV& inp, co
                        LinearBiasStore<Exec>{out, product, bias, bias.data() != nullptr});
 }
 
-// dinp: (N, IC) overwritten; dweight: (IC, OC) +=; dbias: (OC) +=, or empty when the
-// caller reduces the bias gradient itself; inp: as stored; partials: for a device's column
-// sums (add_column_sums). A host's bf16 engine on one thread sums the bias gradient as it
-// rounds dout for the products; elsewhere dout's column sums are it.
-template <class Exec, class InV>
-void linear_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
+// dinp: (N, IC) overwritten, fp32 or (where rounds_input_gradient) bf16; dweight: (IC, OC)
+// +=; dbias: (OC) +=, or empty when the caller reduces the bias gradient itself; inp: as
+// stored; partials: for a device's column sums (add_column_sums). A host's bf16 engine on one
+// thread sums the bias gradient as it rounds dout for the products; elsewhere dout's column
+// sums are it.
+template <class Exec, class InV, class DV>
+void linear_backward(const Exec& exec, const DV& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
                      const ConstMat<Exec>& dout, const InV& inp, const MatRefArg<Exec>& weight,
                      const Vec<Exec>& partials, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
   const bool summed =
@@ -101,8 +102,8 @@ void linear_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& d
 // sums the bias gradient (a host's bf16 engine on one thread), that pass multiplies by
 // gelu'(pre) as it reads: dact is left as it was, and no fp32 gradient of pre is written.
 // Elsewhere dact becomes that gradient in a pass of its own, then the layer's backward.
-template <class Exec, class InV, class PV>
-void linear_gelu_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
+template <class Exec, class InV, class PV, class DV>
+void linear_gelu_backward(const Exec& exec, const DV& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
                           const Mat<Exec>& dact, const PV& pre, const InV& inp, const MatRefArg<Exec>& weight,
                           const Vec<Exec>& partials, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
   if (rounds_output_gradient<Exec>(math, weight) && (dbias.data() == nullptr || detail::one_host_thread(exec))) {
@@ -122,8 +123,8 @@ void linear_gelu_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exe
 // SwiGLU's backward writes [dgate | dup] in bf16 into dpre's memory and both products read
 // it as stored: no fp32 gradient of [gate | up] is written, and no pass rounds it. Elsewhere
 // it is written in fp32, then the layer's backward.
-template <class Exec, class InV, class PV>
-void linear_swiglu_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
+template <class Exec, class InV, class PV, class DV>
+void linear_swiglu_backward(const Exec& exec, const DV& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
                             const Mat<Exec>& dpre, const ConstMat<Exec>& dact, const PV& pre, const InV& inp,
                             const MatRefArg<Exec>& weight, const Vec<Exec>& partials, ProductMath math,
                             const Vec<Exec>& scratch = Vec<Exec>()) {

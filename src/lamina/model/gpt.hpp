@@ -126,19 +126,40 @@ void row_parallel_forward(const Exec& exec, const ShardCombine& tp, const Mat<Ex
   then(ConstMat<Exec>(product));
 }
 
-// The tensor-parallel sum of the (N, C) partial gradients `g` of a norm's output (the
+// Where a bf16 run sums in bf16 (tp.sum16), the partial gradients of a norm's output (ws.dln,
+// (N, C)) in bf16: in ws.scratch, where the column-parallel products write them when they can
+// (partials_written16), else a pass rounds ws.dln (combine_gradients).
+template <class Exec>
+Mat16<Exec> rounded_partials(const Workspace<Exec>& ws) {
+  return Mat16<Exec>(reinterpret_cast<std::uint16_t*>(ws.scratch.data()), ws.dln.extent(0), ws.dln.extent(1));
+}
+
+// Whether a column-parallel product with weight w writes its input gradient in bf16 into
+// rounded_partials for a bf16 sum: the products write bf16 without a bias (cuBLAS; a host's
+// oneDNN), as Megatron's backward GEMMs write the bf16 gradients it all-reduces.
+template <class Exec, class T>
+bool partials_written16(const ShardCombine& tp, ProductMath math, const MatRefArg<Exec>& w) {
+  return !std::is_same<T, float>::value && tp.sum16 && rounds_input_gradient<Exec>(math, w);
+}
+
+// The tensor-parallel sum of the (N, C) partial gradients g = ws.dln of a norm's output (the
 // column-parallel products' input gradients), handed to `then` with the scratch the norm's
 // backward may use: in fp32, g itself and ws.scratch; or where a bf16 run sums in bf16,
-// rounded into ws.scratch, summed there and read as bf16 (its scratch is then g's memory).
-// Under sequence parallelism the sum is a reduce-scatter and `then` gets this rank's (R, C)
-// rows: fp32 in ws.gathered_grad, or bf16 in ws.gathered.
+// rounded into ws.scratch (unless `written16`: the products wrote them there), summed there
+// and read as bf16 (its scratch is then g's memory). Under sequence parallelism the sum is a
+// reduce-scatter and `then` gets this rank's (R, C) rows: fp32 in ws.gathered_grad, or bf16
+// in ws.gathered.
 template <class Exec, class T, class Then>
-void combine_gradients(const Exec& exec, const ShardCombine& tp, const Mat<Exec>& g, const Workspace<Exec>& ws,
+void combine_gradients(const Exec& exec, const ShardCombine& tp, bool written16, const Workspace<Exec>& ws,
                        const Then& then) {
+  const Mat<Exec>& g = ws.dln;
   if constexpr (!std::is_same<T, float>::value) {
-    if (tp.scatter_sum16) {
-      const Mat16<Exec> rounded(reinterpret_cast<std::uint16_t*>(ws.scratch.data()), g.extent(0), g.extent(1));
+    if (tp.sum16 && !written16) {
+      const Mat16<Exec> rounded = rounded_partials(ws);
       to_bf16(exec, Bf16Vec<Exec>(rounded.data(), rounded.size()), ConstVec<Exec>(flat(g)));
+    }
+    if (tp.scatter_sum16) {
+      const Mat16<Exec> rounded = rounded_partials(ws);
       exec.fence();
       const Mat16<Exec> share(reinterpret_cast<std::uint16_t*>(ws.gathered.data()), g.extent(0) / tp.shards,
                               g.extent(1));
@@ -155,8 +176,7 @@ void combine_gradients(const Exec& exec, const ShardCombine& tp, const Mat<Exec>
   }
   if constexpr (!std::is_same<T, float>::value) {
     if (tp.sum16) {
-      const Mat16<Exec> sum(reinterpret_cast<std::uint16_t*>(ws.scratch.data()), g.extent(0), g.extent(1));
-      to_bf16(exec, Bf16Vec<Exec>(sum.data(), sum.size()), ConstVec<Exec>(flat(g)));
+      const Mat16<Exec> sum = rounded_partials(ws);
       exec.fence();
       tp.sum16(sum.data(), static_cast<std::int64_t>(sum.size()));
       then(ConstMat16<Exec>(sum), g);
@@ -403,19 +423,32 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   const MatOf<Exec, T> all = ws.template gathered_as<T>();
   // MLP branch: out = x2 + c_proj(act(c_fc(ln_2(x2))))
   const Mat<Exec> dout = detail::all_rows<Exec, float>(exec, tp, dres, ws.gathered_grad);
+  // The column-parallel products' input gradients: fp32 into ws.dln, or bf16 for a bf16 sum.
+  const auto into_partials = [&](bool written16, const auto& backward) {
+    if (written16) {
+      backward(detail::rounded_partials(ws));
+    } else {
+      backward(ws.dln);
+    }
+  };
+  const bool fc16 = detail::partials_written16<Exec, T>(tp, s.products, w.fc_w);
   if (d.parts.mlp == MlpKind::gelu) {
     linear_backward(exec, ws.dfch, g.fcproj_w, g.fcproj_b, dout, s.fch_gelu, w.fcproj_w, ws.column_partials, s.products,
                     ws.widened);
-    linear_gelu_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, s.fch, detail::all_rows(exec, tp, s.ln2, all), w.fc_w,
-                         ws.column_partials, s.products, ws.widened);
+    into_partials(fc16, [&](const auto& dln) {
+      linear_gelu_backward(exec, dln, g.fc_w, g.fc_b, ws.dfch, s.fch, detail::all_rows(exec, tp, s.ln2, all), w.fc_w,
+                           ws.column_partials, s.products, ws.widened);
+    });
   } else {
     linear_backward(exec, ws.dact, g.fcproj_w, g.fcproj_b, dout, s.fch_gelu, w.fcproj_w, ws.column_partials, s.products,
                     ws.widened);
-    linear_swiglu_backward(exec, ws.dln, g.fc_w, g.fc_b, ws.dfch, ws.dact, s.fch,
-                           detail::all_rows(exec, tp, s.ln2, all), w.fc_w, ws.column_partials, s.products,
-                           ws.widened);
+    into_partials(fc16, [&](const auto& dln) {
+      linear_swiglu_backward(exec, dln, g.fc_w, g.fc_b, ws.dfch, ws.dact, s.fch,
+                             detail::all_rows(exec, tp, s.ln2, all), w.fc_w, ws.column_partials, s.products,
+                             ws.widened);
+    });
   }
-  detail::combine_gradients<Exec, T>(exec, tp, ws.dln, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
+  detail::combine_gradients<Exec, T>(exec, tp, fc16, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
     block_norm_backward(exec, d, dres, g.ln2_w, g.ln2_b, dln, dres, s.x2, w.ln2_w, s.ln2_mean, s.ln2_rstd, scratch,
                         ws.column_partials);
   });
@@ -432,10 +465,13 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   // The QKV bias's gradient: dqkv's column sums, taken as the layer's bias gradient into a
   // zeroed workspace, then added but for the k part.
   if (d.parts.bias) Kokkos::deep_copy(exec, ws.qkv_bias_sums, 0.0f);
-  linear_backward(exec, ws.dln, g.qkv_w, d.parts.bias ? ws.qkv_bias_sums : Vec<Exec>(), ws.dqkv,
-                  detail::all_rows(exec, tp, s.ln1, all), w.qkv_w, ws.column_partials, s.products, ws.widened);
+  const bool qkv16 = detail::partials_written16<Exec, T>(tp, s.products, w.qkv_w);
+  into_partials(qkv16, [&](const auto& dln) {
+    linear_backward(exec, dln, g.qkv_w, d.parts.bias ? ws.qkv_bias_sums : Vec<Exec>(), ws.dqkv,
+                    detail::all_rows(exec, tp, s.ln1, all), w.qkv_w, ws.column_partials, s.products, ws.widened);
+  });
   if (d.parts.bias) qkv_bias_backward(exec, g.qkv_b, ws.qkv_bias_sums, d.NH, d.hd);
-  detail::combine_gradients<Exec, T>(exec, tp, ws.dln, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
+  detail::combine_gradients<Exec, T>(exec, tp, qkv16, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
     block_norm_backward(exec, d, dres, g.ln1_w, g.ln1_b, dln, dres, x, w.ln1_w, s.ln1_mean, s.ln1_rstd, scratch,
                         ws.column_partials);
   });
@@ -527,7 +563,7 @@ void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const Fin
       tied_head_backward(exec, dln, dweight, logits, lnf, weight, d.products, ws.widened);
     }
   });
-  detail::combine_gradients<Exec, float>(exec, tp, ws.dln, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
+  detail::combine_gradients<Exec, float>(exec, tp, false, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
     block_norm_backward(exec, d, dres, g.w, g.b, dln, ConstMat<Exec>(), x, w.w, h.lnf_mean, h.lnf_rstd, scratch,
                         ws.column_partials);
   });

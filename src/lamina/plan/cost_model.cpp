@@ -170,9 +170,9 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
       (2 * s + 8) * N * A + (keys_gathered ? (2 * s + 12) * o.cp * N * 2 * KV + 8 * N * 2 * KV : (2 * s + 8) * N * 2 * KV);
   const double ew_backward = norms_backward + biases + mlp_backward + rotary_backward + qkv_backward + scores_backward;
   // Tensor parallelism: two all-reduces of the (N, C) residual stream per pass (Megatron), in
-  // fp32, or in bf16 (parallel.tp_sums): forward, the products write their partial results in
-  // bf16 where they round (a bf16 engine), else a pass rounds them (read 4, write 2 bytes);
-  // backward, a pass rounds the partial gradients. Under sequence parallelism each all-reduce
+  // fp32, or in bf16 (parallel.tp_sums): the products write their partial results (forward)
+  // and partial input gradients (backward) in bf16 where they round (a bf16 engine: neither
+  // has a bias), else a pass rounds them (read 4, write 2 bytes). Under sequence parallelism each all-reduce
   // is an all-gather and a reduce-scatter (half the bytes each): forward, the norms' outputs
   // gathered as stored and the row-parallel results reduce-scattered at the sums' precision;
   // backward, the residual gradient gathered in fp32, the norms' input gradients
@@ -185,8 +185,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const bool sp = d.sequence_parallel();
   const double tp_comm = o.tp == 1 ? 0.0 : sp ? 2.0 * (gathered + scattered) : 2.0 * all_reduce;
   const double tp_comm_backward = o.tp == 1 ? 0.0 : sp ? 2.0 * (fp32_half + scattered + gathered) : 2.0 * all_reduce;
-  const double sums_forward = sum16 && !engine ? 2 * 6 * N * C : 0.0;
-  const double sums_backward = sum16 ? 2 * 6 * N * C : 0.0;
+  const double sums_rounded = sum16 && !engine ? 2 * 6 * N * C : 0.0;  // per pass
   // What bf16 runs still convert, 6 bytes per element (the fp32 side and the bf16 one). A
   // bf16 engine reads stored activations and weights as they are; it rounds the fp32
   // operands: each product's output gradient dY in backward (once for both of its products),
@@ -214,12 +213,12 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
                                                       : copies;
     const double read_activations = 6 * N * (2 * C + A + F);  // ln1, atty, ln2, gelu widened
     const double qkv_rounded = qkv_written16 ? 0.0 : 6 * N * (A + 2 * KV);
-    convert_forward = qkv_rounded + attention_forward + (engine ? 0.0 : 6 * weights + read_activations) + sums_forward;
+    convert_forward = qkv_rounded + attention_forward + (engine ? 0.0 : 6 * weights + read_activations) + sums_rounded;
     // Each product's output gradient rounded: the two projections' (dres), the MLP's first
     // (GELU's, or SwiGLU's [dgate | dup] unless written in bf16) and the QKV projection's.
     const double fc_dy = swiglu ? (swiglu_bf16 ? 0.0 : 2 * F) : F;
     convert_backward = attention_backward +
-                       (engine ? 6 * N * (2 * C + fc_dy + A + 2 * KV) : 6 * weights + read_activations) + sums_backward;
+                       (engine ? 6 * N * (2 * C + fc_dy + A + 2 * KV) : 6 * weights + read_activations) + sums_rounded;
     convert_head = 6 * (engine ? N * C : V * C);
     convert_head_backward = 6 * (engine ? N * C : V * C);  // the logits' gradient is rounded where computed
   }

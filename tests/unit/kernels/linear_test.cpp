@@ -379,5 +379,71 @@ TYPED_TEST(LinearTest, ProductsReadStoredBf16Activations) {
   EXPECT_LT(rel_error(to_host(dw), want_dw), 1e-6);
 }
 
+// The column-parallel layers' input gradients written in bf16 for a bf16 tensor-parallel sum
+// (dinp a Mat16, where rounds_input_gradient): for a linear layer with a bias (its rows in
+// blocks of 3, 3, 1 through the scratch), the GELU-gated and the SwiGLU layer, each value
+// is the fp32 path's rounded to nearest, within that fp32 sum's own error (which can tip a
+// value onto the neighbouring bf16 one); the weight and bias gradients are bit for bit the
+// fp32 path's.
+TYPED_TEST(LinearTest, InputGradientsWrittenInBf16AreTheFp32OnesRounded) {
+  using Exec = TypeParam;
+  const int N = 7, IN = 6, F = 5, OUT = 2 * F;
+  const auto x = bf16_values(random_vector(N * IN, 131)), w = bf16_values(random_vector(IN * OUT, 132));
+  const auto pre = bf16_values(random_vector(N * OUT, 133, -3.0, 3.0)), dy = random_vector(N * OUT, 134);
+  const auto w0 = random_vector(IN * OUT, 135), b0 = random_vector(OUT, 136);
+  auto x16 = to_device_bf16<Exec>(x), w16 = to_device_bf16<Exec>(w), pre16 = to_device_bf16<Exec>(pre);
+  const ConstMat16<Exec> xm(x16.data(), N, IN), prem(pre16.data(), N, OUT);
+  const MatRef<Exec> weight(ConstMat16<Exec>(w16.data(), IN, OUT));
+  if (!rounds_input_gradient<Exec>(ProductMath::bf16, weight)) GTEST_SKIP() << "products on this space do not write bf16";
+  Vec<Exec> partials("partials", column_partials(N, 256));
+  for (const char* layer : {"linear", "gelu", "swiglu"}) {
+    SCOPED_TRACE(layer);
+    const std::string form = layer;
+    const bool bias = form == "linear";
+    const std::int64_t room = form == "linear" ? 3 * OUT / 2 : product_scratch<Exec>(N * OUT, OUT);
+    // [0]: dinp in fp32; [1]: in bf16.
+    std::vector<double> dx[2], dw[2], db[2];
+    for (int written16 = 0; written16 < 2; ++written16) {
+      auto scratch = to_device<Exec>(std::vector<double>(static_cast<std::size_t>(room), NAN));
+      auto gw = to_device<Exec>(w0), gd = to_device<Exec>(dy);
+      const Vec<Exec> gb = bias ? to_device<Exec>(b0) : Vec<Exec>();
+      auto gp = to_device<Exec>(std::vector<double>(N * OUT, NAN));
+      const Mat<Exec> gdm = as_mat<Exec>(gd.data(), N, OUT), gwm = as_mat<Exec>(gw.data(), IN, OUT);
+      auto backward = [&](const auto& dinp) {
+        if (form == "linear") {
+          linear_backward(Exec(), dinp, gwm, gb, gdm, xm, weight, partials, ProductMath::bf16, scratch);
+        } else if (form == "gelu") {
+          linear_gelu_backward(Exec(), dinp, gwm, gb, gdm, prem, xm, weight, partials, ProductMath::bf16, scratch);
+        } else {
+          linear_swiglu_backward(Exec(), dinp, gwm, gb, as_mat<Exec>(gp.data(), N, OUT),
+                                 ConstMat<Exec>(as_mat<Exec>(gd.data(), N, F)), prem, xm, weight, partials,
+                                 ProductMath::bf16, scratch);
+        }
+      };
+      if (written16) {
+        Bf16Vec<Exec> g16("g16", N * IN);
+        backward(Mat16<Exec>(g16.data(), N, IN));
+        dx[1] = widened_to_host(g16);
+      } else {
+        auto gx = to_device<Exec>(std::vector<double>(N * IN, NAN));
+        backward(as_mat<Exec>(gx.data(), N, IN));
+        dx[0] = to_host(gx);
+      }
+      dw[written16] = to_host(gw);
+      if (bias) db[written16] = to_host(gb);
+    }
+    EXPECT_EQ(dw[0], dw[1]);
+    EXPECT_EQ(db[0], db[1]);
+    int off_by_a_step = 0;
+    for (int e = 0; e < N * IN; ++e) {
+      const double want = from_bf16(to_bf16(static_cast<float>(dx[0][e])));
+      const double step = std::abs(want) / 128 + 1e-30, err = std::abs(dx[1][e] - want);
+      ASSERT_LE(err, step) << e << ": " << dx[1][e] << " against " << dx[0][e];
+      if (err > 0) ++off_by_a_step;
+    }
+    EXPECT_LE(off_by_a_step, N * IN / 10) << "values a bf16 step from the fp32 path's rounded";
+  }
+}
+
 }  // namespace
 }  // namespace lamina::test
