@@ -420,9 +420,11 @@ void for_each_causal_block(const Exec& exec, const char* label, std::int64_t bat
 // probabilities are computed in fp32 (a block's in the score gradients' workspace, which the
 // forward pass does not use; fused: AttentionWorkspace::probs); the output products write the
 // output rounded into its storage as they sum it.
-// Rows per block: at T = 256 and 1024 (bench-torch, GPT-2 124M; 2 cores) 64 and 128 gave
-// the same step times within their noise (5 %), 32 was slower; 64 wastes less on the mask.
-constexpr std::int64_t kBf16RowBlock = 64;
+// Rows per block: 128. On a 2-core Xeon with AMX, GPT-2 124M's step (4 x 1024) was 3-4 %
+// faster than with 64 in two alternating rounds, bench-torch's (T = 256, where 128 skips
+// less of the mask) within its noise; on an EPYC 64 and 128 had been equal within 5 %, 32
+// slower.
+constexpr std::int64_t kBf16RowBlock = 128;
 
 // The bf16 copies, in AttentionWorkspace::narrowed,
 // and a block's fp32 scores (in place, forward).
