@@ -119,13 +119,13 @@ TYPED_TEST(CrossEntropyTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiff
 
 // bf16 runs whose products read the gradient as stored: each row's gradients rounded into
 // the first half of the row's own memory, bit for bit what rounding cross_entropy_backward's
-// output gives. Rows long enough for a device team to take several blocks of them; targets
-// in a row's first block, its last element, and (a vocabulary shard from `begin`) before or
-// past the shard's columns.
+// output gives. Rows long enough for a device team to take several blocks of them and a
+// host several chunks (the last one partial); targets in a row's first block, its last
+// element, and (a vocabulary shard from `begin`) before or past the shard's columns.
 TYPED_TEST(CrossEntropyTest, Bf16BackwardRoundsTheGradientIntoItsOwnRow) {
   using Exec = TypeParam;
   using Mem = typename Exec::memory_space;
-  for (const int V : {13, 1000}) {
+  for (const int V : {13, 1000, 2500}) {
     SCOPED_TRACE(V);
     const int N = 5, begin = 2;
     const auto logits = random_vector(N * V, 52, -4, 4);
