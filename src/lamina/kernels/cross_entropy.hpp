@@ -193,7 +193,9 @@ struct CrossEntropyBackwardBf16 {
     if constexpr (detail::kOnHost<Exec>) {
       if (S == 1) {
         // The target's gradient is written last, from its logit read first, so that the
-        // loop compares no 64-bit index (which halved its vectors' width).
+        // loop compares no 64-bit index (which halved its vectors' width). The gradients
+        // are written as bytes (memcpy), so that no compiler may move one above a read of
+        // the float it overwrites.
         const bool has_target = y >= 0 && y < V;
         const float target_logit = has_target ? row[y] : 0.0f;
         std::uint16_t g[kChunk];
@@ -202,7 +204,10 @@ struct CrossEntropyBackwardBf16 {
           for (std::int64_t k = 0; k < n; ++k) g[k] = to_bf16(scale * fast_exp(row[j0 + k] - l));
           memcpy(d + j0, g, static_cast<std::size_t>(n) * sizeof(std::uint16_t));
         }
-        if (has_target) d[y] = to_bf16(scale * (fast_exp(target_logit - l) - 1.0f));
+        if (has_target) {
+          const std::uint16_t gy = to_bf16(scale * (fast_exp(target_logit - l) - 1.0f));
+          memcpy(d + y, &gy, sizeof gy);
+        }
         return;
       }
     }
