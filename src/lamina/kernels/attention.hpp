@@ -704,21 +704,21 @@ void bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats
   }
 }
 
-// dqkv from dy = dout by row blocks, last first: dP = dy v^T, dS = the softmax's backward,
+// dqkv from dy (the output gradient, (B T, NH hd) bf16 rows) by row blocks, last first:
+// dP = dy v^T, dS = the softmax's backward,
 // dq = (scale dS) k for the block's rows; dv += P^T dy and dk += (scale dS)^T q for the rows up
 // to the block's last (the last block covers them all and starts the sums). att: the saved
 // probabilities, or (fused) log-sum-exps, with the probabilities recomputed into P; dS:
 // (T, T) fp32 scratch of each (sequence, head).
 template <class Exec>
-void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const HeadMatrices& dS, const Mat<Exec>& dout,
-                             const Mat16<Exec>& qkv, const Mats16<Exec>& att, bool fused, const HeadMatrices& P,
-                             const Vec<Exec>& narrowed, const QkvLayout& L, std::int64_t T) {
+void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const HeadMatrices& dS,
+                             const std::uint16_t* dout, const Mat16<Exec>& qkv, const Mats16<Exec>& att, bool fused,
+                             const HeadMatrices& P, const Vec<Exec>& narrowed, const QkvLayout& L, std::int64_t T) {
   const Bf16Pass b(qkv, L, T);
   const std::int64_t B = b.B, A = b.A, hd = L.hd, NH = L.NH, NKV = L.NKV, G = b.G;
   const Bf16Operands o = Bf16Operands::in(narrowed.data(), static_cast<std::int64_t>(narrowed.extent(0)), B, T, NH, hd);
-  to_bf16(exec, Bf16Vec<Exec>(o.dy, b.N * A), ConstVec<Exec>(dout.data(), b.N * A));
-  exec.fence();
-  const HeadMatrices16 &q = b.q, &k = b.k, &v = b.v, dy = row_heads16(o.dy, A, 0, T, hd),
+  exec.fence();  // dy written
+  const HeadMatrices16 &q = b.q, &k = b.k, &v = b.v, dy = row_heads16(dout, A, 0, T, hd),
                        p = fused ? block_heads16(o.p, NH, T) : score_heads16(att.data(), NH, T),
                        ds = block_heads16(o.ds, NH, T);
   const HeadMatrices dq = row_heads<Exec>(dqkv, L.column(0), T, hd), dk = row_heads<Exec>(dqkv, L.column(1), T, hd),
@@ -1143,6 +1143,26 @@ void attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Ex
   to_bf16(exec, Bf16Vec<Exec>(out.data(), out.size()), ConstVec<Exec>(ws.y32.data(), static_cast<std::int64_t>(out.size())));
 }
 
+// attention_backward with its output gradient already in bf16 (dout: (B T, NH hd) rows, as
+// a product that rounds writes them), attention on a host's oneDNN only
+// (attention_on_host_bf16): no pass rounds it.
+template <class Exec>
+void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& datt, const ConstMat16<Exec>& dout,
+                        const Mat16<Exec>& qkv, const Mat16<Exec>& out, const Mats16<Exec>& att,
+                        const AttentionWorkspace<Exec>& ws, std::int64_t NH, AttentionProducts how, ProductMath math) {
+  if (!attention_on_host_bf16<Exec>(how, math) || dout.extent(1) != out.extent(1) ||
+      static_cast<std::int64_t>(dout.stride_0()) != static_cast<std::int64_t>(out.extent(1))) {
+    throw std::logic_error("lamina::attention_backward: a bf16 output gradient is for attention on a host's oneDNN");
+  }
+  if constexpr (kAttentionInPlace<Exec>) {
+    const std::int64_t T = static_cast<std::int64_t>(att.extent(1)), hd = static_cast<std::int64_t>(out.extent(1)) / NH;
+    const bool fused = how == AttentionProducts::fused;
+    detail::bf16_attention_backward(exec, dqkv, detail::score_heads<Exec>(datt, NH), dout.data(), qkv, att, fused,
+                                    fused ? detail::score_heads<Exec>(ws.probs, NH) : detail::HeadMatrices{},
+                                    ws.narrowed, QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, hd), T);
+  }
+}
+
 template <class Exec>
 void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& datt, const Mat<Exec>& dout,
                         const Mat16<Exec>& qkv, const Mat16<Exec>& out, const Mats16<Exec>& att,
@@ -1158,11 +1178,12 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
   }
   if constexpr (kAttentionInPlace<Exec>) {
     if (attention_on_host_bf16<Exec>(how, math)) {
-      const bool fused = how == AttentionProducts::fused;
-      const std::int64_t hd = static_cast<std::int64_t>(out.extent(1)) / NH;
-      detail::bf16_attention_backward(exec, dqkv, detail::score_heads<Exec>(datt, NH), dout, qkv, att, fused,
-                                      fused ? detail::score_heads<Exec>(ws.probs, NH) : detail::HeadMatrices{},
-                                      ws.narrowed, QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, hd), T);
+      // dout rounded into the bf16 operands' dy rows.
+      const std::int64_t N = static_cast<std::int64_t>(dout.extent(0)), A = static_cast<std::int64_t>(out.extent(1));
+      const detail::Bf16Operands o = detail::Bf16Operands::in(
+          ws.narrowed.data(), static_cast<std::int64_t>(ws.narrowed.extent(0)), N / T, T, NH, A / NH);
+      to_bf16(exec, Bf16Vec<Exec>(o.dy, N * A), ConstVec<Exec>(dout.data(), N * A));
+      attention_backward(exec, dqkv, datt, ConstMat16<Exec>(o.dy, N, A), qkv, out, att, ws, NH, how, math);
       return;
     }
   } else if (how == AttentionProducts::fused) {

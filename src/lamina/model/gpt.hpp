@@ -142,6 +142,20 @@ bool partials_written16(const ShardCombine& tp, ProductMath math, const MatRefAr
   return !std::is_same<T, float>::value && tp.sum16 && rounds_input_gradient<Exec>(math, w);
 }
 
+// Where attention runs on a host's oneDNN (reading its output gradient in bf16) and the
+// output projection's backward can write its input gradient in bf16, ws.datty's memory as
+// that bf16 gradient: the projection writes it, attention reads it, no pass rounds it. Else
+// empty.
+template <class Exec, class T>
+Mat16<Exec> attention_gradient16(const BlockActs<Exec, T>& s, const Workspace<Exec>& ws,
+                                 const MatRefArg<Exec>& proj_w) {
+  if (std::is_same<T, float>::value || !attention_on_host_bf16<Exec>(s.attention, s.products) ||
+      !rounds_input_gradient<Exec>(s.products, proj_w)) {
+    return Mat16<Exec>();
+  }
+  return Mat16<Exec>(reinterpret_cast<std::uint16_t*>(ws.datty.data()), ws.datty.extent(0), ws.datty.extent(1));
+}
+
 // The tensor-parallel sum of the (N, C) partial gradients g = ws.dln of a norm's output (the
 // column-parallel products' input gradients), handed to `then` with the scratch the norm's
 // backward may use: in fp32, g itself and ws.scratch; or where a bf16 run sums in bf16,
@@ -453,11 +467,22 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
                         ws.column_partials);
   });
   // attention branch: x2 = x + c_proj(attn(rotary(c_attn(ln_1(x)))))
-  linear_backward(exec, ws.datty, g.proj_w, g.proj_b, detail::all_rows<Exec, float>(exec, tp, dres, ws.gathered_grad),
-                  s.atty, w.proj_w, ws.column_partials, s.products, ws.widened);
+  const auto projection_backward = [&](const auto& dinp) {
+    linear_backward(exec, dinp, g.proj_w, g.proj_b, detail::all_rows<Exec, float>(exec, tp, dres, ws.gathered_grad),
+                    s.atty, w.proj_w, ws.column_partials, s.products, ws.widened);
+  };
+  const Mat16<Exec> dy16 = tp.ring.pass ? Mat16<Exec>() : detail::attention_gradient16<Exec, T>(s, ws, w.proj_w);
   if (tp.ring.pass) {
+    projection_backward(ws.datty);
     detail::context_attention_backward(exec, tp.ring, s, d, ws);
+  } else if (dy16.data() != nullptr) {
+    projection_backward(dy16);
+    if constexpr (!std::is_same<T, float>::value) {
+      attention_backward(exec, ws.dqkv, ws.datt, ConstMat16<Exec>(dy16), s.qkv, s.atty, s.att, ws.dheads, d.NH,
+                         s.attention, s.products);
+    }
   } else {
+    projection_backward(ws.datty);
     attention_backward(exec, ws.dqkv, ws.datt, ws.datty, s.qkv, s.atty, s.att, ws.dheads, d.NH, s.attention,
                        s.products);
   }

@@ -192,7 +192,8 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // and at the head the final norm's output (both passes) and the logits' gradient. The QKV
   // projection's output is rounded into storage with its bias in a pass of its own, or as the
   // product writes it (a host's engine; cuBLAS where it has no bias). Attention on a host's oneDNN reads q, k, v as
-  // stored, writes its output rounded as its products sum it, and rounds dy, a row block's
+  // stored, writes its output rounded as its products sum it, reads dy in bf16 as the output
+  // projection's backward writes it (context parallelism's ring: a pass rounds it), rounds a row block's
   // score gradients (and, fused, its recomputed probabilities) in bf16 beside fp32 (2 bytes
   // each, half of the (T, T) scores under the mask); a device's fused kernels read and write
   // the storage as they are; staged products on an engine read q, k, v and the saved
@@ -208,7 +209,8 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
     const double attention_forward = host_rows       ? (fused ? 2 * half_scores : 0.0)
                                      : staged_engine ? 6 * N * A
                                                      : copies;
-    const double attention_backward = host_rows       ? 6 * N * A + (fused ? 4 : 2) * half_scores
+    const double ring_dy = d.context_parallel() ? 6 * N * A : 0.0;
+    const double attention_backward = host_rows       ? ring_dy + (fused ? 4 : 2) * half_scores
                                       : staged_engine ? 6 * N * A
                                                       : copies;
     const double read_activations = 6 * N * (2 * C + A + F);  // ln1, atty, ln2, gelu widened

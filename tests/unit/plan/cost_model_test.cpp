@@ -216,7 +216,8 @@ TEST(CostModel, ADeviceIsPricedWithTheAttentionADeviceBuildRuns) {
 // its rows read and write the fp32 scores and write the saved probabilities only up to the
 // diagonal (half the (T, T) scores), and its output products write the output in bf16;
 // backward, they read the probabilities and dP that far and round the score gradients (2 of 6
-// bytes) without writing them in fp32. Staged attention on the engine moves all of the scores
+// bytes) without writing them in fp32, and read dy as the output projection writes it, in bf16
+// (staged attention rounds it: 6 bytes per element). Staged attention on the engine moves all of the scores
 // in bf16 (its product writes them, the softmax reads them and writes the probabilities in
 // place: 2 + 2 + 2), rounds its output from fp32 (6 bytes per element), and backward writes
 // dP in bf16, reads it and the probabilities, and writes the score gradients in its place (2
@@ -234,8 +235,9 @@ TEST(CostModel, AHostsBf16EngineReadsAttentionsStorageInPlace) {
   // output rounded
   EXPECT_NEAR(i.block_forward() - s.block_forward(), (10 * half - 6 * scores - 6 * N * A) / bandwidth, 1e-12);
   // backward: probabilities and dP read (2 + 4) and dS rounded (2) for half the scores; staged
-  // writes dP, reads it and the probabilities and writes dS (2 + 2 + 2 + 2), all of them
-  EXPECT_NEAR(i.block_backward() - s.block_backward(), ((6 + 2) * half - 8 * scores) / bandwidth, 1e-12);
+  // writes dP, reads it and the probabilities and writes dS (2 + 2 + 2 + 2), all of them; no dy
+  // rounded
+  EXPECT_NEAR(i.block_backward() - s.block_backward(), ((6 + 2) * half - 8 * scores - 6 * N * A) / bandwidth, 1e-12);
   EXPECT_NEAR(i.head_backward(), s.head_backward(), 1e-12);
 }
 
