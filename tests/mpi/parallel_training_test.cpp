@@ -643,8 +643,9 @@ TEST_F(ParallelTraining, Bf16TensorParallelSumsHalveTheirBytesAndTrainCloseToOne
 // and a reduce-scatter (half the bytes each), and its backward gathers the two norms' outputs
 // once more; the embedding and the head turn their all-reduce of the stream into a
 // reduce-scatter one way and an all-gather the other; once per step the norms' gradients of
-// each rank's rows are added. bf16: the norms' outputs travel as stored, and the run is the
-// tensor-parallel one's to the last digit (the same sums in the same order).
+// each rank's rows are added. bf16: the norms' outputs (the final norm's too) travel as
+// stored, and the run is the tensor-parallel one's to the last digit (the same sums in the
+// same order).
 TEST_F(ParallelTraining, SequenceParallelismMovesTheSumsAsGathersAndReduceScatters) {
   const std::vector<std::string> tp2 = {"parallel.tp=2"}, sp = {"parallel.tp=2", "parallel.sequence_parallel=true"};
   const JobResult all = train(2, "tp2_all_rows", tp2);
@@ -668,8 +669,9 @@ TEST_F(ParallelTraining, SequenceParallelismMovesTheSumsAsGathersAndReduceScatte
   ASSERT_EQ(bf16_sp.code, 0) << bf16_sp.out;
   ASSERT_EQ(bf16_sp.losses.size(), 5u) << bf16_sp.out;
   for (std::size_t i = 0; i < 5; ++i) {
-    // The norms' outputs gathered in bf16, 1 byte per value: a block's 8 + 8 become 6 + 10.
-    EXPECT_DOUBLE_EQ(bf16_sp.comm[i].at("tp") - bf16.comm[i].at("tp"), norms * 4) << "step " << i + 1;
+    // The norms' outputs gathered in bf16, 1 byte per value: a block's 8 + 8 become 6 + 10,
+    // the head's 4 become 2 + 1.
+    EXPECT_DOUBLE_EQ(bf16_sp.comm[i].at("tp") - bf16.comm[i].at("tp"), norms * 4 - 4 * values) << "step " << i + 1;
     EXPECT_EQ(bf16_sp.losses[i], bf16.losses[i]) << "step " << i + 1;
   }
   // bf16 sums (parallel.tp_sums): the partial results reduce-scatter in bf16, 1 byte per value
@@ -682,7 +684,7 @@ TEST_F(ParallelTraining, SequenceParallelismMovesTheSumsAsGathersAndReduceScatte
   ASSERT_EQ(sums16_sp.code, 0) << sums16_sp.out;
   ASSERT_EQ(sums16_sp.losses.size(), 5u) << sums16_sp.out;
   for (std::size_t i = 0; i < 5; ++i) {
-    EXPECT_DOUBLE_EQ(sums16_sp.comm[i].at("tp") - sums16.comm[i].at("tp"), 4 * 4 * values * 4 + norms * 4)
+    EXPECT_DOUBLE_EQ(sums16_sp.comm[i].at("tp") - sums16.comm[i].at("tp"), 4 * 4 * values * 4 + norms * 4 - 4 * values)
         << "step " << i + 1;
     EXPECT_EQ(sums16_sp.losses[i], sums16.losses[i]) << "step " << i + 1;
   }

@@ -536,7 +536,7 @@ void input_gradient_product(const Exec& exec, RowMajorGemm g, std::int64_t r0, c
 }  // namespace detail
 
 // A layer's two backward products: dX = dY op(W) (overwritten) and dW += the `form` of X
-// and dY. X is fp32, or (xt_dy only) bf16 as a bf16 run stores its activations. On a bf16
+// and dY. X is fp32, or bf16 as a bf16 run stores its activations. On a bf16
 // engine with W stored in bf16, each block of rows of dY (and of an fp32 X) is rounded once
 // for both products (dY, the larger, would otherwise be rounded twice), and a bf16 X is read
 // as it is; else two gemm() calls, a bf16 X widened a block of rows at a time. dX is fp32,
@@ -557,8 +557,8 @@ bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& 
   const std::int64_t N = static_cast<std::int64_t>(dY.extent(0));
   const std::int64_t a = static_cast<std::int64_t>(dY.extent(1)), b = static_cast<std::int64_t>(X.extent(1));
   if constexpr (x16) {
-    if (form != WeightGradient::xt_dy || static_cast<std::int64_t>(X.stride_0()) != b) {
-      throw std::logic_error("lamina::backward_products: a bf16 X is a whole linear layer's input");
+    if (static_cast<std::int64_t>(X.stride_0()) != b) {
+      throw std::logic_error("lamina::backward_products: a bf16 X is a whole layer's input");
     }
   }
   if (rounds_output_gradient<Exec>(math, W)) {
@@ -626,8 +626,13 @@ bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& 
     for (std::int64_t r0 = 0; r0 < N; r0 += rows) {
       const std::int64_t r = std::min(rows, N - r0);
       detail::widen_block(exec, scratch, X, r0, 0, r, b);
-      gemm(exec, "T", "N", 1.0f, as_mat<Exec>(scratch.data(), r, b),
-           Kokkos::subview(dY, std::pair<std::int64_t, std::int64_t>(r0, r0 + r), Kokkos::ALL), 1.0f, dW);
+      const Mat<Exec> x = as_mat<Exec>(scratch.data(), r, b);
+      const auto dy = Kokkos::subview(dY, std::pair<std::int64_t, std::int64_t>(r0, r0 + r), Kokkos::ALL);
+      if (form == WeightGradient::xt_dy) {
+        gemm(exec, "T", "N", 1.0f, x, dy, 1.0f, dW);
+      } else {
+        gemm(exec, "T", "N", 1.0f, dy, x, 1.0f, dW);
+      }
     }
   } else if (form == WeightGradient::xt_dy) {
     gemm(exec, "T", "N", 1.0f, X, dY, 1.0f, dW, math, scratch);
@@ -678,12 +683,13 @@ void backward_products_bf16(const Exec& exec, const MatRefArg<Exec>& W, const Co
 
 // The LM head's two backward products on a bf16 engine with its logits' gradient dY already
 // in bf16 as the engine reads it (N rows of V, ld apart: cross_entropy_backward_bf16's rows)
-// and the head's weight W (V, C) in bf16: dX = dY W in one product, dW += dY^T X with X (N, C,
-// fp32) rounded into `scratch` (product_scratch() elements) a block of rows at a time.
-template <class Exec>
+// and the head's weight W (V, C) in bf16: dX = dY W in one product, dW += dY^T X with X (N, C)
+// read as stored in bf16 in one product, or fp32 and rounded into `scratch`
+// (product_scratch() elements) a block of rows at a time.
+template <class Exec, class XV>
 void head_backward_products_bf16(const Exec& exec, const std::uint16_t* dy, std::int64_t ld,
-                                 const MatRefArg<Exec>& W, const ConstMat<Exec>& X, const Mat<Exec>& dX,
-                                 const Mat<Exec>& dW, const Vec<Exec>& scratch) {
+                                 const MatRefArg<Exec>& W, const XV& X, const Mat<Exec>& dX, const Mat<Exec>& dW,
+                                 const Vec<Exec>& scratch) {
   const std::int64_t N = static_cast<std::int64_t>(X.extent(0)), C = static_cast<std::int64_t>(X.extent(1));
   const std::int64_t V = W.rows();
   if (!W.bf16() || !detail::bf16_engine<Exec>()) {
@@ -701,9 +707,6 @@ void head_backward_products_bf16(const Exec& exec, const std::uint16_t* dy, std:
   gx.c = dX.data();
   gx.ldc = static_cast<std::int64_t>(dX.stride_0());
   detail::bf16_product(exec, gx, dy, W.b16.data());
-  const std::int64_t rows = 2 * static_cast<std::int64_t>(scratch.extent(0)) / std::max<std::int64_t>(C, 1);
-  if (rows < 1) throw std::logic_error("lamina::head_backward_products_bf16: the bf16 scratch holds less than a row");
-  std::uint16_t* x16 = reinterpret_cast<std::uint16_t*>(scratch.data());
   RowMajorGemm gw;  // dW += (rows of dY)^T (rows of X)
   gw.ta = 'T';
   gw.tb = 'N';
@@ -714,11 +717,22 @@ void head_backward_products_bf16(const Exec& exec, const std::uint16_t* dy, std:
   gw.beta = 1.0f;
   gw.c = dW.data();
   gw.ldc = static_cast<std::int64_t>(dW.stride_0());
-  for (std::int64_t r0 = 0; r0 < N; r0 += rows) {
-    const std::int64_t r = std::min(rows, N - r0);
-    detail::narrow_rows(exec, x16, X, r0, r);
-    gw.k = r;
-    detail::bf16_product(exec, gw, dy + r0 * ld, x16);
+  if constexpr (std::is_same<StoredType<XV>, std::uint16_t>::value) {
+    if (static_cast<std::int64_t>(X.stride_0()) != C) {
+      throw std::logic_error("lamina::head_backward_products_bf16: a bf16 X is read as whole rows");
+    }
+    gw.k = N;
+    detail::bf16_product(exec, gw, dy, X.data());
+  } else {
+    const std::int64_t rows = 2 * static_cast<std::int64_t>(scratch.extent(0)) / std::max<std::int64_t>(C, 1);
+    if (rows < 1) throw std::logic_error("lamina::head_backward_products_bf16: the bf16 scratch holds less than a row");
+    std::uint16_t* x16 = reinterpret_cast<std::uint16_t*>(scratch.data());
+    for (std::int64_t r0 = 0; r0 < N; r0 += rows) {
+      const std::int64_t r = std::min(rows, N - r0);
+      detail::narrow_rows(exec, x16, X, r0, r);
+      gw.k = r;
+      detail::bf16_product(exec, gw, dy + r0 * ld, x16);
+    }
   }
 }
 

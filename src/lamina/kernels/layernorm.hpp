@@ -2,7 +2,8 @@
 // LayerNorm over the last dimension (eps 1e-5, as GPT-2 and PyTorch):
 //   out = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps), biased variance.
 // x, out and the saved mean and rstd are read and written in their storage type (float,
-// or bf16 in bf16 runs), with fp32 arithmetic; gradients are fp32.
+// or bf16 in bf16 runs; the final norm's statistics stay fp32), with fp32 arithmetic;
+// gradients are fp32.
 #include "lamina/kernels/bf16.hpp"
 #include "lamina/kernels/norm_backward.hpp"
 #include "lamina/kernels/reduction.hpp"
@@ -30,11 +31,11 @@ KOKKOS_INLINE_FUNCTION void layernorm_row(const Member& team, std::int64_t i, st
   });
 }
 
-// One team per row. X: the input's storage type, Y: the output's and the saved statistics'.
-template <class Exec, class X, class Y>
+// One team per row. X: the input's storage type, Y: the output's, S: the saved statistics'.
+template <class Exec, class X, class Y, class S>
 struct LayernormForward {
   MatOf<Exec, Y> out;
-  VecOf<Exec, Y> mean, rstd;
+  VecOf<Exec, S> mean, rstd;
   MatOf<Exec, const X> inp;
   ConstVec<Exec> weight, bias;
   std::int64_t C;
@@ -63,18 +64,18 @@ struct ResidualLayernormForward {
   }
 };
 
-// out: (N, C); mean, rstd: (N), saved for backward (as out is stored); inp: (N, C);
+// out: (N, C); mean, rstd: (N), saved for backward (fp32, or as out is stored); inp: (N, C);
 // weight, bias: (C)
 template <class Exec, class OutV, class StatV, class InV>
 void layernorm_forward(const Exec& exec, const OutV& out, const StatV& mean, const StatV& rstd, const InV& inp,
                        const ConstVec<Exec>& weight, const ConstVec<Exec>& bias) {
   using X = StoredType<InV>;
   using Y = StoredType<OutV>;
-  static_assert(std::is_same<StoredType<StatV>, Y>::value, "layernorm_forward: statistics are stored as its output");
+  using S = StoredType<StatV>;
   const std::int64_t N = static_cast<std::int64_t>(inp.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(inp.extent(1));
   Kokkos::parallel_for("lamina::layernorm_forward", Teams<Exec>(exec, N, Kokkos::AUTO),
-                       LayernormForward<Exec, X, Y>{out, mean, rstd, inp, weight, bias, C});
+                       LayernormForward<Exec, X, Y, S>{out, mean, rstd, inp, weight, bias, C});
 }
 
 // sum = a + (b + b_bias) (residual_forward), then out, mean, rstd = the layer norm of sum as

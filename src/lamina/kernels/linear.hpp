@@ -146,11 +146,17 @@ void tied_head_forward(const Exec& exec, const Mat<Exec>& logits, const ConstMat
                        const MatRefArg<Exec>& embedding, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
   gemm(exec, "N", "T", 1.0f, inp, embedding, 0.0f, logits, math, scratch);
 }
-
-// dinp: (N, C) overwritten; dembedding: (V, C) +=; dlogits: (N, V)
+// inp stored in bf16 (a bf16 run's final norm output): read as it is by a bf16 engine.
 template <class Exec>
+void tied_head_forward(const Exec& exec, const Mat<Exec>& logits, const ConstMat16<Exec>& inp,
+                       const MatRefArg<Exec>& embedding, ProductMath math, const Vec<Exec>& scratch) {
+  gemm(exec, "T", 1.0f, inp, embedding, 0.0f, logits, math, scratch);
+}
+
+// dinp: (N, C) overwritten; dembedding: (V, C) +=; dlogits: (N, V); inp: fp32 or bf16
+template <class Exec, class InV>
 void tied_head_backward(const Exec& exec, const Mat<Exec>& dinp, const Mat<Exec>& dembedding,
-                        const ConstMat<Exec>& dlogits, const ConstMat<Exec>& inp, const MatRefArg<Exec>& embedding,
+                        const ConstMat<Exec>& dlogits, const InV& inp, const MatRefArg<Exec>& embedding,
                         ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
   backward_products(exec, "N", embedding, dlogits, inp, dinp, dembedding, WeightGradient::dyt_x, math, scratch);
 }

@@ -2,18 +2,19 @@
 // RMSNorm over the last dimension (Llama; Zhang and Sennrich 2019):
 //   out = x * rstd * weight,  rstd = 1 / sqrt(mean(x^2) + eps)
 // No centring and no bias. x, out and the saved rstd are read and written in their storage
-// type (float, or bf16 in bf16 runs) with fp32 arithmetic; gradients are fp32.
+// type (float, or bf16 in bf16 runs; the final norm's rstd stays fp32) with fp32 arithmetic;
+// gradients are fp32.
 #include "lamina/kernels/bf16.hpp"
 #include "lamina/kernels/norm_backward.hpp"
 #include "lamina/kernels/reduction.hpp"
 
 namespace lamina {
 
-// One team per row. X: the input's storage type, Y: the output's and the saved rstd's.
-template <class Exec, class X, class Y>
+// One team per row. X: the input's storage type, Y: the output's, S: the saved rstd's.
+template <class Exec, class X, class Y, class S>
 struct RmsnormForward {
   MatOf<Exec, Y> out;
-  VecOf<Exec, Y> rstd;
+  VecOf<Exec, S> rstd;
   MatOf<Exec, const X> inp;
   ConstVec<Exec> weight;
   std::int64_t C;
@@ -31,17 +32,17 @@ struct RmsnormForward {
   }
 };
 
-// out: (N, C); rstd: (N), saved for backward (stored as out is); inp: (N, C); weight: (C)
+// out: (N, C); rstd: (N), saved for backward (fp32, or stored as out is); inp: (N, C); weight: (C)
 template <class Exec, class OutV, class StatV, class InV>
 void rmsnorm_forward(const Exec& exec, const OutV& out, const StatV& rstd, const InV& inp,
                      const ConstVec<Exec>& weight, float eps) {
   using X = StoredType<InV>;
   using Y = StoredType<OutV>;
-  static_assert(std::is_same<StoredType<StatV>, Y>::value, "rmsnorm_forward: rstd is stored as its output");
+  using S = StoredType<StatV>;
   const std::int64_t N = static_cast<std::int64_t>(inp.extent(0));
   const std::int64_t C = static_cast<std::int64_t>(inp.extent(1));
   Kokkos::parallel_for("lamina::rmsnorm_forward", Teams<Exec>(exec, N, Kokkos::AUTO),
-                       RmsnormForward<Exec, X, Y>{out, rstd, inp, weight, C, eps});
+                       RmsnormForward<Exec, X, Y, S>{out, rstd, inp, weight, C, eps});
 }
 
 // Row i of the backward pass by `r` (a team, or SerialRow on one host thread): writes dinp

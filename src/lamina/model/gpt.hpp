@@ -524,6 +524,18 @@ V row_chunk(const V& v, std::int64_t r0, std::int64_t n) {
 
 }  // namespace detail
 
+namespace detail {
+// `f` of the final norm's output as a run stores it: fp32 (lnf) or bf16 (lnf16).
+template <class Exec, class F>
+void with_final_norm(const HeadActs<Exec>& h, const F& f) {
+  if (h.lnf16.data() != nullptr) {
+    f(h.lnf16);
+  } else {
+    f(h.lnf);
+  }
+}
+}  // namespace detail
+
 // Final norm (the block's kind), LM head (wte, or an untied lm_head) and per-position losses (h.losses) of x, the last
 // block's output as stored. The logits of Dims::logit_rows rows at a time, each chunk's loss
 // statistics taken (and summed over the vocabulary shards) before the next overwrites them.
@@ -532,17 +544,23 @@ void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const Final
                   const HeadActs<Exec>& h, const XV& x, const Tokens<Exec>& targets, const Dims& d,
                   const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::head_forward");
-  // Under sequence parallelism the norm's rows on this rank, gathered for the head's product.
-  const Mat<Exec> lnf = tp.gather ? as_mat<Exec>(ws.gathered_grad.data(), d.rows(), d.C) : h.lnf;
-  block_norm_forward(exec, d, lnf, h.lnf_mean, h.lnf_rstd, x, w.w, w.b);
-  detail::all_rows<Exec, float>(exec, tp, lnf, h.lnf);
+  // Under sequence parallelism the norm's rows on this rank (as stored), gathered for the
+  // head's product.
+  detail::with_final_norm(h, [&](const auto& all) {
+    using V = std::decay_t<decltype(all)>;
+    const V lnf = tp.gather ? V(reinterpret_cast<typename V::pointer_type>(ws.gathered.data()), d.rows(), d.C) : all;
+    block_norm_forward(exec, d, lnf, h.lnf_mean, h.lnf_rstd, x, w.w, w.b);
+    detail::all_rows<Exec, typename V::value_type>(exec, tp, lnf, all);
+  });
   detail::for_each_logit_chunk(d, [&](std::int64_t r0, std::int64_t n) {
     using detail::row_chunk;
     const Mat<Exec> logits = row_chunk(h.logits, 0, n);
     const Vec<Exec> rowmax = row_chunk(h.rowmax, r0, n), sumexp = row_chunk(h.sumexp, r0, n),
                     target = row_chunk(h.target, r0, n);
-    tied_head_forward(exec, logits, row_chunk(h.lnf, r0, n), w.lm_head.rows() > 0 ? w.lm_head : e.wte, d.products,
-                      ws.widened);
+    detail::with_final_norm(h, [&](const auto& lnf) {
+      tied_head_forward(exec, logits, row_chunk(lnf, r0, n), w.lm_head.rows() > 0 ? w.lm_head : e.wte, d.products,
+                        ws.widened);
+    });
     if (tp.max) {
       cross_entropy_row_max(exec, rowmax, logits);
       detail::combine(exec, tp.max, rowmax);
@@ -573,20 +591,23 @@ void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const Fin
   const bool again = d.logit_rows() < d.N();
   detail::for_each_logit_chunk(d, [&](std::int64_t r0, std::int64_t n) {
     using detail::row_chunk;
-    const Mat<Exec> logits = row_chunk(h.logits, 0, n), lnf = row_chunk(h.lnf, r0, n), dln = row_chunk(ws.dln, r0, n);
+    const Mat<Exec> logits = row_chunk(h.logits, 0, n), dln = row_chunk(ws.dln, r0, n);
     const ConstVec<Exec> lse = row_chunk(h.lse, r0, n);
     const Tokens<Exec> chunk_targets(targets.data() + r0, n);
-    if (again) tied_head_forward(exec, logits, lnf, weight, d.products, ws.widened);
-    if (d.products == ProductMath::bf16 && weight.bf16() && detail::bf16_engine<Exec>()) {
-      // The logits' gradient rounded where it is computed, and read by both products as it is.
-      cross_entropy_backward_bf16(exec, logits, lse, chunk_targets, d.vocab_begin, loss_scale);
-      head_backward_products_bf16(exec, reinterpret_cast<const std::uint16_t*>(logits.data()),
-                                  2 * static_cast<std::int64_t>(logits.extent(1)), weight, lnf, dln, dweight,
-                                  ws.widened);
-    } else {
-      cross_entropy_backward(exec, logits, logits, lse, chunk_targets, d.vocab_begin, loss_scale);
-      tied_head_backward(exec, dln, dweight, logits, lnf, weight, d.products, ws.widened);
-    }
+    detail::with_final_norm(h, [&](const auto& all) {
+      const auto lnf = row_chunk(all, r0, n);
+      if (again) tied_head_forward(exec, logits, lnf, weight, d.products, ws.widened);
+      if (d.products == ProductMath::bf16 && weight.bf16() && detail::bf16_engine<Exec>()) {
+        // The logits' gradient rounded where it is computed, and read by both products as it is.
+        cross_entropy_backward_bf16(exec, logits, lse, chunk_targets, d.vocab_begin, loss_scale);
+        head_backward_products_bf16(exec, reinterpret_cast<const std::uint16_t*>(logits.data()),
+                                    2 * static_cast<std::int64_t>(logits.extent(1)), weight, lnf, dln, dweight,
+                                    ws.widened);
+      } else {
+        cross_entropy_backward(exec, logits, logits, lse, chunk_targets, d.vocab_begin, loss_scale);
+        tied_head_backward(exec, dln, dweight, logits, lnf, weight, d.products, ws.widened);
+      }
+    });
   });
   detail::combine_gradients<Exec, float>(exec, tp, false, ws, [&](const auto& dln, const Mat<Exec>& scratch) {
     block_norm_backward(exec, d, dres, g.w, g.b, dln, ConstMat<Exec>(), x, w.w, h.lnf_mean, h.lnf_rstd, scratch,

@@ -40,9 +40,10 @@ ActivationSizes activation_sizes(const Dims& d) {
   // statistics per row
   s.block = 4 * R * C + N * W + N * A + N * (F1 + F) + 2 * d.norm_stats() * R + scores * d.saved_attention_columns();
   s.inner = s.block - R * C;
-  // lnf: NC (gathered); logits: V per row of a chunk (logit_rows); lnf mean/rstd 2 R; rowmax,
-  // sumexp, target, losses, lse: 5 N
-  s.head = N * C + d.logit_rows() * d.V + 2 * R + 5 * N;
+  // lnf: NC (gathered; bf16 in bf16 runs, which the head's products read as stored); logits:
+  // V per row of a chunk (logit_rows); lnf mean/rstd 2 R; rowmax, sumexp, target, losses, lse:
+  // 5 N
+  s.head = (d.bf16 ? (N * C + 1) / 2 : N * C) + d.logit_rows() * d.V + 2 * R + 5 * N;
   s.boundary = R * C;
   s.tokens = 4 * N + 1;  // inputs, targets, and the inputs grouped by token (TokenRuns)
   // Sequence parallelism: the gathered residual gradient (or a reduce-scatter's share) in

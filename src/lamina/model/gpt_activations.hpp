@@ -204,7 +204,10 @@ struct BlockActs {
 
 template <class Exec>
 struct HeadActs {
-  Mat<Exec> lnf;                    // (N, C): all rows, gathered under sequence parallelism
+  // (N, C) the final norm's output, all rows (gathered under sequence parallelism): fp32 runs
+  // lnf, bf16 runs lnf16 (the other empty)
+  Mat<Exec> lnf;
+  Mat16<Exec> lnf16;
   Vec<Exec> lnf_mean, lnf_rstd;     // (R) the stream's rows on this rank
   Mat<Exec> logits;                 // (logit_rows, V): a chunk of rows at a time; holds dlogits during backward
   Vec<Exec> rowmax, sumexp, target; // (N) loss statistics, combined over tensor-parallel ranks
@@ -547,7 +550,11 @@ class LayerRangeActs {
     }
     has_head = head;
     if (head) {
-      this->head.lnf = as_mat<Exec>(take(N * C), N, C);
+      if (d.bf16) {  // as activation_sizes counts it
+        this->head.lnf16 = Mat16<Exec>(reinterpret_cast<std::uint16_t*>(take((N * C + 1) / 2)), N, C);
+      } else {
+        this->head.lnf = as_mat<Exec>(take(N * C), N, C);
+      }
       this->head.lnf_mean = as_vec<Exec>(take(R), R);
       this->head.lnf_rstd = as_vec<Exec>(take(R), R);
       this->head.logits = as_mat<Exec>(take(d.logit_rows() * d.V), d.logit_rows(), d.V);

@@ -189,7 +189,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // What bf16 runs still convert, 6 bytes per element (the fp32 side and the bf16 one). A
   // bf16 engine reads stored activations and weights as they are; it rounds the fp32
   // operands: each product's output gradient dY in backward (once for both of its products),
-  // and at the head the final norm's output (both passes) and the logits' gradient. The QKV
+  // and at the head the logits' gradient (the final norm writes its output in bf16). The QKV
   // projection's output is rounded into storage with its bias in a pass of its own, or as the
   // product writes it (a host's engine; cuBLAS where it has no bias). Attention on a host's oneDNN reads q, k, v as
   // stored, writes its output rounded as its products sum it, reads dy in bf16 as the output
@@ -221,8 +221,11 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
     const double fc_dy = swiglu ? (swiglu_bf16 ? 0.0 : 2 * F) : F;
     convert_backward = attention_backward +
                        (engine ? 6 * N * (2 * C + fc_dy + A + 2 * KV) : 6 * weights + read_activations) + sums_rounded;
-    convert_head = 6 * (engine ? N * C : V * C);
-    convert_head_backward = 6 * (engine ? N * C : V * C);  // the logits' gradient is rounded where computed
+    // Without an engine the head's weight and the final norm's bf16 output are widened for
+    // its products in each pass; an engine reads both as they are, and the logits' gradient
+    // is rounded where it is computed.
+    convert_head = engine ? 0.0 : 6 * (V * C + N * C);
+    convert_head_backward = engine ? 0.0 : 6 * (V * C + N * C);
   }
   const double attention_forward_s = 4 * N * keys * A / attention;
   const double attention_backward_s = attention_backward * attention_forward_s;
@@ -249,13 +252,14 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   block_backward_ = sum(backward_parts_);
   // The embedding's and the head's sums over the vocabulary shards: all-reduces, or under
   // sequence parallelism a reduce-scatter (the embedding's forward, the head's backward) and
-  // an all-gather (the stream's gradient into the embedding's backward, the final norm's
-  // output into the head's product).
+  // an all-gather (the stream's gradient into the embedding's backward, in fp32; the final
+  // norm's output into the head's product, as stored).
   const double embed_tp = o.tp == 1 ? 0.0 : sp ? fp32_half : collective(2.0 * ring * 4.0, 2 * (o.tp - 1), o.tp);
+  const double head_gather = o.tp > 1 && sp ? gathered : embed_tp;
   embed_forward_ = (3 * 4 + (bf16_ ? 6 : 0)) * N * C / bandwidth + embed_tp;
   embed_backward_ = 3 * 4 * N * C / bandwidth + (sp ? fp32_half : 0.0);
   const double logits = 4.0 * N * V;  // bytes of this rank's logits
-  head_forward_ = 2 * N * C * V / gemm + (4 * logits + 4 * 4 * N * C + convert_head) / bandwidth + embed_tp;
+  head_forward_ = 2 * N * C * V / gemm + (4 * logits + 4 * 4 * N * C + convert_head) / bandwidth + head_gather;
   // The logits read, their gradient written and read by the products: in fp32, or (a bf16
   // engine) rounded to bf16 as the cross-entropy backward writes it.
   const double logit_gradient = bf16_ && machine.bf16_products() ? 2 * logits : 3 * logits;

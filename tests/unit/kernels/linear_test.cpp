@@ -306,7 +306,8 @@ TYPED_TEST(LinearTest, SwigluBackwardWritesTheOutputGradientTheProductsRead) {
 
 // The LM head's backward on a bf16 engine with its logit gradients already in bf16, rows 2 V
 // apart (cross_entropy_backward_bf16's, the rest of each row NaN): against a double reference
-// of them, the stored weight and X rounded; X in blocks of 3 rows (7 rows: 3, 3, 1).
+// of them, the stored weight and X rounded; an fp32 X in blocks of 3 rows (7 rows: 3, 3, 1),
+// a bf16 X (a bf16 run's final norm output) read as stored, the scratch left alone.
 TYPED_TEST(LinearTest, HeadBackwardReadsBf16LogitGradientsAsStored) {
   using Exec = TypeParam;
   if (product_math<Exec>(Precision::bf16) != ProductMath::bf16) GTEST_SKIP() << "no bf16 engine on this space";
@@ -333,6 +334,12 @@ TYPED_TEST(LinearTest, HeadBackwardReadsBf16LogitGradientsAsStored) {
                               as_mat<Exec>(dw.data(), V, C), scratch);
   EXPECT_LT(rel_error(to_host(gx), want_dx), 1e-6);
   EXPECT_LT(rel_error(to_host(dw), want_dw), 1e-6);
+  auto x16 = to_device_bf16<Exec>(xr), dw2 = to_device<Exec>(w0), gx2 = to_device<Exec>(std::vector<double>(N * C, NAN));
+  head_backward_products_bf16(Exec(), dy16.data(), 2 * V, MatRef<Exec>(ConstMat16<Exec>(w16.data(), V, C)),
+                              ConstMat16<Exec>(x16.data(), N, C), as_mat<Exec>(gx2.data(), N, C),
+                              as_mat<Exec>(dw2.data(), V, C), Vec<Exec>());
+  EXPECT_LT(rel_error(to_host(gx2), want_dx), 1e-6);
+  EXPECT_LT(rel_error(to_host(dw2), want_dw), 1e-6);
 }
 
 // A bf16 run's products on stored bf16 activations and weights: forward into fp32 (the
@@ -377,6 +384,30 @@ TYPED_TEST(LinearTest, ProductsReadStoredBf16Activations) {
                   as_mat<Exec>(ddy.data(), N, OUT), xm, weight, partials, ProductMath::bf16, scratch);
   EXPECT_LT(rel_error(to_host(gx), want_dx), 1e-6);
   EXPECT_LT(rel_error(to_host(dw), want_dw), 1e-6);
+  // The tied head (E: OUT x IN, vocabulary-major) on the same stored X, as a bf16 run keeps
+  // its final norm's output: logits = X E^T, dX = dY E, dE += dY^T X.
+  const auto e = bf16_values(random_vector(OUT * IN, 100)), e0 = random_vector(OUT * IN, 101);
+  std::vector<double> want_logits(N * OUT, 0.0), want_hdx(N * IN, 0.0), want_de = e0;
+  for (int i = 0; i < N; ++i) {
+    for (int o = 0; o < OUT; ++o) {
+      for (int k = 0; k < IN; ++k) {
+        want_logits[i * OUT + o] += x[i * IN + k] * e[o * IN + k];
+        want_hdx[i * IN + k] += dyr[i * OUT + o] * e[o * IN + k];
+        want_de[o * IN + k] += dyr[i * OUT + o] * x[i * IN + k];
+      }
+    }
+  }
+  auto e16 = to_device_bf16<Exec>(e);
+  const MatRef<Exec> embedding(ConstMat16<Exec>(e16.data(), OUT, IN));
+  auto logits = to_device<Exec>(std::vector<double>(N * OUT, NAN)), hgx = to_device<Exec>(std::vector<double>(N * IN, NAN));
+  auto de = to_device<Exec>(e0);
+  tied_head_forward(Exec(), as_mat<Exec>(logits.data(), N, OUT), ConstMat16<Exec>(xm), embedding, ProductMath::bf16,
+                    scratch);
+  EXPECT_LT(rel_error(to_host(logits), want_logits), 1e-6);
+  tied_head_backward(Exec(), as_mat<Exec>(hgx.data(), N, IN), as_mat<Exec>(de.data(), OUT, IN),
+                     as_mat<Exec>(ddy.data(), N, OUT), ConstMat16<Exec>(xm), embedding, ProductMath::bf16, scratch);
+  EXPECT_LT(rel_error(to_host(hgx), want_hdx), 1e-6);
+  EXPECT_LT(rel_error(to_host(de), want_de), 1e-6);
 }
 
 // The column-parallel layers' input gradients written in bf16 for a bf16 tensor-parallel sum

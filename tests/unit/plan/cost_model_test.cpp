@@ -92,13 +92,12 @@ Conversions conversions(double N, double C, double tp, double scores) {
 
 // The head's backward: its two products, the logits read, their gradient written and read by
 // the products (bf16 with a bf16 engine, rounded as the cross-entropy backward writes it: 2 +
-// 2 of the 4 + 4 + 4 bytes an fp32 run moves), the final norm's passes, and with an engine
-// the final norm's output rounded for the weight's gradient.
+// 2 of the 4 + 4 + 4 bytes an fp32 run moves) and the final norm's passes; the weight's
+// gradient reads the final norm's output as stored, in bf16, with nothing to round.
 TEST(CostModel, HeadBackwardMovesTheLogitGradientInTheProductsPrecision) {
   const double N = 2048, C = 1024, V = 32768, bandwidth = 2e12 * 0.5, logits = 4 * N * V;
   const CostModel b(model(), plan(1, 1, 1, Precision::bf16), machine());
-  EXPECT_NEAR(b.head_backward(), 4 * N * C * V / (400e12 * 0.5) + (2 * logits + 16 * N * C + 6 * N * C) / bandwidth,
-              1e-12);
+  EXPECT_NEAR(b.head_backward(), 4 * N * C * V / (400e12 * 0.5) + (2 * logits + 16 * N * C) / bandwidth, 1e-12);
   const CostModel f(model(), plan(1, 1, 1, Precision::fp32), machine());
   EXPECT_NEAR(f.head_backward(), 4 * N * C * V / (100e12 * 0.5) + (3 * logits + 16 * N * C) / bandwidth, 1e-12);
 }
@@ -328,8 +327,8 @@ TEST(CostModel, Bf16TensorParallelSumsMoveHalfTheBytesAndAreReadAsSummed) {
 // the same bytes and steps; backward gathers the norms' outputs once more (1.5 times the
 // bytes); the norms and residual adds, 36 bytes per element of the stream (a layer norm 8, the
 // residual add with the second one 16 + 4, the last residual add 8), run on N / 4 rows. The
-// reduction adds the norms' gradients over the group. In bf16 the norms' outputs travel as
-// stored, 2 bytes.
+// reduction adds the norms' gradients over the group. The head's all-reduce becomes an
+// all-gather of the final norm's output. In bf16 the norms' outputs travel as stored, 2 bytes.
 TEST(CostModel, SequenceParallelismShardsTheNormsAndSplitsEachSumInTwo) {
   Plan split = plan(1, 4, 1, Precision::fp32);
   split.layout.sequence_parallel = true;
@@ -348,8 +347,10 @@ TEST(CostModel, SequenceParallelismShardsTheNormsAndSplitsEachSumInTwo) {
   EXPECT_NEAR(sp.reduce(1) - whole.reduce(1), sp.collective(2 * 3.0 / 4 * 4 * norms, 6, 4), 1e-15);
   Plan split16 = plan(1, 4, 1, Precision::bf16);
   split16.layout.sequence_parallel = true;
-  const CostModel bf16(model(), split16, machine());
+  const CostModel bf16(model(), split16, machine()), bf16_whole(model(), plan(1, 4, 1, Precision::bf16), machine());
   const double gathered = 3.0 / 4 * 2 * N * C / 200e9 + 3 * 1e-5;
+  EXPECT_NEAR(sp.head_forward() - whole.head_forward(), half - allreduce, 1e-12);
+  EXPECT_NEAR(bf16.head_forward() - bf16_whole.head_forward(), gathered - allreduce, 1e-12);
   EXPECT_NEAR(bf16.forward_parts().tp, 2 * (half + gathered), 1e-12);
   EXPECT_NEAR(bf16.backward_parts().tp, 2 * (2 * half + gathered), 1e-12);
   // bf16 sums: the partial results reduce-scatter in bf16 too (the gathered residual gradient

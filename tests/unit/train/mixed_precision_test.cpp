@@ -107,14 +107,16 @@ TEST_F(MixedPrecision, StoredParametersAndActivationsTakeHalfTheBytes) {
   EXPECT_NEAR(measured(bf16, host, "parameters"), measured(fp32, host, "parameters") / 2, 8 * 6);  // 6 layers' padding
   // fp32 master weights join m and v: 12 bytes per parameter instead of 8.
   EXPECT_NEAR(measured(bf16, host, "optimizer_state"), measured(fp32, host, "optimizer_state") * 3 / 2, 12 * 6);
-  // Kept inner activations and the residual stream (the range's input and the four blocks'
-  // outputs) take half the bytes, which the kernels read and write as they are: no fp32 copy
-  // of a block's activations (the logits and the residual stream's gradient stay fp32).
+  // Kept inner activations, the residual stream (the range's input and the four blocks'
+  // outputs) and the final norm's output take half the bytes, which the kernels read and
+  // write as they are: no fp32 copy of a block's activations (the logits and the residual
+  // stream's gradient stay fp32).
   const Deck d = deck("sizes", 2, fp32);
-  const ActivationSizes a = activation_sizes(Dims::of(d.model, d.data.micro_batch_size));
+  const Dims dims = Dims::of(d.model, d.data.micro_batch_size);
+  const ActivationSizes a = activation_sizes(dims);
   ASSERT_EQ(a.boundary % 2, 0);
   EXPECT_EQ(measured(fp32, device, "activations") - measured(bf16, device, "activations"),
-            4 * 2 * a.inner + 5 * 2 * a.boundary);
+            4 * 2 * a.inner + 5 * 2 * a.boundary + 2 * dims.N() * dims.C);
 }
 
 // The demo deck as shipped, in both precisions (the one test that trains it for long).
