@@ -334,7 +334,8 @@ TYPED_TEST(LinearTest, HeadBackwardReadsBf16LogitGradientsAsStored) {
                               as_mat<Exec>(dw.data(), V, C), scratch);
   EXPECT_LT(rel_error(to_host(gx), want_dx), 1e-6);
   EXPECT_LT(rel_error(to_host(dw), want_dw), 1e-6);
-  auto x16 = to_device_bf16<Exec>(xr), dw2 = to_device<Exec>(w0), gx2 = to_device<Exec>(std::vector<double>(N * C, NAN));
+  auto x16 = to_device_bf16<Exec>(xr), dw2 = to_device<Exec>(w0);
+  auto gx2 = to_device<Exec>(std::vector<double>(N * C, NAN));
   head_backward_products_bf16(Exec(), dy16.data(), 2 * V, MatRef<Exec>(ConstMat16<Exec>(w16.data(), V, C)),
                               ConstMat16<Exec>(x16.data(), N, C), as_mat<Exec>(gx2.data(), N, C),
                               as_mat<Exec>(dw2.data(), V, C), Vec<Exec>());
@@ -399,8 +400,8 @@ TYPED_TEST(LinearTest, ProductsReadStoredBf16Activations) {
   }
   auto e16 = to_device_bf16<Exec>(e);
   const MatRef<Exec> embedding(ConstMat16<Exec>(e16.data(), OUT, IN));
-  auto logits = to_device<Exec>(std::vector<double>(N * OUT, NAN)), hgx = to_device<Exec>(std::vector<double>(N * IN, NAN));
-  auto de = to_device<Exec>(e0);
+  auto logits = to_device<Exec>(std::vector<double>(N * OUT, NAN));
+  auto hgx = to_device<Exec>(std::vector<double>(N * IN, NAN)), de = to_device<Exec>(e0);
   tied_head_forward(Exec(), as_mat<Exec>(logits.data(), N, OUT), ConstMat16<Exec>(xm), embedding, ProductMath::bf16,
                     scratch);
   EXPECT_LT(rel_error(to_host(logits), want_logits), 1e-6);
