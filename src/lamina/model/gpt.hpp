@@ -522,9 +522,6 @@ V row_chunk(const V& v, std::int64_t r0, std::int64_t n) {
   }
 }
 
-}  // namespace detail
-
-namespace detail {
 // `f` of the final norm's output as a run stores it: fp32 (lnf) or bf16 (lnf16).
 template <class Exec, class F>
 void with_final_norm(const HeadActs<Exec>& h, const F& f) {
@@ -534,6 +531,7 @@ void with_final_norm(const HeadActs<Exec>& h, const F& f) {
     f(h.lnf);
   }
 }
+
 }  // namespace detail
 
 // Final norm (the block's kind), LM head (wte, or an untied lm_head) and per-position losses (h.losses) of x, the last
