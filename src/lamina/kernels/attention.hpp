@@ -107,13 +107,15 @@ struct RowSoftmax {
 };
 
 // The exponentials exp(scale (s_j - max)) of score row t in place up to t, and the row's
-// scaled maximum and their sum.
+// scaled maximum and their sum, each exponential summed as it is written rather than read
+// back in a pass of its own (the same sums: the lanes' order is the sum's). The barrier: a
+// team's next loop over the row reads entries other threads wrote.
 template <class Row>
 KOKKOS_INLINE_FUNCTION RowSoftmax causal_exponentials(const Row& loop, float* row, std::int64_t t, float scale) {
   const float mx = loop.max(t + 1, [&](std::int64_t j) { return row[j]; });
-  loop.for_each(t + 1, [&](std::int64_t j) { row[j] = fast_exp(scale * (row[j] - mx)); });
+  const float sum = loop.sum(t + 1, [&](std::int64_t j) { return row[j] = fast_exp(scale * (row[j] - mx)); });
   loop.barrier();
-  return {scale * mx, loop.sum(t + 1, [&](std::int64_t j) { return row[j]; })};
+  return {scale * mx, sum};
 }
 
 // Causal softmax of score row t in place (T entries), of the scores times `scale` (> 0);
