@@ -220,24 +220,31 @@ void narrow_rows(const Exec& exec, std::uint16_t* dst, const AV& src, std::int64
   }
 }
 
-// The same on a host that runs one thread, with sums(j) += the fp32 sum of src[r0 + i, j]
-// over those rows, in row order: the rounding of a product's output gradient that takes its
-// bias gradient too, reading the gradient once (the sums ride along at no cost measured; a
-// work item per block of columns, for several threads, ran the rounding 1.5 times slower).
+// Columns per work item of a host's passes that sum columns (ColumnSums, NarrowRowsSummed).
+constexpr std::int64_t kColumnBlock = 256;
+
+// The same on a host, with sums(j) += each gated value of src[r0 + i, j] over those rows, in
+// row order: the rounding of a product's output gradient that takes its bias gradient too,
+// reading the gradient once. A work item takes `block` columns through all the rows, so the
+// sums are the same whatever the block: on one thread one item of all the columns (a whole
+// row's loop vectorizes best; the sums ride along at no cost measured), on several a block of
+// kColumnBlock columns each (there the separate passes it replaces, GELU's derivative, the
+// rounding and the column sums, read the gradient three times).
 template <class Exec, class AV, class G = NoGate>
 struct NarrowRowsSummed {
   Bf16Vec<Exec> dst;
   AV src;
   Vec<Exec> sums;
-  std::int64_t r0, rows, cols;
+  std::int64_t r0, rows, cols, block;
   G gate;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t) const {
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b) const {
     float* sum = sums.data();
+    const std::int64_t c0 = b * block, c1 = c0 + block < cols ? c0 + block : cols;
     for (std::int64_t i = 0; i < rows; ++i) {
       const float* s = &src(r0 + i, 0);
       std::uint16_t* d = dst.data() + i * cols;
       const auto g = gate.row(r0 + i);
-      for (std::int64_t j = 0; j < cols; ++j) {
+      for (std::int64_t j = c0; j < c1; ++j) {
         const float v = g(s[j], j);
         d[j] = to_bf16(v);
         sum[j] += v;
@@ -246,19 +253,30 @@ struct NarrowRowsSummed {
   }
 };
 
+// Columns per work item of NarrowRowsSummed over `cols` columns on a host: as many items as
+// threads, each a multiple of sixteen columns (a block of kColumnBlock left a thread idle
+// where the columns were not a multiple of the threads' blocks, e.g. 384 on two).
+template <class Exec>
+std::int64_t summed_columns(const Exec& exec, std::int64_t cols) {
+  const std::int64_t threads = std::max<std::int64_t>(1, exec.concurrency());
+  return std::max<std::int64_t>(16, ((cols + threads - 1) / threads + 15) / 16 * 16);
+}
+
+// `block`: columns per work item (> 0).
 template <class Exec, class AV, class G = NoGate>
 void narrow_rows_summed(const Exec& exec, std::uint16_t* dst, const AV& src, std::int64_t r0, std::int64_t rows,
-                        const Vec<Exec>& sums, const G& gate = G{}) {
+                        const Vec<Exec>& sums, std::int64_t block, const G& gate = G{}) {
   const std::int64_t cols = static_cast<std::int64_t>(src.extent(1));
-  Kokkos::parallel_for("lamina::narrow_operand_and_sum", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, 1),
+  Kokkos::parallel_for("lamina::narrow_operand_and_sum",
+                       Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, (cols + block - 1) / block),
                        NarrowRowsSummed<Exec, AV, G>{Bf16Vec<Exec>(dst, static_cast<std::size_t>(rows * cols)), src,
-                                                     sums, r0, rows, cols, gate});
+                                                     sums, r0, rows, cols, block, gate});
 }
 
 // Whether `exec` is a host space on one thread: there a pass over rows can take them all in
 // one work item and add up columns as it goes, in row order as add_column_sums does (the pass
-// that rounds an output gradient; a layer norm's backward). With more threads a work item
-// per block of columns ran the rounding 1.5 times slower.
+// that rounds an output gradient takes all the columns in one item; a layer norm's backward
+// runs in one pass).
 template <class Exec>
 bool one_host_thread([[maybe_unused]] const Exec& exec) {
   if constexpr (kOnHost<Exec>) return exec.concurrency() == 1;
@@ -541,9 +559,9 @@ void input_gradient_product(const Exec& exec, RowMajorGemm g, std::int64_t r0, c
 // for both products (dY, the larger, would otherwise be rounded twice), and a bf16 X is read
 // as it is; else two gemm() calls, a bf16 X widened a block of rows at a time. dX is fp32,
 // or bf16 where rounds_input_gradient.
-// `scratch`: product_scratch() elements. With `dsums`, a host's engine on one thread adds dY's
-// column sums (a bias gradient) into it in the pass that rounds dY; returns whether it did
-// (else the caller sums them). A `gate` other than NoGate is applied to dY in that pass, and
+// `scratch`: product_scratch() elements. With `dsums`, a host's engine adds dY's column sums
+// (a bias gradient) into it in the pass that rounds dY; returns whether it did (else the
+// caller sums them). A `gate` other than NoGate is applied to dY in that pass, and
 // needs it (rounds_output_gradient).
 template <class Exec, class DV, class XV, class DXV, class G = detail::NoGate>
 bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& W, const DV& dY, const XV& X,
@@ -583,12 +601,13 @@ bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& 
     gw.beta = 1.0f;
     gw.c = dW.data();
     gw.ldc = static_cast<std::int64_t>(dW.stride_0());
-    const bool summed = dsums.data() != nullptr && detail::one_host_thread(exec);
+    const bool summed = dsums.data() != nullptr && detail::kOnHost<Exec>;
+    const std::int64_t block = detail::summed_columns(exec, a);
     for (std::int64_t r0 = 0; r0 < N; r0 += rows) {
       const std::int64_t r = std::min(rows, N - r0);
       if constexpr (detail::kOnHost<Exec>) {
         if (summed) {
-          detail::narrow_rows_summed(exec, dy16, dY, r0, r, dsums, gate);
+          detail::narrow_rows_summed(exec, dy16, dY, r0, r, dsums, block, gate);
         } else {
           detail::narrow_rows(exec, dy16, dY, r0, r, gate);
         }
@@ -826,7 +845,6 @@ namespace detail {
 // A host's column sums: a work item per block of columns walks the rows in order, the
 // block's sums in a local array (its inner loop vectorizes), so every column is summed in
 // row order whatever the thread count.
-constexpr std::int64_t kColumnBlock = 256;
 template <class Exec, class T>
 struct ColumnSums {
   Vec<Exec> dst;

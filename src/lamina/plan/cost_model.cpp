@@ -148,13 +148,13 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double dnorm = sum16 ? 2.0 : 4.0;
   const double norms_backward =
       2 * (one_thread ? 8 + dnorm + s : layernorm ? 16 + 2 * dnorm + s : 16 + dnorm + s) * R * C;
-  // (On a host's engine, one thread, the pass that rounds each product's output gradient sums
-  // its bias gradient too: no pass of their own.)
-  const double biases = d.parts.bias && !(rounding && one_thread) ? 4 * N * (2 * C + F + A + 2 * KV) : 0.0;
-  // On a host's engine the pass that rounds the MLP's output gradient for its first layer's
-  // products applies GELU's derivative as it reads (kernels/linear.hpp, linear_gelu_backward;
-  // with a bias, which that pass sums too, on one thread): GELU moves no bytes of its own.
-  const bool gelu_rides = rounding && (one_thread || !d.parts.bias);
+  // (On a host's engine the pass that rounds each product's output gradient sums its bias
+  // gradient too: no pass of their own.)
+  const double biases = d.parts.bias && !rounding ? 4 * N * (2 * C + F + A + 2 * KV) : 0.0;
+  // The pass that rounds the MLP's output gradient for its first layer's products applies
+  // GELU's derivative as it reads where it sums the bias gradient too (a host's engine) or
+  // there is none (kernels/linear.hpp, linear_gelu_backward): GELU moves no bytes of its own.
+  const bool gelu_rides = rounding || (engine && !d.parts.bias);
   // With a bf16 engine (and no bias) SwiGLU's backward writes [dgate | dup] in bf16 as the
   // products read it (linear_swiglu_backward): 2 bytes each, and no pass rounds it.
   const bool swiglu_bf16 = swiglu && engine && !d.parts.bias;

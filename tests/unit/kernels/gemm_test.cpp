@@ -1,6 +1,7 @@
 #include "lamina/kernels/gemm.hpp"
 
 #include "lamina/kernels/bf16.hpp"
+#include "lamina/kernels/gelu.hpp"
 
 #include "test_util.hpp"
 
@@ -204,6 +205,49 @@ TYPED_TEST(GemmTest, TwoStageColumnSumsAreTheSumsInAFixedOrder) {
     EXPECT_LT(rel_error(got[0], want), 1e-6);
     EXPECT_EQ(got[1], got[0]);
     EXPECT_EQ(got[2], got[0]);
+  }
+}
+
+// A host's pass that rounds an output gradient for the products, applies GELU's derivative
+// and adds its column sums: the same bits with one work item of all the columns (one thread)
+// as with blocks of kColumnBlock (several), a tail block included, for a chunk of rows from
+// r0; each value gelu'(pre) dy rounded, each sum added onto what it held in row order (and
+// within fp32 rounding of the double sums).
+TYPED_TEST(GemmTest, RoundingAnOutputGradientSumsItsColumnsAlikeInAnyBlocks) {
+  using Exec = TypeParam;
+  if constexpr (!lamina::detail::kOnHost<Exec>) {
+    GTEST_SKIP() << "a host's pass (a device rounds and sums in passes of their own)";
+  } else {
+    const int N = 9, r0 = 2, rows = 5, cols = static_cast<int>(lamina::detail::kColumnBlock) + 37;
+    const auto dy = random_vector(N * cols, 77), pre = bf16_values(random_vector(N * cols, 78, -3.0, 3.0));
+    const auto s0 = random_vector(cols, 79);
+    auto ddy = to_device<Exec>(dy);
+    auto dpre = to_device_bf16<Exec>(pre);
+    const GeluGate<Exec, std::uint16_t> gate{ConstMat16<Exec>(dpre.data(), N, cols)};
+    std::vector<std::uint16_t> want16(rows * cols);
+    std::vector<float> want_sums(s0.begin(), s0.end());
+    std::vector<double> exact = s0;
+    for (int i = 0; i < rows; ++i) {
+      for (int j = 0; j < cols; ++j) {
+        const int e = (r0 + i) * cols + j;
+        const float v = gelu_grad(static_cast<float>(pre[e])) * static_cast<float>(dy[e]);
+        want16[i * cols + j] = to_bf16(v);
+        want_sums[j] += v;
+        exact[j] += v;
+      }
+    }
+    for (const std::int64_t block : {std::int64_t{cols}, lamina::detail::kColumnBlock}) {
+      SCOPED_TRACE(block);
+      auto sums = to_device<Exec>(s0);
+      Kokkos::View<std::uint16_t*, typename Exec::memory_space> out("out", rows * cols);
+      lamina::detail::narrow_rows_summed(Exec(), out.data(), ConstMat<Exec>(as_mat<Exec>(ddy.data(), N, cols)), r0,
+                                         rows, sums, block, gate);
+      Kokkos::fence();
+      for (int e = 0; e < rows * cols; ++e) ASSERT_EQ(out(e), want16[e]) << e;
+      const auto got = to_host(sums);
+      for (int j = 0; j < cols; ++j) ASSERT_EQ(static_cast<float>(got[j]), want_sums[j]) << j;
+      EXPECT_LT(rel_error(got, exact), 1e-6);
+    }
   }
 }
 
