@@ -4,6 +4,7 @@
 // table (Megatron's vocabulary-parallel embedding): tokens outside it contribute zero,
 // and tensor parallelism sums the shards' outputs.
 #include <algorithm>
+#include <type_traits>
 
 #include "lamina/kernels/bf16.hpp"
 #include "lamina/kernels/context_chunks.hpp"
@@ -121,6 +122,55 @@ void position_embedding_forward(const Exec& exec, const Mat<Exec>& out, const Ma
   } else {
     Kokkos::parallel_for("lamina::position_embedding_forward", all,
                          PositionEmbeddingForward<Exec, float>{out, wpe.f32, where, first_row});
+  }
+}
+
+// out(i, c) = wte[tokens(i)] + wpe[position of row first_row + i] (no wpe: rotary
+// positions) in one pass, written as stored: the fp32 sum the two passes above give, rounded
+// once where out is bf16 (no pass of its own rounds it). For a table no other rank shares: a
+// vocabulary split sums the ranks' lookups in fp32 before the positions are added.
+template <class Exec, class O, class W, class P>
+struct EmbeddingForward {
+  MatOf<Exec, O> out;
+  Tokens<Exec> tokens;
+  Kokkos::View<const W**, Kokkos::LayoutRight, typename Exec::memory_space> wte;
+  Kokkos::View<const P**, Kokkos::LayoutRight, typename Exec::memory_space> wpe;
+  ContextChunks where;
+  std::int64_t first_row, vocab_begin, V;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t c) const {
+    const std::int64_t row = tokens(i) - vocab_begin;
+    float x = (row >= 0 && row < V) ? widen(wte(row, c)) : 0.0f;
+    if (wpe.data() != nullptr) x += widen(wpe(where.position((first_row + i) % where.rows()), c));
+    put(out(i, c), x);
+  }
+};
+
+// out: (B*T, C) overwritten, fp32 or bf16 (OutV); tokens: (B*T); wte: (V, C), rows for ids
+// vocab_begin..; wpe: as position_embedding_forward's, or empty.
+template <class Exec, class OutV>
+void embedding_forward(const Exec& exec, const OutV& out, const Tokens<Exec>& tokens, const MatRefArg<Exec>& wte,
+                       const MatRefArg<Exec>& wpe, const ContextChunks& where, std::int64_t first_row,
+                       std::int64_t vocab_begin) {
+  using O = StoredType<OutV>;
+  const RowMajor<Exec, 2> all(exec, {0, 0}, {static_cast<std::int64_t>(out.extent(0)),
+                                             static_cast<std::int64_t>(out.extent(1))});
+  const auto run = [&](const auto& t, const auto& p) {
+    using W = StoredType<std::decay_t<decltype(t)>>;
+    using P = StoredType<std::decay_t<decltype(p)>>;
+    Kokkos::parallel_for("lamina::embedding_forward", all,
+                         EmbeddingForward<Exec, O, W, P>{out, tokens, t, p, where, first_row, vocab_begin, wte.rows()});
+  };
+  const auto with_positions = [&](const auto& t) {
+    if (wpe.bf16()) {
+      run(t, wpe.b16);
+    } else {
+      run(t, wpe.f32);
+    }
+  };
+  if (wte.bf16()) {
+    with_positions(wte.b16);
+  } else {
+    with_positions(wte.f32);
   }
 }
 

@@ -220,16 +220,13 @@ void narrow_rows(const Exec& exec, std::uint16_t* dst, const AV& src, std::int64
   }
 }
 
-// Columns per work item of a host's passes that sum columns (ColumnSums, NarrowRowsSummed).
-constexpr std::int64_t kColumnBlock = 256;
-
 // The same on a host, with sums(j) += each gated value of src[r0 + i, j] over those rows, in
 // row order: the rounding of a product's output gradient that takes its bias gradient too,
 // reading the gradient once. A work item takes `block` columns through all the rows, so the
-// sums are the same whatever the block: on one thread one item of all the columns (a whole
-// row's loop vectorizes best; the sums ride along at no cost measured), on several a block of
-// kColumnBlock columns each (there the separate passes it replaces, GELU's derivative, the
-// rounding and the column sums, read the gradient three times).
+// sums are the same whatever the block: one block per thread (summed_columns), on one thread
+// all the columns (a whole row's loop vectorizes best; the sums ride along at no cost
+// measured). On several threads the passes it replaces, GELU's derivative, the rounding and
+// the column sums, read the gradient three times.
 template <class Exec, class AV, class G = NoGate>
 struct NarrowRowsSummed {
   Bf16Vec<Exec> dst;
@@ -254,8 +251,8 @@ struct NarrowRowsSummed {
 };
 
 // Columns per work item of NarrowRowsSummed over `cols` columns on a host: as many items as
-// threads, each a multiple of sixteen columns (a block of kColumnBlock left a thread idle
-// where the columns were not a multiple of the threads' blocks, e.g. 384 on two).
+// threads, each a multiple of sixteen columns (blocks of 256 left a thread with half the work
+// of the other where the columns were 384 on two: 1.25 times as long on bench-torch's step).
 template <class Exec>
 std::int64_t summed_columns(const Exec& exec, std::int64_t cols) {
   const std::int64_t threads = std::max<std::int64_t>(1, exec.concurrency());
@@ -273,10 +270,9 @@ void narrow_rows_summed(const Exec& exec, std::uint16_t* dst, const AV& src, std
                                                      sums, r0, rows, cols, block, gate});
 }
 
-// Whether `exec` is a host space on one thread: there a pass over rows can take them all in
-// one work item and add up columns as it goes, in row order as add_column_sums does (the pass
-// that rounds an output gradient takes all the columns in one item; a layer norm's backward
-// runs in one pass).
+// Whether `exec` is a host space on one thread: there a layer norm's backward takes all its
+// rows in one work item and adds up its columns as it goes, in row order as add_column_sums
+// does.
 template <class Exec>
 bool one_host_thread([[maybe_unused]] const Exec& exec) {
   if constexpr (kOnHost<Exec>) return exec.concurrency() == 1;
@@ -845,6 +841,7 @@ namespace detail {
 // A host's column sums: a work item per block of columns walks the rows in order, the
 // block's sums in a local array (its inner loop vectorizes), so every column is summed in
 // row order whatever the thread count.
+constexpr std::int64_t kColumnBlock = 256;
 template <class Exec, class T>
 struct ColumnSums {
   Vec<Exec> dst;

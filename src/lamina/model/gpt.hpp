@@ -303,21 +303,28 @@ void context_attention_backward(const Exec& exec, const ContextRing& ring, const
 // out = wte[inputs] + wpe (learned positions; rotary ones turn q and k in each block
 // instead); out: (R, C) the stream's rows on this rank, inputs: (N). The vocabulary-parallel
 // lookups sum over the tensor-parallel group (under sequence parallelism: all N rows looked
-// up in the workspace's gathered_grad, reduce-scattered).
-template <class Exec>
-void embed_forward(const Exec& exec, const EmbeddingWeights<Exec>& w, const Mat<Exec>& out,
-                   const Tokens<Exec>& inputs, const Dims& d, const Workspace<Exec>& ws, const ShardCombine& tp) {
+// up in the workspace's gathered_grad, reduce-scattered), in fp32; a table no other rank
+// shares is looked up in one pass into out as stored (fp32 or bf16).
+template <class Exec, class OutV>
+void embed_forward(const Exec& exec, const EmbeddingWeights<Exec>& w, const OutV& out, const Tokens<Exec>& inputs,
+                   const Dims& d, const Workspace<Exec>& ws, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::embed_forward");
-  if (tp.scatter_sum) {
-    token_embedding_forward(exec, ws.gathered_grad, inputs, w.wte, d.vocab_begin);
-    exec.fence();
-    tp.scatter_sum(ws.gathered_grad.data(), out.data(), static_cast<std::int64_t>(out.size()));
+  const bool learned = d.parts.position == PositionKind::learned;
+  if (!tp.sum && !tp.scatter_sum) {
+    embedding_forward(exec, out, inputs, w.wte, learned ? w.wpe : MatRef<Exec>(), d.context, d.first_row(),
+                      d.vocab_begin);
+  } else if constexpr (std::is_same<StoredType<OutV>, float>::value) {
+    if (tp.scatter_sum) {
+      token_embedding_forward(exec, ws.gathered_grad, inputs, w.wte, d.vocab_begin);
+      exec.fence();
+      tp.scatter_sum(ws.gathered_grad.data(), out.data(), static_cast<std::int64_t>(out.size()));
+    } else {
+      token_embedding_forward(exec, out, inputs, w.wte, d.vocab_begin);
+      detail::combine(exec, tp.sum, out);
+    }
+    if (learned) position_embedding_forward(exec, out, w.wpe, d.context, d.first_row());
   } else {
-    token_embedding_forward(exec, out, inputs, w.wte, d.vocab_begin);
-    detail::combine(exec, tp.sum, out);
-  }
-  if (d.parts.position == PositionKind::learned) {
-    position_embedding_forward(exec, out, w.wpe, d.context, d.first_row());
+    throw std::logic_error("lamina::embed_forward: the vocabulary shards are summed in fp32");
   }
   Kokkos::Profiling::popRegion();
 }
@@ -643,11 +650,15 @@ void range_block_backward(const Exec& exec, const BlockTensors<Exec>& g, const B
   }
 }
 
-// The embedding into the range's input: computed in fp32 (summed over tensor-parallel ranks
-// in fp32), rounded into it in bf16 runs.
+// The embedding into the range's input as stored; where it is summed over tensor-parallel
+// ranks, computed in fp32 and rounded into it in bf16 runs.
 template <class Exec>
 void range_embed_forward(const Exec& exec, const EmbeddingWeights<Exec>& w, const LayerRangeActs<Exec>& a,
                          const Workspace<Exec>& ws, const ShardCombine& tp) {
+  if (!tp.sum && !tp.scatter_sum && a.input.bf16()) {
+    embed_forward(exec, w, a.input.b16, a.inputs, a.dims(), ws, tp);
+    return;
+  }
   const Mat<Exec> out = target(a.input, ws.stage);
   embed_forward(exec, w, out, a.inputs, a.dims(), ws, tp);
   store(exec, a.input, out);

@@ -256,7 +256,12 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // norm's output into the head's product, as stored).
   const double embed_tp = o.tp == 1 ? 0.0 : sp ? fp32_half : collective(2.0 * ring * 4.0, 2 * (o.tp - 1), o.tp);
   const double head_gather = o.tp > 1 && sp ? gathered : embed_tp;
-  embed_forward_ = (3 * 4 + (bf16_ ? 6 : 0)) * N * C / bandwidth + embed_tp;
+  // Forward, a table no other rank shares is looked up in one pass into the stream as stored
+  // (the token's row and the position's read, the sum written); the vocabulary shards' lookups
+  // are summed in fp32 (written, then the positions added: read and written again), and a
+  // bf16 stream rounded from them.
+  const double lookup = d.parts.position == PositionKind::learned ? 3 * s : 2 * s;
+  embed_forward_ = (o.tp == 1 ? lookup : 3 * 4 + (bf16_ ? 6 : 0)) * N * C / bandwidth + embed_tp;
   embed_backward_ = 3 * 4 * N * C / bandwidth + (sp ? fp32_half : 0.0);
   const double logits = 4.0 * N * V;  // bytes of this rank's logits
   head_forward_ = 2 * N * C * V / gemm + (4 * logits + 4 * 4 * N * C + convert_head) / bandwidth + head_gather;

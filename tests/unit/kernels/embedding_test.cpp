@@ -123,6 +123,49 @@ TYPED_TEST(EmbeddingTest, VocabularyShardsSumToTheFullTable) {
   EXPECT_EQ(to_host(g), to_host(g2));
 }
 
+// The one-pass lookup (embedding_forward) into fp32 and into bf16: bit for bit the token and
+// position passes (and, into bf16, the rounding of their fp32 sum), for fp32 and bf16 tables,
+// with learned positions at a context-parallel rank's rows and without (rotary), for a shard
+// of the vocabulary (ids outside it: zeros, plus the position).
+TYPED_TEST(EmbeddingTest, OnePassLookupIsThePassesItReplaces) {
+  using Exec = TypeParam;
+  const int B = 2, T = 8, C = 5, R = 4, N = B * R, V = 7, begin = 2;
+  const ContextChunks where{T, 2, 1};
+  const std::vector<std::int32_t> tokens = {1, 3, 3, 0, 6, 8, 2, 5};
+  const auto wte = bf16_values(random_vector(V * C, 31)), wpe = bf16_values(random_vector(T * C, 32));
+  auto dtok = device_tokens<Exec>(tokens);
+  auto te = to_device<Exec>(wte), tp = to_device<Exec>(wpe);
+  auto te16 = to_device_bf16<Exec>(wte), tp16 = to_device_bf16<Exec>(wpe);
+  for (const bool bf16_tables : {false, true}) {
+    for (const bool learned : {true, false}) {
+      SCOPED_TRACE(std::string(bf16_tables ? "bf16" : "fp32") + " tables, " + (learned ? "learned" : "no") +
+                   " positions");
+      const MatRef<Exec> e = bf16_tables ? MatRef<Exec>(ConstMat16<Exec>(te16.data(), V, C))
+                                         : MatRef<Exec>(as_mat<Exec>(te.data(), V, C));
+      const MatRef<Exec> p = !learned     ? MatRef<Exec>()
+                             : bf16_tables ? MatRef<Exec>(ConstMat16<Exec>(tp16.data(), T, C))
+                                           : MatRef<Exec>(as_mat<Exec>(tp.data(), T, C));
+      Vec<Exec> passes("passes", N * C), fused("fused", N * C);
+      Kokkos::View<std::uint16_t*, typename Exec::memory_space> rounded("rounded", N * C), fused16("fused16", N * C);
+      token_embedding_forward(Exec(), as_mat<Exec>(passes.data(), N, C), dtok, e, begin);
+      if (learned) position_embedding_forward(Exec(), as_mat<Exec>(passes.data(), N, C), p, where);
+      to_bf16(Exec(), Bf16Vec<Exec>(rounded.data(), N * C), ConstVec<Exec>(passes));
+      embedding_forward(Exec(), as_mat<Exec>(fused.data(), N, C), dtok, e, p, where, 0, begin);
+      embedding_forward(Exec(), Mat16<Exec>(fused16.data(), N, C), dtok, e, p, where, 0, begin);
+      const auto want = to_host(passes), got = to_host(fused);
+      EXPECT_EQ(got, want);
+      auto r = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), rounded);
+      auto f = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), fused16);
+      for (int k = 0; k < N * C; ++k) ASSERT_EQ(f(k), r(k)) << k;
+      for (int i = 0; i < N; ++i) {
+        const int row = tokens[i] - begin;
+        const double token = row >= 0 && row < V ? wte[row * C] : 0.0;
+        EXPECT_NEAR(want[i * C], token + (learned ? wpe[(2 + i % R) * C] : 0.0), 1e-6) << i;
+      }
+    }
+  }
+}
+
 // Positions grouped by token: every position once, each run one token in position order.
 TEST(TokenRuns, GroupEveryPositionByTokenInPositionOrder) {
   const std::vector<std::int32_t> tokens = {5, 1, 5, 5, 0, 1, 9, 0, 5};

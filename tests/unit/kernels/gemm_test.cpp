@@ -210,15 +210,15 @@ TYPED_TEST(GemmTest, TwoStageColumnSumsAreTheSumsInAFixedOrder) {
 
 // A host's pass that rounds an output gradient for the products, applies GELU's derivative
 // and adds its column sums: the same bits with one work item of all the columns (one thread)
-// as with blocks of kColumnBlock (several), a tail block included, for a chunk of rows from
-// r0; each value gelu'(pre) dy rounded, each sum added onto what it held in row order (and
-// within fp32 rounding of the double sums).
+// as with blocks of 256 or 16 columns (several threads' blocks: summed_columns), tail blocks
+// included, for a chunk of rows from r0; each value gelu'(pre) dy rounded, each sum added
+// onto what it held in row order (and within fp32 rounding of the double sums).
 TYPED_TEST(GemmTest, RoundingAnOutputGradientSumsItsColumnsAlikeInAnyBlocks) {
   using Exec = TypeParam;
   if constexpr (!lamina::detail::kOnHost<Exec>) {
     GTEST_SKIP() << "a host's pass (a device rounds and sums in passes of their own)";
   } else {
-    const int N = 9, r0 = 2, rows = 5, cols = static_cast<int>(lamina::detail::kColumnBlock) + 37;
+    const int N = 9, r0 = 2, rows = 5, cols = 293;
     const auto dy = random_vector(N * cols, 77), pre = bf16_values(random_vector(N * cols, 78, -3.0, 3.0));
     const auto s0 = random_vector(cols, 79);
     auto ddy = to_device<Exec>(dy);
@@ -236,7 +236,7 @@ TYPED_TEST(GemmTest, RoundingAnOutputGradientSumsItsColumnsAlikeInAnyBlocks) {
         exact[j] += v;
       }
     }
-    for (const std::int64_t block : {std::int64_t{cols}, lamina::detail::kColumnBlock}) {
+    for (const std::int64_t block : {std::int64_t{cols}, std::int64_t{256}, std::int64_t{16}}) {
       SCOPED_TRACE(block);
       auto sums = to_device<Exec>(s0);
       Kokkos::View<std::uint16_t*, typename Exec::memory_space> out("out", rows * cols);
