@@ -838,23 +838,26 @@ void batched_gemm_bf16(const Exec& exec, const char* ta, const char* tb, const M
 
 namespace detail {
 
-// A host's column sums: a work item per block of columns walks the rows in order, the
-// block's sums in a local array (its inner loop vectorizes), so every column is summed in
-// row order whatever the thread count.
+// A host's column sums: a work item per `block` columns (summed_columns: one per thread)
+// walks the rows in order for each 256 of them, their sums in a local array (its inner loop
+// vectorizes), so every column is summed in row order whatever the thread count.
 constexpr std::int64_t kColumnBlock = 256;
 template <class Exec, class T>
 struct ColumnSums {
   Vec<Exec> dst;
   MatOf<Exec, const T> M;
-  std::int64_t rows, cols;
+  std::int64_t rows, cols, block;
   void operator()(std::int64_t b) const {
-    const std::int64_t c0 = b * kColumnBlock, w = std::min(kColumnBlock, cols - c0);
-    float sum[kColumnBlock] = {};
-    for (std::int64_t i = 0; i < rows; ++i) {
-      const T* r = &M(i, c0);
-      for (std::int64_t j = 0; j < w; ++j) sum[j] += widen(r[j]);
+    const std::int64_t end = std::min(cols, (b + 1) * block);
+    for (std::int64_t c0 = b * block; c0 < end; c0 += kColumnBlock) {
+      const std::int64_t w = std::min(kColumnBlock, end - c0);
+      float sum[kColumnBlock] = {};
+      for (std::int64_t i = 0; i < rows; ++i) {
+        const T* r = &M(i, c0);
+        for (std::int64_t j = 0; j < w; ++j) sum[j] += widen(r[j]);
+      }
+      for (std::int64_t j = 0; j < w; ++j) dst(c0 + j) += sum[j];
     }
-    for (std::int64_t j = 0; j < w; ++j) dst(c0 + j) += sum[j];
   }
 };
 
@@ -932,10 +935,10 @@ void add_column_sums(const Exec& exec, const Vec<Exec>& dst, const MV& M, const 
   const std::int64_t n = static_cast<std::int64_t>(M.extent(0));
   const std::int64_t c = static_cast<std::int64_t>(M.extent(1));
   if constexpr (detail::kOnHost<Exec>) {
+    const std::int64_t block = detail::summed_columns(exec, c);
     Kokkos::parallel_for("lamina::column_sums",
-                         Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(
-                             exec, 0, (c + detail::kColumnBlock - 1) / detail::kColumnBlock),
-                         detail::ColumnSums<Exec, T>{dst, M, n, c});
+                         Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, (c + block - 1) / block),
+                         detail::ColumnSums<Exec, T>{dst, M, n, c, block});
   } else {
     detail::two_stage_column_sums(exec, dst, M, partials);
   }

@@ -139,15 +139,19 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // and each source's gradients taken from every position's into its travelling buffer, 12
   // bytes). A host's engine reads them up to the diagonal (fused: computes the probabilities
   // again in place in fp32) and writes no fp32 score gradients.
-  // On a host rank of one thread (a machine file's `cores` per device at most 1, or not
-  // given), the norms' backward adds the gain's and bias's terms into their sums row by row
-  // (kernels/norm_backward.hpp): no per-row terms written and read, no second read of the
-  // output's gradient.
+  // A device's norm backward writes per-row terms for column sums, which read them and (a
+  // layer norm's bias) the output's gradient again. On a host rank of one thread (a machine
+  // file's `cores` per device at most 1, or not given) it adds the gain's and bias's terms
+  // into their sums row by row (kernels/norm_backward.hpp): nothing read twice; on several, a
+  // second pass reads the output's gradient and the input again for the sums.
   const bool one_thread = machine.device_is_host && machine.cores_per_device <= 1;
   // With bf16 sums the norms read their output's gradient as summed, in bf16.
   const double dnorm = sum16 ? 2.0 : 4.0;
-  const double norms_backward =
-      2 * (one_thread ? 8 + dnorm + s : layernorm ? 16 + 2 * dnorm + s : 16 + dnorm + s) * R * C;
+  const double norm_backward = one_thread               ? 8 + dnorm + s
+                               : machine.device_is_host ? 8 + 2 * (dnorm + s)
+                               : layernorm              ? 16 + 2 * dnorm + s
+                                                        : 16 + dnorm + s;
+  const double norms_backward = 2 * norm_backward * R * C;
   // (On a host's engine the pass that rounds each product's output gradient sums its bias
   // gradient too: no pass of their own.)
   const double biases = d.parts.bias && !rounding ? 4 * N * (2 * C + F + A + 2 * KV) : 0.0;

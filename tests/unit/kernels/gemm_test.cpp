@@ -251,5 +251,45 @@ TYPED_TEST(GemmTest, RoundingAnOutputGradientSumsItsColumnsAlikeInAnyBlocks) {
   }
 }
 
+// A host's column sums by work items of `block` columns, each taking 256 at a time through
+// all the rows: every column summed in row order from zero and then added onto dst, the same
+// bits in one block of all the columns (one thread) as in blocks of 300 (a 256 and a 44 inside
+// each) and of 16 (several threads' blocks: summed_columns), from fp32 and from bf16.
+TYPED_TEST(GemmTest, HostColumnSumsAreInRowOrderInAnyBlocks) {
+  using Exec = TypeParam;
+  if constexpr (!lamina::detail::kOnHost<Exec>) {
+    GTEST_SKIP() << "a host's pass (a device sums in two stages: TwoStageColumnSumsAreTheSumsInAFixedOrder)";
+  } else {
+    const int rows = 7, cols = 600;
+    const auto m = bf16_values(random_vector(rows * cols, 81)), d0 = random_vector(cols, 82);
+    auto dm = to_device<Exec>(m);
+    auto dm16 = to_device_bf16<Exec>(m);
+    std::vector<float> want(cols);
+    for (int j = 0; j < cols; ++j) {
+      float sum = 0.0f;
+      for (int i = 0; i < rows; ++i) sum += static_cast<float>(m[i * cols + j]);
+      want[j] = static_cast<float>(d0[j]) + sum;
+    }
+    for (const bool bf16 : {false, true}) {
+      for (const std::int64_t block : {std::int64_t{cols}, std::int64_t{300}, std::int64_t{16}}) {
+        SCOPED_TRACE(std::to_string(block) + (bf16 ? ", bf16" : ""));
+        auto dst = to_device<Exec>(d0);
+        const auto sums = [&](auto matrix) {
+          using T = StoredType<decltype(matrix)>;
+          Kokkos::parallel_for(Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(0, (cols + block - 1) / block),
+                               lamina::detail::ColumnSums<Exec, T>{dst, matrix, rows, cols, block});
+        };
+        if (bf16) {
+          sums(ConstMat16<Exec>(dm16.data(), rows, cols));
+        } else {
+          sums(ConstMat<Exec>(as_mat<Exec>(dm.data(), rows, cols)));
+        }
+        const auto got = to_host(dst);
+        for (int j = 0; j < cols; ++j) ASSERT_EQ(static_cast<float>(got[j]), want[j]) << j;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lamina::test

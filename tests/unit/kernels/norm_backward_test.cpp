@@ -30,9 +30,10 @@ struct NormInputs {
 
 // The norms' backward passes as norm_backward runs them (on one host thread: every row in
 // one work item, the gain's and bias's gradients summed as it goes) against one team per row
-// and column sums of the per-row terms: the same input gradients and the same sums, bit for
-// bit, added onto what the gradients held. Rows of 40 (lane sums with a tail), a skip
-// gradient joining, the input in fp32 and bf16.
+// and column sums of the per-row terms, and (a host) against the rows' pass followed by the
+// sums in blocks of 16 columns and of all 40 (several threads' way): the same input gradients
+// and the same sums, bit for bit, added onto what the gradients held. Rows of 40 (lane sums
+// with a tail), a skip gradient joining, the input in fp32 and bf16.
 TYPED_TEST(NormBackwardTest, OneThreadSumsAsItGoesAndEqualsTheTeamsBitForBit) {
   using Exec = TypeParam;
   const NormInputs<Exec> inputs;
@@ -45,31 +46,36 @@ TYPED_TEST(NormBackwardTest, OneThreadSumsAsItGoesAndEqualsTheTeamsBitForBit) {
   for (const bool bf16 : {false, true}) {
     for (const bool layernorm : {true, false}) {
       SCOPED_TRACE(std::string(layernorm ? "layernorm" : "rmsnorm") + (bf16 ? ", bf16 input" : ""));
-      std::vector<double> dinp[2], gw[2], gb[2];
-      for (int teams = 0; teams < 2; ++teams) {
+      constexpr int kWays = lamina::detail::kOnHost<Exec> ? 4 : 2;  // as run, teams, blocks of 16, one block
+      std::vector<double> dinp[kWays], gw[kWays], gb[kWays];
+      for (int way = 0; way < kWays; ++way) {
         auto gi = to_device<Exec>(skip), gwv = to_device<Exec>(w0), gbv = to_device<Exec>(b0);
         auto scratch = to_device<Exec>(std::vector<double>(N * C, NAN));
         const Mat<Exec> gim = as_mat<Exec>(gi.data(), N, C), sm = as_mat<Exec>(scratch.data(), N, C);
         auto run = [&](const auto& in) {
           using X = StoredType<std::decay_t<decltype(in)>>;
-          if (layernorm) {
-            const LayernormBackward<Exec, X, float, float> backward{gim, dom, gim, in, dw, dmean, drstd, sm, C, true};
-            if (teams) {
+          const Vec<Exec> gbias = layernorm ? gbv : Vec<Exec>();
+          auto other_ways = [&](const auto& backward) {
+            if (way == 1) {
               Kokkos::parallel_for(Teams<Exec>(Exec(), N, Kokkos::AUTO), backward);
               add_column_sums(Exec(), gwv, sm, partials);
-              add_column_sums(Exec(), gbv, dom, partials);
-            } else {
+              if (layernorm) add_column_sums(Exec(), gbv, dom, partials);
+            } else if constexpr (lamina::detail::kOnHost<Exec>) {
+              norm_backward_by_columns("by_columns", Exec(), backward, NormSums<Exec, float>{sm, gwv, gbias, dom, C}, N,
+                                       way == 2 ? 16 : C);
+            }
+          };
+          if (layernorm) {
+            if (way == 0) {
               layernorm_backward(Exec(), gim, gwv, gbv, dom, gim, in, dw, ConstVec<Exec>(dmean), ConstVec<Exec>(drstd),
                                  sm, partials);
-            }
-          } else {
-            const RmsnormBackward<Exec, X, float, float> backward{gim, dom, gim, in, dw, drstd, sm, C, true};
-            if (teams) {
-              Kokkos::parallel_for(Teams<Exec>(Exec(), N, Kokkos::AUTO), backward);
-              add_column_sums(Exec(), gwv, sm, partials);
             } else {
-              rmsnorm_backward(Exec(), gim, gwv, dom, gim, in, dw, ConstVec<Exec>(drstd), sm, partials);
+              other_ways(LayernormBackward<Exec, X, float, float>{gim, dom, gim, in, dw, dmean, drstd, sm, C, true});
             }
+          } else if (way == 0) {
+            rmsnorm_backward(Exec(), gim, gwv, dom, gim, in, dw, ConstVec<Exec>(drstd), sm, partials);
+          } else {
+            other_ways(RmsnormBackward<Exec, X, float, float>{gim, dom, gim, in, dw, drstd, sm, C, true});
           }
         };
         if (bf16) {
@@ -77,13 +83,15 @@ TYPED_TEST(NormBackwardTest, OneThreadSumsAsItGoesAndEqualsTheTeamsBitForBit) {
         } else {
           run(xm);
         }
-        dinp[teams] = to_host(gi);
-        gw[teams] = to_host(gwv);
-        gb[teams] = to_host(gbv);
+        dinp[way] = to_host(gi);
+        gw[way] = to_host(gwv);
+        gb[way] = to_host(gbv);
       }
-      EXPECT_EQ(dinp[0], dinp[1]);
-      EXPECT_EQ(gw[0], gw[1]);
-      EXPECT_EQ(gb[0], gb[1]);
+      for (int way = 1; way < kWays; ++way) {
+        EXPECT_EQ(dinp[way], dinp[0]) << way;
+        EXPECT_EQ(gw[way], gw[0]) << way;
+        EXPECT_EQ(gb[way], gb[0]) << way;
+      }
       EXPECT_NE(gw[0], w0);
       EXPECT_EQ(gb[0] != b0, layernorm);
     }
