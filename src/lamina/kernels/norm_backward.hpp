@@ -27,19 +27,6 @@ struct NoGainTerms {
   KOKKOS_INLINE_FUNCTION void put(std::int64_t, std::int64_t, float) const {}
 };
 
-namespace detail {
-
-// One row's share of the sums over columns [c0, c1): wsum += the row's terms (in memory,
-// rounded: see GainTerms) and, where there is a bias (bsum), bsum += its output gradient d.
-template <class D>
-void add_row_terms(float* wsum, float* bsum, const float* terms, const D* d, std::int64_t c0, std::int64_t c1) {
-  for (std::int64_t c = c0; c < c1; ++c) wsum[c] += terms[c];
-  if (bsum == nullptr) return;
-  for (std::int64_t c = c0; c < c1; ++c) bsum[c] += widen(d[c]);
-}
-
-}  // namespace detail
-
 // Row i of an input gradient by `r` (TeamRow or SerialRow): dinp = dskip + local(c) where
 // another branch's gradient joins (has_skip: a norm's input is the residual stream), else
 // local(c). Two loops rather than a branch per element, so that each one vectorizes.
@@ -67,8 +54,15 @@ struct NormSums {
   void zero(std::int64_t c0, std::int64_t c1) const {
     for (std::int64_t c = c0; c < c1; ++c) wsum()[c] = scratch.data()[C + c] = 0.0f;
   }
+  // Row i's share over columns [c0, c1): the gain's sums += its terms (in memory, rounded:
+  // see GainTerms), the bias's (if any) += its output gradient.
   void add_row(std::int64_t i, std::int64_t c0, std::int64_t c1) const {
-    detail::add_row_terms(wsum(), bsum(), terms(), &dout(i, 0), c0, c1);
+    float *w = wsum(), *b = bsum();
+    const float* t = terms();
+    for (std::int64_t c = c0; c < c1; ++c) w[c] += t[c];
+    if (b == nullptr) return;
+    const D* d = &dout(i, 0);
+    for (std::int64_t c = c0; c < c1; ++c) b[c] += widen(d[c]);
   }
   // dweight (and dbias) += the sums.
   void add(std::int64_t c0, std::int64_t c1) const {
@@ -132,9 +126,10 @@ void norm_backward_by_columns(const char* name, const Exec& exec, const Backward
                        NormGainSums<Exec, Backward, D>{backward, sums, N, block});
 }
 
-// Runs a norm's backward over N rows of C: `backward` (row(Row, i, GainTerms) and a team
-// operator writing its terms into `scratch`, (N, C)) then dweight += the terms' column sums
-// and dbias (empty: none) += dout's; or the same on one host thread in one pass. dout: fp32,
+// Runs a norm's backward over N rows of C: `backward` (row(Row, i, Terms), gain_terms(i), and
+// a team operator writing its terms into `scratch`, (N, C)) then dweight += the terms' column
+// sums and dbias (empty: none) += dout's; on a host the same sums in one pass (one thread) or
+// two (several), with the scratch's first rows for the sums. dout: fp32,
 // or bf16 (the tensor-parallel sum of it, parallel.tp_sums) as it is stored; partials: for
 // a device's column sums (add_column_sums).
 template <class Exec, class Backward, class DV>
