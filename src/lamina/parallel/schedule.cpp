@@ -264,7 +264,7 @@ Instruction make(Op op, Stream stream, int chunk, int layer, int mb) {
 //                backward step ahead; a recomputation, its prefetch
 //   gradients    a reduction, the layer's backward (and, ZeRO-1+, the reduction before:
 //                one reduce-scatter holds a full-size buffer at a time; as that wait holds
-//                the host, a chunk's reductions then follow the send of its input's
+//                the host, under ZeRO-1 a chunk's reductions follow the send of its input's
 //                gradient); a flush, the layer's final reduction; sync_grads, every reduction
 class StageBuilder {
  public:
@@ -364,10 +364,12 @@ class StageBuilder {
         const int n = ++backwards_[st.chunk];
         const bool reduce = (spec_.layout.zero >= 2 && !layered) || n == spec_.layout.micro_batches;
         const bool sends = st.chunk > 0 && part.chunk(st.chunk - 1).stage != c.stage;
-        // Under ZeRO 1-2 the host waits for each reduction before it issues the next (their
-        // staging buffer): the input's gradient goes first, so that the stage before does
-        // not wait for this one's reductions too.
-        defer_reductions_ = sends && spec_.layout.zero >= 1;
+        // Under ZeRO-1 the host waits for each reduction before it issues the next (their
+        // staging buffer): in the chunk's last backward, where they all come, the input's
+        // gradient goes first, so that the pipeline's drain does not wait for every stage's
+        // reductions in turn. (ZeRO-2 reduces as it goes: each reduction hands back the
+        // layer's full-size gradient, which waiting would hold.)
+        defer_reductions_ = sends && spec_.layout.zero == 1 && n == spec_.layout.micro_batches;
         backward(c, st.mb, reduce);
         unhold();
         if (sends) send(Op::send_gradient, st.chunk, st.mb, part.chunk(st.chunk - 1).stage);
