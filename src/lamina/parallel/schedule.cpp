@@ -263,9 +263,8 @@ Instruction make(Op op, Stream stream, int chunk, int layer, int mb) {
 //                compute before it (which may have given back the frame it fills), issued one
 //                backward step ahead; a recomputation, its prefetch
 //   gradients    a reduction, the layer's backward (and, ZeRO-1+, the reduction before:
-//                one reduce-scatter holds a full-size buffer at a time; as that wait holds
-//                the host, under ZeRO-1 a chunk's reductions follow the send of its input's
-//                gradient); a flush, the layer's final reduction; sync_grads, every reduction
+//                one reduce-scatter holds a full-size buffer at a time); a flush, the
+//                layer's final reduction; sync_grads, every reduction
 class StageBuilder {
  public:
   StageBuilder(const Schedule& s, const StepSpec& spec, int stage) : s_(s), spec_(spec), stage_(stage) {
@@ -363,19 +362,10 @@ class StageBuilder {
         hold();
         const int n = ++backwards_[st.chunk];
         const bool reduce = (spec_.layout.zero >= 2 && !layered) || n == spec_.layout.micro_batches;
-        const bool sends = st.chunk > 0 && part.chunk(st.chunk - 1).stage != c.stage;
-        // Under ZeRO-1 the host waits for each reduction before it issues the next (their
-        // staging buffer): in the chunk's last backward, where they all come, the input's
-        // gradient goes first, so that the pipeline's drain does not wait for every stage's
-        // reductions in turn. (ZeRO-2 reduces as it goes: each reduction hands back the
-        // layer's full-size gradient, which waiting would hold.)
-        defer_reductions_ = sends && spec_.layout.zero == 1 && n == spec_.layout.micro_batches;
         backward(c, st.mb, reduce);
         unhold();
-        if (sends) send(Op::send_gradient, st.chunk, st.mb, part.chunk(st.chunk - 1).stage);
-        defer_reductions_ = false;
-        for (const Deferred& d : deferred_) reduce_layer(d.layer, d.final, d.after);
-        deferred_.clear();
+        if (st.chunk > 0 && part.chunk(st.chunk - 1).stage != c.stage)
+          send(Op::send_gradient, st.chunk, st.mb, part.chunk(st.chunk - 1).stage);
       }
     }
     Instruction sync = make(Op::sync_grads, Stream::collective, -1, -1, -1);
@@ -617,18 +607,12 @@ class StageBuilder {
   bool synced_embedding() const { return spec_.layout.pp > 1 && spec_.tied_embeddings; }
 
   // A layer used by several local chunks (the tied embedding) is reduced after the last.
-  // `after`: the backward passes it reduces (by default the last compute so far).
-  void reduce_layer(int l, bool final, std::vector<int> after = {}) {
-    if (after.empty()) after = after_last_compute();
-    if (defer_reductions_) {
-      deferred_.push_back({l, final, std::move(after)});
-      return;
-    }
+  void reduce_layer(int l, bool final) {
     if (++requested_[l] < users_[l]) return;
     requested_[l] = 0;
     Instruction i = make(Op::reduce_grads, Stream::collective, -1, l, -1);
     i.final = final;
-    i.after = std::move(after);
+    i.after = after_last_compute();
     if (spec_.layout.zero >= 1 && !reductions_.empty()) i.after.push_back(reductions_.back());
     reduced_[l] = emit(std::move(i));
     reductions_.push_back(reduced_[l]);
@@ -837,15 +821,6 @@ class StageBuilder {
   int reloaded_ = 0;
   std::map<int, int> reduced_;  // layer -> its last reduction
   std::vector<int> reductions_;
-  // Reductions requested while a chunk's backward runs, issued after it sends its input's
-  // gradient (backward's comment).
-  struct Deferred {
-    int layer;
-    bool final;
-    std::vector<int> after;
-  };
-  bool defer_reductions_ = false;
-  std::vector<Deferred> deferred_;
   std::vector<int> final_;
   std::set<int> flushed_;
   std::set<std::pair<int, int>> open_;  // (chunk, micro-batch) whose slot is taken

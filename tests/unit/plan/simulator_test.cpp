@@ -101,21 +101,6 @@ TEST(Simulator, ZeroOneReductionsRunOneAtATimeBehindTheBackward) {
   EXPECT_DOUBLE_EQ(run(3.0), 18.0);
 }
 
-TEST(Simulator, ZeroOneReductionsDoNotHoldUpTheGradientForTheStageBefore) {
-  // Two stages of 2 blocks, ZeRO-1, one micro-batch (forward 1, backward 2, reduction 5,
-  // messages free). Stage 1 (h.2, h.3, the head and the tied embedding's copy): forward
-  // [2,4], B(h.3) [4,6], B(h.2) [6,8], then the gradient goes to stage 0 at 8, and only then
-  // its four reductions, one at a time: head [8,13], h.3, h.2, embedding [23,28]. Had they
-  // been issued as the backward went, the host, waiting for each before issuing the next,
-  // would have sent the gradient at 19. Stage 0: B(h.1) [8,10], B(h.0) [10,12], its
-  // reductions h.1 [10,15], h.0 [15,20], embedding [20,25].
-  const Schedule s = Schedule::build(spec(4, ScheduleKind::one_f_one_b, 2, 1, 1, false, 1));
-  const Timeline t = simulate(s, prices(s.final_layer(), 1.0, 2.0, 0.0, 0.0, 5.0));
-  EXPECT_DOUBLE_EQ(t.finish[1], 28.0);
-  EXPECT_DOUBLE_EQ(t.finish[0], 25.0);
-  EXPECT_DOUBLE_EQ(t.makespan, 28.0);
-}
-
 TEST(Simulator, UpdateProgramRunsDeviceSubgroupsBesideTheHost) {
   LayerUpdate u;
   u.layer = 1;
