@@ -262,9 +262,10 @@ Instruction make(Op op, Stream stream, int chunk, int layer, int mb) {
 //                three frames on their way out); a prefetch_checkpoint, its offload and the
 //                compute before it (which may have given back the frame it fills), issued one
 //                backward step ahead; a recomputation, its prefetch
-//   gradients    a reduction, the layer's backward (and, ZeRO-1+, the reduction before:
-//                one reduce-scatter holds a full-size buffer at a time); a flush, the
-//                layer's final reduction; sync_grads, every reduction
+//   gradients    a reduction, the layer's backward (and, ZeRO-2+, the reduction before:
+//                one reduce-scatter holds a full-size accumulator at a time; ZeRO-1's read
+//                the stored gradients, and the host does not wait for one to issue the
+//                next); a flush, the layer's final reduction; sync_grads, every reduction
 class StageBuilder {
  public:
   StageBuilder(const Schedule& s, const StepSpec& spec, int stage) : s_(s), spec_(spec), stage_(stage) {
@@ -613,7 +614,7 @@ class StageBuilder {
     Instruction i = make(Op::reduce_grads, Stream::collective, -1, l, -1);
     i.final = final;
     i.after = after_last_compute();
-    if (spec_.layout.zero >= 1 && !reductions_.empty()) i.after.push_back(reductions_.back());
+    if (spec_.layout.zero >= 2 && !reductions_.empty()) i.after.push_back(reductions_.back());
     reduced_[l] = emit(std::move(i));
     reductions_.push_back(reduced_[l]);
     // Those that completed a host-updated layer's gradients start their copies to the

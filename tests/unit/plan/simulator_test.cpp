@@ -89,7 +89,8 @@ TEST(Simulator, PrefetchedParametersOverlapTheComputeOfTheLayerBefore) {
 
 TEST(Simulator, ZeroOneReductionsRunOneAtATimeBehindTheBackward) {
   // One rank, 3 blocks, ZeRO-1, one micro-batch (forward 1, backward 2, reduction r):
-  // each layer's reduce-scatter starts after its backward and waits for the one before.
+  // each layer's reduce-scatter starts after its backward, queued on the collective stream
+  // behind the one before.
   const Schedule s = Schedule::build(spec(3, ScheduleKind::one_f_one_b, 1, 1, 1, false, 1));
   auto run = [&](double r) { return simulate(s, prices(s.final_layer(), 1.0, 2.0, 0.0, 0.0, r)).makespan; };
   EXPECT_DOUBLE_EQ(run(0.0), 9.0);  // forward 3, backward 6
@@ -99,6 +100,22 @@ TEST(Simulator, ZeroOneReductionsRunOneAtATimeBehindTheBackward) {
   // r = 3 > backward: the five reductions (ln_f, h.2, h.1, h.0, embedding) run back to back
   // from the end of the forward: 3 + 5 x 3.
   EXPECT_DOUBLE_EQ(run(3.0), 18.0);
+}
+
+TEST(Simulator, ZeroOneReductionsDoNotHoldUpTheGradientForTheStageBefore) {
+  // Two stages of 2 blocks, ZeRO-1, one micro-batch (forward 1, backward 2, reduction 5,
+  // messages free). Stage 1 (h.2, h.3, the head and the tied embedding's copy): forward
+  // [2,4]; the head's reduction [4,9] queued as its backward ends, then B(h.3) [4,6] and
+  // B(h.2) [6,8] go on beside it, and the gradient leaves for stage 0 at 8; its reductions
+  // h.3 [9,14], h.2 [14,19], embedding [19,24] follow one another on the collective
+  // stream. Stage 0: B(h.1) [8,10], B(h.0) [10,12], reductions h.1 [10,15], h.0 [15,20],
+  // embedding [20,25]. Had the host waited for each reduction before issuing the next, stage
+  // 1 would have sent the gradient at 19 and stage 0 finished at 36.
+  const Schedule s = Schedule::build(spec(4, ScheduleKind::one_f_one_b, 2, 1, 1, false, 1));
+  const Timeline t = simulate(s, prices(s.final_layer(), 1.0, 2.0, 0.0, 0.0, 5.0));
+  EXPECT_DOUBLE_EQ(t.finish[1], 24.0);
+  EXPECT_DOUBLE_EQ(t.finish[0], 25.0);
+  EXPECT_DOUBLE_EQ(t.makespan, 25.0);
 }
 
 TEST(Simulator, UpdateProgramRunsDeviceSubgroupsBesideTheHost) {
