@@ -1178,6 +1178,18 @@ std::string describe(const std::vector<Instruction>& program, int final_layer) {
   return out;
 }
 
+double fill_and_drain_blocks(const ParallelLayout& layout, double blocks) {
+  const double pp = layout.pp, M = layout.micro_batches;
+  switch (layout.schedule) {
+    case ScheduleKind::interleaved: return (pp - 1.0) * blocks / layout.virtual_stages;
+    case ScheduleKind::modular: return (pp - 1.0) + (blocks - 1.0) * std::max(0.0, pp - M);
+    default:
+      // Layered, a stage passes a micro-batch on after its last block: after the first
+      // (blocks - 1) blocks have taken every micro-batch.
+      return layout.layered ? (pp - 1.0) * ((blocks - 1.0) * M + 1.0) : (pp - 1.0) * blocks;
+  }
+}
+
 double clock_price(const Instruction& i, const ClockPrices& prices, int final_layer) {
   const bool block = i.layer > 0 && i.layer < final_layer;
   switch (i.op) {

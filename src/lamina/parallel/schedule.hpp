@@ -209,4 +209,14 @@ struct ClockPrices {
 // Virtual time of a compute instruction (0 for every other).
 double clock_price(const Instruction& i, const ClockPrices& prices, int final_layer);
 
+// A pipeline stage's idle time in a step whose stages each hold `blocks` blocks of equal
+// cost and messages take no time, in units of one block's forward and backward on one
+// micro-batch (its work is blocks x micro_batches of them): the fill and drain of GPipe and
+// 1F1B (pp - 1) x blocks, of interleaved schedules that over the virtual stages, of layered
+// GPipe (pp - 1) x ((blocks - 1) x M + 1); a modular schedule's (pp - 1), plus, with fewer
+// micro-batches than stages, (pp - M) for each of its (blocks - 1) loops back around the
+// ring, the first micro-batch's return waited for. The simulator's timelines of these
+// schedules have exactly these bubbles (tests).
+double fill_and_drain_blocks(const ParallelLayout& layout, double blocks);
+
 }  // namespace lamina

@@ -540,16 +540,14 @@ struct LayoutModel {
 };
 
 // The objective's fill and drain of the pipeline (layout_objective), which no block's
-// choice changes: part of the layout's lower bound.
+// choice changes: part of the layout's lower bound. The schedule's closed form in blocks of
+// the slowest stage.
 double fill_and_drain(const LayoutModel& lm) {
   double per_mb = 0.0;
   for (const double t : lm.micro_batch_seconds) per_mb = std::max(per_mb, t);
-  const ParallelLayout& o = lm.layout;
-  double chunks = 1.0;
-  if (o.schedule == ScheduleKind::interleaved) chunks = o.virtual_stages;
-  if (o.schedule == ScheduleKind::modular) chunks = static_cast<double>(lm.stage_blocks[0].size());
-  if (o.layered && o.schedule == ScheduleKind::modular) chunks *= o.micro_batches;
-  return (o.pp - 1) * per_mb / chunks;
+  const double blocks = static_cast<double>(lm.stage_blocks[0].size());
+  if (blocks == 0.0) return 0.0;
+  return per_mb / blocks * fill_and_drain_blocks(lm.layout, blocks);
 }
 
 struct Costing {
