@@ -253,10 +253,12 @@ Instruction make(Op op, Stream stream, int chunk, int layer, int mb) {
 //                issue); a receive, the compute before it (its buffer may be the one a
 //                micro-batch just finished with)
 //   parameters   a release, the compute that read the gathered copy
-//   activations  an offload, its block's forward; a prefetch or reload into a staging
-//                buffer, the compute before it (the backward that last read the buffer),
-//                the offload out of that buffer that may still be reading it, and its own
-//                block's offload
+//   activations  an offload, its block's forward; an offloaded block's forward, the offload
+//                out of the staging buffer it writes (forwards take the two in turn); a
+//                prefetch (issued a block, or in layered runs a backward step, ahead) or a
+//                reload into a staging buffer, the compute before it (the backward that last
+//                read the buffer), the offload out of that buffer that may still be reading
+//                it, and its own block's offload
 //   checkpoints  an offload_checkpoint, its block's forward; the forward (or receive) that
 //                takes an input frame, the stage's offload_checkpoint before the last (at most
 //                three frames on their way out); a prefetch_checkpoint, its offload and the
@@ -360,6 +362,14 @@ class StageBuilder {
         prefetch_first(false);
         if (st.chunk < last && part.chunk(st.chunk + 1).stage != c.stage)
           receive(Op::recv_gradient, st.chunk, st.mb, part.chunk(st.chunk + 1).stage);
+        // A backward step that follows has its first offloaded block come back during this
+        // step's last block (a chunk of one block would otherwise wait for each copy).
+        next_restore_ = {-1, -1, -1};
+        if (k + 1 < order.size() && !order[k + 1].forward) {
+          const Chunk& nc = part.chunk(order[k + 1].chunk);
+          if (nc.blocks() > 0 && policy(nc.last_block - 1) == ActivationPolicy::offload)
+            next_restore_ = {nc.index, static_cast<int>(nc.last_block), order[k + 1].mb};
+        }
         hold();
         const int n = ++backwards_[st.chunk];
         const bool reduce = (spec_.layout.zero >= 2 && !layered) || n == spec_.layout.micro_batches;
@@ -474,8 +484,8 @@ class StageBuilder {
       if (op == Op::recompute) i.after.push_back(checkpoint_prefetches_.at({c.index, mb}));
     }
     if (block && policy(l - 1) == ActivationPolicy::offload) {
-      i.buffer = op == Op::forward ? 0 : reloaded_;  // where its activations pass
-      if (op == Op::forward && last_offload_ >= 0) i.after.push_back(last_offload_);
+      i.buffer = op == Op::forward ? forward_buffer_ : reloaded_;  // where its activations pass
+      if (op == Op::forward && offloading_[i.buffer] >= 0) i.after.push_back(offloading_[i.buffer]);
       if (op == Op::backward) {
         const auto it = restored_.find({c.index, l, mb});
         if (it != restored_.end() && it->second >= 0) i.after.push_back(it->second);
@@ -484,9 +494,10 @@ class StageBuilder {
     last_compute_ = emit(std::move(i));
   }
 
-  // The staging buffers of offloaded blocks, as the executor fills them: buffer 0 takes a
-  // block in its forward (and keeps it until overwritten), a prefetch goes into the buffer
-  // the last restored block does not occupy, a copy made on the spot into buffer 0.
+  // The staging buffers of offloaded blocks, as the executor fills them: forwards take them
+  // in turn (a block stays there until overwritten), so that one block's copy out runs
+  // beside the next block's forward; a prefetch goes into the buffer the last restored block
+  // does not occupy, a copy made on the spot into buffer 0.
   using Staged = std::tuple<int, int, int>;  // (chunk, layer, micro-batch)
   int staged_in(const Staged& b) const {
     for (int k = 0; k < 2; ++k)
@@ -508,7 +519,7 @@ class StageBuilder {
   void into_staging(Instruction& i, const Staged& b) const {
     const auto own = offloads_.find(b);
     if (own != offloads_.end()) i.after.push_back(own->second);
-    if (last_offload_ >= 0 && i.buffer == 0) i.after.push_back(last_offload_);
+    if (offloading_[i.buffer] >= 0) i.after.push_back(offloading_[i.buffer]);
   }
   // A checkpoint back into a device frame (once: the step before may have asked for it).
   void prefetch_checkpoint(const Chunk& c, int mb) {
@@ -531,7 +542,7 @@ class StageBuilder {
       staged_[0] = b;
       restored_[b] = emit(std::move(i));
     } else if (!restored_.count(b)) {
-      restored_[b] = -1;  // still in buffer 0 from its forward
+      restored_[b] = -1;  // still in its staging buffer from its forward
     }
     reloaded_ = k;
   }
@@ -557,11 +568,12 @@ class StageBuilder {
       }
       if (policy(b) == ActivationPolicy::offload) {
         Instruction i = make(Op::offload_activations, Stream::device_to_host, c.index, l, mb);
-        i.buffer = 0;
+        i.buffer = forward_buffer_;
         i.after = after_last_compute();
-        last_offload_ = emit(std::move(i));
-        offloads_[{c.index, l, mb}] = last_offload_;
-        staged_[0] = {c.index, l, mb};
+        offloading_[forward_buffer_] = emit(std::move(i));
+        offloads_[{c.index, l, mb}] = offloading_[forward_buffer_];
+        staged_[forward_buffer_] = {c.index, l, mb};
+        forward_buffer_ = 1 - forward_buffer_;
       }
       unuse(l);
     }
@@ -593,8 +605,14 @@ class StageBuilder {
       if (recomputed(policy(b))) compute(Op::recompute, c, l, mb);
       if (policy(b) == ActivationPolicy::offload) {
         restore(c, l, mb);
-        // The previous block's come back into the other staging buffer meanwhile.
-        if (b > c.first_block && policy(b - 1) == ActivationPolicy::offload) prefetch_acts(c, l - 1, mb);
+        // The previous block's come back into the other staging buffer meanwhile (the next
+        // step's first, after the chunk's first).
+        if (b > c.first_block && policy(b - 1) == ActivationPolicy::offload) {
+          prefetch_acts(c, l - 1, mb);
+        } else if (b == c.first_block && std::get<0>(next_restore_) >= 0) {
+          const auto& [chunk, layer, micro_batch] = next_restore_;
+          prefetch_acts(s_.partition().chunk(chunk), layer, micro_batch);
+        }
       }
       compute(Op::backward, c, l, mb);
       unuse(l);
@@ -814,11 +832,14 @@ class StageBuilder {
   std::map<int, int> users_, requested_, backwards_;
   std::map<int, int> holds_, fetch_;  // per layer: holds, the instruction that fetched it
   std::set<int> prefetched_;          // fetched ahead, not yet used
-  int last_compute_ = -1, received_ = -1, last_offload_ = -1;
+  int last_compute_ = -1, received_ = -1;
+  int offloading_[2] = {-1, -1};  // the last copy out of each staging buffer
+  int forward_buffer_ = 0;        // where the next offloaded block's forward writes
   std::map<Staged, int> offloads_, restored_;
   std::vector<int> checkpoint_offloads_;                 // in program order
   std::map<std::pair<int, int>, int> checkpoint_offloaded_, checkpoint_prefetches_;  // (chunk, micro-batch)
   Staged staged_[2] = {{-1, -1, -1}, {-1, -1, -1}};
+  Staged next_restore_ = {-1, -1, -1};  // the next backward step's first offloaded block
   int reloaded_ = 0;
   std::map<int, int> reduced_;  // layer -> its last reduction
   std::vector<int> reductions_;

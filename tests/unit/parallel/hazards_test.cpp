@@ -151,12 +151,12 @@ bool names(const std::vector<Hazard>& h, Buf kind) {
   return std::any_of(h.begin(), h.end(), [&](const Hazard& x) { return x.buffer.kind == kind; });
 }
 
-// The race reading found: with warm-up micro-batches (1F1B, pp 2) and [offload, recompute],
-// the first stage copies a micro-batch's activations back into staging buffer 0 while the
-// copy of a later micro-batch's out of it may still run. The builder now makes the reload
-// wait for that copy; without the wait, the checker finds it.
+// The race reading found: with more warm-up micro-batches than staging buffers (1F1B, pp 3)
+// and [offload, recompute], the first stage copies a micro-batch's activations back into
+// staging buffer 0 while the copy of a later micro-batch's out of it may still run. The
+// builder makes the reload wait for that copy; without the wait, the checker finds it.
 TEST(Hazards, TheReloadRaceIsFoundWhenItsWaitIsRemoved) {
-  StepSpec sp = spec(4, ScheduleKind::one_f_one_b, 2, 4);
+  StepSpec sp = spec(6, ScheduleKind::one_f_one_b, 3, 6);
   for (std::size_t b = 0; b < sp.blocks.size(); ++b)
     sp.blocks[b].activations = b % 2 == 0 ? ActivationPolicy::offload : ActivationPolicy::recompute;
   const Schedule s = Schedule::build(sp);
@@ -191,7 +191,7 @@ TEST(Hazards, EachNeededWaitRemovedIsFound) {
     Op waiter, waited;
     Buf buffer;
   };
-  StepSpec offload = spec(2, ScheduleKind::one_f_one_b, 1, 2);
+  StepSpec offload = spec(3, ScheduleKind::one_f_one_b, 1, 2);  // a third block to bring back ahead
   for (auto& b : offload.blocks) b.activations = ActivationPolicy::offload;
   StepSpec host_params = spec(3, ScheduleKind::one_f_one_b, 1, 2);
   for (auto& b : host_params.blocks) {

@@ -133,42 +133,76 @@ TEST(Schedule, AnUntiedHeadLeavesTheEmbeddingToTheFirstStage) {
 }
 
 TEST(Schedule, MemoryPoliciesAddTheirInstructionsAroundEachLayer) {
-  StepSpec s = spec(3, ScheduleKind::one_f_one_b, 1, 1);
-  s.blocks[0].activations = ActivationPolicy::offload;
-  s.blocks[1].activations = ActivationPolicy::offload;
-  s.blocks[2].activations = ActivationPolicy::recompute;
-  s.blocks[2].params = MemTier::host;
-  s.blocks[2].optimizer = OptimizerPlacement::host;  // also the final norm's (it follows the last block)
+  StepSpec s = spec(4, ScheduleKind::one_f_one_b, 1, 1);
+  for (int b = 0; b < 3; ++b) s.blocks[static_cast<std::size_t>(b)].activations = ActivationPolicy::offload;
+  s.blocks[3].activations = ActivationPolicy::recompute;
+  s.blocks[3].params = MemTier::host;
+  s.blocks[3].optimizer = OptimizerPlacement::host;  // also the final norm's (it follows the last block)
   const Schedule schedule = Schedule::build(s);
   const auto& p = schedule.program(0);
-  // Offloaded blocks go out after their forward and come back before their backward: block
-  // 1's is still in the staging buffer its forward filled (no copy back), block 0's comes
-  // back into the other one while block 1's backward runs, and that backward waits for it.
-  const std::size_t off1 = find(p, Op::offload_activations, 1), pre0 = find(p, Op::prefetch_activations, 1);
-  EXPECT_LT(find(p, Op::forward, 1), off1);
+  // Offloaded blocks go out after their forward through the staging buffers in turn: h.0's
+  // and h.2's through buffer 0, h.1's through buffer 1, so h.1's forward waits for no copy
+  // and h.2's for h.0's copy out of buffer 0.
+  const std::size_t off1 = find(p, Op::offload_activations, 1), off2 = find(p, Op::offload_activations, 2);
   EXPECT_EQ(p[off1].after, std::vector<int>{static_cast<int>(find(p, Op::forward, 1))});
+  EXPECT_EQ(p[off1].buffer, 0);
+  EXPECT_EQ(p[off2].buffer, 1);
+  EXPECT_EQ(p[find(p, Op::offload_activations, 3)].buffer, 0);
+  EXPECT_TRUE(p[find(p, Op::forward, 2)].after.empty());
+  EXPECT_EQ(p[find(p, Op::forward, 3)].after, std::vector<int>{static_cast<int>(off1)});
+  // They come back before their backward: h.2's and h.1's are still in the buffers their
+  // forwards filled (no copy back), h.0's comes back into buffer 0 while h.1's backward
+  // runs, once h.2's backward has read that buffer, and h.0's backward waits for it.
   EXPECT_EQ(count(p, Op::reload_activations), 0);
   EXPECT_EQ(count(p, Op::prefetch_activations), 1);
-  EXPECT_EQ(p[pre0].buffer, 1);
-  EXPECT_LT(pre0, find(p, Op::backward, 2));
-  EXPECT_EQ(p[find(p, Op::backward, 1)].after, std::vector<int>{static_cast<int>(pre0)});
-  // The second offloaded forward waits for the first copy out of the staging buffer.
-  EXPECT_EQ(p[find(p, Op::forward, 2)].after, std::vector<int>{static_cast<int>(off1)});
+  const std::size_t pre1 = find(p, Op::prefetch_activations, 1);
+  EXPECT_EQ(p[pre1].buffer, 0);
+  EXPECT_LT(find(p, Op::backward, 3), pre1);
+  EXPECT_LT(pre1, find(p, Op::backward, 2));
+  EXPECT_EQ(p[find(p, Op::backward, 1)].after, std::vector<int>{static_cast<int>(pre1)});
   EXPECT_EQ(count(p, Op::recompute), 1);
-  EXPECT_EQ(find(p, Op::recompute, 3) + 1, find(p, Op::backward, 3));
+  EXPECT_EQ(find(p, Op::recompute, 4) + 1, find(p, Op::backward, 4));
   // Host-tier parameters: prefetched one block ahead in forward, gathered in backward,
   // each use released once the compute that read them is done.
-  const std::size_t pre = find(p, Op::prefetch_params, 3);
-  EXPECT_LT(pre, find(p, Op::forward, 2));
-  EXPECT_EQ(p[find(p, Op::forward, 3)].after, std::vector<int>{static_cast<int>(pre)});
-  EXPECT_EQ(count(p, Op::gather_params, 3) + count(p, Op::prefetch_params, 3), 2);
-  EXPECT_EQ(count(p, Op::release_params, 3), 2);
-  EXPECT_EQ(p[find(p, Op::release_params, 3)].after, std::vector<int>{static_cast<int>(find(p, Op::forward, 3))});
+  const std::size_t pre = find(p, Op::prefetch_params, 4);
+  EXPECT_LT(pre, find(p, Op::forward, 3));
+  EXPECT_EQ(p[find(p, Op::forward, 4)].after, std::vector<int>{static_cast<int>(pre)});
+  EXPECT_EQ(count(p, Op::gather_params, 4) + count(p, Op::prefetch_params, 4), 2);
+  EXPECT_EQ(count(p, Op::release_params, 4), 2);
+  EXPECT_EQ(p[find(p, Op::release_params, 4)].after, std::vector<int>{static_cast<int>(find(p, Op::forward, 4))});
   EXPECT_EQ(count(p, Op::gather_params, 1), 0);  // resident
   // Host-updated layers' gradients leave once their reduction is done; the rest stay.
   EXPECT_EQ(count(p, Op::flush_grads), 2);
-  for (int l : {3, 4}) {
+  for (int l : {4, 5}) {
     EXPECT_EQ(p[find(p, Op::flush_grads, l)].after, std::vector<int>{static_cast<int>(find(p, Op::reduce_grads, l))});
+  }
+}
+
+// Where each backward step is one block and backward steps follow one another (modular,
+// layered), an offloaded block comes back during the step before: after the first, no copy
+// back starts right before the backward that reads it.
+TEST(Schedule, OffloadedSingleBlockStepsComeBackOneStepAhead) {
+  StepSpec s = spec(4, ScheduleKind::modular, 2, 4, 1, true);
+  for (auto& b : s.blocks) b.activations = ActivationPolicy::offload;
+  const Schedule schedule = Schedule::build(s);
+  for (int stage = 0; stage < 2; ++stage) {
+    const auto& p = schedule.program(stage);
+    EXPECT_EQ(count(p, Op::reload_activations), 0) << schedule.describe(stage);
+    int prefetched = 0;
+    bool first = true;
+    for (std::size_t k = 0; k < p.size(); ++k) {
+      if (p[k].op != Op::backward || p[k].layer == schedule.final_layer()) continue;
+      for (int j : p[k].after) {
+        if (p[static_cast<std::size_t>(j)].op != Op::prefetch_activations) continue;
+        ++prefetched;
+        bool between = false;  // another block's backward between the copy's issue and its reader
+        for (std::size_t m = static_cast<std::size_t>(j) + 1; m < k; ++m)
+          between |= p[m].op == Op::backward && p[m].layer != schedule.final_layer();
+        EXPECT_TRUE(between || first) << "stage " << stage << ", instruction " << k << ": " << schedule.describe(stage);
+      }
+      first = false;
+    }
+    EXPECT_EQ(prefetched, 2 * 4) << schedule.describe(stage);  // the first at its own step's start
   }
 }
 
