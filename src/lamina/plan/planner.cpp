@@ -530,7 +530,11 @@ struct LayoutModel {
   std::vector<double> fixed_seconds;                    // per stage: embedding, head, their updates
   std::vector<double> fixed_device, fixed_host;         // per stage
   std::vector<double> micro_batch_seconds;              // per stage: one micro-batch through it (for the bubble)
-  double lower_bound = 0.0;  // compute alone, the slowest stage, and the fill and drain (no choice changes it)
+  double hop_seconds = 0.0;  // an activation and its gradient from one stage to the next
+  // The first stage's fetches before its first block and collectives after its last.
+  double edges = 0.0;
+  // Compute alone, the slowest stage, the fill and drain and the edges (no choice changes them).
+  double lower_bound = 0.0;
   // Bytes per rank with every saving on, the most of any stage (device, host): below the
   // capacity, or the layout cannot fit.
   double least_device = 0.0, least_host = 0.0;
@@ -547,7 +551,12 @@ double fill_and_drain(const LayoutModel& lm) {
   for (const double t : lm.micro_batch_seconds) per_mb = std::max(per_mb, t);
   const double blocks = static_cast<double>(lm.stage_blocks[0].size());
   if (blocks == 0.0) return 0.0;
-  return per_mb / blocks * fill_and_drain_blocks(lm.layout, blocks);
+  // The messages on the way: one hop per stage, but a modular ring with fewer micro-batches
+  // than stages waits for its first micro-batch, which passes every stage's every block.
+  const ParallelLayout& o = lm.layout;
+  const bool ring_waits = o.schedule == ScheduleKind::modular && o.micro_batches < o.pp;
+  const double hops = ring_waits ? o.pp * blocks - 1.0 : o.pp - 1.0;
+  return per_mb / blocks * fill_and_drain_blocks(o, blocks) + hops * lm.hop_seconds;
 }
 
 struct Costing {
@@ -566,6 +575,11 @@ struct Costing {
   }
   const ParamLayout& layout(int tp) const { return layouts.at(tp); }
 };
+
+// ZeRO 1 and 2 all-gather each layer's updated shards after the optimizer step.
+double share(const CostModel& cost, const ParallelLayout& o, int layer) {
+  return o.zero == 1 || o.zero == 2 ? cost.share(layer) : 0.0;
+}
 
 // One block of a layout under each policy it may take: what it adds to its stage's step
 // (an additive model: its compute, the part of its copies and collectives that its own
@@ -601,6 +615,11 @@ class BlockCosts {
   }
 
   const ActivationSizes& activations() const { return acts_; }
+  // The stage's last reduction, which no backward follows: the part copies() counts hidden.
+  double reduction_tail() const {
+    const double r = cost_.reduce(1);
+    return r - exposed(r, reduction_window());
+  }
   const LayerShard& shard() const { return shard_; }
 
   // Forward, backward and recomputation of the step's micro-batches, nothing else.
@@ -626,13 +645,14 @@ class BlockCosts {
     return bytes_[key] = {static_cast<double>(f.total(MemTier::device)), static_cast<double>(f.total(MemTier::host))};
   }
 
+  // What a copy or collective of t seconds adds beside a compute of c seconds: the part
+  // the compute does not hide, or all of it where both take the same cores.
+  double exposed(double t, double c) const { return serial_ ? t : std::max(0.0, t - c); }
+
  private:
   static int policy_key(const LayerPolicy& p) {
     return static_cast<int>(p.activations) * 9 + static_cast<int>(p.params) * 3 + static_cast<int>(p.optimizer);
   }
-  // What a copy or collective of t seconds adds beside a compute of c seconds: the part
-  // the compute does not hide, or all of it where both take the same cores.
-  double exposed(double t, double c) const { return serial_ ? t : std::max(0.0, t - c); }
 
   // Activation copies, parameter fetches and gradient reductions, per step.
   double copies(const LayerPolicy& p) const {
@@ -647,15 +667,21 @@ class BlockCosts {
     }
     if (p.params == MemTier::host || o_.zero == 3) {  // not resident: fetched per use
       const double g = p.params == MemTier::host ? gather_host_ : gather_device_;
-      const double uses = o_.layered && o_.zero == 3 ? 1.0 : M;  // per pass
-      t += uses * (exposed(g, tF) + exposed(g, tB));
+      // Once per pass, a fetch runs beside the neighbouring block's every micro-batch.
+      const double uses = o_.layered && o_.zero == 3 ? 1.0 : M;
+      t += uses * (exposed(g, tF * M / uses) + exposed(g, tB * M / uses));
     }
     const double reductions = o_.zero >= 2 && !o_.layered ? M : 1.0;
-    return t + reductions * exposed(cost_.reduce(1), tB);
+    return t + reductions * exposed(cost_.reduce(1), reduction_window());
   }
+  // What hides a block's reduction: the next block's backward, of every micro-batch where
+  // the micro-batches take the blocks in layers.
+  double reduction_window() const { return (o_.layered ? o_.micro_batches : 1) * cost_.block_backward(); }
 
-  // The optimizer step of the block's owned elements, with what crosses to the host.
-  double update(const LayerPolicy& p) const {
+  // The optimizer step of the block's owned elements, with what crosses to the host, and
+  // the updated shards shared.
+  double update(const LayerPolicy& p) const { return owned_update(p) + share(cost_, o_, 1); }
+  double owned_update(const LayerPolicy& p) const {
     const double tB = cost_.block_backward();
     const double owned = static_cast<double>(shard_.owned_size(o_.zero));
     const double param_bytes = bf16_ ? 2.0 : 4.0;
@@ -711,6 +737,7 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o, bool checkpo
   const LayerShard& shard = block.shard();
   const ScheduleShape shape = schedule_shape(m.layers, o);
   const double M = o.micro_batches;
+  lm.hop_seconds = cost.p2p(true) + cost.p2p(false);
   // The pools' worst case: two gathered blocks, two full-size gradient accumulators and
   // their reduce-scatter staging, a scratch and two offload staging buffers.
   const double pools = 2.0 * (bf16 ? 2 : 4) * static_cast<double>(shard.padded) +
@@ -726,7 +753,7 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o, bool checkpo
   for (int s = 0; s < stages; ++s) {
     StageProblem& sp = lm.stages[static_cast<std::size_t>(s)];
     double fixed = 4.0 * static_cast<double>(a.workspace + a.column_partials + a.sequence + a.context) + pools;
-    double secs = 0.0;
+    double secs = 0.0, tail = 0.0;
     if (checkpoints) {
       fixed += 4.0 * static_cast<double>((M + 3) * Acts::stream_words(a, bf16) + (M + 1) * a.boundary);
     }
@@ -777,7 +804,21 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o, bool checkpo
       if (!held) continue;
       const LayerShard ls = LayerShard::of(layout.layers()[static_cast<std::size_t>(l)].numel, o.dp, bf16);
       fixed += static_cast<double>(layer_state(ls, LayerPolicy{}, o.zero, plan.precision).total(MemTier::device));
-      secs += cost.update(ls.owned_size(o.zero), UpdateSite::device, false, bf16);
+      secs += cost.update(ls.owned_size(o.zero), UpdateSite::device, false, bf16) + share(cost, o, l);
+      // Its reduction: the first stage's follows the stage's last compute; the last stage's
+      // follow its first backward, beside the blocks' backward.
+      const double blocks_backward =
+          static_cast<double>(lm.stage_blocks[static_cast<std::size_t>(s)].size()) * cost.block_backward();
+      if (l == 0 && s == 0) tail += cost.reduce(l);
+      else secs += block.exposed(cost.reduce(l), blocks_backward);
+    }
+    if (!lm.stage_blocks[static_cast<std::size_t>(s)].empty()) tail += block.reduction_tail();
+    tail += cost.sync();  // every stage ends with the tied embedding's halves added
+    // The first stage starts the step with its first fetches and ends it with that tail: both
+    // on the step's critical path. The other stages' tails run while the drain reaches it.
+    if (s == 0) {
+      lm.edges = tail;
+      if (o.zero == 3) lm.edges += cost.gather(0) + cost.gather(1);
     }
     lm.fixed_seconds[static_cast<std::size_t>(s)] = secs;
     lm.fixed_device[static_cast<std::size_t>(s)] = fixed;
@@ -785,7 +826,7 @@ LayoutModel model_layout(const Costing& k, const ParallelLayout& o, bool checkpo
     sp.host_budget = k.cap.shared ? 0.0 : k.cap.host;
     lm.lower_bound = std::max(lm.lower_bound, secs + stage_lower_bound(sp));
   }
-  lm.lower_bound += fill_and_drain(lm);
+  lm.lower_bound += fill_and_drain(lm) + lm.edges;
   for (std::size_t s = 0; s < lm.stages.size(); ++s) {
     double dev = lm.fixed_device[s], host = 0.0;
     for (const auto& cs : lm.stages[s].blocks) {
@@ -808,11 +849,12 @@ void drop_choices(LayoutModel& lm) {
 
 // The additive estimate of a layout's step once each stage's blocks are chosen: the
 // slowest stage, plus the pipeline's fill and drain at one micro-batch per stage (shortened
-// by the chunks per stage of interleaved and modular schedules).
+// by the chunks per stage of interleaved and modular schedules) with its messages, plus
+// what the first stage waits for before its first block and after its last.
 double layout_objective(const LayoutModel& lm, const std::vector<StageSolution>& sol) {
   double slowest = 0.0;
   for (std::size_t s = 0; s < sol.size(); ++s) slowest = std::max(slowest, sol[s].seconds + lm.fixed_seconds[s]);
-  return slowest + fill_and_drain(lm);
+  return slowest + fill_and_drain(lm) + lm.edges;
 }
 
 StageSolution solve(const StageProblem& p, Solver s) {
