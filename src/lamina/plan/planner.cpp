@@ -667,16 +667,24 @@ class BlockCosts {
     }
     if (p.params == MemTier::host || o_.zero == 3) {  // not resident: fetched per use
       const double g = p.params == MemTier::host ? gather_host_ : gather_device_;
-      // Once per pass, a fetch runs beside the neighbouring block's every micro-batch.
-      const double uses = o_.layered && o_.zero == 3 ? 1.0 : M;
-      t += uses * (exposed(g, tF * M / uses) + exposed(g, tB * M / uses));
+      if (o_.layered && o_.zero == 3) {  // once per pass
+        t += exposed(g, tF * pass_slots()) + exposed(g, tB * pass_slots());
+      } else {
+        t += M * (exposed(g, tF) + exposed(g, tB));
+      }
     }
     const double reductions = o_.zero >= 2 && !o_.layered ? M : 1.0;
     return t + reductions * exposed(cost_.reduce(1), reduction_window());
   }
-  // What hides a block's reduction: the next block's backward, of every micro-batch where
-  // the micro-batches take the blocks in layers.
-  double reduction_window() const { return (o_.layered ? o_.micro_batches : 1) * cost_.block_backward(); }
+  // What hides a block's once-per-pass fetch or reduction: the neighbouring block's pass,
+  // which in layers takes every micro-batch, and in a modular ring with fewer micro-batches
+  // than stages also the wait for the first to come round.
+  double pass_slots() const {
+    if (!o_.layered) return 1.0;
+    const int M = o_.micro_batches;
+    return o_.schedule == ScheduleKind::modular ? std::max(M, o_.pp) : M;
+  }
+  double reduction_window() const { return pass_slots() * cost_.block_backward(); }
 
   // The optimizer step of the block's owned elements, with what crosses to the host, and
   // the updated shards shared.
