@@ -33,6 +33,10 @@ std::int64_t devices_fed(std::int64_t sequences, int tp, Family family) {
   return std::max<std::int64_t>(1, sequences / per_stage) * tp;
 }
 
+bool trains_faster(const SweepRow& row, const SweepRow& shortest) {
+  return row.days < shortest.days * (1.0 - 1e-9);
+}
+
 ShortestTime shortest_time(const Deck& deck, const MachineSpec& machine, double tokens, int max_ranks,
                            bool deck_batch, const PlannerOptions& base,
                            const std::function<void(const SweepRow&, double seconds)>& progress) {
@@ -81,7 +85,8 @@ ShortestTime shortest_time(const Deck& deck, const MachineSpec& machine, double 
       if (progress) progress(row, p.solve_s);
       int& shortest = family == Family::standard ? r.shortest_standard : r.shortest_layered;
       const int i = static_cast<int>(r.rows.size()) - 1;
-      if (row.feasible && (shortest < 0 || row.days < r.rows[static_cast<std::size_t>(shortest)].days)) shortest = i;
+      if (row.feasible && (shortest < 0 || trains_faster(row, r.rows[static_cast<std::size_t>(shortest)])))
+        shortest = i;
     }
   }
   return r;

@@ -44,6 +44,12 @@ struct SweepRow {
   std::int64_t batch_sequences = 0;
 };
 
+// Whether a row trains faster than the shortest found so far (its family's rows come in
+// growing cluster sizes): by more than the last bits of the sums that price them, so that
+// of equal times the fewest devices count (a modular ring's step stops falling once its
+// first micro-batch's way round is the step).
+bool trains_faster(const SweepRow& row, const SweepRow& shortest);
+
 struct ShortestTime {
   double loss = 0.0;                   // the model's expected loss after training
   double critical_batch_tokens = 0.0;  // the cap on the batch

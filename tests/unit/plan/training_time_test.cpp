@@ -69,6 +69,19 @@ precision = "bf16"
 save_final = false
 )";
 
+// Of equal times the fewest devices: a larger cluster whose simulated step differs in its
+// last bits does not take the shortest time from a smaller one.
+TEST(TrainingTime, MoreDevicesCountOnlyWhereTheyAreFaster) {
+  SweepRow shortest, row;
+  shortest.days = 0.648128673;
+  row.days = shortest.days * (1.0 - 1e-13);
+  EXPECT_FALSE(trains_faster(row, shortest));
+  row.days = shortest.days * (1.0 - 1e-6);
+  EXPECT_TRUE(trains_faster(row, shortest));
+  row.days = shortest.days;
+  EXPECT_FALSE(trains_faster(row, shortest));
+}
+
 TEST(TrainingTime, TheSweepFindsEachFamilysShortestTime) {
   const MachineSpec machine = parse_machine(kMachine, "<test>");
   const Deck deck = parse_deck(kDeck, "deck.toml");
