@@ -342,6 +342,19 @@ class StageBuilder {
         for (int l : first) prefetch(l);
       };
       if (st.forward) {
+        // Before a backward step of another micro-batch (1F1B's steady state) that step's
+        // first offloaded block, its chunk's last, comes back during this forward, in the
+        // staging buffer that this forward's own offloaded block (at most one) leaves alone.
+        const bool before_other = k + 1 < order.size() && !order[k + 1].forward &&
+                                  !(order[k + 1].chunk == st.chunk && order[k + 1].mb == st.mb);
+        if (before_other && offloaded_blocks(c) <= 1) {
+          const Chunk& nc = part.chunk(order[k + 1].chunk);
+          if (nc.blocks() > 0 && policy(nc.last_block - 1) == ActivationPolicy::offload) {
+            const Staged next{nc.index, static_cast<int>(nc.last_block), order[k + 1].mb};
+            prefetch_acts(nc, std::get<1>(next), std::get<2>(next));
+            forward_buffer_ = 1 - staged_in(next);
+          }
+        }
         prefetch_first(true);
         if (st.chunk > 0 && part.chunk(st.chunk - 1).stage != c.stage)
           receive(Op::recv_activation, st.chunk, st.mb, part.chunk(st.chunk - 1).stage);
@@ -492,6 +505,12 @@ class StageBuilder {
       }
     }
     last_compute_ = emit(std::move(i));
+  }
+
+  int offloaded_blocks(const Chunk& c) const {
+    int n = 0;
+    for (std::int64_t b = c.first_block; b < c.last_block; ++b) n += policy(b) == ActivationPolicy::offload;
+    return n;
   }
 
   // The staging buffers of offloaded blocks, as the executor fills them: forwards take them

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "schedule_spec.hpp"
 
 namespace lamina::test {
@@ -141,6 +143,36 @@ TEST(Simulator, ZeroOneReductionsDoNotHoldUpTheGradientForTheStageBefore) {
   EXPECT_DOUBLE_EQ(t.finish[1], 24.0);
   EXPECT_DOUBLE_EQ(t.finish[0], 25.0);
   EXPECT_DOUBLE_EQ(t.makespan, 25.0);
+}
+
+TEST(Simulator, OneFOneBBringsAnOffloadedLastBlockBackDuringTheForwardBeforeItsBackward) {
+  // Four stages of 2 blocks, 1F1B, 8 micro-batches; stage 0 offloads its last block (forward
+  // 1, backward 2, each copy c). In the steady state a backward step starts with that block:
+  // its activations come back while the forward step before it runs, into the staging
+  // buffer the forward's own offloaded block leaves alone. Copies shorter than a block's
+  // forward then add nothing to the step. Brought back at the backward step's start, behind
+  // the copy out of the forward just before it, each steady-state step waited for both.
+  StepSpec sp = spec(8, ScheduleKind::one_f_one_b, 4, 8);
+  sp.blocks[1].activations = ActivationPolicy::offload;
+  const Schedule s = Schedule::build(sp);
+  auto run = [&](double c) {
+    const Pricer price = [&](const Instruction& i, int) {
+      const bool block = i.layer > 0 && i.layer < s.final_layer();
+      switch (i.op) {
+        case Op::forward: return block ? 1.0 : 0.0;
+        case Op::backward: return block ? 2.0 : 0.0;
+        case Op::offload_activations:
+        case Op::prefetch_activations:
+        case Op::reload_activations: return c;
+        default: return 0.0;
+      }
+    };
+    return simulate(s, price).makespan;
+  };
+  EXPECT_GT(run(0.0), 0.0);
+  EXPECT_DOUBLE_EQ(run(0.9), run(0.0));
+  const auto& p = s.program(0);
+  EXPECT_EQ(std::count_if(p.begin(), p.end(), [](const Instruction& i) { return i.op == Op::reload_activations; }), 0);
 }
 
 TEST(Simulator, UpdateProgramRunsDeviceSubgroupsBesideTheHost) {
