@@ -254,8 +254,9 @@ Instruction make(Op op, Stream stream, int chunk, int layer, int mb) {
 //                micro-batch just finished with)
 //   parameters   a release, the compute that read the gathered copy
 //   activations  an offload, its block's forward; an offloaded block's forward, the offload
-//                out of the staging buffer it writes (forwards take the two in turn); a
-//                prefetch (issued a block, or in layered runs a backward step, ahead) or a
+//                out of the staging buffer it writes (forwards take the two in turn, but
+//                leave alone one prefetched for the next backward step); a prefetch (issued
+//                a block, a forward step or in layered runs a backward step ahead) or a
 //                reload into a staging buffer, the compute before it (the backward that last
 //                read the buffer), the offload out of that buffer that may still be reading
 //                it, and its own block's offload
