@@ -342,19 +342,23 @@ class StageBuilder {
         }
         for (int l : first) prefetch(l);
       };
+      // Where the next step is a backward step whose chunk's last block is offloaded: that
+      // block, which it restores first.
+      auto next_restore = [&]() -> Staged {
+        if (k + 1 == order.size() || order[k + 1].forward) return {-1, -1, -1};
+        const Chunk& nc = part.chunk(order[k + 1].chunk);
+        if (nc.blocks() == 0 || policy(nc.last_block - 1) != ActivationPolicy::offload) return {-1, -1, -1};
+        return {nc.index, static_cast<int>(nc.last_block), order[k + 1].mb};
+      };
       if (st.forward) {
         // Before a backward step of another micro-batch (1F1B's steady state) that step's
-        // first offloaded block, its chunk's last, comes back during this forward, in the
-        // staging buffer that this forward's own offloaded block (at most one) leaves alone.
-        const bool before_other = k + 1 < order.size() && !order[k + 1].forward &&
-                                  !(order[k + 1].chunk == st.chunk && order[k + 1].mb == st.mb);
-        if (before_other && offloaded_blocks(c) <= 1) {
-          const Chunk& nc = part.chunk(order[k + 1].chunk);
-          if (nc.blocks() > 0 && policy(nc.last_block - 1) == ActivationPolicy::offload) {
-            const Staged next{nc.index, static_cast<int>(nc.last_block), order[k + 1].mb};
-            prefetch_acts(nc, std::get<1>(next), std::get<2>(next));
-            forward_buffer_ = 1 - staged_in(next);
-          }
+        // first offloaded block comes back during this forward, in the staging buffer that
+        // this forward's own offloaded block (at most one) leaves alone.
+        const Staged next = next_restore();
+        const bool other = std::get<0>(next) >= 0 && !(order[k + 1].chunk == st.chunk && order[k + 1].mb == st.mb);
+        if (other && offloaded_blocks(c) <= 1) {
+          prefetch_acts(part.chunk(std::get<0>(next)), std::get<1>(next), std::get<2>(next));
+          forward_buffer_ = 1 - staged_in(next);
         }
         prefetch_first(true);
         if (st.chunk > 0 && part.chunk(st.chunk - 1).stage != c.stage)
@@ -378,12 +382,7 @@ class StageBuilder {
           receive(Op::recv_gradient, st.chunk, st.mb, part.chunk(st.chunk + 1).stage);
         // A backward step that follows has its first offloaded block come back during this
         // step's last block (a chunk of one block would otherwise wait for each copy).
-        next_restore_ = {-1, -1, -1};
-        if (k + 1 < order.size() && !order[k + 1].forward) {
-          const Chunk& nc = part.chunk(order[k + 1].chunk);
-          if (nc.blocks() > 0 && policy(nc.last_block - 1) == ActivationPolicy::offload)
-            next_restore_ = {nc.index, static_cast<int>(nc.last_block), order[k + 1].mb};
-        }
+        next_restore_ = next_restore();
         hold();
         const int n = ++backwards_[st.chunk];
         const bool reduce = (spec_.layout.zero >= 2 && !layered) || n == spec_.layout.micro_batches;
