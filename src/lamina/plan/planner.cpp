@@ -684,7 +684,17 @@ class BlockCosts {
     const int M = o_.micro_batches;
     return o_.schedule == ScheduleKind::modular ? std::max(M, o_.pp) : M;
   }
-  double reduction_window() const { return pass_slots() * cost_.block_backward(); }
+  // What hides a block's reduction: the backward until the stage's next gradients are whole.
+  // Reduced once a step, a block's gradients are whole after its last micro-batch; with
+  // several chunks per stage (interleaved, modular) a chunk's are, in the last group of pp
+  // micro-batches, pp micro-batches' backward apart from the next chunk's.
+  double reduction_window() const {
+    const double tB = cost_.block_backward();
+    if (o_.layered) return pass_slots() * tB;
+    const bool chunks = (o_.schedule == ScheduleKind::interleaved && o_.virtual_stages > 1) ||
+                        o_.schedule == ScheduleKind::modular;
+    return o_.zero < 2 && chunks ? std::min(o_.micro_batches, o_.pp) * tB : tB;
+  }
 
   // The optimizer step of the block's owned elements, with what crosses to the host, and
   // the updated shards shared.
