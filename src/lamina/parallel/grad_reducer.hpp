@@ -6,9 +6,10 @@
 //   stage 1  full gradients, reduce-scattered: the owned shard is reduced in place
 //   stage 2+ only the owned shard is kept; full-size accumulators come from a pool for
 //            the micro-batches between two reductions and return to it once reduce-scattered
-// From ZeRO-2 on one reduce-scatter is in flight at a time (it holds a full-size buffer);
-// ZeRO-1's hold a shard-sized staging buffer each until they complete. The first and
-// last pipeline stages both hold the tied token embedding and add their halves in sync().
+// From ZeRO-2 on one block's reduce-scatter is in flight at a time (it holds a full-size
+// buffer), the embedding's and the final layer's beside it; ZeRO-1's hold a shard-sized
+// staging buffer each until they complete. The first and last pipeline stages both hold
+// the tied token embedding and add their halves in sync().
 // A piece that several tensor-parallel ranks hold (a K/V head where tp exceeds kv_heads)
 // has on each holder the gradient of its own query heads alone: the holders add theirs
 // before the data-parallel reduction, so that every copy updates alike.

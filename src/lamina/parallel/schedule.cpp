@@ -265,10 +265,12 @@ Instruction make(Op op, Stream stream, int chunk, int layer, int mb) {
 //                three frames on their way out); a prefetch_checkpoint, its offload and the
 //                compute before it (which may have given back the frame it fills), issued one
 //                backward step ahead; a recomputation, its prefetch
-//   gradients    a reduction, the layer's backward (and, ZeRO-2+, the reduction before:
-//                one reduce-scatter holds a full-size accumulator at a time; ZeRO-1's read
-//                the stored gradients, and the host does not wait for one to issue the
-//                next); a flush, the layer's final reduction; sync_grads, every reduction
+//   gradients    a reduction, the layer's backward (and, ZeRO-2+, a block's the block
+//                reduction before: one block's reduce-scatter holds a full-size accumulator
+//                at a time; the embedding's and the final layer's their own before, beside
+//                the blocks'; ZeRO-1's read the stored gradients, and the host does not wait
+//                for one to issue the next); a flush, the layer's final reduction;
+//                sync_grads, every reduction
 class StageBuilder {
  public:
   StageBuilder(const Schedule& s, const StepSpec& spec, int stage) : s_(s), spec_(spec), stage_(stage) {
@@ -651,9 +653,17 @@ class StageBuilder {
     Instruction i = make(Op::reduce_grads, Stream::collective, -1, l, -1);
     i.final = final;
     i.after = after_last_compute();
-    if (spec_.layout.zero >= 2 && !reductions_.empty()) i.after.push_back(reductions_.back());
+    // ZeRO-2/3: a block's reduce-scatter waits for the block's before it, so that the blocks
+    // hold at most two full-size accumulators (one reduced, one summed into). The embedding's
+    // and the final layer's wait only for their own before (which adds into the same shard)
+    // and go beside the blocks': waiting for a block's (the head's pipeline end reduces them
+    // with its last block) held the host, and the next chunk's backward, for both.
+    const bool block = l > 0 && l < s_.final_layer();
+    const int before = block ? last_block_reduction_ : (reduced_.count(l) ? reduced_[l] : -1);
+    if (spec_.layout.zero >= 2 && before >= 0) i.after.push_back(before);
     reduced_[l] = emit(std::move(i));
     reductions_.push_back(reduced_[l]);
+    if (block) last_block_reduction_ = reduced_[l];
     // Those that completed a host-updated layer's gradients start their copies to the
     // host, overlapping the rest of the backward pass. The tied embedding waits for the
     // other pipeline end's part (sync_grads).
@@ -862,6 +872,7 @@ class StageBuilder {
   int reloaded_ = 0;
   std::map<int, int> reduced_;  // layer -> its last reduction
   std::vector<int> reductions_;
+  int last_block_reduction_ = -1;
   std::vector<int> final_;
   std::set<int> flushed_;
   std::set<std::pair<int, int>> open_;  // (chunk, micro-batch) whose slot is taken

@@ -109,6 +109,42 @@ TEST(Schedule, ZeroThreeLayeredGathersOncePerPassAndReducesOncePerStep) {
   EXPECT_EQ(dp.program(0).back().op, Op::sync_grads);
 }
 
+// ZeRO-2/3: a block's reduce-scatter waits for the previous block's (the blocks hold at most
+// two full-size accumulators), the embedding's and the final layer's for their own previous
+// one alone (ZeRO-2 without layers reduces every micro-batch into the same shard), and no
+// block's for theirs: the head's pipeline end reduces both with its last block, and waiting
+// there held its host, and the next chunk's backward, for two reductions.
+TEST(Schedule, AReductionWaitsForTheBlockReductionBeforeItOrItsOwn) {
+  const int L = 4;
+  int checked = 0;
+  for (const int zero : {2, 3}) {
+    for (const bool layered : {false, true}) {
+      const ScheduleKind kind = layered ? ScheduleKind::modular : ScheduleKind::one_f_one_b;
+      const Schedule pipe = Schedule::build(spec(L, kind, 2, 2, 1, layered, zero));
+      for (int stage = 0; stage < 2; ++stage) {
+        const auto& p = pipe.program(stage);
+        int previous_block = -1;
+        std::map<int, int> previous;  // layer -> its last reduction
+        for (std::size_t k = 0; k < p.size(); ++k) {
+          if (p[k].op != Op::reduce_grads) continue;
+          std::vector<int> reductions;
+          for (const int j : p[k].after)
+            if (p[static_cast<std::size_t>(j)].op == Op::reduce_grads) reductions.push_back(j);
+          const int l = p[k].layer;
+          const bool block = l >= 1 && l <= L;
+          const int before = block ? previous_block : (previous.count(l) ? previous[l] : -1);
+          EXPECT_EQ(reductions, before >= 0 ? std::vector<int>{before} : std::vector<int>{})
+              << "ZeRO " << zero << (layered ? ", layered" : "") << ", stage " << stage << ", layer " << l;
+          if (block) previous_block = static_cast<int>(k);
+          previous[l] = static_cast<int>(k);
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 20);
+}
+
 // A tied head reads the token embedding: the last stage holds it too and gathers it under
 // ZeRO-3. An untied head has its own lm_head: the last stage holds no embedding, never
 // fetches or reduces one, and sync_grads adds nothing.
