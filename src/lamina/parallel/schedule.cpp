@@ -265,12 +265,12 @@ Instruction make(Op op, Stream stream, int chunk, int layer, int mb) {
 //                three frames on their way out); a prefetch_checkpoint, its offload and the
 //                compute before it (which may have given back the frame it fills), issued one
 //                backward step ahead; a recomputation, its prefetch
-//   gradients    a reduction, the layer's backward (and, ZeRO-2+, a block's the block
-//                reduction before: one block's reduce-scatter holds a full-size accumulator
-//                at a time; the embedding's and the final layer's their own before, beside
-//                the blocks'; ZeRO-1's read the stored gradients, and the host does not wait
-//                for one to issue the next); a flush, the layer's final reduction;
-//                sync_grads, every reduction
+//   gradients    a reduction, the layer's backward (and, ZeRO-2+, a block's also the
+//                block reduction before it: one block's reduce-scatter holds a full-size
+//                accumulator at a time; the embedding's and the final layer's only their
+//                own before, beside the blocks'; ZeRO-1's read the stored gradients, and the
+//                host does not wait for one to issue the next); a flush, the layer's final
+//                reduction; sync_grads, every reduction
 class StageBuilder {
  public:
   StageBuilder(const Schedule& s, const StepSpec& spec, int stage) : s_(s), spec_(spec), stage_(stage) {
