@@ -8,6 +8,8 @@
 // instructions, oneDNN's bf16 products over every sequence and head at once); on a device
 // fused kernels stream them through team scratch (kernels/flash_attention.hpp); elsewhere
 // they run as batched GEMMs over per-head copies.
+#include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "lamina/core/config.hpp"
@@ -416,30 +418,39 @@ void for_each_causal_block(const Exec& exec, const char* label, std::int64_t bat
 // once (oneDNN threads it), so that the block's fp32 scores are still in cache when its rows
 // read them (a block of every sequence's heads, 12 MB at GPT-2 124M's 4 x 1024, was read back
 // from memory), and skips what the causal mask zeroes, as the host BLAS's row blocks do.
-// They read q, k and v as the run stores them (bf16 rows), the probabilities as saved (bf16,
-// in place) or (fused) a block's bf16 copy, a bf16 copy of dy made once per backward pass, and
-// a block's score gradients rounded as the softmax's backward writes its rows. Scores and
-// probabilities are computed in fp32 (a block's in the score gradients' workspace, which the
-// forward pass does not use; fused: AttentionWorkspace::probs); the output products write the
-// output rounded into its storage as they sum it.
+// The scores (q k^T) and dP (dy v^T) read dense copies of a sequence's q or dy and of a
+// block's keys or values (Bf16Operands) and write a block's fp32 rows; the other products read
+// q, k, v and dy as the run stores them (bf16 rows), the probabilities as saved (bf16, in
+// place) or (fused) a block's bf16 copy, and a block's score gradients rounded as the
+// softmax's backward writes its rows. Fused backward recomputes the scores into
+// AttentionWorkspace::probs. The output products write the output rounded into its storage
+// as they sum it.
 // Rows per block: 128. On a 2-core Xeon with AMX, GPT-2 124M's step (4 x 1024) was 3-4 %
 // faster than with 64 in two alternating rounds, bench-torch's (T = 256, where 128 skips
 // less of the mask) within its noise; on an EPYC 64 and 128 had been equal within 5 %, 32
 // slower.
 constexpr std::int64_t kBf16RowBlock = 128;
 
-// The bf16 copies, in AttentionWorkspace::narrowed,
-// and a block's fp32 scores (in place, forward).
+// The bf16 copies, in AttentionWorkspace::narrowed, and a block's fp32 scores or dP.
+// oneDNN 2.6 runs its AMX kernels only on dense operands (no padding between the matrices of
+// a batch either), so the scores' and dP's products (k = hd: the ones that ran slowest, 170-230
+// GFLOP/s on q, k, v where they are) read dense copies (DenseRowBlocks, DenseKeys, BlockKeys)
+// and write a dense block. Of the other four, the three that write fp32 gradients into the
+// rows run oneDNN 2.6's AVX-512 kernels on dense operands too (measured), and the product with
+// v reads the saved probabilities, whose rows are T long.
 struct Bf16Operands {
   std::uint16_t* dy;  // (B*T, A) rows (backward)
   // A row block of one sequence's heads (NH, kBf16RowBlock, T):
   std::uint16_t* p;   // its probabilities (fused)
   std::uint16_t* ds;  // its score gradients (backward)
-  float* scores;      // its scores (in place, forward)
+  std::uint16_t* rows;        // one sequence's q (forward) or dy (backward), DenseRowBlocks
+  std::uint16_t* keys;        // its keys (forward) or values (backward), DenseKeys
+  std::uint16_t* block_keys;  // the first keys or values a block meets, BlockKeys
+  float* scores;              // its scores (forward) or dP (backward), dense_scores
 
   static std::int64_t block(std::int64_t NH, std::int64_t T) { return NH * kBf16RowBlock * T; }
   static std::int64_t copies(std::int64_t B, std::int64_t T, std::int64_t NH, std::int64_t hd) {
-    return (B * T * NH * hd + 2 * block(NH, T) + 1) / 2;  // floats
+    return (B * T * NH * hd + 2 * block(NH, T) + 3 * T * NH * hd + 1) / 2;  // floats
   }
   // floats
   static std::int64_t size(std::int64_t B, std::int64_t T, std::int64_t NH, std::int64_t hd) {
@@ -451,10 +462,72 @@ struct Bf16Operands {
       throw std::logic_error("lamina::attention: the bf16 operands exceed AttentionWorkspace::narrowed");
     }
     std::uint16_t* p = reinterpret_cast<std::uint16_t*>(narrowed);
-    const std::int64_t NA = B * T * NH * hd;
-    return {p, p + NA, p + NA + block(NH, T), narrowed + copies(B, T, NH, hd)};
+    const std::int64_t NA = B * T * NH * hd, A = NH * hd;
+    std::uint16_t* rows = p + NA + 2 * block(NH, T);
+    return {p, p + NA, p + NA + block(NH, T), rows, rows + T * A, rows + 2 * T * A, narrowed + copies(B, T, NH, hd)};
   }
 };
+
+// Where query head h's rows of a block are in the dense copies: position j NKV + g for
+// h = g G + j, so that group member j's batch over the key/value heads g is dense.
+inline std::int64_t dense_position(std::int64_t h, std::int64_t NH, std::int64_t NKV) {
+  const std::int64_t G = NH / NKV;
+  return h % G * NKV + h / G;
+}
+
+// One sequence's query-shaped rows (q or dy: NH heads hd wide from column col0 of rows ld
+// apart) copied block by block of kBf16RowBlock rows: the m rows of block [r0, r1) from
+// r0 NH hd, head h's (m, hd) at dense_position(h).
+struct DenseRowBlocks {
+  const std::uint16_t* src;
+  std::int64_t ld, col0;
+  std::uint16_t* dst;
+  std::int64_t T, NH, NKV, hd;
+  void operator()(const std::int64_t item) const {  // item: t NH + h
+    const std::int64_t t = item / NH, h = item % NH, r0 = t / kBf16RowBlock * kBf16RowBlock;
+    const std::int64_t m = std::min(T - r0, kBf16RowBlock), at = dense_position(h, NH, NKV) * m + t - r0;
+    std::memcpy(dst + r0 * NH * hd + at * hd, src + t * ld + col0 + h * hd, sizeof(std::uint16_t) * hd);
+  }
+};
+
+// One sequence's T keys (or values) of its NKV heads, hd wide from column col0 of rows ld
+// apart, as (NKV, T, hd).
+struct DenseKeys {
+  const std::uint16_t* src;
+  std::int64_t ld, col0;
+  std::uint16_t* dst;
+  std::int64_t T, NKV, hd;
+  void operator()(const std::int64_t item) const {  // item: key NKV + g
+    const std::int64_t key = item / NKV, g = item % NKV;
+    std::memcpy(dst + (g * T + key) * hd, src + key * ld + col0 + g * hd, sizeof(std::uint16_t) * hd);
+  }
+};
+
+// The first r1 of them, (NKV, r1, hd): the block's batch over the heads, dense.
+struct BlockKeys {
+  const std::uint16_t* src;
+  std::uint16_t* dst;
+  std::int64_t T, r1, hd;
+  void operator()(const std::int64_t g) const {
+    std::memcpy(dst + g * r1 * hd, src + g * T * hd, sizeof(std::uint16_t) * r1 * hd);
+  }
+};
+
+template <class Exec, class Copy>
+void dense_copy(const Exec& exec, const char* label, std::int64_t items, const Copy& copy) {
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, items), copy);
+  exec.fence();  // oneDNN reads the copy
+}
+
+// The first r1 keys (or values) in o.keys as a block's batch reads them: o.keys itself where
+// they are all of them or one head's, else copied into o.block_keys.
+template <class Exec>
+const std::uint16_t* block_keys(const Exec& exec, const Bf16Operands& o, std::int64_t T, std::int64_t r1,
+                                std::int64_t NKV, std::int64_t hd) {
+  if (r1 == T || NKV == 1) return o.keys;
+  dense_copy(exec, "lamina::attention_block_keys", NKV, BlockKeys{o.keys, o.block_keys, T, r1, hd});
+  return o.block_keys;
+}
 
 // Matrix (s, h) of bf16 rows or scores, as HeadMatrices (group 1); a product's output
 // rounded into bf16 (RoundedHeads).
@@ -538,6 +611,10 @@ struct Bf16Rows {
   T_* in_block(T_* x, std::int64_t i) const {
     return x + (i / m * kBf16RowBlock + i % m) * T;
   }
+  // Row i of a block's dense fp32 scores or dP (NH, m, r1), heads at dense_position.
+  float* dense(float* x, std::int64_t NKV, std::int64_t i) const {
+    return x + (dense_position(i / m, NH, NKV) * m + i % m) * r1;
+  }
   // Row t of (sequence, head) in saved (B*NH, T, width) rows.
   std::uint16_t* saved(std::uint16_t* x, std::int64_t width, std::int64_t i) const {
     return x + (bh(i) * T + t(i)) * width;
@@ -555,24 +632,24 @@ KOKKOS_INLINE_FUNCTION RowSoftmax causal_softmax_row16(float* row, std::uint16_t
   return r;
 }
 
-// Softmax of a block's (unscaled) score rows into probabilities, rounded into the saved
-// probabilities up to the block's last row (in place: scores in a block scratch; the
-// products read no further, and the columns past it, half the saved rows, are left
-// unwritten), or (fused: scores in the rows of
-// `P`) into the block's bf16 copy with the rows' log-sum-exps saved. The products leave
-// attention's scale to the rows: oneDNN 2's bf16 kernels would not fuse it.
+// Softmax of a block's (unscaled) dense score rows into probabilities, rounded into the
+// saved probabilities up to the block's last row (in place: the products read no further,
+// and the columns past it, half the saved rows, are left unwritten), or (fused: p16) into
+// the block's bf16 copy with the rows' log-sum-exps saved. The products leave attention's
+// scale to the rows: oneDNN 2's bf16 kernels would not fuse it.
 struct Bf16SoftmaxRows {
   Bf16Rows rows;
-  HeadMatrices P;   // fused
-  float* scores;    // in place
+  std::int64_t NKV;
+  float* scores;
   std::uint16_t* saved;  // probabilities (in place) or log-sum-exps (fused)
-  std::uint16_t* p16;
+  std::uint16_t* p16;    // fused, else null
   float scale;
   void operator()(const std::int64_t i) const {
-    if (scores != nullptr) {
-      causal_softmax_row16(rows.in_block(scores, i), rows.saved(saved, rows.T, i), rows.t(i), rows.r1, scale);
+    float* row = rows.dense(scores, NKV, i);
+    if (p16 == nullptr) {
+      causal_softmax_row16(row, rows.saved(saved, rows.T, i), rows.t(i), rows.r1, scale);
     } else {
-      const RowSoftmax r = causal_softmax_row16(rows.row(P, i), rows.in_block(p16, i), rows.t(i), rows.r1, scale);
+      const RowSoftmax r = causal_softmax_row16(row, rows.in_block(p16, i), rows.t(i), rows.r1, scale);
       save_log_sum_exp(rows.saved(saved, 2, i), r.max + math::log(r.sum));
     }
   }
@@ -587,13 +664,15 @@ struct ProbabilityTimes {
   KOKKOS_INLINE_FUNCTION float operator()(std::int64_t j) const { return widen(p[j]) * d[j]; }
 };
 
-// Score gradients of a block's rows (dP in dS's rows) from their probabilities: the saved
-// bf16 ones (in place), or (fused) recomputed from the unscaled scores in P's rows and the
-// saved log-sum-exps and rounded into the block's copy; the gradients times `scale`, which
-// dq and dk carry, rounded into the block's copy (dS itself is scratch and not written).
+// Score gradients of a block's rows (dP dense, as the scores) from their probabilities: the
+// saved bf16 ones (in place), or (fused) recomputed from the unscaled scores in P's rows and
+// the saved log-sum-exps and rounded into the block's copy; the gradients times `scale`,
+// which dq and dk carry, rounded into the block's copy (dP is scratch and not written).
 struct Bf16SoftmaxBackwardRows {
   Bf16Rows rows;
-  HeadMatrices P, dS;
+  std::int64_t NKV;
+  HeadMatrices P;
+  float* dP;
   std::uint16_t* saved;  // probabilities (in place) or log-sum-exps (fused)
   bool fused;
   std::uint16_t *p16, *ds16;
@@ -601,7 +680,7 @@ struct Bf16SoftmaxBackwardRows {
   // dS = P * (dP - sum_j P dP) of row i (diagonal t), as causal_softmax_row_backward takes it
   template <class Prob>
   void round_gradients(std::int64_t i, std::int64_t t, const Prob* prow) const {
-    const float* drow = rows.row(dS, i);
+    const float* drow = rows.dense(dP, NKV, i);
     std::uint16_t* d16 = rows.in_block(ds16, i);
     const float dot = SerialRow{}.sum(t + 1, ProbabilityTimes<Prob>{prow, drow});
     for (std::int64_t j = 0; j < rows.r1; ++j) {
@@ -672,32 +751,45 @@ struct Bf16Pass {
         v(row_heads16(qkv.data(), L.width(), L.column(2), T, L.hd)) {}
 };
 
+// The scores (forward) or dP (backward) of block [r0, r0 + m) of a sequence's query heads
+// against its first r1 keys, from the dense copies into the dense fp32 block (NH, m, r1):
+// A = the block's rows (DenseRowBlocks), B^T = the keys (DenseKeys), once per group member.
+template <class Exec>
+void dense_scores(const Exec& exec, const Bf16Operands& o, std::int64_t r0, std::int64_t m, std::int64_t r1,
+                  const QkvLayout& L, std::int64_t T) {
+  const std::int64_t NH = L.NH, NKV = L.NKV, hd = L.hd;
+  const HeadMatrices16 keys{block_keys(exec, o, T, r1, NKV, hd), hd, NKV * r1 * hd, r1 * hd};
+  for (std::int64_t j = 0; j < L.group(); ++j) {
+    const HeadMatrices16 a{o.rows + (r0 * NH + j * NKV * m) * hd, hd, NKV * m * hd, m * hd};
+    const HeadMatrices c{o.scores + j * NKV * m * r1, r1, NKV * m * r1, m * r1};
+    head_products(1, NKV, 'N', 'T', m, r1, hd, 1.0f, a, keys, 0.0f, c);
+  }
+}
+
 // y = softmax(scale q k^T) v by row blocks into `out` (bf16, rounded as the products write
-// it). in place: the probabilities saved in `att` (B*NH, T, T); fused: P (T, T) fp32 of each
-// (sequence, head), the log-sum-exps saved in `att` (B*NH, T, 2).
+// it), a sequence at a time. in place: the probabilities saved in `att` (B*NH, T, T); fused:
+// the log-sum-exps saved in `att` (B*NH, T, 2).
 template <class Exec>
 void bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Exec>& att, const Mat16<Exec>& qkv,
-                            bool fused, const HeadMatrices& P, const Vec<Exec>& narrowed, const QkvLayout& L,
-                            std::int64_t T) {
+                            bool fused, const Vec<Exec>& narrowed, const QkvLayout& L, std::int64_t T) {
   const Bf16Pass b(qkv, L, T);
-  const std::int64_t B = b.B, hd = L.hd, NH = L.NH, NKV = L.NKV, G = b.G;
+  const std::int64_t B = b.B, hd = L.hd, NH = L.NH, NKV = L.NKV, G = b.G, W = L.width();
   const Bf16Operands o = Bf16Operands::in(narrowed.data(), static_cast<std::int64_t>(narrowed.extent(0)), B, T, NH, hd);
   std::uint16_t* p16 = fused ? o.p : nullptr;
-  float* scores = o.scores;
-  const HeadMatrices16 &q = b.q, &k = b.k, &v = b.v;
+  const HeadMatrices16& v = b.v;
   const HeadMatrices16 p = fused ? block_heads16(p16, NH, T) : score_heads16(att.data(), NH, T);
-  const HeadMatrices block{scores, T, NH * kBf16RowBlock * T, kBf16RowBlock * T};
   const RoundedHeads y{out.data(), b.A, T * b.A, hd};
   exec.fence();  // q, k, v written
-  for (std::int64_t r0 = 0; r0 < T; r0 += kBf16RowBlock) {
-    const std::int64_t r1 = std::min(T, r0 + kBf16RowBlock), m = r1 - r0;
-    for (std::int64_t s = 0; s < B; ++s) {
-      for (std::int64_t j = 0; j < G; ++j) {
-        head_products(1, NKV, 'N', 'T', m, r1, hd, 1.0f, group_member(from_row(sequence(q, s), r0), G, j),
-                      sequence(k, s), 0.0f, group_member(fused ? from_row(sequence(P, s), r0) : block, G, j));
-      }
+  for (std::int64_t s = 0; s < B; ++s) {
+    const std::uint16_t* rows = qkv.data() + s * T * W;
+    dense_copy(exec, "lamina::attention_dense_rows", T * NH,
+               DenseRowBlocks{rows, W, L.column(0), o.rows, T, NH, NKV, hd});
+    dense_copy(exec, "lamina::attention_dense_keys", T * NKV, DenseKeys{rows, W, L.column(1), o.keys, T, NKV, hd});
+    for (std::int64_t r0 = 0; r0 < T; r0 += kBf16RowBlock) {
+      const std::int64_t r1 = std::min(T, r0 + kBf16RowBlock), m = r1 - r0;
+      dense_scores(exec, o, r0, m, r1, L, T);
       for_each_row(exec, "lamina::attention_forward_bf16_rows", NH,
-                   Bf16SoftmaxRows{{NH, T, r0, m, r1, s * NH}, P, fused ? nullptr : scores, att.data(), p16, b.scale});
+                   Bf16SoftmaxRows{{NH, T, r0, m, r1, s * NH}, NKV, o.scores, att.data(), p16, b.scale});
       for (std::int64_t j = 0; j < G; ++j) {
         head_products(1, NKV, 'N', 'N', m, hd, r1, group_member(fused ? p : from_row(sequence(p, s), r0), G, j),
                       sequence(v, s), group_member(from_row(sequence(y, s), r0), G, j));
@@ -706,21 +798,20 @@ void bf16_attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats
   }
 }
 
-// dqkv from dy (the output gradient, (B T, NH hd) bf16 rows) by row blocks, last first:
-// dP = dy v^T, dS = the softmax's backward,
+// dqkv from dy (the output gradient, (B T, NH hd) bf16 rows) by row blocks, last first, a
+// sequence at a time: dP = dy v^T, dS = the softmax's backward,
 // dq = (scale dS) k for the block's rows; dv += P^T dy and dk += (scale dS)^T q for the rows up
 // to the block's last (the last block covers them all and starts the sums). att: the saved
-// probabilities, or (fused) log-sum-exps, with the probabilities recomputed into P; dS:
-// (T, T) fp32 scratch of each (sequence, head).
+// probabilities, or (fused) log-sum-exps, with the probabilities recomputed into P.
 template <class Exec>
-void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const HeadMatrices& dS,
-                             const std::uint16_t* dout, const Mat16<Exec>& qkv, const Mats16<Exec>& att, bool fused,
-                             const HeadMatrices& P, const Vec<Exec>& narrowed, const QkvLayout& L, std::int64_t T) {
+void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const std::uint16_t* dout,
+                             const Mat16<Exec>& qkv, const Mats16<Exec>& att, bool fused, const HeadMatrices& P,
+                             const Vec<Exec>& narrowed, const QkvLayout& L, std::int64_t T) {
   const Bf16Pass b(qkv, L, T);
-  const std::int64_t B = b.B, A = b.A, hd = L.hd, NH = L.NH, NKV = L.NKV, G = b.G;
+  const std::int64_t B = b.B, A = b.A, hd = L.hd, NH = L.NH, NKV = L.NKV, G = b.G, W = L.width();
   const Bf16Operands o = Bf16Operands::in(narrowed.data(), static_cast<std::int64_t>(narrowed.extent(0)), B, T, NH, hd);
   exec.fence();  // dy written
-  const HeadMatrices16 &q = b.q, &k = b.k, &v = b.v, dy = row_heads16(dout, A, 0, T, hd),
+  const HeadMatrices16 &q = b.q, &k = b.k, dy = row_heads16(dout, A, 0, T, hd),
                        p = fused ? block_heads16(o.p, NH, T) : score_heads16(att.data(), NH, T),
                        ds = block_heads16(o.ds, NH, T);
   const HeadMatrices dq = row_heads<Exec>(dqkv, L.column(0), T, hd), dk = row_heads<Exec>(dqkv, L.column(1), T, hd),
@@ -731,10 +822,14 @@ void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Head
   auto each = [G](auto&& product) {
     for (std::int64_t j = 0; j < G; ++j) product(j);
   };
-  for (std::int64_t r0 = last; r0 >= 0; r0 -= kBf16RowBlock) {
-    const std::int64_t r1 = std::min(T, r0 + kBf16RowBlock), m = r1 - r0;
-    const float sums = r0 == last ? 0.0f : 1.0f;
-    for (std::int64_t s = 0; s < B; ++s) {
+  for (std::int64_t s = 0; s < B; ++s) {
+    const std::uint16_t* rows = qkv.data() + s * T * W;
+    dense_copy(exec, "lamina::attention_dense_rows", T * NH,
+               DenseRowBlocks{dout + s * T * A, A, 0, o.rows, T, NH, NKV, hd});
+    dense_copy(exec, "lamina::attention_dense_keys", T * NKV, DenseKeys{rows, W, L.column(2), o.keys, T, NKV, hd});
+    for (std::int64_t r0 = last; r0 >= 0; r0 -= kBf16RowBlock) {
+      const std::int64_t r1 = std::min(T, r0 + kBf16RowBlock), m = r1 - r0;
+      const float sums = r0 == last ? 0.0f : 1.0f;
       const auto at = [s, r0](const auto& x) { return from_row(sequence(x, s), r0); };
       if (fused) {
         each([&](std::int64_t j) {
@@ -742,12 +837,10 @@ void bf16_attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Head
                         group_member(at(P), G, j));
         });
       }
-      each([&](std::int64_t j) {
-        head_products(1, NKV, 'N', 'T', m, r1, hd, 1.0f, group_member(at(dy), G, j), sequence(v, s), 0.0f,
-                      group_member(at(dS), G, j));
-      });
+      dense_scores(exec, o, r0, m, r1, L, T);
       for_each_row(exec, "lamina::attention_backward_bf16_rows", NH,
-                   Bf16SoftmaxBackwardRows{{NH, T, r0, m, r1, s * NH}, P, dS, att.data(), fused, o.p, o.ds, b.scale});
+                   Bf16SoftmaxBackwardRows{{NH, T, r0, m, r1, s * NH}, NKV, P, o.scores, att.data(), fused, o.p, o.ds,
+                                           b.scale});
       each([&](std::int64_t j) {
         head_products(1, NKV, 'N', 'N', m, hd, r1, 1.0f, group_member(ds, G, j), sequence(k, s), 0.0f,
                       group_member(at(dq), G, j));
@@ -1128,9 +1221,7 @@ void attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Ex
       const bool fused = how == AttentionProducts::fused;
       const std::int64_t width = static_cast<std::int64_t>(out.extent(1));
       const QkvLayout L = QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, width / NH);
-      detail::bf16_attention_forward(exec, out, att, qkv, fused,
-                                     fused ? detail::score_heads<Exec>(ws.probs, NH) : detail::HeadMatrices{},
-                                     ws.narrowed, L, T);
+      detail::bf16_attention_forward(exec, out, att, qkv, fused, ws.narrowed, L, T);
       return;
     }
   } else if (how == AttentionProducts::fused) {  // a device's fused kernels
@@ -1149,7 +1240,7 @@ void attention_forward(const Exec& exec, const Mat16<Exec>& out, const Mats16<Ex
 // a product that rounds writes them), attention on a host's oneDNN only
 // (attention_on_host_bf16): no pass rounds it.
 template <class Exec>
-void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec>& datt, const ConstMat16<Exec>& dout,
+void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const ConstMat16<Exec>& dout,
                         const Mat16<Exec>& qkv, const Mat16<Exec>& out, const Mats16<Exec>& att,
                         const AttentionWorkspace<Exec>& ws, std::int64_t NH, AttentionProducts how, ProductMath math) {
   if (!attention_on_host_bf16<Exec>(how, math) || dout.extent(1) != out.extent(1) ||
@@ -1159,7 +1250,7 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
   if constexpr (kAttentionInPlace<Exec>) {
     const std::int64_t T = static_cast<std::int64_t>(att.extent(1)), hd = static_cast<std::int64_t>(out.extent(1)) / NH;
     const bool fused = how == AttentionProducts::fused;
-    detail::bf16_attention_backward(exec, dqkv, detail::score_heads<Exec>(datt, NH), dout.data(), qkv, att, fused,
+    detail::bf16_attention_backward(exec, dqkv, dout.data(), qkv, att, fused,
                                     fused ? detail::score_heads<Exec>(ws.probs, NH) : detail::HeadMatrices{},
                                     ws.narrowed, QkvLayout::of(static_cast<std::int64_t>(qkv.extent(1)), NH, hd), T);
   }
@@ -1185,7 +1276,7 @@ void attention_backward(const Exec& exec, const Mat<Exec>& dqkv, const Mats<Exec
       const detail::Bf16Operands o = detail::Bf16Operands::in(
           ws.narrowed.data(), static_cast<std::int64_t>(ws.narrowed.extent(0)), N / T, T, NH, A / NH);
       to_bf16(exec, Bf16Vec<Exec>(o.dy, N * A), ConstVec<Exec>(dout.data(), N * A));
-      attention_backward(exec, dqkv, datt, ConstMat16<Exec>(o.dy, N, A), qkv, out, att, ws, NH, how, math);
+      attention_backward(exec, dqkv, ConstMat16<Exec>(o.dy, N, A), qkv, out, att, ws, NH, how, math);
       return;
     }
   } else if (how == AttentionProducts::fused) {

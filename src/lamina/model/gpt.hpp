@@ -485,7 +485,7 @@ void block_backward(const Exec& exec, const BlockTensors<Exec>& g, const BlockWe
   } else if (dy16.data() != nullptr) {
     projection_backward(dy16);
     if constexpr (!std::is_same<T, float>::value) {
-      attention_backward(exec, ws.dqkv, ws.datt, ConstMat16<Exec>(dy16), s.qkv, s.atty, s.att, ws.dheads, d.NH,
+      attention_backward(exec, ws.dqkv, ConstMat16<Exec>(dy16), s.qkv, s.atty, s.att, ws.dheads, d.NH,
                          s.attention, s.products);
     }
   } else {

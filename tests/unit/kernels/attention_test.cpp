@@ -312,8 +312,8 @@ TYPED_TEST(AttentionTest, Bf16StorageMatchesAReferenceOfTheStoredAndRoundedOpera
       auto dout16 = to_device_bf16<Exec>(dout);
       auto dqkv16 = nan_vec(N * W);
       const auto backward16 = [&] {
-        attention_backward(Exec(), as_mat<Exec>(dqkv16.data(), N, W), as_mats<Exec>(datt.data(), BNH, T, T),
-                           ConstMat16<Exec>(dout16.data(), N, C), q16, o16, saved, heads, NH, how, math);
+        attention_backward(Exec(), as_mat<Exec>(dqkv16.data(), N, W), ConstMat16<Exec>(dout16.data(), N, C), q16, o16,
+                           saved, heads, NH, how, math);
       };
       if (attention_on_host_bf16<Exec>(how, math)) {
         Kokkos::deep_copy(heads.narrowed, std::nanf(""));
@@ -324,6 +324,71 @@ TYPED_TEST(AttentionTest, Bf16StorageMatchesAReferenceOfTheStoredAndRoundedOpera
       }
     }
   }
+  }
+}
+
+// Grouped-query attention on bf16 storage is multi-head attention with each key/value head
+// repeated for the query heads that read it: the same output, and key/value gradients that
+// are the sums of the repeated heads' (a bf16 step apart at most where fp32 sums in another
+// order round differently). Four query heads on two key/value heads, two row blocks (the
+// last partial), every way: the host's oneDNN products batch member j of each group over
+// the key/value heads, which a wrong head order or stride would mix up.
+TYPED_TEST(AttentionTest, GroupedQueryHeadsAreRepeatedKeyValueHeads) {
+  using Exec = TypeParam;
+  const int B = 2, T = 150, C = 32, NH = 4, NKV = 2, G = NH / NKV, hd = C / NH, N = B * T, BNH = B * NH;
+  const int Wg = C + 2 * NKV * hd, Wm = 3 * C;
+  const auto qkv = random_vector(N * Wg, 56, -1.5, 1.5), dout = random_vector(N * C, 57);
+  std::vector<double> repeated(static_cast<std::size_t>(N * Wm));
+  for (int n = 0; n < N; ++n) {
+    for (int c = 0; c < C; ++c) repeated[n * Wm + c] = qkv[n * Wg + c];
+    for (int h = 0; h < NH; ++h) {
+      for (int d = 0; d < hd; ++d) {
+        for (int part = 1; part <= 2; ++part) {
+          repeated[n * Wm + part * C + h * hd + d] = qkv[n * Wg + C + (part - 1) * NKV * hd + h / G * hd + d];
+        }
+      }
+    }
+  }
+  for (const ProductMath math : {ProductMath::bf16, ProductMath::fp32}) {
+    for (const AttentionProducts how : {AttentionProducts::in_place, AttentionProducts::fused, AttentionProducts::staged}) {
+      if (how == AttentionProducts::in_place && !kAttentionInPlace<Exec>) continue;
+      SCOPED_TRACE(std::string(attention_products_name(how)) + (math == ProductMath::bf16 ? ", bf16" : ", fp32"));
+      // out, dqkv of attention with `kv` key/value heads on the rows `rows` (W wide)
+      const auto run = [&](const std::vector<double>& rows, int kv) {
+        const int W = C + 2 * kv * hd;
+        HeadsScratch<Exec> scratch(BNH, T, hd);
+        AttentionWorkspace<Exec> heads = scratch.heads();
+        const std::int64_t cols = saved_attention_columns(how, T);
+        auto vec = [](std::int64_t n) { return to_device<Exec>(std::vector<double>(std::max<std::int64_t>(1, n), 0.0)); };
+        heads.narrowed = vec(attention_scratch<Exec>(how, math, B, T, NH, hd));
+        const auto copies = vec(attention_copies<Exec>(how, math, B, T, NH, hd, kv, T));
+        place_attention_copies(heads, copies.data(), how, math, B, T, NH, hd, kv, T);
+        auto qkv16 = to_device_bf16<Exec>(rows);
+        Bf16Vec<Exec> att("att", BNH * T * cols), out("out", N * C);
+        auto datt = vec(BNH * T * T), dd = to_device<Exec>(dout), dqkv = vec(N * W);
+        const Mat16<Exec> q16(qkv16.data(), N, W), o16(out.data(), N, C);
+        const Mats16<Exec> saved(att.data(), BNH, T, cols);
+        attention_forward(Exec(), o16, saved, q16, heads, NH, how, math);
+        attention_backward(Exec(), as_mat<Exec>(dqkv.data(), N, W), as_mats<Exec>(datt.data(), BNH, T, T),
+                           as_mat<Exec>(dd.data(), N, C), q16, o16, saved, heads, NH, how, math);
+        return std::pair{widened_to_host(out), to_host(dqkv)};
+      };
+      const auto [grouped_out, grouped_d] = run(qkv, NKV);
+      const auto [multi_out, multi_d] = run(repeated, NH);
+      EXPECT_LT(rel_error(grouped_out, multi_out), 1e-3) << "output";
+      std::vector<double> summed(static_cast<std::size_t>(N * Wg), 0.0);
+      for (int n = 0; n < N; ++n) {
+        for (int c = 0; c < C; ++c) summed[n * Wg + c] = multi_d[n * Wm + c];
+        for (int h = 0; h < NH; ++h) {
+          for (int d = 0; d < hd; ++d) {
+            for (int part = 1; part <= 2; ++part) {
+              summed[n * Wg + C + (part - 1) * NKV * hd + h / G * hd + d] += multi_d[n * Wm + part * C + h * hd + d];
+            }
+          }
+        }
+      }
+      EXPECT_LT(rel_error(grouped_d, summed), 1e-4) << "dqkv";
+    }
   }
 }
 
