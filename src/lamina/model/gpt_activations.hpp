@@ -79,9 +79,12 @@ struct Dims {
   // (Context parallelism: a rank's T queries meet the keys of every position, keys(); its
   // fused ring runs a device's fused kernels on any space, which keep no score gradients.)
   std::int64_t saved_attention_columns() const { return lamina::saved_attention_columns(attention, keys()); }
+  // (Attention on a host's oneDNN in bf16 keeps a block's score gradients in its own scratch.)
   std::int64_t score_gradient_columns() const {
+    const bool onednn = bf16 && products == ProductMath::bf16 && host_attention &&
+                        attention != AttentionProducts::staged;
     const bool kept = attention == AttentionProducts::staged ||
-                      (!context_parallel() && (attention != AttentionProducts::fused || host_attention));
+                      (!context_parallel() && !onednn && (attention != AttentionProducts::fused || host_attention));
     return kept ? keys() : 0;
   }
   std::int64_t recomputed_probability_columns() const {

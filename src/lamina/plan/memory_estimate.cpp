@@ -108,6 +108,8 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
                ? Dims::on_machine(m, o.micro_batch_size, o.tp, *extras.machine_host, o.sequence_parallel, o.cp)
                : Dims::of(m, o.micro_batch_size, o.tp, 0, o.sequence_parallel, o.cp);
   d.bf16 = bf16;
+  // The products of a run on this build (another machine's: fp32, which prices more workspace).
+  if (!extras.machine_host) d.products = product_math<Kokkos::DefaultExecutionSpace>(plan.precision);
   const ActivationSizes a = activation_sizes(d);
   mm.stream_frame = Acts::stream_words(a, bf16);
   mm.gradient_frame = a.boundary;
@@ -151,6 +153,7 @@ Bytes stage_bytes(const ModelConfig& m, const Plan& plan, const RunExtras& extra
   if (extras.sample) {  // a one-sequence replica for the text sample at the end (fp32 activations)
     Dims one = Dims::of(m, 1);
     one.bf16 = bf16;
+    one.products = product_math<Kokkos::DefaultExecutionSpace>(plan.precision);
     const ActivationSizes s = activation_sizes(one);
     f.add(dev, MemCategory::activations, Acts::bytes(s, m.layers, m.layers, true, true, false));
     f.add(dev, MemCategory::workspace, 4 * (s.workspace + s.column_partials));
