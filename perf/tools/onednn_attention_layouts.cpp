@@ -4,7 +4,8 @@
 // rate, and what making the copies costs (README, bf16 on CPUs). On a CPU with AMX, oneDNN 2.6
 // runs its AMX kernels (brg:avx512_core_amx_bf16) only on dense operands; strided ones get
 // gemm:jit. Shapes of GPT-2 124M: 12 heads of 64, a block of 128 query rows against N keys.
-// oneDNN 2.x API.
+// Then the backward products that write fp32 gradients (dq = dS k, dk += dS^T q): into the
+// rows or into a dense block, with dS read transposed or copied so. oneDNN 2.x API.
 //   g++ -O2 -std=c++17 onednn_attention_layouts.cpp -o onednn_attention_layouts -ldnnl
 //   OMP_NUM_THREADS=2 ./onednn_attention_layouts
 #include <oneapi/dnnl/dnnl.hpp>
@@ -100,6 +101,54 @@ int main() {
       const double rows_us = time(ways[k][0], &impl_rows), dense_us = time(ways[k][1], &impl_dense);
       std::printf("%-7s %5ld  %-26s %9.1f %8.0f  %-26s %9.1f %8.0f  %.1f\n", names[k], n, impl_rows, rows_us,
                   flops / rows_us / 1e3, impl_dense, dense_us, flops / dense_us / 1e3, copies[k]);
+    }
+  }
+  // Gradients: A (dS, or dS^T for dk) of a block's rows against N keys, dense; B (k, or the
+  // block's q) dense; C fp32 into the rows (row stride 3 C) or a dense block; dk sums (+=).
+  std::vector<std::uint16_t> ds(kHeads * kRows * 1024, 0x3c00), dense(kHeads * 1024 * kWidth, 0x3c00);
+  std::vector<float> grads(1024 * kRowStride), block(kHeads * 1024 * kWidth);
+  std::printf("\n%-7s %5s  %-26s %9s %8s  %-26s %9s %8s\n", "product", "keys", "into the rows", "us", "GFLOP/s",
+              "into a dense block", "us", "GFLOP/s");
+  for (long n : {128L, 256L, 512L, 1024L}) {
+    const double flops = 2.0 * kHeads * kRows * kWidth * n;
+    const memory::desc dq_rows({1, kHeads, kRows, kWidth}, dt::f32, memory::dims{kRows * kRowStride, kWidth, kRowStride, 1});
+    const memory::desc dq_dense({1, kHeads, kRows, kWidth}, dt::f32, memory::format_tag::abcd);
+    const memory::desc dk_rows({1, kHeads, n, kWidth}, dt::f32, memory::dims{n * kRowStride, kWidth, kRowStride, 1});
+    const memory::desc dk_dense({1, kHeads, n, kWidth}, dt::f32, memory::format_tag::abcd);
+    const memory::desc ds_desc({1, kHeads, kRows, n}, dt::bf16, memory::format_tag::abcd);
+    const memory::desc ds_t({1, kHeads, n, kRows}, dt::bf16, memory::dims{kRows * n, kRows * n, 1, n});  // read transposed
+    const memory::desc ds_copied({1, kHeads, n, kRows}, dt::bf16, memory::format_tag::abcd);            // copied so
+    const memory::desc keys({1, kHeads, n, kWidth}, dt::bf16, memory::format_tag::abcd);
+    const memory::desc rows_q({1, kHeads, kRows, kWidth}, dt::bf16, memory::format_tag::abcd);
+    auto time = [&](const memory::desc& a, const memory::desc& b, const memory::desc& c, void* pc, bool sum,
+                    const char** impl) {
+      primitive_attr attr;
+      post_ops ops;
+      if (sum) ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+      const matmul::primitive_desc pd(matmul::desc(a, b, c), attr, eng);
+      *impl = pd.impl_info_str();
+      const matmul prim(pd);
+      const memory ma(a, eng, ds.data()), mb(b, eng, dense.data()), mc(c, eng, pc);
+      return best_us([&] {
+        prim.execute(s, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+        s.wait();
+      });
+    };
+    struct Row {
+      const char* name;
+      memory::desc a, b, rows, dense;
+      bool sum;
+    };
+    const Row rows[] = {{"dq", ds_desc, keys, dq_rows, dq_dense, false},
+                        {"dk, dS^T", ds_t, rows_q, dk_rows, dk_dense, true},
+                        {"dk, copy", ds_copied, rows_q, dk_rows, dk_dense, true}};
+    for (const Row& r : rows) {
+      const char *impl_rows, *impl_dense;
+      const double rows_us = time(r.a, r.b, r.rows, grads.data(), r.sum, &impl_rows);
+      const double dense_us = time(r.a, r.b, r.dense, block.data(), r.sum, &impl_dense);
+      std::printf("%-8s %4ld  %-26s %9.1f %8.0f  %-26s %9.1f %8.0f\n", r.name, n, impl_rows, rows_us,
+                  flops / rows_us / 1e3, impl_dense, dense_us, flops / dense_us / 1e3);
     }
   }
 }
