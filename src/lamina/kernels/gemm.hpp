@@ -220,37 +220,30 @@ void narrow_rows(const Exec& exec, std::uint16_t* dst, const AV& src, std::int64
   }
 }
 
-// The same on a host, with sums(j) += each gated value of src[r0 + i, j] over those rows, in
-// row order: the rounding of a product's output gradient that takes its bias gradient too,
-// reading the gradient once. A work item takes `block` columns through all the rows, so the
-// sums are the same whatever the block: one block per thread (summed_columns), on one thread
-// all the columns (a whole row's loop vectorizes best; the sums ride along at no cost
-// measured). On several threads the passes it replaces, GELU's derivative, the rounding and
-// the column sums, read the gradient three times.
-template <class Exec, class AV, class G = NoGate>
-struct NarrowRowsSummed {
-  Bf16Vec<Exec> dst;
-  AV src;
-  Vec<Exec> sums;
-  std::int64_t r0, rows, cols, block;
-  G gate;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b) const {
-    float* sum = sums.data();
-    const std::int64_t c0 = b * block, c1 = c0 + block < cols ? c0 + block : cols;
-    for (std::int64_t i = 0; i < rows; ++i) {
-      const float* s = &src(r0 + i, 0);
-      std::uint16_t* d = dst.data() + i * cols;
-      const auto g = gate.row(r0 + i);
-      for (std::int64_t j = c0; j < c1; ++j) {
-        const float v = g(s[j], j);
-        d[j] = to_bf16(v);
-        sum[j] += v;
+// A host's column sums: a work item per `block` columns (summed_columns: one per thread)
+// walks the rows in order for each 256 of them, their sums in a local array (its inner loop
+// vectorizes), so every column is summed in row order whatever the thread count.
+constexpr std::int64_t kColumnBlock = 256;
+template <class Exec, class T>
+struct ColumnSums {
+  Vec<Exec> dst;
+  MatOf<Exec, const T> M;
+  std::int64_t rows, cols, block;
+  void operator()(std::int64_t b) const {
+    const std::int64_t end = std::min(cols, (b + 1) * block);
+    for (std::int64_t c0 = b * block; c0 < end; c0 += kColumnBlock) {
+      const std::int64_t w = std::min(kColumnBlock, end - c0);
+      float sum[kColumnBlock] = {};
+      for (std::int64_t i = 0; i < rows; ++i) {
+        const T* r = &M(i, c0);
+        for (std::int64_t j = 0; j < w; ++j) sum[j] += widen(r[j]);
       }
+      for (std::int64_t j = 0; j < w; ++j) dst(c0 + j) += sum[j];
     }
   }
 };
 
-// Columns per work item of NarrowRowsSummed over `cols` columns on a host: as many items as
+// Columns per work item of a host's column sums over `cols` columns: as many items as
 // threads, each a multiple of sixteen columns (blocks of 256 left a thread with half the work
 // of the other where the columns were 384 on two: 1.25 times as long on bench-torch's step).
 template <class Exec>
@@ -259,15 +252,65 @@ std::int64_t summed_columns(const Exec& exec, std::int64_t cols) {
   return std::max<std::int64_t>(16, ((cols + threads - 1) / threads + 15) / 16 * 16);
 }
 
-// `block`: columns per work item (> 0).
+// Column sums in two stages, each in a fixed order: blocks of up to kColumnBlockRows rows
+// summed into `partials` (block, column), then each column's blocks added in order. Fewer
+// blocks where `partials` holds fewer.
+constexpr std::int64_t kColumnBlockRows = 64;
+inline std::int64_t column_blocks(std::int64_t rows, std::int64_t cols, std::int64_t partials) {
+  return std::max<std::int64_t>(1, std::min((rows + kColumnBlockRows - 1) / kColumnBlockRows, partials / cols));
+}
+
+// narrow_rows on a host with sums(j) += the gated values of column j over those rows: the
+// rounding of a product's output gradient that takes its bias gradient too, reading the
+// gradient once. A work item rounds a block of whole rows (their loops vectorize) and sums
+// its columns into its row of `partials`; then each column adds its blocks' sums in order
+// (ColumnSums), in the blocks of a device's column sums: the same sums whatever the thread
+// count. (Work items of columns through all the rows, summed in row order, took 1.3-2 times
+// as long on two threads: each thread read half of every row.)
+template <class Exec, class AV, class G = NoGate>
+struct NarrowRowBlocksSummed {
+  Bf16Vec<Exec> dst;
+  AV src;
+  float* partials;  // (blocks, cols)
+  std::int64_t r0, rows, cols, block_rows;
+  G gate;
+  void operator()(std::int64_t b) const {
+    float* __restrict__ sum = partials + b * cols;
+    for (std::int64_t j = 0; j < cols; ++j) sum[j] = 0.0f;
+    const std::int64_t end = std::min(rows, (b + 1) * block_rows);
+    for (std::int64_t i = b * block_rows; i < end; ++i) {
+      const float* __restrict__ s = &src(r0 + i, 0);
+      std::uint16_t* __restrict__ d = dst.data() + i * cols;
+      const auto g = gate.row(r0 + i);
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const float v = g(s[j], j);
+        d[j] = to_bf16(v);
+        sum[j] += v;
+      }
+    }
+  }
+};
+
+// `partials`: at least one row's columns (column_partials(rows, cols) for the most blocks).
 template <class Exec, class AV, class G = NoGate>
 void narrow_rows_summed(const Exec& exec, std::uint16_t* dst, const AV& src, std::int64_t r0, std::int64_t rows,
-                        const Vec<Exec>& sums, std::int64_t block, const G& gate = G{}) {
+                        const Vec<Exec>& sums, const Vec<Exec>& partials, const G& gate = G{}) {
   const std::int64_t cols = static_cast<std::int64_t>(src.extent(1));
+  if (rows == 0 || cols == 0) return;
+  if (static_cast<std::int64_t>(partials.extent(0)) < cols) {
+    throw std::logic_error("lamina::narrow_rows_summed: the partial sums hold less than a row");
+  }
+  const std::int64_t blocks = column_blocks(rows, cols, static_cast<std::int64_t>(partials.extent(0)));
   Kokkos::parallel_for("lamina::narrow_operand_and_sum",
+                       Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, blocks),
+                       NarrowRowBlocksSummed<Exec, AV, G>{Bf16Vec<Exec>(dst, static_cast<std::size_t>(rows * cols)), src,
+                                                          partials.data(), r0, rows, cols,
+                                                          (rows + blocks - 1) / blocks, gate});
+  const std::int64_t block = summed_columns(exec, cols);
+  Kokkos::parallel_for("lamina::add_column_partials",
                        Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, (cols + block - 1) / block),
-                       NarrowRowsSummed<Exec, AV, G>{Bf16Vec<Exec>(dst, static_cast<std::size_t>(rows * cols)), src,
-                                                     sums, r0, rows, cols, block, gate});
+                       ColumnSums<Exec, float>{sums, MatOf<Exec, const float>(partials.data(), blocks, cols), blocks,
+                                               cols, block});
 }
 
 // Whether `exec` is a host space on one thread: there a layer norm's backward takes all its
@@ -556,13 +599,14 @@ void input_gradient_product(const Exec& exec, RowMajorGemm g, std::int64_t r0, c
 // as it is; else two gemm() calls, a bf16 X widened a block of rows at a time. dX is fp32,
 // or bf16 where rounds_input_gradient.
 // `scratch`: product_scratch() elements. With `dsums`, a host's engine adds dY's column sums
-// (a bias gradient) into it in the pass that rounds dY; returns whether it did (else the
-// caller sums them). A `gate` other than NoGate is applied to dY in that pass, and
-// needs it (rounds_output_gradient).
+// (a bias gradient) into it in the pass that rounds dY, through `partials` (at least a row of
+// dY); returns whether it did (else the caller sums them). A `gate` other than NoGate is
+// applied to dY in that pass, and needs it (rounds_output_gradient).
 template <class Exec, class DV, class XV, class DXV, class G = detail::NoGate>
 bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& W, const DV& dY, const XV& X,
                        const DXV& dX, const Mat<Exec>& dW, WeightGradient form, ProductMath math,
-                       const Vec<Exec>& scratch, const Vec<Exec>& dsums = Vec<Exec>(), const G& gate = G{}) {
+                       const Vec<Exec>& scratch, const Vec<Exec>& dsums = Vec<Exec>(),
+                       const Vec<Exec>& partials = Vec<Exec>(), const G& gate = G{}) {
   constexpr bool x16 = std::is_same<StoredType<XV>, std::uint16_t>::value;
   constexpr bool dx16 = std::is_same<StoredType<DXV>, std::uint16_t>::value;
   if (dx16 && !rounds_input_gradient<Exec>(math, W)) {
@@ -598,12 +642,11 @@ bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& 
     gw.c = dW.data();
     gw.ldc = static_cast<std::int64_t>(dW.stride_0());
     const bool summed = dsums.data() != nullptr && detail::kOnHost<Exec>;
-    const std::int64_t block = detail::summed_columns(exec, a);
     for (std::int64_t r0 = 0; r0 < N; r0 += rows) {
       const std::int64_t r = std::min(rows, N - r0);
       if constexpr (detail::kOnHost<Exec>) {
         if (summed) {
-          detail::narrow_rows_summed(exec, dy16, dY, r0, r, dsums, block, gate);
+          detail::narrow_rows_summed(exec, dy16, dY, r0, r, dsums, partials, gate);
         } else {
           detail::narrow_rows(exec, dy16, dY, r0, r, gate);
         }
@@ -838,34 +881,11 @@ void batched_gemm_bf16(const Exec& exec, const char* ta, const char* tb, const M
 
 namespace detail {
 
-// A host's column sums: a work item per `block` columns (summed_columns: one per thread)
-// walks the rows in order for each 256 of them, their sums in a local array (its inner loop
-// vectorizes), so every column is summed in row order whatever the thread count.
-constexpr std::int64_t kColumnBlock = 256;
-template <class Exec, class T>
-struct ColumnSums {
-  Vec<Exec> dst;
-  MatOf<Exec, const T> M;
-  std::int64_t rows, cols, block;
-  void operator()(std::int64_t b) const {
-    const std::int64_t end = std::min(cols, (b + 1) * block);
-    for (std::int64_t c0 = b * block; c0 < end; c0 += kColumnBlock) {
-      const std::int64_t w = std::min(kColumnBlock, end - c0);
-      float sum[kColumnBlock] = {};
-      for (std::int64_t i = 0; i < rows; ++i) {
-        const T* r = &M(i, c0);
-        for (std::int64_t j = 0; j < w; ++j) sum[j] += widen(r[j]);
-      }
-      for (std::int64_t j = 0; j < w; ++j) dst(c0 + j) += sum[j];
-    }
-  }
-};
-
 // A device's column sums in two stages, each in a fixed order (deterministic): a team per
 // block of rows and tile of columns, each of its threads summing one column's rows in order
 // into `partials` (block, column); then each column adds its blocks' partial sums in order.
 // One block (partials too small for two) sums straight into dst.
-constexpr std::int64_t kColumnTile = 256, kColumnBlockRows = 64;
+constexpr std::int64_t kColumnTile = 256;
 template <class Exec, class T>
 struct ColumnPartials {
   MatOf<Exec, const T> M;
@@ -903,9 +923,7 @@ void two_stage_column_sums(const Exec& exec, const Vec<Exec>& dst, const MV& M, 
   using T = StoredType<MV>;
   const std::int64_t rows = static_cast<std::int64_t>(M.extent(0)), cols = static_cast<std::int64_t>(M.extent(1));
   if (rows == 0 || cols == 0) return;
-  const std::int64_t room = static_cast<std::int64_t>(partials.extent(0)) / cols;
-  const std::int64_t blocks =
-      std::max<std::int64_t>(1, std::min((rows + kColumnBlockRows - 1) / kColumnBlockRows, room));
+  const std::int64_t blocks = column_blocks(rows, cols, static_cast<std::int64_t>(partials.extent(0)));
   const std::int64_t block_rows = (rows + blocks - 1) / blocks, tiles = (cols + kColumnTile - 1) / kColumnTile;
   const bool direct = blocks == 1;
   Kokkos::parallel_for("lamina::column_partials", Teams<Exec>(exec, blocks * tiles, Kokkos::AUTO),

@@ -85,14 +85,16 @@ void linear_forward(const Exec& exec, const Mat16<Exec>& out, const InV& inp, co
 
 // dinp: (N, IC) overwritten, fp32 or (where rounds_input_gradient) bf16; dweight: (IC, OC)
 // +=; dbias: (OC) +=, or empty when the caller reduces the bias gradient itself; inp: as
-// stored; partials: for a device's column sums (add_column_sums). A host's bf16 engine sums
-// the bias gradient as it rounds dout for the products; elsewhere dout's column sums are it.
+// stored; partials: for the bias gradient's partial column sums (column_partials(N, OC), or
+// fewer but at least OC floats), where a device sums dout's columns (add_column_sums) or a
+// host's bf16 engine sums them as it rounds dout for the products.
 template <class Exec, class InV, class DV>
 void linear_backward(const Exec& exec, const DV& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
                      const ConstMat<Exec>& dout, const InV& inp, const MatRefArg<Exec>& weight,
                      const Vec<Exec>& partials, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
   const bool summed =
-      backward_products(exec, "T", weight, dout, inp, dinp, dweight, WeightGradient::xt_dy, math, scratch, dbias);
+      backward_products(exec, "T", weight, dout, inp, dinp, dweight, WeightGradient::xt_dy, math, scratch, dbias,
+                        partials);
   if (dbias.data() != nullptr && !summed) add_column_sums(exec, dbias, dout, partials);
 }
 
@@ -109,7 +111,7 @@ void linear_gelu_backward(const Exec& exec, const DV& dinp, const Mat<Exec>& dwe
   if (rounds_output_gradient<Exec>(math, weight) && (dbias.data() == nullptr || detail::kOnHost<Exec>)) {
     const GeluGate<Exec, StoredType<PV>> gate{pre};
     backward_products(exec, "T", weight, ConstMat<Exec>(dact), inp, dinp, dweight, WeightGradient::xt_dy, math,
-                      scratch, dbias, gate);
+                      scratch, dbias, partials, gate);
     return;
   }
   const Vec<Exec> flat(dact.data(), dact.size());

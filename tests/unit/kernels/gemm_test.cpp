@@ -209,39 +209,52 @@ TYPED_TEST(GemmTest, TwoStageColumnSumsAreTheSumsInAFixedOrder) {
 }
 
 // A host's pass that rounds an output gradient for the products, applies GELU's derivative
-// and adds its column sums: the same bits with one work item of all the columns (one thread)
-// as with blocks of 256 or 16 columns (several threads' blocks: summed_columns), tail blocks
-// included, for a chunk of rows from r0; each value gelu'(pre) dy rounded, each sum added
-// onto what it held in row order (and within fp32 rounding of the double sums).
-TYPED_TEST(GemmTest, RoundingAnOutputGradientSumsItsColumnsAlikeInAnyBlocks) {
+// and adds its column sums, for a chunk of rows from r0: each value gelu'(pre) dy rounded;
+// each column summed from zero over blocks of rows, those sums added in block order and then
+// onto what the column held (within fp32 rounding of the double sums). The blocks depend on
+// the rows and the room for partial sums only (so on no thread count): three of 47 or 46
+// rows (at most 64 each), two of 70 with room for two, one with room for a row.
+TYPED_TEST(GemmTest, RoundingAnOutputGradientSumsItsColumnsInBlocksOfRows) {
   using Exec = TypeParam;
   if constexpr (!lamina::detail::kOnHost<Exec>) {
     GTEST_SKIP() << "a host's pass (a device rounds and sums in passes of their own)";
   } else {
-    const int N = 9, r0 = 2, rows = 5, cols = 293;
+    const int N = 150, r0 = 3, rows = 140, cols = 293;
     const auto dy = random_vector(N * cols, 77), pre = bf16_values(random_vector(N * cols, 78, -3.0, 3.0));
     const auto s0 = random_vector(cols, 79);
     auto ddy = to_device<Exec>(dy);
     auto dpre = to_device_bf16<Exec>(pre);
     const GeluGate<Exec, std::uint16_t> gate{ConstMat16<Exec>(dpre.data(), N, cols)};
+    std::vector<float> gated(rows * cols);
     std::vector<std::uint16_t> want16(rows * cols);
-    std::vector<float> want_sums(s0.begin(), s0.end());
     std::vector<double> exact = s0;
     for (int i = 0; i < rows; ++i) {
       for (int j = 0; j < cols; ++j) {
         const int e = (r0 + i) * cols + j;
-        const float v = gelu_grad(static_cast<float>(pre[e])) * static_cast<float>(dy[e]);
-        want16[i * cols + j] = to_bf16(v);
-        want_sums[j] += v;
-        exact[j] += v;
+        gated[i * cols + j] = gelu_grad(static_cast<float>(pre[e])) * static_cast<float>(dy[e]);
+        want16[i * cols + j] = to_bf16(gated[i * cols + j]);
+        exact[j] += gated[i * cols + j];
       }
     }
-    for (const std::int64_t block : {std::int64_t{cols}, std::int64_t{256}, std::int64_t{16}}) {
-      SCOPED_TRACE(block);
+    for (const auto& [room, blocks] : {std::pair<int, int>{3 * cols, 3}, {2 * cols + 5, 2}, {cols, 1}}) {
+      SCOPED_TRACE(blocks);
+      ASSERT_EQ(lamina::detail::column_blocks(rows, cols, room), blocks);
+      const int block_rows = (rows + blocks - 1) / blocks;
+      std::vector<float> want_sums(cols);
+      for (int j = 0; j < cols; ++j) {
+        float total = 0.0f;
+        for (int b = 0; b < blocks; ++b) {
+          float sum = 0.0f;
+          for (int i = b * block_rows; i < std::min(rows, (b + 1) * block_rows); ++i) sum += gated[i * cols + j];
+          total += sum;
+        }
+        want_sums[j] = static_cast<float>(s0[j]) + total;
+      }
       auto sums = to_device<Exec>(s0);
+      Vec<Exec> partials("partials", room);
       Kokkos::View<std::uint16_t*, typename Exec::memory_space> out("out", rows * cols);
       lamina::detail::narrow_rows_summed(Exec(), out.data(), ConstMat<Exec>(as_mat<Exec>(ddy.data(), N, cols)), r0,
-                                         rows, sums, block, gate);
+                                         rows, sums, partials, gate);
       Kokkos::fence();
       for (int e = 0; e < rows * cols; ++e) ASSERT_EQ(out(e), want16[e]) << e;
       const auto got = to_host(sums);
