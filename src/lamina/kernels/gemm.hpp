@@ -313,15 +313,6 @@ void narrow_rows_summed(const Exec& exec, std::uint16_t* dst, const AV& src, std
                                                cols, block});
 }
 
-// Whether `exec` is a host space on one thread: there a layer norm's backward takes all its
-// rows in one work item and adds up its columns as it goes, in row order as add_column_sums
-// does.
-template <class Exec>
-bool one_host_thread([[maybe_unused]] const Exec& exec) {
-  if constexpr (kOnHost<Exec>) return exec.concurrency() == 1;
-  return false;
-}
-
 }  // namespace detail
 
 // The math a run's products use on `Exec`: bf16 for bf16 mixed precision where Exec has a

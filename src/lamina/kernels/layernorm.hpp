@@ -96,16 +96,6 @@ void residual_layernorm_forward(const Exec& exec, const V& sum, const V& out, co
       ResidualLayernormForward<Exec, T, StoredType<BV>>{sum, out, mean, rstd, a, b, b_bias, weight, bias, C});
 }
 
-// dout * xhat of a row's columns, the weight gradient's terms (row() hands the same values,
-// computed alike, to its Terms).
-template <class X, class D>
-struct LayernormGainTerm {
-  const X* x;
-  const D* d;
-  float m, rs;
-  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t c) const { return widen(d[c]) * ((widen(x[c]) - m) * rs); }
-};
-
 // Row i of the backward pass by `r` (a team, or SerialRow on a host thread): writes dinp and
 // hands dout * xhat to `terms` for the weight gradient. X: the input's storage type, S: the
 // saved statistics', D: the output gradient's (fp32, or bf16 as the tensor-parallel shards
@@ -121,9 +111,6 @@ struct LayernormBackward {
   Mat<Exec> scratch;
   std::int64_t C;
   bool has_skip;
-  KOKKOS_INLINE_FUNCTION LayernormGainTerm<X, D> gain_terms(std::int64_t i) const {
-    return {&inp(i, 0), &dout(i, 0), widen(mean(i)), widen(rstd(i))};
-  }
   template <class Row, class Terms>
   KOKKOS_INLINE_FUNCTION void row(const Row& r, std::int64_t i, const Terms& terms) const {
     const float m = widen(mean(i)), rs = widen(rstd(i));

@@ -45,16 +45,6 @@ void rmsnorm_forward(const Exec& exec, const OutV& out, const StatV& rstd, const
                        RmsnormForward<Exec, X, Y, S>{out, rstd, inp, weight, C, eps});
 }
 
-// dout * xhat of a row's columns, the weight gradient's terms (row() hands the same values,
-// computed alike, to its Terms).
-template <class X, class D>
-struct RmsnormGainTerm {
-  const X* x;
-  const D* d;
-  float rs;
-  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t c) const { return widen(d[c]) * (widen(x[c]) * rs); }
-};
-
 // Row i of the backward pass by `r` (a team, or SerialRow on a host thread): writes dinp and
 // hands dout * xhat to `terms` for the weight gradient. D: the output gradient's storage type.
 template <class Exec, class X, class S, class D>
@@ -68,9 +58,6 @@ struct RmsnormBackward {
   Mat<Exec> scratch;
   std::int64_t C;
   bool has_skip;
-  KOKKOS_INLINE_FUNCTION RmsnormGainTerm<X, D> gain_terms(std::int64_t i) const {
-    return {&inp(i, 0), &dout(i, 0), widen(rstd(i))};
-  }
   template <class Row, class Terms>
   KOKKOS_INLINE_FUNCTION void row(const Row& r, std::int64_t i, const Terms& terms) const {
     const float rs = widen(rstd(i));
