@@ -142,6 +142,7 @@ std::string configure_host_threads(const lamina::Log& log, int rank) {
     log.warn(std::string("OMP_PROC_BIND=") + bind + " pins the BLAS threads to one core each and can halve GEMM "
              "throughput; unset it or set OMP_PROC_BIND=false");
   }
+  if (const std::string wait = lamina::openmp_wait_warning(); !wait.empty()) log.warn(wait);
   return threads;
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <strings.h>
 #include <thread>
 
 #include "lamina/core/error.hpp"
@@ -92,6 +93,16 @@ HostBlasBesideDnnl::HostBlasBesideDnnl() {
   threads_ = openblas_get_num_threads();
   openblas_set_num_threads(1);
 #endif
+}
+
+std::string openmp_wait_warning() {
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  if (policy == nullptr || strcasecmp(policy, "passive") != 0) return {};
+  const bool kokkos = std::string(Kokkos::DefaultHostExecutionSpace::name()) == "OpenMP";
+  if (!kokkos && !host_bf16_products()) return {};
+  return strprintf("OMP_WAIT_POLICY=%s puts OpenMP's threads to sleep between parallel regions, and a step has "
+                   "hundreds (%s): waking them made bench-torch's bf16 step 1.2-1.3 times as long; unset it",
+                   policy, kokkos ? "every kernel, each bf16 product" : "each bf16 product on oneDNN");
 }
 
 HostBlasBesideDnnl::~HostBlasBesideDnnl() {

@@ -39,6 +39,12 @@ void host_sgemm(const RowMajorGemm& g);
 // this process may use.
 std::string configure_host_blas(std::string& warning, int ranks_on_node = 1);
 
+// What OMP_WAIT_POLICY=passive costs where this process runs OpenMP threads (every kernel of
+// a Kokkos OpenMP build, oneDNN's bf16 products): a warning saying so, else empty. Sleeping
+// threads wake for each of a step's hundreds of parallel regions: bench-torch's bf16 step
+// took 1.2 times as long on a Serial build (242 against 197-205 ms), 1.3 on OpenMP (225 against 172).
+std::string openmp_wait_warning();
+
 // While it lives, the host BLAS runs one thread per call under Serial: a run whose bf16
 // products go to oneDNN's OpenMP pool leaves it the cores (two pools spinning between
 // their turns halve both). Under OpenMP the BLAS runs one thread per call already.

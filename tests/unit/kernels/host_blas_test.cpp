@@ -1,7 +1,9 @@
 #include "lamina/kernels/host_blas.hpp"
 
+#include <cstdlib>
 #include <set>
 
+#include "lamina/kernels/host_dnnl.hpp"
 #include "test_util.hpp"
 
 namespace lamina::test {
@@ -124,6 +126,26 @@ TEST(HostBlas, ConfigurationNamesBothThreadPools) {
   const std::string line = configure_host_blas(warning);
   EXPECT_NE(line.find("host threads: BLAS"), std::string::npos) << line;
   EXPECT_NE(line.find(std::string("Kokkos ") + Kokkos::DefaultHostExecutionSpace::name()), std::string::npos) << line;
+}
+
+// OMP_WAIT_POLICY=passive (any case) is named where OpenMP threads run kernels or bf16
+// products; any other policy, or none, is not.
+TEST(HostBlas, APassiveOpenMpWaitPolicyIsNamedWhereOpenMpThreadsRun) {
+  const char* before = std::getenv("OMP_WAIT_POLICY");
+  const std::string saved = before != nullptr ? before : "";
+  const bool openmp =
+      std::string(Kokkos::DefaultHostExecutionSpace::name()) == "OpenMP" || host_bf16_products();
+  for (const char* policy : {"passive", "PASSIVE"}) {
+    ::setenv("OMP_WAIT_POLICY", policy, 1);
+    const std::string w = openmp_wait_warning();
+    EXPECT_EQ(w.empty(), !openmp) << w;
+    if (openmp) EXPECT_NE(w.find(std::string("OMP_WAIT_POLICY=") + policy), std::string::npos) << w;
+  }
+  ::setenv("OMP_WAIT_POLICY", "active", 1);
+  EXPECT_EQ(openmp_wait_warning(), "");
+  ::unsetenv("OMP_WAIT_POLICY");
+  EXPECT_EQ(openmp_wait_warning(), "");
+  if (before != nullptr) ::setenv("OMP_WAIT_POLICY", saved.c_str(), 1);
 }
 
 }  // namespace
