@@ -334,7 +334,8 @@ TYPED_TEST(LinearTest, HeadBackwardReadsBf16LogitGradientsAsStored) {
                               as_mat<Exec>(dw.data(), V, C), scratch);
   EXPECT_LT(rel_error(to_host(gx), want_dx), 1e-6);
   EXPECT_LT(rel_error(to_host(dw), want_dw), 1e-6);
-  auto x16 = to_device_bf16<Exec>(xr), dw2 = to_device<Exec>(w0);
+  auto x16 = to_device_bf16<Exec>(xr);
+  auto dw2 = to_device<Exec>(w0);
   auto gx2 = to_device<Exec>(std::vector<double>(N * C, NAN));
   head_backward_products_bf16(Exec(), dy16.data(), 2 * V, MatRef<Exec>(ConstMat16<Exec>(w16.data(), V, C)),
                               ConstMat16<Exec>(x16.data(), N, C), as_mat<Exec>(gx2.data(), N, C),
