@@ -143,8 +143,10 @@ struct CrossEntropyBackward {
   std::int64_t vocab_begin, V;
   float scale;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
-    const std::int64_t i = team.league_rank();
-    const float l = lse(i);
+    row(team, team.league_rank(), lse(team.league_rank()));
+  }
+  // Row i's gradient from its log-sum-exp l.
+  KOKKOS_INLINE_FUNCTION void row(const typename Teams<Exec>::member_type& team, std::int64_t i, float l) const {
     const std::int64_t y = targets(i) - vocab_begin;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](std::int64_t j) {
       dlogits(i, j) = scale * (fast_exp(logits(i, j) - l) - (j == y ? 1.0f : 0.0f));
@@ -185,10 +187,13 @@ struct CrossEntropyBackwardBf16 {
   std::int64_t vocab_begin, V;
   float scale;
   KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
-    const std::int64_t i = team.league_rank(), S = team.team_size(), t = team.team_rank();
-    const float l = lse(i);
+    row(team, team.league_rank(), lse(team.league_rank()));
+  }
+  // Row i's gradient from its log-sum-exp l.
+  KOKKOS_INLINE_FUNCTION void row(const typename Teams<Exec>::member_type& team, std::int64_t i, float l) const {
+    const std::int64_t S = team.team_size(), t = team.team_rank();
     const std::int64_t y = targets(i) - vocab_begin;
-    const float* row = &logits(i, 0);
+    const float* in = &logits(i, 0);
     std::uint16_t* d = reinterpret_cast<std::uint16_t*>(&logits(i, 0));
     if constexpr (detail::kOnHost<Exec>) {
       if (S == 1) {
@@ -197,11 +202,11 @@ struct CrossEntropyBackwardBf16 {
         // are written as bytes (memcpy), so that no compiler may move one above a read of
         // the float it overwrites.
         const bool has_target = y >= 0 && y < V;
-        const float target_logit = has_target ? row[y] : 0.0f;
+        const float target_logit = has_target ? in[y] : 0.0f;
         std::uint16_t g[kChunk];
         for (std::int64_t j0 = 0; j0 < V; j0 += kChunk) {
           const std::int64_t n = V - j0 < kChunk ? V - j0 : kChunk;
-          for (std::int64_t k = 0; k < n; ++k) g[k] = to_bf16(scale * fast_exp(row[j0 + k] - l));
+          for (std::int64_t k = 0; k < n; ++k) g[k] = to_bf16(scale * fast_exp(in[j0 + k] - l));
           memcpy(d + j0, g, static_cast<std::size_t>(n) * sizeof(std::uint16_t));
         }
         if (has_target) {
@@ -216,7 +221,7 @@ struct CrossEntropyBackwardBf16 {
       for (int k = 0; k < kBlock; ++k) {
         const std::int64_t j = j0 + k * S + t;
         float x = 0.0f;
-        if (j < V) memcpy(&x, row + j, sizeof x);
+        if (j < V) memcpy(&x, in + j, sizeof x);
         g[k] = scale * (fast_exp(x - l) - (j == y ? 1.0f : 0.0f));
       }
       team.team_barrier();
@@ -241,6 +246,61 @@ void cross_entropy_backward_bf16(const Exec& exec, const Mat<Exec>& logits, cons
   }
   Kokkos::parallel_for("lamina::cross_entropy_backward_bf16", Teams<Exec>(exec, N, Kokkos::AUTO),
                        CrossEntropyBackwardBf16<Exec>{logits, lse, targets, vocab_begin, V, scale});
+}
+
+// One team per row: the statistics and target logit head_forward takes of it, then its
+// gradient as Gradient (CrossEntropyBackward in place, or CrossEntropyBackwardBf16) writes it
+// over the row, while the row is still in cache (llm.c's fused classifier): the logits are read
+// from memory once, not again by the backward pass. The log-sum-exp is cross_entropy_forward's
+// expression, so the gradient has the bits the two passes give.
+template <class Exec, class Gradient>
+struct CrossEntropyStatsAndGradient {
+  Vec<Exec> rowmax, sumexp, target;
+  Gradient gradient;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    const std::int64_t i = team.league_rank(), V = gradient.V;
+    const auto& logits = gradient.logits;
+    const std::int64_t y = gradient.targets(i) - gradient.vocab_begin;
+    const float t = (y >= 0 && y < V) ? logits(i, y) : 0.0f;
+    const float mx = team_max(team, V, [&](std::int64_t j) { return logits(i, j); });
+    const float s = team_sum(team, V, [&](std::int64_t j) { return fast_exp(logits(i, j) - mx); });
+    Kokkos::single(Kokkos::PerTeam(team), [&]() {
+      rowmax(i) = mx;
+      sumexp(i) = s;
+      target(i) = t;
+    });
+    team.team_barrier();  // no thread writes the row before every thread has read it
+    gradient.row(team, i, mx + math::log(s));
+  }
+};
+
+// cross_entropy_row_stats and cross_entropy_target_logit of whole rows (a vocabulary no other
+// rank shares), and in the same pass d objective / d logits over the logits: scale * (softmax
+// - onehot) in fp32, or (bf16) rounded into the first half of each row's memory as
+// cross_entropy_backward_bf16 writes it. The logits are gone afterwards.
+template <class Exec>
+void cross_entropy_stats_and_gradient(const Exec& exec, const Vec<Exec>& rowmax, const Vec<Exec>& sumexp,
+                                      const Vec<Exec>& target, const Mat<Exec>& logits, const Tokens<Exec>& targets,
+                                      std::int64_t vocab_begin, float scale, bool bf16) {
+  const std::int64_t N = static_cast<std::int64_t>(logits.extent(0));
+  const std::int64_t V = static_cast<std::int64_t>(logits.extent(1));
+  const char* label = "lamina::cross_entropy_stats_and_gradient";
+  if (bf16) {
+    if (static_cast<std::int64_t>(logits.stride_0()) != V) {
+      throw std::logic_error("lamina::cross_entropy_stats_and_gradient: the logits' rows are not contiguous");
+    }
+    using G = CrossEntropyBackwardBf16<Exec>;
+    Kokkos::parallel_for(label, Teams<Exec>(exec, N, Kokkos::AUTO),
+                         CrossEntropyStatsAndGradient<Exec, G>{rowmax, sumexp, target,
+                                                               G{logits, ConstVec<Exec>(), targets, vocab_begin, V,
+                                                                 scale}});
+  } else {
+    using G = CrossEntropyBackward<Exec>;
+    Kokkos::parallel_for(label, Teams<Exec>(exec, N, Kokkos::AUTO),
+                         CrossEntropyStatsAndGradient<Exec, G>{rowmax, sumexp, target,
+                                                               G{logits, logits, ConstVec<Exec>(), targets,
+                                                                 vocab_begin, V, scale}});
+  }
 }
 
 }  // namespace lamina

@@ -14,6 +14,7 @@
 // after c_attn, SwiGLU MLP (mlp = down(silu(gate) * up), gate and up one product) and no
 // biases; attention multi-head or grouped-query (kernels/qkv_layout.hpp).
 #include <Kokkos_Core.hpp>
+#include <optional>
 
 #include "lamina/kernels/attention.hpp"
 #include "lamina/kernels/cross_entropy.hpp"
@@ -529,6 +530,27 @@ V row_chunk(const V& v, std::int64_t r0, std::int64_t n) {
   }
 }
 
+// Whether a training step's head_forward writes the logits' gradient over the logits as it
+// takes their statistics, for head_backward to read there: when the logits are one chunk of
+// rows (backward finds them still there) and the vocabulary is not split over ranks (whose
+// statistics are combined before any gradient).
+inline bool logit_gradient_in_forward(const Dims& d, const ShardCombine& tp) {
+  return d.logit_rows() >= d.N() && !tp.max;
+}
+
+// Whether the logits' gradient is rounded to bf16 where it is computed, for a bf16 engine's
+// products to read as it is (in the first half of each row's memory).
+template <class Exec>
+bool bf16_logit_gradient(const Dims& d, const MatRef<Exec>& weight) {
+  return d.products == ProductMath::bf16 && weight.bf16() && bf16_engine<Exec>();
+}
+
+// The LM head's weight: wte, or an untied lm_head.
+template <class Exec>
+MatRef<Exec> head_weight(const EmbeddingWeights<Exec>& e, const FinalWeights<Exec>& w) {
+  return w.lm_head.rows() > 0 ? w.lm_head : e.wte;
+}
+
 // `f` of the final norm's output as a run stores it: fp32 (lnf) or bf16 (lnf16).
 template <class Exec, class F>
 void with_final_norm(const HeadActs<Exec>& h, const F& f) {
@@ -544,10 +566,13 @@ void with_final_norm(const HeadActs<Exec>& h, const F& f) {
 // Final norm (the block's kind), LM head (wte, or an untied lm_head) and per-position losses (h.losses) of x, the last
 // block's output as stored. The logits of Dims::logit_rows rows at a time, each chunk's loss
 // statistics taken (and summed over the vocabulary shards) before the next overwrites them.
+// A training step passes its loss_scale (as head_backward's): where
+// detail::logit_gradient_in_forward, the pass that takes the statistics also leaves the
+// logits' gradient in their place; without one (generation) the logits stay.
 template <class Exec, class XV>
 void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const FinalWeights<Exec>& w,
                   const HeadActs<Exec>& h, const XV& x, const Tokens<Exec>& targets, const Dims& d,
-                  const Workspace<Exec>& ws, const ShardCombine& tp) {
+                  const Workspace<Exec>& ws, const ShardCombine& tp, std::optional<float> loss_scale) {
   Kokkos::Profiling::pushRegion("lamina::head_forward");
   // Under sequence parallelism the norm's rows on this rank (as stored), gathered for the
   // head's product.
@@ -562,18 +587,24 @@ void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const Final
     const Mat<Exec> logits = row_chunk(h.logits, 0, n);
     const Vec<Exec> rowmax = row_chunk(h.rowmax, r0, n), sumexp = row_chunk(h.sumexp, r0, n),
                     target = row_chunk(h.target, r0, n);
+    const Tokens<Exec> chunk_targets(targets.data() + r0, n);
+    const MatRef<Exec> weight = detail::head_weight(e, w);
     detail::with_final_norm(h, [&](const auto& lnf) {
-      tied_head_forward(exec, logits, row_chunk(lnf, r0, n), w.lm_head.rows() > 0 ? w.lm_head : e.wte, d.products,
-                        ws.widened);
+      tied_head_forward(exec, logits, row_chunk(lnf, r0, n), weight, d.products, ws.widened);
     });
-    if (tp.max) {
-      cross_entropy_row_max(exec, rowmax, logits);
-      detail::combine(exec, tp.max, rowmax);
-      cross_entropy_row_sumexp(exec, sumexp, logits, rowmax);
+    if (loss_scale && detail::logit_gradient_in_forward(d, tp)) {
+      cross_entropy_stats_and_gradient(exec, rowmax, sumexp, target, logits, chunk_targets, d.vocab_begin,
+                                       *loss_scale, detail::bf16_logit_gradient(d, weight));
     } else {
-      cross_entropy_row_stats(exec, rowmax, sumexp, logits);
+      if (tp.max) {
+        cross_entropy_row_max(exec, rowmax, logits);
+        detail::combine(exec, tp.max, rowmax);
+        cross_entropy_row_sumexp(exec, sumexp, logits, rowmax);
+      } else {
+        cross_entropy_row_stats(exec, rowmax, sumexp, logits);
+      }
+      cross_entropy_target_logit(exec, target, logits, chunk_targets, d.vocab_begin);
     }
-    cross_entropy_target_logit(exec, target, logits, Tokens<Exec>(targets.data() + r0, n), d.vocab_begin);
     detail::combine(exec, tp.sum, sumexp);
     detail::combine(exec, tp.sum, target);
   });
@@ -581,19 +612,20 @@ void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const Final
   Kokkos::Profiling::popRegion();
 }
 
-// loss_scale: d(objective)/d(loss_i), e.g. 1 / (positions in the global batch).
-// Leaves d objective / d(x) in dres. In chunks of rows as head_forward, each chunk's logits
-// computed again where there are several (one chunk: the forward's are still there).
+// loss_scale: d(objective)/d(loss_i), e.g. 1 / (positions in the global batch), as
+// head_forward was given it. Leaves d objective / d(x) in dres. In chunks of rows as
+// head_forward, each chunk's logits computed again where there are several (one chunk: the
+// forward's are still there, or their gradient where head_forward wrote it).
 template <class Exec, class XV>
 void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const FinalNormTensors<Exec>& g,
                    const EmbeddingWeights<Exec>& e, const FinalWeights<Exec>& w, const HeadActs<Exec>& h,
                    const XV& x, const Mat<Exec>& dres, const Tokens<Exec>& targets, const Dims& d,
                    const Workspace<Exec>& ws, float loss_scale, const ShardCombine& tp) {
   Kokkos::Profiling::pushRegion("lamina::head_backward");
-  const bool untied = w.lm_head.rows() > 0;
-  const MatRef<Exec> weight = untied ? w.lm_head : e.wte;
-  const Mat<Exec> dweight = untied ? g.lm_head : ge.wte;
+  const MatRef<Exec> weight = detail::head_weight(e, w);
+  const Mat<Exec> dweight = w.lm_head.rows() > 0 ? g.lm_head : ge.wte;
   const bool again = d.logit_rows() < d.N();
+  const bool written = detail::logit_gradient_in_forward(d, tp);
   detail::for_each_logit_chunk(d, [&](std::int64_t r0, std::int64_t n) {
     using detail::row_chunk;
     const Mat<Exec> logits = row_chunk(h.logits, 0, n), dln = row_chunk(ws.dln, r0, n);
@@ -602,14 +634,14 @@ void head_backward(const Exec& exec, const EmbeddingTensors<Exec>& ge, const Fin
     detail::with_final_norm(h, [&](const auto& all) {
       const auto lnf = row_chunk(all, r0, n);
       if (again) tied_head_forward(exec, logits, lnf, weight, d.products, ws.widened);
-      if (d.products == ProductMath::bf16 && weight.bf16() && detail::bf16_engine<Exec>()) {
+      if (detail::bf16_logit_gradient(d, weight)) {
         // The logits' gradient rounded where it is computed, and read by both products as it is.
-        cross_entropy_backward_bf16(exec, logits, lse, chunk_targets, d.vocab_begin, loss_scale);
+        if (!written) cross_entropy_backward_bf16(exec, logits, lse, chunk_targets, d.vocab_begin, loss_scale);
         head_backward_products_bf16(exec, reinterpret_cast<const std::uint16_t*>(logits.data()),
                                     2 * static_cast<std::int64_t>(logits.extent(1)), weight, lnf, dln, dweight,
                                     ws.widened);
       } else {
-        cross_entropy_backward(exec, logits, logits, lse, chunk_targets, d.vocab_begin, loss_scale);
+        if (!written) cross_entropy_backward(exec, logits, logits, lse, chunk_targets, d.vocab_begin, loss_scale);
         tied_head_backward(exec, dln, dweight, logits, lnf, weight, d.products, ws.widened);
       }
     });
@@ -676,11 +708,12 @@ void range_embed_backward(const Exec& exec, const EmbeddingTensors<Exec>& g, con
 // The head on the range's output as stored.
 template <class Exec>
 void range_head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const FinalWeights<Exec>& w,
-                        const LayerRangeActs<Exec>& a, const Workspace<Exec>& ws, const ShardCombine& tp) {
+                        const LayerRangeActs<Exec>& a, const Workspace<Exec>& ws, const ShardCombine& tp,
+                        std::optional<float> loss_scale) {
   if (a.bf16()) {
-    head_forward(exec, e, w, a.head, a.output().b16, a.targets, a.dims(), ws, tp);
+    head_forward(exec, e, w, a.head, a.output().b16, a.targets, a.dims(), ws, tp, loss_scale);
   } else {
-    head_forward(exec, e, w, a.head, a.output().f32, a.targets, a.dims(), ws, tp);
+    head_forward(exec, e, w, a.head, a.output().f32, a.targets, a.dims(), ws, tp, loss_scale);
   }
 }
 

@@ -168,7 +168,8 @@ void Executor::give(const PoolEvent& e) {
   }
 }
 
-void Executor::forward(const Chunk& c, int layer, int mb, int buffer, const MicroBatchLoader& load) {
+void Executor::forward(const Chunk& c, int layer, int mb, int buffer, const MicroBatchLoader& load,
+                       float loss_scale) {
   const Exec exec;
   LayerRangeActs<Exec>& a = slot(c.index, mb);
   if (layer == first_layer(c)) {
@@ -198,7 +199,7 @@ void Executor::forward(const Chunk& c, int layer, int mb, int buffer, const Micr
   if (layer == 0) {
     range_embed_forward(exec, state_.embedding_weights(), a, ws, tp_);
   } else if (layer == final_) {
-    range_head_forward(exec, head_embedding(), state_.final_weights(ws.vectors), a, ws, tp_);
+    range_head_forward(exec, head_embedding(), state_.final_weights(ws.vectors), a, ws, tp_, loss_scale);
     sum_losses(exec, a.head, Kokkos::subview(losses_, static_cast<std::size_t>(mb)));
   } else {
     // Inner activations, written as stored: into the slot (keep), a scratch (recompute:
@@ -455,7 +456,7 @@ Completion Executor::execute(const Instruction& i, const MicroBatchLoader& load,
   ParameterStore& store = state_.store();
   Completion done;
   switch (i.op) {
-    case Op::forward: forward(part.chunk(i.chunk), i.layer, i.micro_batch, i.buffer, load); break;
+    case Op::forward: forward(part.chunk(i.chunk), i.layer, i.micro_batch, i.buffer, load, loss_scale); break;
     case Op::backward: backward(part.chunk(i.chunk), i.layer, i.micro_batch, i.buffer, loss_scale); break;
     case Op::recompute: recompute(part.chunk(i.chunk), i.layer, i.micro_batch); break;
     case Op::send_activation:

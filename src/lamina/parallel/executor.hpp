@@ -127,7 +127,7 @@ class Executor {
   void give(const PoolEvent& e);
   int first_layer(const Chunk& c) const { return c.embedding ? 0 : static_cast<int>(c.first_block) + 1; }
   ActivationPolicy policy(std::int64_t block) const;
-  void forward(const Chunk& c, int layer, int mb, int buffer, const MicroBatchLoader& load);
+  void forward(const Chunk& c, int layer, int mb, int buffer, const MicroBatchLoader& load, float loss_scale);
   void backward(const Chunk& c, int layer, int mb, int buffer, float loss_scale);
   void recompute(const Chunk& c, int layer, int mb);
   // Block b's activations for its backward, as its policy and the instructions before left

@@ -268,13 +268,22 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   embed_forward_ = (o.tp == 1 ? lookup : 3 * 4 + (bf16_ ? 6 : 0)) * N * C / bandwidth + embed_tp;
   embed_backward_ = 3 * 4 * N * C / bandwidth + (sp ? fp32_half : 0.0);
   const double logits = 4.0 * N * V;  // bytes of this rank's logits
-  head_forward_ = 2 * N * C * V / gemm + (4 * logits + 4 * 4 * N * C + convert_head) / bandwidth + head_gather;
-  // The logits read, their gradient written and read by the products: in fp32, or (a bf16
-  // engine) rounded to bf16 as the cross-entropy backward writes it.
-  const double logit_gradient = bf16_ && machine.bf16_products() ? 2 * logits : 3 * logits;
-  head_backward_ = 4 * N * C * V / gemm + (logit_gradient + 4 * 4 * N * C + convert_head_backward) / bandwidth + embed_tp;
+  // Their gradient: fp32 over them, or (a bf16 engine) rounded to bf16 as it is written.
+  const double gradient = bf16_ && machine.bf16_products() ? logits / 2 : logits;
+  // Forward the product writes the logits and their statistics read them: once where the
+  // vocabulary is not split over ranks, twice where it is (the group's maximum between). In
+  // one chunk of rows an unsplit vocabulary's pass also writes the gradient, which backward's
+  // products read; otherwise backward reads the logits and writes the gradient first.
+  const bool split = o.tp > 1, chunked = d.logit_rows() < d.N(), in_forward = !split && !chunked;
+  head_forward_ = 2 * N * C * V / gemm +
+                  ((split ? 3 : 2) * logits + (in_forward ? gradient : 0.0) + 4 * 4 * N * C + convert_head) / bandwidth +
+                  head_gather;
+  head_backward_ = 4 * N * C * V / gemm +
+                   ((in_forward ? 0.0 : logits + gradient) + gradient + 4 * 4 * N * C + convert_head_backward) /
+                       bandwidth +
+                   embed_tp;
   // In chunks of rows (model.loss_chunk), backward computes the logits again, chunk by chunk.
-  if (d.logit_rows() < d.N()) head_backward_ += 2 * N * C * V / gemm + logits / bandwidth;
+  if (chunked) head_backward_ += 2 * N * C * V / gemm + logits / bandwidth;
   for (const MeasuredCosts& m : measured) {
     if (m.micro_batch_size != o.micro_batch_size || m.tp != o.tp || m.sequence_parallel != sp || m.cp != o.cp) continue;
     forward_parts_ = backward_parts_ = Parts{};

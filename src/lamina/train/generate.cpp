@@ -58,7 +58,8 @@ class OneSequence {
       state_.store().release(l);
     }
     state_.store().hold(last).wait();
-    range_head_forward(exec, state_.embedding_weights(), state_.final_weights(ws.vectors), acts_, ws, whole);
+    range_head_forward(exec, state_.embedding_weights(), state_.final_weights(ws.vectors), acts_, ws, whole,
+                       std::nullopt);  // the logits, not their gradient
     exec.fence();
     state_.store().release(last);
     state_.store().release(0);

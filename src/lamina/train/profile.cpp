@@ -122,6 +122,9 @@ MachineSpec measure_machine(MPI_Comm comm, const Log& log, CommBackend backend) 
 
 namespace {
 
+// d(objective)/d(loss_i) for the head's forward and backward, as a step of 1000 positions.
+constexpr float kLossScale = 1e-3f;
+
 // One layer of each kind as tensor-parallel rank `tp_rank` of `tp` holds it, combined with
 // the others by `combine` (tp 1: alone), at each micro-batch size. Alone, each piece starts
 // from evicted caches; in a group (`together` lines its ranks up) a repetition's pieces run
@@ -219,8 +222,8 @@ std::vector<MeasuredCosts> profile_shard(const ModelConfig& full, Precision prec
       };
       timed(0, [&] { range_embed_forward(exec, we, a, w, combine); });
       timed(1, [&] { range_block_forward(exec, block_weights(), a, 0, a.kept_inner(0), true, w, combine); });
-      timed(2, [&] { range_head_forward(exec, we, final_weights(), a, w, combine); });
-      timed(3, [&] { range_head_backward(exec, ge, gf, we, final_weights(), a, a.dres, w, 1e-3f, combine); });
+      timed(2, [&] { range_head_forward(exec, we, final_weights(), a, w, combine, kLossScale); });
+      timed(3, [&] { range_head_backward(exec, ge, gf, we, final_weights(), a, a.dres, w, kLossScale, combine); });
       timed(4, [&] {
         range_block_backward(exec, gb, block_weights(), a, 0, a.kept_inner(0), a.dres, w, combine);
       });

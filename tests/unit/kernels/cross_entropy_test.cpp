@@ -1,5 +1,7 @@
 #include "lamina/kernels/cross_entropy.hpp"
 
+#include <cstring>
+
 #include "fd_check.hpp"
 
 namespace lamina::test {
@@ -149,6 +151,59 @@ TYPED_TEST(CrossEntropyTest, Bf16BackwardRoundsTheGradientIntoItsOwnRow) {
       for (int j = 0; j < V; ++j) wrong += got(2 * i * V + j) != to_bf16(static_cast<float>(w[i * V + j]));
     }
     EXPECT_EQ(wrong, 0);
+  }
+}
+
+// A training step's forward pass over the logits that also writes their gradient (llm.c's
+// fused classifier): the statistics, target logits and gradient the separate passes give, bit
+// for bit, in fp32 and rounded to bf16 into each row's first half; targets as above.
+TYPED_TEST(CrossEntropyTest, StatsAndGradientInOnePassEqualTheSeparatePasses) {
+  using Exec = TypeParam;
+  using Mem = typename Exec::memory_space;
+  for (const int V : {13, 1000, 2500}) {
+    SCOPED_TRACE(V);
+    const int N = 5, begin = 2;
+    const float scale = 0.2f;
+    const auto logits = random_vector(N * V, 53, -4, 4);
+    Kokkos::View<std::int32_t*, Kokkos::LayoutRight, Mem> dt("targets", N);
+    auto ht = Kokkos::create_mirror_view(dt);
+    const int targets[N] = {begin + 3, begin + 10, begin + V - 1, begin - 1, begin + V};
+    for (int i = 0; i < N; ++i) ht(i) = targets[i];
+    Kokkos::deep_copy(dt, ht);
+    // The separate passes: statistics, target logits, the loss's log-sum-exp, then backward.
+    auto want = to_device<Exec>(logits), want16 = to_device<Exec>(logits);
+    const Mat<Exec> w = as_mat<Exec>(want.data(), N, V);
+    Vec<Exec> mx("mx", N), sum("sum", N), tl("tl", N), losses("losses", N), lse("lse", N);
+    cross_entropy_row_stats(Exec(), mx, sum, w);
+    cross_entropy_target_logit(Exec(), tl, w, dt, begin);
+    cross_entropy_forward(Exec(), losses, lse, mx, sum, tl);
+    cross_entropy_backward(Exec(), w, w, lse, dt, begin, scale);
+    cross_entropy_backward_bf16(Exec(), as_mat<Exec>(want16.data(), N, V), lse, dt, begin, scale);
+    for (const bool bf16 : {false, true}) {
+      SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+      auto got = to_device<Exec>(logits);
+      Vec<Exec> mx1("mx1", N), sum1("sum1", N), tl1("tl1", N);
+      cross_entropy_stats_and_gradient(Exec(), mx1, sum1, tl1, as_mat<Exec>(got.data(), N, V), dt, begin, scale, bf16);
+      EXPECT_EQ(to_host(mx1), to_host(mx));
+      EXPECT_EQ(to_host(sum1), to_host(sum));
+      EXPECT_EQ(to_host(tl1), to_host(tl));
+      int wrong = 0;
+      if (bf16) {  // the first half of each row's memory, as bits
+        auto bits = [&](const auto& v) {
+          const Bf16Vec<Exec> b(reinterpret_cast<std::uint16_t*>(v.data()), static_cast<std::size_t>(2 * N * V));
+          return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+        };
+        const auto g = bits(got), r = bits(want16);
+        for (int i = 0; i < N; ++i) {
+          for (int j = 0; j < V; ++j) wrong += g(2 * i * V + j) != r(2 * i * V + j);
+        }
+      } else {
+        const auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), got);
+        const auto r = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), want);
+        for (int k = 0; k < N * V; ++k) wrong += std::memcmp(&g(k), &r(k), sizeof(float)) != 0;
+      }
+      EXPECT_EQ(wrong, 0);
+    }
   }
 }
 

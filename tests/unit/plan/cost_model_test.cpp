@@ -90,16 +90,19 @@ Conversions conversions(double N, double C, double tp, double scores) {
   return {6 * 3 * N * A + staged, staged + 6 * N * (2 * C + F + 3 * A)};
 }
 
-// The head's backward: its two products, the logits read, their gradient written and read by
-// the products (bf16 with a bf16 engine, rounded as the cross-entropy backward writes it: 2 +
-// 2 of the 4 + 4 + 4 bytes an fp32 run moves) and the final norm's passes; the weight's
-// gradient reads the final norm's output as stored, in bf16, with nothing to round.
-TEST(CostModel, HeadBackwardMovesTheLogitGradientInTheProductsPrecision) {
+// The head in one chunk of rows, its vocabulary on one rank: forward the product writes the
+// logits, one pass reads them for their statistics and writes their gradient over them (bf16
+// with a bf16 engine: 2 of the 4 bytes an fp32 run writes); backward its two products read
+// the gradient, and the final norm's passes run; the weight's gradient reads the final norm's
+// output as stored, in bf16, with nothing to round.
+TEST(CostModel, HeadMovesTheLogitGradientInTheProductsPrecision) {
   const double N = 2048, C = 1024, V = 32768, bandwidth = 2e12 * 0.5, logits = 4 * N * V;
   const CostModel b(model(), plan(1, 1, 1, Precision::bf16), machine());
-  EXPECT_NEAR(b.head_backward(), 4 * N * C * V / (400e12 * 0.5) + (2 * logits + 16 * N * C) / bandwidth, 1e-12);
+  EXPECT_NEAR(b.head_forward(), 2 * N * C * V / (400e12 * 0.5) + (2.5 * logits + 16 * N * C) / bandwidth, 1e-12);
+  EXPECT_NEAR(b.head_backward(), 4 * N * C * V / (400e12 * 0.5) + (0.5 * logits + 16 * N * C) / bandwidth, 1e-12);
   const CostModel f(model(), plan(1, 1, 1, Precision::fp32), machine());
-  EXPECT_NEAR(f.head_backward(), 4 * N * C * V / (100e12 * 0.5) + (3 * logits + 16 * N * C) / bandwidth, 1e-12);
+  EXPECT_NEAR(f.head_forward(), 2 * N * C * V / (100e12 * 0.5) + (3 * logits + 16 * N * C) / bandwidth, 1e-12);
+  EXPECT_NEAR(f.head_backward(), 4 * N * C * V / (100e12 * 0.5) + (logits + 16 * N * C) / bandwidth, 1e-12);
 }
 
 TEST(CostModel, BlockForwardIsItsGemmsAttentionAndElementwisePasses) {
@@ -432,16 +435,19 @@ TEST(CostModel, StagedContextParallelismExposesEveryPassAndHalvesTheScores) {
 }
 
 // The loss in chunks of rows (model.loss_chunk): the head's backward computes the logits
-// again, its product and the logits' bytes once more; the forward as before.
+// again, its product and the logits' bytes once more, then reads them and writes their
+// gradient. In one chunk the forward's pass over the logits writes the gradient instead.
 TEST(CostModel, LossChunksPriceTheHeadsProductAgainInBackward) {
   ModelConfig m = model();
   const CostModel whole(m, plan(1, 1, 1, Precision::bf16), machine());
   m.loss_chunk = 256;
   const CostModel chunked(m, plan(1, 1, 1, Precision::bf16), machine());
-  EXPECT_DOUBLE_EQ(chunked.head_forward(), whole.head_forward());
-  // 2048 rows, C = 1024, V = 32768: bf16 products at 200 TFLOP/s, 1 TB/s for the fp32 logits.
+  // 2048 rows, C = 1024, V = 32768: bf16 products at 200 TFLOP/s, 1 TB/s for the fp32 logits
+  // and their bf16 gradient.
   const double N = 2048, C = 1024, V = 32768;
-  EXPECT_NEAR(chunked.head_backward() - whole.head_backward(), 2 * N * C * V / 200e12 + 4 * N * V / 1e12, 1e-15);
+  EXPECT_NEAR(whole.head_forward() - chunked.head_forward(), 2 * N * V / 1e12, 1e-15);
+  EXPECT_NEAR(chunked.head_backward() - whole.head_backward(),
+              2 * N * C * V / 200e12 + (4 + 4 + 2) * N * V / 1e12, 1e-15);
 }
 
 TEST(CostModel, CollectivesUseTheLinkTheirGroupSpans) {
