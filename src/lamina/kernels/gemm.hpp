@@ -252,6 +252,18 @@ std::int64_t summed_columns(const Exec& exec, std::int64_t cols) {
   return std::max<std::int64_t>(16, ((cols + threads - 1) / threads + 15) / 16 * 16);
 }
 
+// dst(c) += column c of a host's partial sums (blocks, cols), its blocks added in order: the
+// second stage of the sums a host takes by blocks of rows (narrow_rows_summed, norm_backward).
+template <class Exec>
+void add_block_sums(const Exec& exec, const Vec<Exec>& dst, const float* partials, std::int64_t blocks,
+                    std::int64_t cols) {
+  const std::int64_t block = summed_columns(exec, cols);
+  Kokkos::parallel_for("lamina::add_column_partials",
+                       Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, (cols + block - 1) / block),
+                       ColumnSums<Exec, float>{dst, MatOf<Exec, const float>(partials, blocks, cols), blocks, cols,
+                                               block});
+}
+
 // Column sums in two stages, each in a fixed order: blocks of up to kColumnBlockRows rows
 // summed into `partials` (block, column), then each column's blocks added in order. Fewer
 // blocks where `partials` holds fewer.
@@ -306,11 +318,7 @@ void narrow_rows_summed(const Exec& exec, std::uint16_t* dst, const AV& src, std
                        NarrowRowBlocksSummed<Exec, AV, G>{Bf16Vec<Exec>(dst, static_cast<std::size_t>(rows * cols)), src,
                                                           partials.data(), r0, rows, cols,
                                                           (rows + blocks - 1) / blocks, gate});
-  const std::int64_t block = summed_columns(exec, cols);
-  Kokkos::parallel_for("lamina::add_column_partials",
-                       Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, (cols + block - 1) / block),
-                       ColumnSums<Exec, float>{sums, MatOf<Exec, const float>(partials.data(), blocks, cols), blocks,
-                                               cols, block});
+  add_block_sums(exec, sums, partials.data(), blocks, cols);
 }
 
 }  // namespace detail

@@ -81,14 +81,8 @@ void norm_backward(const char* name, const Exec& exec, const Backward& backward,
       Kokkos::parallel_for(name, Range<Exec>(exec, 0, blocks),
                            NormBackwardBlocks<Exec, Backward, D>{backward, dout, scratch.data(), N, C, blocks,
                                                                  (N + blocks - 1) / blocks, bias});
-      const std::int64_t block = detail::summed_columns(exec, C);
-      const auto add = [&](const Vec<Exec>& dst, const float* sums) {
-        Kokkos::parallel_for("lamina::add_column_partials", Range<Exec>(exec, 0, (C + block - 1) / block),
-                             detail::ColumnSums<Exec, float>{dst, MatOf<Exec, const float>(sums, blocks, C), blocks, C,
-                                                             block});
-      };
-      add(dweight, scratch.data());
-      if (bias) add(dbias, scratch.data() + blocks * C);
+      detail::add_block_sums(exec, dweight, scratch.data(), blocks, C);
+      if (bias) detail::add_block_sums(exec, dbias, scratch.data() + blocks * C, blocks, C);
       return;
     }
   }
