@@ -582,13 +582,13 @@ void head_forward(const Exec& exec, const EmbeddingWeights<Exec>& e, const Final
     block_norm_forward(exec, d, lnf, h.lnf_mean, h.lnf_rstd, x, w.w, w.b);
     detail::all_rows<Exec, typename V::value_type>(exec, tp, lnf, all);
   });
+  const MatRef<Exec> weight = detail::head_weight(e, w);
   detail::for_each_logit_chunk(d, [&](std::int64_t r0, std::int64_t n) {
     using detail::row_chunk;
     const Mat<Exec> logits = row_chunk(h.logits, 0, n);
     const Vec<Exec> rowmax = row_chunk(h.rowmax, r0, n), sumexp = row_chunk(h.sumexp, r0, n),
                     target = row_chunk(h.target, r0, n);
     const Tokens<Exec> chunk_targets(targets.data() + r0, n);
-    const MatRef<Exec> weight = detail::head_weight(e, w);
     detail::with_final_norm(h, [&](const auto& lnf) {
       tied_head_forward(exec, logits, row_chunk(lnf, r0, n), weight, d.products, ws.widened);
     });
