@@ -119,23 +119,29 @@ TYPED_TEST(CrossEntropyTest, ForwardAndBackwardMatchDoubleReferenceAndFiniteDiff
   }
 }
 
+// Targets of five rows against a vocabulary shard of V columns from `begin`: in a row's first
+// block, its last element, and before or past the shard's columns.
+template <class Exec>
+Kokkos::View<std::int32_t*, Kokkos::LayoutRight, typename Exec::memory_space> shard_targets(int V, int begin) {
+  Kokkos::View<std::int32_t*, Kokkos::LayoutRight, typename Exec::memory_space> dt("targets", 5);
+  auto ht = Kokkos::create_mirror_view(dt);
+  const int targets[5] = {begin + 3, begin + 10, begin + V - 1, begin - 1, begin + V};
+  for (int i = 0; i < 5; ++i) ht(i) = targets[i];
+  Kokkos::deep_copy(dt, ht);
+  return dt;
+}
+
 // bf16 runs whose products read the gradient as stored: each row's gradients rounded into
 // the first half of the row's own memory, bit for bit what rounding cross_entropy_backward's
 // output gives. Rows long enough for a device team to take several blocks of them and a
-// host several chunks (the last one partial); targets in a row's first block, its last
-// element, and (a vocabulary shard from `begin`) before or past the shard's columns.
+// host several chunks (the last one partial); shard_targets' targets.
 TYPED_TEST(CrossEntropyTest, Bf16BackwardRoundsTheGradientIntoItsOwnRow) {
   using Exec = TypeParam;
-  using Mem = typename Exec::memory_space;
   for (const int V : {13, 1000, 2500}) {
     SCOPED_TRACE(V);
     const int N = 5, begin = 2;
     const auto logits = random_vector(N * V, 52, -4, 4);
-    Kokkos::View<std::int32_t*, Kokkos::LayoutRight, Mem> dt("targets", N);
-    auto ht = Kokkos::create_mirror_view(dt);
-    const int targets[N] = {begin + 3, begin + 10, begin + V - 1, begin - 1, begin + V};
-    for (int i = 0; i < N; ++i) ht(i) = targets[i];
-    Kokkos::deep_copy(dt, ht);
+    const auto dt = shard_targets<Exec>(V, begin);
     auto dl = to_device<Exec>(logits);
     Vec<Exec> losses, lse;
     sharded_forward<Exec>(as_mat<Exec>(dl.data(), N, V), dt, {0, V}, losses, lse);
@@ -156,20 +162,15 @@ TYPED_TEST(CrossEntropyTest, Bf16BackwardRoundsTheGradientIntoItsOwnRow) {
 
 // A training step's forward pass over the logits that also writes their gradient (llm.c's
 // fused classifier): the statistics, target logits and gradient the separate passes give, bit
-// for bit, in fp32 and rounded to bf16 into each row's first half; targets as above.
+// for bit, in fp32 and rounded to bf16 into each row's first half; shard_targets' targets.
 TYPED_TEST(CrossEntropyTest, StatsAndGradientInOnePassEqualTheSeparatePasses) {
   using Exec = TypeParam;
-  using Mem = typename Exec::memory_space;
   for (const int V : {13, 1000, 2500}) {
     SCOPED_TRACE(V);
     const int N = 5, begin = 2;
     const float scale = 0.2f;
     const auto logits = random_vector(N * V, 53, -4, 4);
-    Kokkos::View<std::int32_t*, Kokkos::LayoutRight, Mem> dt("targets", N);
-    auto ht = Kokkos::create_mirror_view(dt);
-    const int targets[N] = {begin + 3, begin + 10, begin + V - 1, begin - 1, begin + V};
-    for (int i = 0; i < N; ++i) ht(i) = targets[i];
-    Kokkos::deep_copy(dt, ht);
+    const auto dt = shard_targets<Exec>(V, begin);
     // The separate passes: statistics, target logits, the loss's log-sum-exp, then backward.
     auto want = to_device<Exec>(logits), want16 = to_device<Exec>(logits);
     const Mat<Exec> w = as_mat<Exec>(want.data(), N, V);
