@@ -212,7 +212,8 @@ struct HeadActs {
   Mat<Exec> lnf;
   Mat16<Exec> lnf16;
   Vec<Exec> lnf_mean, lnf_rstd;     // (R) the stream's rows on this rank
-  Mat<Exec> logits;                 // (logit_rows, V): a chunk of rows at a time; holds dlogits during backward
+  // (logit_rows, V): a chunk of rows at a time; then their gradient, for backward's products
+  Mat<Exec> logits;
   Vec<Exec> rowmax, sumexp, target; // (N) loss statistics, combined over tensor-parallel ranks
   Vec<Exec> losses, lse;            // (N)
 };
