@@ -86,6 +86,11 @@ std::vector<double> widened_to_host(const View& d) {
   return v;
 }
 
+// GPT-2's GELU (the tanh form) in double precision.
+inline double gelu_reference(double x) {
+  return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
 // ||a - b|| / ||b||
 inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
   double num = 0, den = 0;

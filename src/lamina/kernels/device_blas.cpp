@@ -1,5 +1,6 @@
 #include "lamina/kernels/device_blas.hpp"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -104,6 +105,143 @@ void device_gemm_bf16_rounded(cudaStream_t stream, const RowMajorGemm& g, const 
                               const std::uint16_t* b, std::uint16_t* c, const GemmBatch& batch) {
   if (g.beta != 0.0f) throw std::logic_error("lamina::device_gemm_bf16_rounded: beta must be 0");
   gemm_bf16_operands(stream, g, a, b, c, CUDA_R_16BF, batch);
+}
+
+namespace {
+
+// cuBLASLt's handle, as cuBLAS's: one per process, destroyed when Kokkos finalizes.
+cublasLtHandle_t& lt_handle_slot() {
+  static cublasLtHandle_t h = nullptr;
+  return h;
+}
+
+cublasLtHandle_t lt_handle() {
+  cublasLtHandle_t& h = lt_handle_slot();
+  if (h == nullptr) {
+    check(cublasLtCreate(&h), "cublasLtCreate");
+    Kokkos::push_finalize_hook([] {
+      cublasLtDestroy(lt_handle_slot());
+      lt_handle_slot() = nullptr;
+    });
+  }
+  return h;
+}
+
+enum class Epilogue { bias, bias_gelu };
+
+template <class T>
+void set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t what, const T& value) {
+  check(cublasLtMatmulDescSetAttribute(d, what, &value, sizeof(value)), "cublasLtMatmulDescSetAttribute");
+}
+
+// One cuBLASLt product's descriptors, destroyed with it. Row-major C = A op(B) is column-major
+// C^T = op(B)^T A^T (as device_gemm): cuBLASLt's A is our B, its D (and C, not read: beta 0)
+// our C, and a bias per column of our C one per row of its D, as the epilogue adds it. No
+// workspace: the products share no buffer across streams, and the memory plan holds none.
+class LtProduct {
+ public:
+  LtProduct(const RowMajorGemm& g, Epilogue epilogue, const float* bias, std::uint16_t* pre) {
+    check(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    const cublasOperation_t ta = op(g.tb), tb = op(g.ta);
+    set(op_, CUBLASLT_MATMUL_DESC_TRANSA, ta);
+    set(op_, CUBLASLT_MATMUL_DESC_TRANSB, tb);
+    set(op_, CUBLASLT_MATMUL_DESC_EPILOGUE,
+        epilogue == Epilogue::bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
+    set(op_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    set(op_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(CUDA_R_32F));
+    if (epilogue == Epilogue::bias_gelu) {
+      set(op_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(pre));
+      set(op_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.ldc);
+    }
+    const std::uint64_t m = static_cast<std::uint64_t>(g.n), n = static_cast<std::uint64_t>(g.m),
+                        k = static_cast<std::uint64_t>(g.k);
+    const bool an = ta == CUBLAS_OP_N, bn = tb == CUBLAS_OP_N;
+    check(cublasLtMatrixLayoutCreate(&a_, CUDA_R_16BF, an ? m : k, an ? k : m, std::max<std::int64_t>(g.ldb, 1)),
+          "cublasLtMatrixLayoutCreate");
+    check(cublasLtMatrixLayoutCreate(&b_, CUDA_R_16BF, bn ? k : n, bn ? n : k, std::max<std::int64_t>(g.lda, 1)),
+          "cublasLtMatrixLayoutCreate");
+    check(cublasLtMatrixLayoutCreate(&c_, CUDA_R_16BF, m, n, std::max<std::int64_t>(g.ldc, 1)),
+          "cublasLtMatrixLayoutCreate");
+    check(cublasLtMatmulPreferenceCreate(&preference_), "cublasLtMatmulPreferenceCreate");
+  }
+  LtProduct(const LtProduct&) = delete;
+  LtProduct& operator=(const LtProduct&) = delete;
+  ~LtProduct() {
+    if (preference_ != nullptr) cublasLtMatmulPreferenceDestroy(preference_);
+    if (c_ != nullptr) cublasLtMatrixLayoutDestroy(c_);
+    if (b_ != nullptr) cublasLtMatrixLayoutDestroy(b_);
+    if (a_ != nullptr) cublasLtMatrixLayoutDestroy(a_);
+    if (op_ != nullptr) cublasLtMatmulDescDestroy(op_);
+  }
+
+  // The heuristics' first algorithm, or none (false) where it has none for this product.
+  bool choose() {
+    int found = 0;
+    const cublasStatus_t rc =
+        cublasLtMatmulAlgoGetHeuristic(lt_handle(), op_, a_, b_, c_, c_, preference_, 1, &choice_, &found);
+    if (rc == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+    check(rc, "cublasLtMatmulAlgoGetHeuristic");
+    return found > 0;
+  }
+
+  void run(cudaStream_t stream, float alpha, const std::uint16_t* a, const std::uint16_t* b, std::uint16_t* c) {
+    const float beta = 0.0f;
+    check(cublasLtMatmul(lt_handle(), op_, &alpha, b, a_, a, b_, &beta, c, c_, c, c_, &choice_.algo, nullptr, 0,
+                         stream),
+          "cublasLtMatmul");
+  }
+
+ private:
+  cublasLtMatmulDesc_t op_ = nullptr;
+  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
+  cublasLtMatmulPreference_t preference_ = nullptr;
+  cublasLtMatmulHeuristicResult_t choice_{};
+};
+
+void lt_product(cudaStream_t stream, const RowMajorGemm& g, Epilogue epilogue, const std::uint16_t* a,
+                const std::uint16_t* b, const float* bias, std::uint16_t* c, std::uint16_t* pre) {
+  if (g.beta != 0.0f) throw std::logic_error("lamina: a product with a bias epilogue overwrites C (beta 0)");
+  if (g.m == 0 || g.n == 0) return;
+  LtProduct p(g, epilogue, bias, pre);
+  if (!p.choose()) {
+    throw RunError(strprintf("cuBLASLt: no algorithm for a bf16 product of %lld x %lld x %lld with a%s epilogue",
+                             static_cast<long long>(g.m), static_cast<long long>(g.n), static_cast<long long>(g.k),
+                             epilogue == Epilogue::bias ? " bias" : " bias and GELU"));
+  }
+  p.run(stream, g.alpha, a, b, c);
+}
+
+// Whether the heuristics have an algorithm for the epilogue on a product of a transformer's
+// shape (operands and outputs of 256 columns; the pointers, not read, aligned).
+bool epilogue_supported(Epilogue epilogue) {
+  RowMajorGemm g;
+  g.m = g.n = g.k = 256;
+  g.lda = g.ldb = g.ldc = 256;
+  LtProduct p(g, epilogue, nullptr, nullptr);
+  return p.choose();
+}
+
+}  // namespace
+
+bool device_bias_epilogue() {
+  static const bool supported = epilogue_supported(Epilogue::bias);
+  return supported;
+}
+
+bool device_gelu_epilogue() {
+  static const bool supported = epilogue_supported(Epilogue::bias_gelu);
+  return supported;
+}
+
+void device_gemm_bf16_bias(cudaStream_t stream, const RowMajorGemm& g, const std::uint16_t* a,
+                           const std::uint16_t* b, const float* bias, std::uint16_t* c) {
+  lt_product(stream, g, Epilogue::bias, a, b, bias, c, nullptr);
+}
+
+void device_gemm_bf16_bias_gelu(cudaStream_t stream, const RowMajorGemm& g, const std::uint16_t* a,
+                                const std::uint16_t* b, const float* bias, std::uint16_t* pre, std::uint16_t* out) {
+  if (g.ldc % 8 != 0) throw std::logic_error("lamina: cuBLASLt keeps GELU's input at a leading dimension that is a multiple of 8");
+  lt_product(stream, g, Epilogue::bias_gelu, a, b, bias, out, pre);
 }
 
 }  // namespace lamina

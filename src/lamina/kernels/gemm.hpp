@@ -520,13 +520,26 @@ void gemm(const Exec& exec, const char* tb, float alpha, const ConstMat16<Exec>&
 }
 
 // Whether Exec's products in `math` can write bf16 (gemm_rounded), with a bias as their
-// epilogue where `bias`: a host's oneDNN on a CPU with bf16 instructions, with or without;
-// cuBLAS without (its bias epilogue is cuBLASLt's: not called yet). Elsewhere a bf16 output
-// is an fp32 product rounded by the kernel that reads it.
+// epilogue where `bias`: a host's oneDNN on a CPU with bf16 instructions; cuBLAS, and
+// cuBLASLt with a bias where its heuristics have the epilogue. Elsewhere a bf16 output is an
+// fp32 product rounded by the kernel that reads it.
 template <class Exec>
 bool rounding_products(ProductMath math, bool bias) {
-  if constexpr (kDeviceBlas<Exec>) return math == ProductMath::bf16 && !bias;
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (kDeviceBlas<Exec>) return math == ProductMath::bf16 && (!bias || device_bias_epilogue());
+#endif
   if constexpr (detail::kOnHost<Exec> && kHostDnnlLinked) return math == ProductMath::bf16 && host_bf16_products();
+  return false;
+}
+
+// Whether Exec's bf16 products can also apply GELU as their epilogue, writing its output and
+// keeping its input (gemm_rounded_gelu; both `ld` elements a row): cuBLASLt's, where `ld` is a
+// multiple of 8. A host's oneDNN writes one output: GELU runs as a pass of its own there.
+template <class Exec>
+bool gelu_epilogue([[maybe_unused]] ProductMath math, [[maybe_unused]] std::int64_t ld) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (kDeviceBlas<Exec>) return math == ProductMath::bf16 && ld % 8 == 0 && device_gelu_epilogue();
+#endif
   return false;
 }
 
@@ -549,12 +562,41 @@ void gemm_rounded(const Exec& exec, const char* tb, const ConstMat16<Exec>& A, c
   g.ldc = static_cast<std::int64_t>(C.stride_0());
 #if defined(KOKKOS_ENABLE_CUDA)
   if constexpr (kDeviceBlas<Exec>) {
-    device_gemm_bf16_rounded(exec.cuda_stream(), g, A.data(), B.b16.data(), C.data());
+    if (bias.data() != nullptr) {
+      device_gemm_bf16_bias(exec.cuda_stream(), g, A.data(), B.b16.data(), bias.data(), C.data());
+    } else {
+      device_gemm_bf16_rounded(exec.cuda_stream(), g, A.data(), B.b16.data(), C.data());
+    }
     return;
   }
 #endif
   exec.fence();  // the operands' producers, on this instance
   host_gemm_bf16_rounded(g, A.data(), B.b16.data(), C.data(), bias.data());
+}
+
+// pre = bf16(A @ B + bias) and out = bf16(gelu(A @ B + bias)) in one product, A and B stored in
+// bf16 (B: in x out), where gelu_epilogue<Exec>(ProductMath::bf16, pre's row length): GELU
+// (its tanh form) of the fp32 sums, as the product writes them.
+template <class Exec>
+void gemm_rounded_gelu([[maybe_unused]] const Exec& exec, const ConstMat16<Exec>& A, const MatRefArg<Exec>& B,
+                       const ConstVec<Exec>& bias, const Mat16<Exec>& pre, const Mat16<Exec>& out) {
+  const std::int64_t ld = static_cast<std::int64_t>(pre.stride_0());
+  if (!B.bf16() || bias.data() == nullptr || static_cast<std::int64_t>(out.stride_0()) != ld ||
+      !gelu_epilogue<Exec>(ProductMath::bf16, ld)) {
+    throw std::logic_error("lamina::gemm_rounded_gelu: needs a bf16 weight, a bias and a GELU epilogue");
+  }
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (kDeviceBlas<Exec>) {
+    RowMajorGemm g;
+    g.m = static_cast<std::int64_t>(A.extent(0));
+    g.n = static_cast<std::int64_t>(pre.extent(1));
+    g.k = static_cast<std::int64_t>(A.extent(1));
+    g.lda = static_cast<std::int64_t>(A.stride_0());
+    g.ldb = static_cast<std::int64_t>(B.b16.stride_0());
+    g.ldc = ld;
+    device_gemm_bf16_bias_gelu(exec.cuda_stream(), g, A.data(), B.b16.data(), bias.data(), pre.data(), out.data());
+  }
+#endif
 }
 
 // Whether backward_products rounds dY in a pass of its own (a bf16 engine and a bf16 W), the

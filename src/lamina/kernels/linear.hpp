@@ -83,6 +83,27 @@ void linear_forward(const Exec& exec, const Mat16<Exec>& out, const InV& inp, co
                        LinearBiasStore<Exec>{out, product, bias, bias.data() != nullptr});
 }
 
+// The MLP's first layer with GELU, stored in bf16: pre = inp @ weight + bias (kept for
+// backward) and out = gelu(pre). Where the products apply GELU as their epilogue
+// (gelu_epilogue: cuBLASLt), one product writes both; where they write bf16 with their bias
+// (rounding_products: a host's oneDNN), the product writes pre and one pass reads it for out;
+// else the product into `product` (N, F) fp32, and one pass adds the bias and writes both.
+template <class Exec>
+void linear_gelu_forward(const Exec& exec, const Mat16<Exec>& pre, const Mat16<Exec>& out,
+                         const ConstMat16<Exec>& inp, const MatRefArg<Exec>& weight, const ConstVec<Exec>& bias,
+                         ProductMath math, const Vec<Exec>& scratch, const Mat<Exec>& product) {
+  const bool has_bias = bias.data() != nullptr;
+  if (weight.bf16() && has_bias && gelu_epilogue<Exec>(math, static_cast<std::int64_t>(pre.stride_0()))) {
+    gemm_rounded_gelu(exec, inp, weight, bias, pre, out);
+  } else if (weight.bf16() && rounding_products<Exec>(math, has_bias)) {
+    gemm_rounded(exec, "N", inp, weight, bias, pre);
+    bias_gelu_forward(exec, pre, out, pre, ConstVec<Exec>());
+  } else {
+    detail::linear_product(exec, product, inp, weight, 0.0f, math, scratch);
+    bias_gelu_forward(exec, pre, out, product, bias);
+  }
+}
+
 // dinp: (N, IC) overwritten, fp32 or (where rounds_input_gradient) bf16; dweight: (IC, OC)
 // +=; dbias: (OC) +=, or empty when the caller reduces the bias gradient itself; inp: as
 // stored; partials: for the bias gradient's partial column sums (column_partials(N, OC), or

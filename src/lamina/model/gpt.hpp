@@ -400,31 +400,31 @@ void block_forward(const Exec& exec, const BlockWeights<Exec>& w, const BlockAct
                                                                w.ln2_b);
                                           }
                                         });
-  // The MLP's first product: where products round (a bf16 run on a host's oneDNN; on cuBLAS,
-  // SwiGLU's, which has no bias), it writes the kept pre-activation with its bias, which the
-  // activation reads; else the activation reads its fp32 output and adds the bias.
+  // The MLP's first product. bf16 runs: GELU's layer by linear_gelu_forward (one product
+  // where cuBLASLt applies bias and GELU as its epilogue); SwiGLU's, where products round, writes
+  // the kept [gate | up], which the activation reads. Else the activation reads the fp32
+  // product and adds the bias.
   const bool gelu = d.parts.mlp == MlpKind::gelu;
-  auto activate = [&](const auto& product, const ConstVec<Exec>& bias) {
-    if (gelu) {
-      bias_gelu_forward(exec, s.fch, s.fch_gelu, product, bias);
-    } else {
-      swiglu_forward(exec, s.fch, s.fch_gelu, product);
-    }
-  };
   const MatOf<Exec, T> ln2 = detail::all_rows(exec, tp, s.ln2, ws.template gathered_as<T>());
-  bool rounded = false;
+  const Mat<Exec> fc = detail::product_out<Exec>(s.fch, ws);
+  bool done = false;
   if constexpr (!std::is_same<T, float>::value) {
-    rounded = w.fc_w.bf16() && rounding_products<Exec>(s.products, gelu);
-    if (rounded) {
-      linear_forward(exec, s.fch, ln2, w.fc_w, gelu ? w.fc_b : ConstVec<Exec>(), s.products, ws.widened,
-                     Mat<Exec>());
-      activate(s.fch, ConstVec<Exec>());
+    if (gelu) {
+      linear_gelu_forward(exec, s.fch, s.fch_gelu, ln2, w.fc_w, w.fc_b, s.products, ws.widened, fc);
+      done = true;
+    } else if (w.fc_w.bf16() && rounding_products<Exec>(s.products, false)) {
+      linear_forward(exec, s.fch, ln2, w.fc_w, ConstVec<Exec>(), s.products, ws.widened, Mat<Exec>());
+      swiglu_forward(exec, s.fch, s.fch_gelu, s.fch);
+      done = true;
     }
   }
-  if (!rounded) {
-    const Mat<Exec> fc = detail::product_out<Exec>(s.fch, ws);
+  if (!done) {
     linear_forward(exec, fc, ln2, w.fc_w, ConstVec<Exec>(), s.products, ws.widened);
-    activate(fc, w.fc_b);
+    if (gelu) {
+      bias_gelu_forward(exec, s.fch, s.fch_gelu, fc, w.fc_b);
+    } else {
+      swiglu_forward(exec, s.fch, s.fch_gelu, fc);
+    }
   }
   detail::row_parallel_forward<Exec, T>(
       exec, tp, ws.fcproj, ws.attproj.data(), s.fch_gelu, w.fcproj_w, s.products, ws,

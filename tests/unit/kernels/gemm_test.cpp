@@ -119,8 +119,8 @@ TYPED_TEST(GemmTest, ProductsWithABf16WeightMatchDoubleReference) {
   }
 }
 
-// A product that writes bf16 with its bias (the epilogue of a host's oneDNN; cuBLAS's without
-// one): each output is the exact sum of the bf16 operands plus the fp32 bias, rounded to
+// A product that writes bf16 with its bias (the epilogue of a host's oneDNN or of cuBLASLt;
+// cuBLAS's without one): each output is the exact sum of the bf16 operands plus the fp32 bias, rounded to
 // nearest, within the fp32 sums' own error (which can tip a value onto the neighbouring bf16
 // one).
 TYPED_TEST(GemmTest, RoundingProductsWriteTheirSumAndBiasRoundedToBf16) {
@@ -131,7 +131,7 @@ TYPED_TEST(GemmTest, RoundingProductsWriteTheirSumAndBiasRoundedToBf16) {
   const auto bias = random_vector(n, 83);
   for (const char* tb : {"N", "T"}) {
     for (const bool with_bias : {true, false}) {
-      if (with_bias && !rounding_products<Exec>(ProductMath::bf16, true)) continue;  // cuBLAS: no bias epilogue
+      if (with_bias && !rounding_products<Exec>(ProductMath::bf16, true)) continue;  // no bias epilogue here
       SCOPED_TRACE(std::string(tb) + (with_bias ? ", bias" : ", no bias"));
       const bool bt = *tb == 'T';
       std::vector<double> stored(k * n);

@@ -412,6 +412,39 @@ TYPED_TEST(LinearTest, ProductsReadStoredBf16Activations) {
   EXPECT_LT(rel_error(to_host(de), want_de), 1e-6);
 }
 
+// The MLP's first layer with GELU stored in bf16 (linear_gelu_forward), as this space runs it:
+// one product with bias and GELU as its epilogue (cuBLASLt), the product with its bias and a
+// GELU pass (a host's oneDNN), or an fp32 product and one pass. The kept pre-activation is
+// the exact sum of the bf16 operands plus the fp32 bias rounded to nearest, within the fp32
+// sums' own error (a bf16 step); the output is GELU of it within a bf16 step of the output
+// and GELU's change over a step of its input (the epilogue takes GELU of the fp32 sums, the
+// passes of the stored ones). Rows of 24 (a multiple of 8, as cuBLASLt keeps GELU's input).
+TYPED_TEST(LinearTest, GeluLayerWritesItsPreActivationAndOutputInBf16) {
+  using Exec = TypeParam;
+  const int N = 9, IN = 40, F = 24;
+  const auto x = bf16_values(random_vector(N * IN, 141)), w = bf16_values(random_vector(IN * F, 142));
+  const auto bias = random_vector(F, 143);
+  auto x16 = to_device_bf16<Exec>(x), w16 = to_device_bf16<Exec>(w);
+  auto dbias = to_device<Exec>(bias);
+  auto scratch = to_device<Exec>(std::vector<double>(static_cast<std::size_t>(product_scratch<Exec>(N * IN, IN)), NAN));
+  auto stage = to_device<Exec>(std::vector<double>(N * F, NAN));
+  Bf16Vec<Exec> pre16("pre16", N * F), out16("out16", N * F);
+  linear_gelu_forward(Exec(), Mat16<Exec>(pre16.data(), N, F), Mat16<Exec>(out16.data(), N, F),
+                      ConstMat16<Exec>(x16.data(), N, IN), MatRef<Exec>(ConstMat16<Exec>(w16.data(), IN, F)), dbias,
+                      ProductMath::bf16, scratch, as_mat<Exec>(stage.data(), N, F));
+  const auto pre = widened_to_host(pre16), out = widened_to_host(out16);
+  for (int i = 0; i < N; ++i) {
+    for (int j = 0; j < F; ++j) {
+      double s = static_cast<float>(bias[j]);
+      for (int l = 0; l < IN; ++l) s += x[i * IN + l] * w[l * F + j];
+      const int e = i * F + j;
+      ASSERT_LE(std::abs(pre[e] - s), std::abs(s) / 128 + 1e-6) << i << ", " << j;
+      const double want = gelu_reference(s);
+      ASSERT_LE(std::abs(out[e] - want), std::abs(want) / 128 + 1.2 * std::abs(s) / 128 + 1e-6) << i << ", " << j;
+    }
+  }
+}
+
 // The column-parallel layers' input gradients written in bf16 for a bf16 tensor-parallel sum
 // (dinp a Mat16, where rounds_input_gradient): for a linear layer with a bias (its rows in
 // blocks of 3, 3, 1 through the scratch), the GELU-gated and the SwiGLU layer, each value
