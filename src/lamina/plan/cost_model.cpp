@@ -94,13 +94,12 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double KV = static_cast<double>(d.NKV * d.hd);
   const bool keys_gathered = d.context_parallel() && d.attention == AttentionProducts::staged;
   const double kv_copies = keys_gathered ? o.cp : 1.0;
-  // A bf16 engine writes a product's output in bf16 where it can (kernels/gemm.hpp,
-  // rounding_products): a host's oneDNN with the product's bias as its epilogue, cuBLAS where
-  // the product has no bias (a Llama block's QKV and [gate | up] products; the row-parallel
-  // partial results summed in bf16, whose biases join the residual). The activation then
-  // reads the kept pre-activation (SwiGLU: [gate | up]) as stored.
+  // A bf16 engine writes a product's output in bf16 with its bias as its epilogue
+  // (kernels/gemm.hpp, rounding_products: a host's oneDNN, a device's cuBLASLt). The activation
+  // then reads the kept pre-activation (SwiGLU: [gate | up]) as stored, but for a device's GELU,
+  // which the first MLP product's epilogue applies too (gelu_epilogue; rows a multiple of 8
+  // long): it writes the pre-activation beside its output, and no pass of GELU's own runs.
   const bool engine = bf16_ && machine.bf16_products(), rounding = engine && machine.device_is_host;
-  const bool qkv_written16 = engine && (rounding || !d.parts.bias);
   // Attention on a host's engine takes the softmax by row blocks whose products stop at the
   // block's last row: the rows read and write their fp32 scores only up to the diagonal (half
   // the (T, T) scores under the mask) and round the probabilities only as far (in place into
@@ -121,9 +120,10 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   const double norms = layernorm ? 2 * s * R * C + (3 * s + branch) * R * C
                                  : 2 * s * R * C + (2 * s + branch) * R * C + 2 * s * R * C;
   const double rotary = d.parts.position == PositionKind::rotary ? 2 * s * N * (A + KV) : 0.0;
-  const bool fc_written16 = engine && (rounding || swiglu);
-  const double mlp = fc_written16 ? (swiglu ? 3 * s * N * F : 2 * s * N * F)
-                                  : (swiglu ? (8 + 3 * s) * N * F : (4 + 2 * s) * N * F);
+  const bool gelu_epilogue = engine && !machine.device_is_host && !swiglu && d.F % 8 == 0;
+  const double mlp = gelu_epilogue ? s * N * F
+                     : engine      ? (swiglu ? 3 * s * N * F : 2 * s * N * F)
+                                   : (swiglu ? (8 + 3 * s) * N * F : (4 + 2 * s) * N * F);
   const double ew_forward =
       norms + (2 * s + branch) * R * C + 2 * s * N * (A + 2 * KV * kv_copies) + rotary + scores + mlp;
   // And of its backward, whose gradients are fp32: each norm's kernel reads the output's
@@ -194,8 +194,8 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // bf16 engine reads stored activations and weights as they are; it rounds the fp32
   // operands: each product's output gradient dY in backward (once for both of its products),
   // and at the head the logits' gradient (the final norm writes its output in bf16). The QKV
-  // projection's output is rounded into storage with its bias in a pass of its own, or as the
-  // product writes it (a host's engine; cuBLAS where it has no bias). Attention on a host's oneDNN reads q, k, v as
+  // projection's output is written in bf16 with its bias by an engine's product, else rounded
+  // into storage with its bias in a pass of its own. Attention on a host's oneDNN reads q, k, v as
   // stored, writes its output rounded as its products sum it, reads dy in bf16 as the output
   // projection's backward writes it (context parallelism's ring: a pass rounds it), rounds a row block's
   // score gradients (and, fused, its recomputed probabilities) in bf16 beside fp32 (2 bytes
@@ -218,7 +218,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
                                       : staged_engine ? 6 * N * A
                                                       : copies;
     const double read_activations = 6 * N * (2 * C + A + F);  // ln1, atty, ln2, gelu widened
-    const double qkv_rounded = qkv_written16 ? 0.0 : 6 * N * (A + 2 * KV);
+    const double qkv_rounded = engine ? 0.0 : 6 * N * (A + 2 * KV);
     convert_forward = qkv_rounded + attention_forward + (engine ? 0.0 : 6 * weights + read_activations) + sums_rounded;
     // Each product's output gradient rounded: the two projections' (dres), the MLP's first
     // (GELU's, or SwiGLU's [dgate | dup] unless written in bf16) and the QKV projection's.

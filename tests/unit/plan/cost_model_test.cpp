@@ -59,10 +59,14 @@ Plan plan(int dp, int tp, std::int64_t micro_batch, Precision p) {
 // layer norm after it (3 s + 4), a residual add (2 s + 4), the q/k/v scatter and gather, the
 // softmax over `scores` (0 fused; `bf16_scores`, staged products on a bf16 engine: the product
 // writes them in bf16 and the softmax reads them and writes the probabilities in place, 3 s),
-// the MLP's bias and GELU.
-double elementwise_bytes(double s, double N, double C, double tp, double scores, bool bf16_scores = false) {
+// the MLP's bias and GELU (read the fp32 product, write the pre-activation and the activation),
+// or, a device's bf16 engine (`gelu_epilogue`: cuBLASLt's), the pre-activation the product
+// writes beside the activation (s).
+double elementwise_bytes(double s, double N, double C, double tp, double scores, bool bf16_scores = false,
+                         bool gelu_epilogue = false) {
   const double A = C / tp, F = 4 * C / tp;
-  return (7 * s + 8) * N * C + 6 * s * N * A + (bf16_scores ? 3 * s : 8 + s) * scores + (4 + 2 * s) * N * F;
+  return (7 * s + 8) * N * C + 6 * s * N * A + (bf16_scores ? 3 * s : 8 + s) * scores +
+         (gelu_epilogue ? s : 4 + 2 * s) * N * F;
 }
 
 // And of its backward, whose gradients are fp32: two layer norms (each reads dout, dskip and x,
@@ -78,16 +82,16 @@ double elementwise_backward_bytes(double s, double N, double C, double tp, doubl
 }
 
 // The bytes a bf16 block still converts on a device with a bf16 engine (6 per element: the
-// fp32 side and the bf16 one): the QKV projection's output rounded with its bias; staged
-// attention's output and dy rounded (its products write the scores, dP and the score
-// gradients in bf16; `scores` 0: the fused kernels, which convert nothing); in backward each
-// product's output gradient dY (dres, dfch, dres, dqkv).
+// fp32 side and the bf16 one): staged attention's output and dy rounded (its products write
+// the scores, dP and the score gradients in bf16; `scores` 0: the fused kernels, which convert
+// nothing); in backward each product's output gradient dY (dres, dfch, dres, dqkv). (The QKV
+// projection writes its output in bf16 with its bias: cuBLASLt's epilogue.)
 struct Conversions {
   double forward, backward;
 };
 Conversions conversions(double N, double C, double tp, double scores) {
   const double A = C / tp, F = 4 * C / tp, staged = scores > 0 ? 6 * N * A : 0.0;
-  return {6 * 3 * N * A + staged, staged + 6 * N * (2 * C + F + 3 * A)};
+  return {staged, staged + 6 * N * (2 * C + F + 3 * A)};
 }
 
 // The head in one chunk of rows, its vocabulary on one rank: forward the product writes the
@@ -110,7 +114,7 @@ TEST(CostModel, BlockForwardIsItsGemmsAttentionAndElementwisePasses) {
   const double N = 2048, C = 1024, T = 2048, H = 16, bandwidth = 2e12 * 0.5;
   const double gemm = 24 * N * C * C / (400e12 * 0.5);  // qkv, projection, two MLP products
   const double attention = 4 * N * T * C / (400e12 * 0.25);
-  const double elementwise = elementwise_bytes(2, N, C, 1, H * T * T, true) / bandwidth;
+  const double elementwise = elementwise_bytes(2, N, C, 1, H * T * T, true, true) / bandwidth;
   const double elementwise_backward = elementwise_backward_bytes(2, N, C, 1, H * T * T, true) / bandwidth;
   const Conversions bf16 = conversions(N, C, 1, H * T * T);
   EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / bandwidth, 1e-12);
@@ -176,7 +180,7 @@ TEST(CostModel, FusedAttentionRecomputesTheScoresInsteadOfMovingThem) {
   const double gemm = 24 * N * C * C / (400e12 * 0.5);
   // A device's fused kernels compute at the fp32 rate, recomputing the scores twice in backward.
   const double attention = 4 * N * T * C / (100e12 * 0.25);
-  const double elementwise = elementwise_bytes(2, N, C, 1, 0) / bandwidth;
+  const double elementwise = elementwise_bytes(2, N, C, 1, 0, false, true) / bandwidth;
   const double elementwise_backward = elementwise_backward_bytes(2, N, C, 1, 0, true) / bandwidth;
   const Conversions bf16 = conversions(N, C, 1, 0);  // the fused kernels read and write bf16
   EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / bandwidth, 1e-12);
@@ -249,9 +253,9 @@ TEST(CostModel, AHostsBf16EngineReadsAttentionsStorageInPlace) {
 }
 
 // A host's engine (oneDNN) writes the QKV projection and the MLP's first product in bf16 with
-// their biases: no pass rounds the QKV output (6 bytes per element), and GELU reads the kept
-// bf16 pre-activation instead of the fp32 product (2 bytes, not 4, and no write of it).
-// Backward, the pass that rounds the MLP's output gradient (and sums its bias gradient)
+// their biases, as a device's (cuBLASLt) does, but GELU runs as a pass of its own, which reads
+// the kept bf16 pre-activation and writes the activation (2 + 2 bytes), where the device's
+// product writes the pre-activation beside the activation (2). Backward, the pass that rounds the MLP's output gradient (and sums its bias gradient)
 // applies GELU's derivative: no GELU pass reads the gradient and the pre-activation and writes
 // the gradient (4 + 2 + 4); the products' bias gradients are summed as their output gradients
 // are rounded: no reads of them (4 bytes) for the QKV, projection and MLP biases; and on a
@@ -268,7 +272,7 @@ TEST(CostModel, AHostsEngineWritesTheQkvAndMlpProductsInBf16) {
   const double N = 2048, C = 1024, F = 4 * C, bandwidth = 2e12 * 0.5;
   const CostModel d(model(), plan(1, 1, 1, Precision::bf16), machine()), h(model(), plan(1, 1, 1, Precision::bf16), host);
   const CostModel t(model(), plan(1, 1, 1, Precision::bf16), threads);
-  EXPECT_NEAR(d.block_forward() - h.block_forward(), (6 * 3 * N * C + 4 * N * F) / bandwidth, 1e-12);
+  EXPECT_NEAR(d.block_forward() - h.block_forward(), -2 * N * F / bandwidth, 1e-12);
   EXPECT_NEAR(d.block_backward() - h.block_backward(),
               ((4 + 2 + 4) * N * F + 2 * (4 + 4 + 4) * N * C + 4 * N * (3 * C + C + F + C)) / bandwidth, 1e-12);
   EXPECT_NEAR(t.block_forward(), h.block_forward(), 1e-12);
@@ -281,7 +285,7 @@ TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {
   const double N = 2048, C = 1024, T = 2048, H = 8, bandwidth = 2e12 * 0.5;  // 8 heads on each of the 2 ranks
   const double gemm = 24 * N * C * C / 2 / (400e12 * 0.5);
   const double attention = 4 * N * T * C / 2 / (400e12 * 0.25);
-  const double elementwise = elementwise_bytes(2, N, C, 2, H * T * T, true) / bandwidth;
+  const double elementwise = elementwise_bytes(2, N, C, 2, H * T * T, true, true) / bandwidth;
   const double elementwise_backward = elementwise_backward_bytes(2, N, C, 2, H * T * T, true) / bandwidth;
   // An all-reduce of the (N, C) fp32 residual over 2 ranks inside a node: 2 (p-1)/p of its
   // bytes, 2 (p-1) latency-bound steps; two per pass (Megatron's f and g).
