@@ -524,7 +524,7 @@ void gemm(const Exec& exec, const char* tb, float alpha, const ConstMat16<Exec>&
 // cuBLASLt with a bias where its heuristics have the epilogue. Elsewhere a bf16 output is an
 // fp32 product rounded by the kernel that reads it.
 template <class Exec>
-bool rounding_products(ProductMath math, bool bias) {
+bool rounding_products(ProductMath math, [[maybe_unused]] bool bias) {
 #if defined(KOKKOS_ENABLE_CUDA)
   if constexpr (kDeviceBlas<Exec>) return math == ProductMath::bf16 && (!bias || device_bias_epilogue());
 #endif
@@ -578,8 +578,9 @@ void gemm_rounded(const Exec& exec, const char* tb, const ConstMat16<Exec>& A, c
 // bf16 (B: in x out), where gelu_epilogue<Exec>(ProductMath::bf16, pre's row length): GELU
 // (its tanh form) of the fp32 sums, as the product writes them.
 template <class Exec>
-void gemm_rounded_gelu([[maybe_unused]] const Exec& exec, const ConstMat16<Exec>& A, const MatRefArg<Exec>& B,
-                       const ConstVec<Exec>& bias, const Mat16<Exec>& pre, const Mat16<Exec>& out) {
+void gemm_rounded_gelu([[maybe_unused]] const Exec& exec, [[maybe_unused]] const ConstMat16<Exec>& A,
+                       const MatRefArg<Exec>& B, const ConstVec<Exec>& bias, const Mat16<Exec>& pre,
+                       const Mat16<Exec>& out) {
   const std::int64_t ld = static_cast<std::int64_t>(pre.stride_0());
   if (!B.bf16() || bias.data() == nullptr || static_cast<std::int64_t>(out.stride_0()) != ld ||
       !gelu_epilogue<Exec>(ProductMath::bf16, ld)) {
