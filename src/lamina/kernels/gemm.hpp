@@ -272,6 +272,50 @@ inline std::int64_t column_blocks(std::int64_t rows, std::int64_t cols, std::int
   return std::max<std::int64_t>(1, std::min((rows + kColumnBlockRows - 1) / kColumnBlockRows, partials / cols));
 }
 
+// A device's column sums in two stages, each in a fixed order (deterministic): a team per
+// block of rows and tile of columns, each of its threads summing one column's rows in order
+// into `partials` (block, column); then each column adds its blocks' partial sums in order.
+// One block (partials too small for two) sums straight into dst.
+constexpr std::int64_t kColumnTile = 256;
+// Team `rank`'s share: block b of rows r0 .. r1, the tile of w columns from c0.
+struct ColumnTeamShare {
+  std::int64_t b, r0, r1, c0, w;
+};
+KOKKOS_INLINE_FUNCTION ColumnTeamShare column_team_share(std::int64_t rank, std::int64_t rows, std::int64_t cols,
+                                                         std::int64_t block_rows, std::int64_t tiles) {
+  const std::int64_t b = rank / tiles, c0 = (rank % tiles) * kColumnTile, r0 = b * block_rows;
+  return {b, r0, r0 + block_rows < rows ? r0 + block_rows : rows, c0, cols - c0 < kColumnTile ? cols - c0 : kColumnTile};
+}
+
+template <class Exec, class T>
+struct ColumnPartials {
+  MatOf<Exec, const T> M;
+  float* out;  // partials (blocks, cols), or dst itself (one block: added)
+  std::int64_t rows, cols, block_rows, tiles;
+  bool add;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    const ColumnTeamShare t = column_team_share(team.league_rank(), rows, cols, block_rows, tiles);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.w), [&](std::int64_t j) {
+      float sum = 0.0f;
+      for (std::int64_t i = t.r0; i < t.r1; ++i) sum += widen(M(i, t.c0 + j));
+      float& o = out[t.b * cols + t.c0 + j];
+      o = add ? o + sum : sum;
+    });
+  }
+};
+
+template <class Exec>
+struct AddColumnPartials {
+  Vec<Exec> dst;
+  ConstVec<Exec> partials;
+  std::int64_t blocks, cols;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t c) const {
+    float sum = 0.0f;
+    for (std::int64_t b = 0; b < blocks; ++b) sum += partials(b * cols + c);
+    dst(c) += sum;
+  }
+};
+
 // narrow_rows on a host with sums(j) += the gated values of column j over those rows: the
 // rounding of a product's output gradient that takes its bias gradient too, reading the
 // gradient once. A work item rounds a block of whole rows (their loops vectorize) and sums
@@ -303,6 +347,46 @@ struct NarrowRowBlocksSummed {
   }
 };
 
+// The same as a device takes it: ColumnPartials' teams (a block of rows by a tile of columns,
+// a thread per column walking its rows in order, coalesced), each rounding the gated values
+// into dst as it sums them; then each column adds its blocks' sums in order.
+template <class Exec, class AV, class G>
+struct NarrowColumnPartials {
+  Bf16Vec<Exec> dst;  // (rows, cols)
+  AV src;
+  float* partials;  // (blocks, cols)
+  std::int64_t r0, rows, cols, block_rows, tiles;
+  G gate;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
+    const ColumnTeamShare t = column_team_share(team.league_rank(), rows, cols, block_rows, tiles);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t.w), [&](std::int64_t c) {
+      const std::int64_t j = t.c0 + c;
+      float sum = 0.0f;
+      for (std::int64_t i = t.r0; i < t.r1; ++i) {
+        const float v = gate(src(r0 + i, j), r0 + i, j);
+        dst(i * cols + j) = to_bf16(v);
+        sum += v;
+      }
+      partials[t.b * cols + j] = sum;
+    });
+  }
+};
+
+template <class Exec, class AV, class G = NoGate>
+void narrow_rows_summed_by_tiles(const Exec& exec, std::uint16_t* dst, const AV& src, std::int64_t r0,
+                                 std::int64_t rows, const Vec<Exec>& sums, const Vec<Exec>& partials,
+                                 const G& gate = G{}) {
+  const std::int64_t cols = static_cast<std::int64_t>(src.extent(1));
+  const std::int64_t blocks = column_blocks(rows, cols, static_cast<std::int64_t>(partials.extent(0)));
+  const std::int64_t block_rows = (rows + blocks - 1) / blocks, tiles = (cols + kColumnTile - 1) / kColumnTile;
+  Kokkos::parallel_for("lamina::narrow_operand_and_sum", Teams<Exec>(exec, blocks * tiles, Kokkos::AUTO),
+                       NarrowColumnPartials<Exec, AV, G>{Bf16Vec<Exec>(dst, static_cast<std::size_t>(rows * cols)),
+                                                         src, partials.data(), r0, rows, cols, block_rows, tiles,
+                                                         gate});
+  Kokkos::parallel_for("lamina::add_column_partials", Range<Exec>(exec, 0, cols),
+                       AddColumnPartials<Exec>{sums, partials, blocks, cols});
+}
+
 // `partials`: at least one row's columns (column_partials(rows, cols) for the most blocks).
 template <class Exec, class AV, class G = NoGate>
 void narrow_rows_summed(const Exec& exec, std::uint16_t* dst, const AV& src, std::int64_t r0, std::int64_t rows,
@@ -312,13 +396,17 @@ void narrow_rows_summed(const Exec& exec, std::uint16_t* dst, const AV& src, std
   if (static_cast<std::int64_t>(partials.extent(0)) < cols) {
     throw std::logic_error("lamina::narrow_rows_summed: the partial sums hold less than a row");
   }
-  const std::int64_t blocks = column_blocks(rows, cols, static_cast<std::int64_t>(partials.extent(0)));
-  Kokkos::parallel_for("lamina::narrow_operand_and_sum",
-                       Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, blocks),
-                       NarrowRowBlocksSummed<Exec, AV, G>{Bf16Vec<Exec>(dst, static_cast<std::size_t>(rows * cols)), src,
-                                                          partials.data(), r0, rows, cols,
-                                                          (rows + blocks - 1) / blocks, gate});
-  add_block_sums(exec, sums, partials.data(), blocks, cols);
+  if constexpr (kOnHost<Exec>) {
+    const std::int64_t blocks = column_blocks(rows, cols, static_cast<std::int64_t>(partials.extent(0)));
+    Kokkos::parallel_for("lamina::narrow_operand_and_sum",
+                         Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(exec, 0, blocks),
+                         NarrowRowBlocksSummed<Exec, AV, G>{Bf16Vec<Exec>(dst, static_cast<std::size_t>(rows * cols)),
+                                                            src, partials.data(), r0, rows, cols,
+                                                            (rows + blocks - 1) / blocks, gate});
+    add_block_sums(exec, sums, partials.data(), blocks, cols);
+  } else {
+    narrow_rows_summed_by_tiles(exec, dst, src, r0, rows, sums, partials, gate);
+  }
 }
 
 }  // namespace detail
@@ -640,8 +728,8 @@ void input_gradient_product(const Exec& exec, RowMajorGemm g, std::int64_t r0, c
 // for both products (dY, the larger, would otherwise be rounded twice), and a bf16 X is read
 // as it is; else two gemm() calls, a bf16 X widened a block of rows at a time. dX is fp32,
 // or bf16 where rounds_input_gradient.
-// `scratch`: product_scratch() elements. With `dsums`, a host's engine adds dY's column sums
-// (a bias gradient) into it in the pass that rounds dY, through `partials` (at least a row of
+// `scratch`: product_scratch() elements. With `dsums`, the engine adds dY's column sums (a
+// bias gradient) into it in the pass that rounds dY, through `partials` (at least a row of
 // dY); returns whether it did (else the caller sums them). A `gate` other than NoGate is
 // applied to dY in that pass, and needs it (rounds_output_gradient).
 template <class Exec, class DV, class XV, class DXV, class G = detail::NoGate>
@@ -683,15 +771,11 @@ bool backward_products(const Exec& exec, const char* tw, const MatRefArg<Exec>& 
     gw.beta = 1.0f;
     gw.c = dW.data();
     gw.ldc = static_cast<std::int64_t>(dW.stride_0());
-    const bool summed = dsums.data() != nullptr && detail::kOnHost<Exec>;
+    const bool summed = dsums.data() != nullptr;
     for (std::int64_t r0 = 0; r0 < N; r0 += rows) {
       const std::int64_t r = std::min(rows, N - r0);
-      if constexpr (detail::kOnHost<Exec>) {
-        if (summed) {
-          detail::narrow_rows_summed(exec, dy16, dY, r0, r, dsums, partials, gate);
-        } else {
-          detail::narrow_rows(exec, dy16, dY, r0, r, gate);
-        }
+      if (summed) {
+        detail::narrow_rows_summed(exec, dy16, dY, r0, r, dsums, partials, gate);
       } else {
         detail::narrow_rows(exec, dy16, dY, r0, r, gate);
       }
@@ -922,42 +1006,6 @@ void batched_gemm_bf16(const Exec& exec, const char* ta, const char* tb, const M
 }
 
 namespace detail {
-
-// A device's column sums in two stages, each in a fixed order (deterministic): a team per
-// block of rows and tile of columns, each of its threads summing one column's rows in order
-// into `partials` (block, column); then each column adds its blocks' partial sums in order.
-// One block (partials too small for two) sums straight into dst.
-constexpr std::int64_t kColumnTile = 256;
-template <class Exec, class T>
-struct ColumnPartials {
-  MatOf<Exec, const T> M;
-  float* out;  // partials (blocks, cols), or dst itself (one block: added)
-  std::int64_t rows, cols, block_rows, tiles;
-  bool add;
-  KOKKOS_INLINE_FUNCTION void operator()(const typename Teams<Exec>::member_type& team) const {
-    const std::int64_t b = team.league_rank() / tiles, c0 = (team.league_rank() % tiles) * kColumnTile;
-    const std::int64_t r0 = b * block_rows, r1 = r0 + block_rows < rows ? r0 + block_rows : rows;
-    const std::int64_t w = cols - c0 < kColumnTile ? cols - c0 : kColumnTile;
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, w), [&](std::int64_t j) {
-      float sum = 0.0f;
-      for (std::int64_t i = r0; i < r1; ++i) sum += widen(M(i, c0 + j));
-      float& o = out[b * cols + c0 + j];
-      o = add ? o + sum : sum;
-    });
-  }
-};
-
-template <class Exec>
-struct AddColumnPartials {
-  Vec<Exec> dst;
-  ConstVec<Exec> partials;
-  std::int64_t blocks, cols;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t c) const {
-    float sum = 0.0f;
-    for (std::int64_t b = 0; b < blocks; ++b) sum += partials(b * cols + c);
-    dst(c) += sum;
-  }
-};
 
 // dst(C) += sum over rows of M(N, C) in the two stages above, on any execution space.
 template <class Exec, class MV>

@@ -120,16 +120,15 @@ void linear_backward(const Exec& exec, const DV& dinp, const Mat<Exec>& dweight,
 }
 
 // The MLP's first layer backward through its GELU: dact is d loss / d gelu(pre) (N, OC) and
-// pre the kept pre-activation (as stored). Where the products round dact in a pass that also
-// sums the bias gradient, or there is none (a host's bf16 engine; a device's without a
-// bias), that pass multiplies by gelu'(pre) as it reads: dact is left as it was, and no fp32
-// gradient of pre is written.
+// pre the kept pre-activation (as stored). Where the products round dact (a bf16 engine), the
+// pass that rounds it, and sums the bias gradient, multiplies by gelu'(pre) as it reads: dact
+// is left as it was, and no fp32 gradient of pre is written.
 // Elsewhere dact becomes that gradient in a pass of its own, then the layer's backward.
 template <class Exec, class InV, class PV, class DV>
 void linear_gelu_backward(const Exec& exec, const DV& dinp, const Mat<Exec>& dweight, const Vec<Exec>& dbias,
                           const Mat<Exec>& dact, const PV& pre, const InV& inp, const MatRefArg<Exec>& weight,
                           const Vec<Exec>& partials, ProductMath math, const Vec<Exec>& scratch = Vec<Exec>()) {
-  if (rounds_output_gradient<Exec>(math, weight) && (dbias.data() == nullptr || detail::kOnHost<Exec>)) {
+  if (rounds_output_gradient<Exec>(math, weight)) {
     const GeluGate<Exec, StoredType<PV>> gate{pre};
     backward_products(exec, "T", weight, ConstMat<Exec>(dact), inp, dinp, dweight, WeightGradient::xt_dy, math,
                       scratch, dbias, partials, gate);

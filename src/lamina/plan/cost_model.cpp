@@ -99,7 +99,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // then reads the kept pre-activation (SwiGLU: [gate | up]) as stored, but for a device's GELU,
   // which the first MLP product's epilogue applies too (gelu_epilogue; rows a multiple of 8
   // long): it writes the pre-activation beside its output, and no pass of GELU's own runs.
-  const bool engine = bf16_ && machine.bf16_products(), rounding = engine && machine.device_is_host;
+  const bool engine = bf16_ && machine.bf16_products();
   // Attention on a host's engine takes the softmax by row blocks whose products stop at the
   // block's last row: the rows read and write their fp32 scores only up to the diagonal (half
   // the (T, T) scores under the mask) and round the probabilities only as far (in place into
@@ -130,7 +130,7 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
   // gradient, the skip's and the input, writes the input's gradient and the gain's per-row
   // terms, which a column sum reads (with LayerNorm's bias gradient, the output's); the biases'
   // gradients are column sums of the products' output gradients; GELU reads its gradient and
-  // pre-activation and writes in place (a host engine's rounding pass does it: below), SwiGLU reads the activation's gradient and [gate | up]
+  // pre-activation and writes in place (a bf16 engine's rounding pass does it: below), SwiGLU reads the activation's gradient and [gate | up]
   // and writes theirs; rotary positions turn dq and dk back in place; attention copies q, k, v
   // again, reads its probabilities and the product's dP (written fp32), writes the score
   // gradients (fp32; staged products on an engine write dP in bf16, and the score gradients
@@ -152,13 +152,13 @@ CostModel::CostModel(const ModelConfig& model, const Plan& plan, const MachineSp
                                : layernorm              ? 16 + 2 * dnorm + s
                                                         : 16 + dnorm + s;
   const double norms_backward = 2 * norm_backward * R * C;
-  // (On a host's engine the pass that rounds each product's output gradient sums its bias
+  // (On a bf16 engine the pass that rounds each product's output gradient sums its bias
   // gradient too: no pass of their own.)
-  const double biases = d.parts.bias && !rounding ? 4 * N * (2 * C + F + A + 2 * KV) : 0.0;
-  // The pass that rounds the MLP's output gradient for its first layer's products applies
-  // GELU's derivative as it reads where it sums the bias gradient too (a host's engine) or
-  // there is none (kernels/linear.hpp, linear_gelu_backward): GELU moves no bytes of its own.
-  const bool gelu_rides = rounding || (engine && !d.parts.bias);
+  const double biases = d.parts.bias && !engine ? 4 * N * (2 * C + F + A + 2 * KV) : 0.0;
+  // On a bf16 engine the pass that rounds the MLP's output gradient for its first layer's
+  // products applies GELU's derivative as it reads (kernels/linear.hpp, linear_gelu_backward):
+  // GELU moves no bytes of its own.
+  const bool gelu_rides = engine;
   // With a bf16 engine (and no bias) SwiGLU's backward writes [dgate | dup] in bf16 as the
   // products read it (linear_swiglu_backward): 2 bytes each, and no pass rounds it.
   const bool swiglu_bf16 = swiglu && engine && !d.parts.bias;

@@ -208,36 +208,37 @@ TYPED_TEST(GemmTest, TwoStageColumnSumsAreTheSumsInAFixedOrder) {
   }
 }
 
-// A host's pass that rounds an output gradient for the products, applies GELU's derivative
-// and adds its column sums, for a chunk of rows from r0: each value gelu'(pre) dy rounded;
-// each column summed from zero over blocks of rows, those sums added in block order and then
-// onto what the column held (within fp32 rounding of the double sums). The blocks depend on
-// the rows and the room for partial sums only (so on no thread count): three of 47 or 46
-// rows (at most 64 each), two of 70 with room for two, one with room for a row.
+// The pass that rounds an output gradient for the products, applies GELU's derivative and
+// adds its column sums, for a chunk of rows from r0, as a host takes it (a work item per block
+// of rows) and as a device does (narrow_rows_summed_by_tiles: a team per block of rows and
+// tile of columns, a thread per column), run here on this space: each value gelu'(pre) dy
+// rounded; each column summed from zero over blocks of rows, those sums added in block order
+// and then onto what the column held (within fp32 rounding of the double sums). The blocks
+// depend on the rows and the room for partial sums only (so on no thread count): three of 47
+// or 46 rows (at most 64 each), two of 70 with room for two, one with room for a row; columns
+// past a tile. On a host every bit is that order's; a device's compiler may fuse a product
+// into a sum (a bf16 step apart, within fp32 rounding), the same bits on every run.
 TYPED_TEST(GemmTest, RoundingAnOutputGradientSumsItsColumnsInBlocksOfRows) {
   using Exec = TypeParam;
-  if constexpr (!lamina::detail::kOnHost<Exec>) {
-    GTEST_SKIP() << "a host's pass (a device rounds and sums in passes of their own)";
-  } else {
-    const int N = 150, r0 = 3, rows = 140, cols = 293;
-    const auto dy = random_vector(N * cols, 77), pre = bf16_values(random_vector(N * cols, 78, -3.0, 3.0));
-    const auto s0 = random_vector(cols, 79);
-    auto ddy = to_device<Exec>(dy);
-    auto dpre = to_device_bf16<Exec>(pre);
-    const GeluGate<Exec, std::uint16_t> gate{ConstMat16<Exec>(dpre.data(), N, cols)};
-    std::vector<float> gated(rows * cols);
-    std::vector<std::uint16_t> want16(rows * cols);
-    std::vector<double> exact = s0;
-    for (int i = 0; i < rows; ++i) {
-      for (int j = 0; j < cols; ++j) {
-        const int e = (r0 + i) * cols + j;
-        gated[i * cols + j] = gelu_grad(static_cast<float>(pre[e])) * static_cast<float>(dy[e]);
-        want16[i * cols + j] = to_bf16(gated[i * cols + j]);
-        exact[j] += gated[i * cols + j];
-      }
+  const int N = 150, r0 = 3, rows = 140, cols = 293;
+  const auto dy = random_vector(N * cols, 77), pre = bf16_values(random_vector(N * cols, 78, -3.0, 3.0));
+  const auto s0 = random_vector(cols, 79);
+  auto ddy = to_device<Exec>(dy);
+  auto dpre = to_device_bf16<Exec>(pre);
+  const GeluGate<Exec, std::uint16_t> gate{ConstMat16<Exec>(dpre.data(), N, cols)};
+  std::vector<float> gated(rows * cols);
+  std::vector<double> exact = s0;
+  for (int i = 0; i < rows; ++i) {
+    for (int j = 0; j < cols; ++j) {
+      const int e = (r0 + i) * cols + j;
+      gated[i * cols + j] = gelu_grad(static_cast<float>(pre[e])) * static_cast<float>(dy[e]);
+      exact[j] += gated[i * cols + j];
     }
+  }
+  const ConstMat<Exec> dym(as_mat<Exec>(ddy.data(), N, cols));
+  for (const bool tiles : {false, true}) {
     for (const auto& [room, blocks] : {std::pair<int, int>{3 * cols, 3}, {2 * cols + 5, 2}, {cols, 1}}) {
-      SCOPED_TRACE(blocks);
+      SCOPED_TRACE(std::string(tiles ? "by tiles, " : "") + std::to_string(blocks) + " blocks");
       ASSERT_EQ(lamina::detail::column_blocks(rows, cols, room), blocks);
       const int block_rows = (rows + blocks - 1) / blocks;
       std::vector<float> want_sums(cols);
@@ -250,16 +251,33 @@ TYPED_TEST(GemmTest, RoundingAnOutputGradientSumsItsColumnsInBlocksOfRows) {
         }
         want_sums[j] = static_cast<float>(s0[j]) + total;
       }
-      auto sums = to_device<Exec>(s0);
-      Vec<Exec> partials("partials", room);
-      Kokkos::View<std::uint16_t*, typename Exec::memory_space> out("out", rows * cols);
-      lamina::detail::narrow_rows_summed(Exec(), out.data(), ConstMat<Exec>(as_mat<Exec>(ddy.data(), N, cols)), r0,
-                                         rows, sums, partials, gate);
-      Kokkos::fence();
-      for (int e = 0; e < rows * cols; ++e) ASSERT_EQ(out(e), want16[e]) << e;
-      const auto got = to_host(sums);
-      for (int j = 0; j < cols; ++j) ASSERT_EQ(static_cast<float>(got[j]), want_sums[j]) << j;
-      EXPECT_LT(rel_error(got, exact), 1e-6);
+      std::vector<double> got[2], got16[2];
+      for (int run = 0; run < 2; ++run) {
+        auto sums = to_device<Exec>(s0);
+        Vec<Exec> partials("partials", room);
+        Bf16Vec<Exec> out("out", rows * cols);
+        if (tiles) {
+          lamina::detail::narrow_rows_summed_by_tiles(Exec(), out.data(), dym, r0, rows, sums, partials, gate);
+        } else {
+          lamina::detail::narrow_rows_summed(Exec(), out.data(), dym, r0, rows, sums, partials, gate);
+        }
+        got[run] = to_host(sums);
+        got16[run] = widened_to_host(out);
+      }
+      EXPECT_EQ(got[1], got[0]);
+      EXPECT_EQ(got16[1], got16[0]);
+      EXPECT_LT(rel_error(got[0], exact), 1e-6);
+      for (int e = 0; e < rows * cols; ++e) {
+        const double want = from_bf16(to_bf16(gated[e]));
+        if (lamina::detail::kOnHost<Exec>) {
+          ASSERT_EQ(got16[0][e], want) << e;
+        } else {
+          ASSERT_LE(std::abs(got16[0][e] - want), std::abs(want) / 128 + 1e-30) << e;
+        }
+      }
+      if (lamina::detail::kOnHost<Exec>) {
+        for (int j = 0; j < cols; ++j) ASSERT_EQ(static_cast<float>(got[0][j]), want_sums[j]) << j;
+      }
     }
   }
 }

@@ -178,9 +178,10 @@ BackwardReference backward_reference(int N, int IN, int OUT, const std::vector<d
 // bias: against a double reference (the exact derivative at the stored bf16 pre-activation,
 // the products on the operand rounded where the space has a bf16 engine, the bias gradient
 // summed unrounded), and bit for bit against the unfused sequence, gelu_backward then
-// linear_backward (as more threads run it).
-// Where the rounding pass applies the derivative, the activation's gradient is left as it
-// was; elsewhere it becomes the pre-activation's.
+// linear_backward (as more threads run it), but for a device's bias gradient, whose compiler
+// may fuse the derivative's product into the sum (within fp32 rounding).
+// Where the rounding pass applies the derivative (a bf16 engine), the activation's gradient
+// is left as it was; elsewhere it becomes the pre-activation's.
 TYPED_TEST(LinearTest, GeluBackwardRidesThePassThatRoundsTheOutputGradient) {
   using Exec = TypeParam;
   const int N = 7, IN = 6, OUT = 9;
@@ -234,9 +235,12 @@ TYPED_TEST(LinearTest, GeluBackwardRidesThePassThatRoundsTheOutputGradient) {
     }
     EXPECT_EQ(dx[0], dx[1]);
     EXPECT_EQ(dw[0], dw[1]);
-    EXPECT_EQ(db[0], db[1]);
-    const bool fused = engine && (!bias || lamina::detail::kOnHost<Exec>);
-    EXPECT_EQ(da[0] == dact, fused);
+    if (lamina::detail::kOnHost<Exec>) {
+      EXPECT_EQ(db[0], db[1]);
+    } else if (bias) {
+      EXPECT_LT(rel_error(db[0], db[1]), 1e-6);
+    }
+    EXPECT_EQ(da[0] == dact, engine);
   }
 }
 

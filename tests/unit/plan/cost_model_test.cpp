@@ -74,11 +74,14 @@ double elementwise_bytes(double s, double N, double C, double tp, double scores,
 // of the biases' gradients, GELU's backward in place (8 + s), q, k, v copied again and dq,
 // dk, dv merged (2 s + 8), the softmax's backward over `scores` (dP written and read, the
 // probabilities read, the score gradients written: in fp32, 12 + s; with `bf16_scores`, dP
-// written in bf16 by its product and the score gradients in its place, 4 s).
-double elementwise_backward_bytes(double s, double N, double C, double tp, double scores, bool bf16_scores) {
+// written in bf16 by its product and the score gradients in its place, 4 s). On a bf16
+// `engine` the passes that round the products' output gradients sum the biases' gradients
+// and apply GELU's derivative: neither moves bytes of its own.
+double elementwise_backward_bytes(double s, double N, double C, double tp, double scores, bool bf16_scores,
+                                  bool engine) {
   const double A = C / tp, F = 4 * C / tp;
-  return 2 * (24 + s) * N * C + 4 * N * (2 * C + F + 3 * A) + (8 + s) * N * F + (2 * s + 8) * 3 * N * A +
-         (bf16_scores ? 4 * s : 12 + s) * scores;
+  return 2 * (24 + s) * N * C + (engine ? 0.0 : 4 * N * (2 * C + F + 3 * A) + (8 + s) * N * F) +
+         (2 * s + 8) * 3 * N * A + (bf16_scores ? 4 * s : 12 + s) * scores;
 }
 
 // The bytes a bf16 block still converts on a device with a bf16 engine (6 per element: the
@@ -115,7 +118,7 @@ TEST(CostModel, BlockForwardIsItsGemmsAttentionAndElementwisePasses) {
   const double gemm = 24 * N * C * C / (400e12 * 0.5);  // qkv, projection, two MLP products
   const double attention = 4 * N * T * C / (400e12 * 0.25);
   const double elementwise = elementwise_bytes(2, N, C, 1, H * T * T, true, true) / bandwidth;
-  const double elementwise_backward = elementwise_backward_bytes(2, N, C, 1, H * T * T, true) / bandwidth;
+  const double elementwise_backward = elementwise_backward_bytes(2, N, C, 1, H * T * T, true, true) / bandwidth;
   const Conversions bf16 = conversions(N, C, 1, H * T * T);
   EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / bandwidth, 1e-12);
   EXPECT_NEAR(c.block_backward(), 2 * (gemm + attention) + elementwise_backward + bf16.backward / bandwidth, 1e-12);
@@ -124,7 +127,8 @@ TEST(CostModel, BlockForwardIsItsGemmsAttentionAndElementwisePasses) {
   const double gemm32 = 24 * N * C * C / (100e12 * 0.5), attention32 = 4 * N * T * C / (100e12 * 0.25);
   EXPECT_NEAR(f.block_forward(), gemm32 + attention32 + elementwise_bytes(4, N, C, 1, H * T * T) / bandwidth, 1e-12);
   EXPECT_NEAR(f.block_backward(),
-              2 * (gemm32 + attention32) + elementwise_backward_bytes(4, N, C, 1, H * T * T, false) / bandwidth, 1e-12);
+              2 * (gemm32 + attention32) + elementwise_backward_bytes(4, N, C, 1, H * T * T, false, false) / bandwidth,
+              1e-12);
 }
 
 // A Llama block (4 key/value heads for 16 query heads, SwiGLU of 2816) prices its own
@@ -181,7 +185,7 @@ TEST(CostModel, FusedAttentionRecomputesTheScoresInsteadOfMovingThem) {
   // A device's fused kernels compute at the fp32 rate, recomputing the scores twice in backward.
   const double attention = 4 * N * T * C / (100e12 * 0.25);
   const double elementwise = elementwise_bytes(2, N, C, 1, 0, false, true) / bandwidth;
-  const double elementwise_backward = elementwise_backward_bytes(2, N, C, 1, 0, true) / bandwidth;
+  const double elementwise_backward = elementwise_backward_bytes(2, N, C, 1, 0, true, true) / bandwidth;
   const Conversions bf16 = conversions(N, C, 1, 0);  // the fused kernels read and write bf16
   EXPECT_NEAR(c.block_forward(), gemm + attention + elementwise + bf16.forward / bandwidth, 1e-12);
   EXPECT_NEAR(c.block_backward(), 2 * gemm + 3.5 * attention + elementwise_backward + bf16.backward / bandwidth,
@@ -198,7 +202,7 @@ TEST(CostModel, FusedAttentionRecomputesTheScoresInsteadOfMovingThem) {
   const double gemm32 = 24 * N * C * C / (100e12 * 0.5), attention32 = 4 * N * T * C / (100e12 * 0.25);
   EXPECT_NEAR(h.block_backward(),
               2 * gemm32 + 2.5 * attention32 +
-                  (elementwise_backward_bytes(4, N, C, 1, 0, false) - 2 * 4 * N * C) / bandwidth,
+                  (elementwise_backward_bytes(4, N, C, 1, 0, false, false) - 2 * 4 * N * C) / bandwidth,
               1e-12);
 }
 
@@ -255,10 +259,8 @@ TEST(CostModel, AHostsBf16EngineReadsAttentionsStorageInPlace) {
 // A host's engine (oneDNN) writes the QKV projection and the MLP's first product in bf16 with
 // their biases, as a device's (cuBLASLt) does, but GELU runs as a pass of its own, which reads
 // the kept bf16 pre-activation and writes the activation (2 + 2 bytes), where the device's
-// product writes the pre-activation beside the activation (2). Backward, the pass that rounds the MLP's output gradient (and sums its bias gradient)
-// applies GELU's derivative: no GELU pass reads the gradient and the pre-activation and writes
-// the gradient (4 + 2 + 4); the products' bias gradients are summed as their output gradients
-// are rounded: no reads of them (4 bytes) for the QKV, projection and MLP biases; and on a
+// product writes the pre-activation beside the activation (2). Backward, both engines' passes
+// that round the output gradients sum the bias gradients and apply GELU's derivative; on a
 // rank of one thread each of the two layer norms adds its gain's and bias's terms into their
 // sums as it goes: no terms written and read, no second read of the output's gradient
 // (4 + 4 + 4); with two threads a second pass reads the output's gradient and the input for
@@ -273,11 +275,9 @@ TEST(CostModel, AHostsEngineWritesTheQkvAndMlpProductsInBf16) {
   const CostModel d(model(), plan(1, 1, 1, Precision::bf16), machine()), h(model(), plan(1, 1, 1, Precision::bf16), host);
   const CostModel t(model(), plan(1, 1, 1, Precision::bf16), threads);
   EXPECT_NEAR(d.block_forward() - h.block_forward(), -2 * N * F / bandwidth, 1e-12);
-  EXPECT_NEAR(d.block_backward() - h.block_backward(),
-              ((4 + 2 + 4) * N * F + 2 * (4 + 4 + 4) * N * C + 4 * N * (3 * C + C + F + C)) / bandwidth, 1e-12);
+  EXPECT_NEAR(d.block_backward() - h.block_backward(), 2 * (4 + 4 + 4) * N * C / bandwidth, 1e-12);
   EXPECT_NEAR(t.block_forward(), h.block_forward(), 1e-12);
-  EXPECT_NEAR(d.block_backward() - t.block_backward(),
-              ((4 + 2 + 4) * N * F + 2 * (4 + 4 - 2) * N * C + 4 * N * (3 * C + C + F + C)) / bandwidth, 1e-12);
+  EXPECT_NEAR(d.block_backward() - t.block_backward(), 2 * (4 + 4 - 2) * N * C / bandwidth, 1e-12);
 }
 
 TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {
@@ -286,7 +286,7 @@ TEST(CostModel, TensorParallelismSplitsTheWorkAndAddsTwoAllReducesPerPass) {
   const double gemm = 24 * N * C * C / 2 / (400e12 * 0.5);
   const double attention = 4 * N * T * C / 2 / (400e12 * 0.25);
   const double elementwise = elementwise_bytes(2, N, C, 2, H * T * T, true, true) / bandwidth;
-  const double elementwise_backward = elementwise_backward_bytes(2, N, C, 2, H * T * T, true) / bandwidth;
+  const double elementwise_backward = elementwise_backward_bytes(2, N, C, 2, H * T * T, true, true) / bandwidth;
   // An all-reduce of the (N, C) fp32 residual over 2 ranks inside a node: 2 (p-1)/p of its
   // bytes, 2 (p-1) latency-bound steps; two per pass (Megatron's f and g).
   const double allreduce = 4 * N * C / 200e9 + 2 * 1e-5;
