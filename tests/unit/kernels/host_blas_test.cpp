@@ -139,7 +139,9 @@ TEST(HostBlas, APassiveOpenMpWaitPolicyIsNamedWhereOpenMpThreadsRun) {
     ::setenv("OMP_WAIT_POLICY", policy, 1);
     const std::string w = openmp_wait_warning();
     EXPECT_EQ(w.empty(), !openmp) << w;
-    if (openmp) EXPECT_NE(w.find(std::string("OMP_WAIT_POLICY=") + policy), std::string::npos) << w;
+    if (openmp) {
+      EXPECT_NE(w.find(std::string("OMP_WAIT_POLICY=") + policy), std::string::npos) << w;
+    }
   }
   ::setenv("OMP_WAIT_POLICY", "active", 1);
   EXPECT_EQ(openmp_wait_warning(), "");
