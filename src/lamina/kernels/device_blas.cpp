@@ -141,6 +141,36 @@ void set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t what, const T& v
 class LtProduct {
  public:
   LtProduct(const RowMajorGemm& g, Epilogue epilogue, const float* bias, std::uint16_t* pre) {
+    try {
+      describe(g, epilogue, bias, pre);
+    } catch (...) {
+      release();  // what was made before the failure
+      throw;
+    }
+  }
+  LtProduct(const LtProduct&) = delete;
+  LtProduct& operator=(const LtProduct&) = delete;
+  ~LtProduct() { release(); }
+
+  // The heuristics' first algorithm, or none (false) where it has none for this product.
+  bool choose() {
+    int found = 0;
+    const cublasStatus_t rc =
+        cublasLtMatmulAlgoGetHeuristic(lt_handle(), op_, a_, b_, c_, c_, preference_, 1, &choice_, &found);
+    if (rc == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+    check(rc, "cublasLtMatmulAlgoGetHeuristic");
+    return found > 0;
+  }
+
+  void run(cudaStream_t stream, float alpha, const std::uint16_t* a, const std::uint16_t* b, std::uint16_t* c) {
+    const float beta = 0.0f;
+    check(cublasLtMatmul(lt_handle(), op_, &alpha, b, a_, a, b_, &beta, c, c_, c, c_, &choice_.algo, nullptr, 0,
+                         stream),
+          "cublasLtMatmul");
+  }
+
+ private:
+  void describe(const RowMajorGemm& g, Epilogue epilogue, const float* bias, std::uint16_t* pre) {
     check(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
     const cublasOperation_t ta = op(g.tb), tb = op(g.ta);
     set(op_, CUBLASLT_MATMUL_DESC_TRANSA, ta);
@@ -164,9 +194,8 @@ class LtProduct {
           "cublasLtMatrixLayoutCreate");
     check(cublasLtMatmulPreferenceCreate(&preference_), "cublasLtMatmulPreferenceCreate");
   }
-  LtProduct(const LtProduct&) = delete;
-  LtProduct& operator=(const LtProduct&) = delete;
-  ~LtProduct() {
+
+  void release() {
     if (preference_ != nullptr) cublasLtMatmulPreferenceDestroy(preference_);
     if (c_ != nullptr) cublasLtMatrixLayoutDestroy(c_);
     if (b_ != nullptr) cublasLtMatrixLayoutDestroy(b_);
@@ -174,24 +203,6 @@ class LtProduct {
     if (op_ != nullptr) cublasLtMatmulDescDestroy(op_);
   }
 
-  // The heuristics' first algorithm, or none (false) where it has none for this product.
-  bool choose() {
-    int found = 0;
-    const cublasStatus_t rc =
-        cublasLtMatmulAlgoGetHeuristic(lt_handle(), op_, a_, b_, c_, c_, preference_, 1, &choice_, &found);
-    if (rc == CUBLAS_STATUS_NOT_SUPPORTED) return false;
-    check(rc, "cublasLtMatmulAlgoGetHeuristic");
-    return found > 0;
-  }
-
-  void run(cudaStream_t stream, float alpha, const std::uint16_t* a, const std::uint16_t* b, std::uint16_t* c) {
-    const float beta = 0.0f;
-    check(cublasLtMatmul(lt_handle(), op_, &alpha, b, a_, a, b_, &beta, c, c_, c, c_, &choice_.algo, nullptr, 0,
-                         stream),
-          "cublasLtMatmul");
-  }
-
- private:
   cublasLtMatmulDesc_t op_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
   cublasLtMatmulPreference_t preference_ = nullptr;
