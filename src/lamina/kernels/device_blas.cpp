@@ -18,23 +18,32 @@ void check(cublasStatus_t rc, const char* what) {
   if (rc != CUBLAS_STATUS_SUCCESS) throw RunError(strprintf("cuBLAS: %s failed: %s", what, cublasGetStatusString(rc)));
 }
 
-// One handle per process, made on first use and destroyed when Kokkos finalizes (before the
-// CUDA context goes). Products are issued from one host thread, so the handle is not shared.
-cublasHandle_t& handle_slot() {
-  static cublasHandle_t h = nullptr;
-  return h;
-}
-
-cublasHandle_t handle() {
-  cublasHandle_t& h = handle_slot();
-  if (h == nullptr) {
-    check(cublasCreate(&h), "cublasCreate");
-    Kokkos::push_finalize_hook([] {
-      cublasDestroy(handle_slot());
-      handle_slot() = nullptr;
-    });
+// One handle per process for each library (cuBLAS, cuBLASLt), made on first use and destroyed
+// when Kokkos finalizes (before the CUDA context goes). Products are issued from one host
+// thread, so a handle is not shared.
+template <class H, cublasStatus_t (*Create)(H*), cublasStatus_t (*Destroy)(H)>
+struct ProcessHandle {
+  static H& slot() {
+    static H h = nullptr;
+    return h;
   }
-  return h;
+  static H get(const char* what) {
+    H& h = slot();
+    if (h == nullptr) {
+      check(Create(&h), what);
+      Kokkos::push_finalize_hook([] {
+        Destroy(slot());
+        slot() = nullptr;
+      });
+    }
+    return h;
+  }
+};
+
+cublasHandle_t handle() { return ProcessHandle<cublasHandle_t, cublasCreate, cublasDestroy>::get("cublasCreate"); }
+
+cublasLtHandle_t lt_handle() {
+  return ProcessHandle<cublasLtHandle_t, cublasLtCreate, cublasLtDestroy>::get("cublasLtCreate");
 }
 
 int blas_int(std::int64_t v, const char* what) {
@@ -108,24 +117,6 @@ void device_gemm_bf16_rounded(cudaStream_t stream, const RowMajorGemm& g, const 
 }
 
 namespace {
-
-// cuBLASLt's handle, as cuBLAS's: one per process, destroyed when Kokkos finalizes.
-cublasLtHandle_t& lt_handle_slot() {
-  static cublasLtHandle_t h = nullptr;
-  return h;
-}
-
-cublasLtHandle_t lt_handle() {
-  cublasLtHandle_t& h = lt_handle_slot();
-  if (h == nullptr) {
-    check(cublasLtCreate(&h), "cublasLtCreate");
-    Kokkos::push_finalize_hook([] {
-      cublasLtDestroy(lt_handle_slot());
-      lt_handle_slot() = nullptr;
-    });
-  }
-  return h;
-}
 
 enum class Epilogue { bias, bias_gelu };
 
